@@ -1,0 +1,3 @@
+"""Verified, idempotent webhook ingestion for Django."""
+
+__version__ = "0.1.0"

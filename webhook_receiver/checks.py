@@ -1,0 +1,63 @@
+"""Misconfiguration surfaces as system checks with stable ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from . import signatures
+from .conf import app_settings
+
+
+@checks.register()
+def check_webhook_receiver_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        config = app_settings()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="webhook_receiver.E001")]
+    errors: list[checks.CheckMessage] = []
+    for slug, source in config.sources.items():
+        if source.scheme == "standard":
+            for position, secret in enumerate(source.secrets):
+                try:
+                    signatures.standard_secret_key(secret)
+                except ValueError:
+                    errors.append(
+                        checks.Error(
+                            f"Secret #{position + 1} of source {slug!r} is not 'whsec_' + base64.",
+                            hint="Copy the signing secret exactly as the sender shows it.",
+                            id="webhook_receiver.E002",
+                        )
+                    )
+        if source.tolerance_seconds <= 0 or source.max_body_bytes <= 0:
+            errors.append(
+                checks.Error(
+                    f"Source {slug!r}: TOLERANCE_SECONDS and MAX_BODY_BYTES must be positive.",
+                    id="webhook_receiver.E003",
+                )
+            )
+    paths = [(f"['HANDLERS'][{t!r}]", p) for t, p in config.handlers.items()]
+    paths += [(f"['SOURCES'][{s!r}]['EVENT_KEY']", c.event_key) for s, c in config.sources.items()]
+    for where, path in paths:
+        if not path:
+            continue
+        try:
+            import_string(path)
+        except ImportError as exc:
+            errors.append(
+                checks.Error(
+                    f"WEBHOOK_RECEIVER{where} = {path!r} cannot be imported: {exc}",
+                    id="webhook_receiver.E004",
+                )
+            )
+    if not config.sources:
+        errors.append(
+            checks.Warning(
+                "WEBHOOK_RECEIVER['SOURCES'] is empty: every webhook will be answered 404.",
+                id="webhook_receiver.W001",
+            )
+        )
+    return errors

@@ -1,0 +1,135 @@
+"""The one reader of the ``WEBHOOK_RECEIVER`` setting.
+
+Settings are read lazily and cached; the cache is cleared on ``setting_changed`` so
+``override_settings`` works in tests. Everything here has a documented default.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+SCHEMES = ("standard", "stripe", "github")
+
+DEFAULTS: dict[str, Any] = {
+    # slug -> source options (see SOURCE_DEFAULTS)
+    "SOURCES": {},
+    # event type -> dotted path of a handler; overrides handlers registered in code
+    "HANDLERS": {},
+    # audit records older than this are deleted by the purge task
+    "AUDIT_RETENTION_DAYS": 30,
+    # rows deleted per statement by the purge task
+    "PURGE_BATCH_SIZE": 1000,
+    # request headers never stored on a receipt (compared case-insensitively)
+    "REDACTED_HEADERS": [
+        "Authorization",
+        "Proxy-Authorization",
+        "Cookie",
+        "Set-Cookie",
+        "X-Api-Key",
+        "X-Auth-Token",
+        "X-Csrftoken",
+    ],
+}
+
+SOURCE_DEFAULTS: dict[str, Any] = {
+    "SCHEME": "standard",
+    "SECRETS": [],
+    "TOLERANCE_SECONDS": 300,
+    "MAX_BODY_BYTES": 1024 * 1024,
+    # None: the scheme's message id; else a dotted path to fn(event) -> str
+    "EVENT_KEY": None,
+}
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    slug: str
+    scheme: str
+    secrets: tuple[str, ...]
+    tolerance_seconds: int
+    max_body_bytes: int
+    event_key: str | None
+
+    def __repr__(self) -> str:  # never show secrets in tracebacks or logs
+        return (
+            f"SourceConfig(slug={self.slug!r}, scheme={self.scheme!r}, "
+            f"secrets=<{len(self.secrets)} hidden>)"
+        )
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    sources: Mapping[str, SourceConfig]
+    handlers: Mapping[str, str]
+    audit_retention: timedelta
+    purge_batch_size: int
+    redacted_headers: frozenset[str]
+
+
+def _secrets(slug: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = value.split(",")
+    secrets = tuple(s.strip() for s in value if s and s.strip())
+    if not secrets:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['SECRETS'] is empty: "
+            "set at least one signing secret (several allow rotation)."
+        )
+    return secrets
+
+
+def _source(slug: str, options: Mapping[str, Any]) -> SourceConfig:
+    unknown = set(options) - set(SOURCE_DEFAULTS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}] has unknown keys: {sorted(unknown)}"
+        )
+    merged = {**SOURCE_DEFAULTS, **options}
+    if merged["SCHEME"] not in SCHEMES:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['SCHEME'] must be one of {SCHEMES}, "
+            f"not {merged['SCHEME']!r}."
+        )
+    return SourceConfig(
+        slug=slug,
+        scheme=merged["SCHEME"],
+        secrets=_secrets(slug, merged["SECRETS"]),
+        tolerance_seconds=int(merged["TOLERANCE_SECONDS"]),
+        max_body_bytes=int(merged["MAX_BODY_BYTES"]),
+        event_key=merged["EVENT_KEY"],
+    )
+
+
+@functools.cache
+def app_settings() -> AppSettings:
+    user = getattr(settings, "WEBHOOK_RECEIVER", {})
+    unknown = set(user) - set(DEFAULTS)
+    if unknown:
+        raise ImproperlyConfigured(f"WEBHOOK_RECEIVER has unknown keys: {sorted(unknown)}")
+    merged = {**DEFAULTS, **user}
+    return AppSettings(
+        sources={slug: _source(slug, opts) for slug, opts in merged["SOURCES"].items()},
+        handlers=dict(merged["HANDLERS"]),
+        audit_retention=timedelta(days=merged["AUDIT_RETENTION_DAYS"]),
+        purge_batch_size=int(merged["PURGE_BATCH_SIZE"]),
+        redacted_headers=frozenset(h.lower() for h in merged["REDACTED_HEADERS"]),
+    )
+
+
+def get_source(slug: str) -> SourceConfig | None:
+    return app_settings().sources.get(slug)
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "WEBHOOK_RECEIVER":
+        app_settings.cache_clear()

@@ -1,0 +1,82 @@
+"""Event type -> effect registry.
+
+A handler is a function ``handler(event: WebhookEvent) -> HandlerResult | None``. It runs
+inside the claim transaction, after the receipt row has claimed the event key, so every
+database write it makes commits or rolls back together with that claim. Returning
+``None`` means "applied". Raise ``PermanentError`` for an event that can never be
+applied as it is, and ``TransientError`` for one that may succeed later.
+
+Register a handler in code::
+
+    from webhook_receiver.handlers import webhook_handler
+
+    @webhook_handler("invoice.paid")
+    def invoice_paid(event): ...
+
+or in settings, which wins over code: ``WEBHOOK_RECEIVER["HANDLERS"] = {"invoice.paid":
+"shop.webhooks.invoice_paid"}``. Event types without a handler are recorded as ``ignored``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from .conf import app_settings
+from .models import ReceiptStatus
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    source: str
+    event_key: str
+    event_type: str
+    payload: Mapping[str, Any]  # the whole verified, parsed body
+    message_id: str | None = None
+    signature_timestamp: int | None = None
+
+    @property
+    def data(self) -> Any:
+        return self.payload.get("data")
+
+
+@dataclass(frozen=True)
+class HandlerResult:
+    status: ReceiptStatus = ReceiptStatus.APPLIED
+    subject: str = ""  # the business object concerned, searchable on the receipt
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[WebhookEvent], "HandlerResult | None"]
+
+_registry: dict[str, Handler] = {}
+
+
+def webhook_handler(event_type: str) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the handler of ``event_type``."""
+
+    def register(func: Handler) -> Handler:
+        _registry[event_type] = func
+        return func
+
+    return register
+
+
+@functools.lru_cache(maxsize=256)
+def _import_handler(path: str) -> Handler:
+    return import_string(path)
+
+
+def get_handler(event_type: str) -> Handler | None:
+    path = app_settings().handlers.get(event_type)
+    if path is not None:
+        return _import_handler(path)
+    return _registry.get(event_type)
+
+
+def registered_event_types() -> list[str]:
+    return sorted(set(_registry) | set(app_settings().handlers))

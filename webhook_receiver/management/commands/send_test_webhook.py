@@ -1,0 +1,83 @@
+"""Send a correctly signed test event to a running endpoint."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from webhook_receiver import signatures
+from webhook_receiver.conf import get_source
+
+
+class Command(BaseCommand):
+    help = (
+        "Sign a test event with the source's configured secret and POST it. "
+        "Repeat with the same --event-id to see the duplicate answer."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--source", default="shop")
+        parser.add_argument("--url", help="default: http://127.0.0.1:8000/webhooks/<source>/")
+        parser.add_argument(
+            "--type",
+            default="inventory.reserved",
+            help="inventory.reserved|inventory.released|order.paid|order.cancelled|"
+            "order.fulfilled, or any other type (recorded as ignored)",
+        )
+        parser.add_argument("--event-id", help="message id; default: a new random one")
+        parser.add_argument("--order-id", default="ord_1042")
+        parser.add_argument("--order-version", type=int, default=1, dest="order_version")
+        parser.add_argument("--sku", default="SKU-RED-M")
+        parser.add_argument("--quantity", type=int, default=1)
+        parser.add_argument(
+            "--print-curl", action="store_true", help="print a curl command instead of sending"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        source = get_source(options["source"])
+        if source is None:
+            raise CommandError(f"No source {options['source']!r} in WEBHOOK_RECEIVER['SOURCES'].")
+        url = options["url"] or f"http://127.0.0.1:8000/webhooks/{source.slug}/"
+        event_id = options["event_id"] or f"msg_{uuid.uuid4().hex}"
+        now = int(time.time())
+        data: dict[str, Any] = {"order_id": options["order_id"], "version": options["order_version"]}
+        if options["type"].startswith("inventory."):
+            data["lines"] = [{"sku": options["sku"], "quantity": options["quantity"]}]
+        payload: dict[str, Any] = {"type": options["type"], "timestamp": now, "data": data}
+        if source.scheme == "stripe":
+            payload["id"] = event_id
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        headers = signatures.sign(
+            scheme=source.scheme,
+            secret=source.secrets[0],
+            body=body,
+            message_id=event_id,
+            timestamp=now,
+        )
+        headers["Content-Type"] = "application/json"
+
+        if options["print_curl"]:
+            parts = ["curl", "-sS", "-X", "POST", url]
+            for name, value in headers.items():
+                parts += ["-H", f"{name}: {value}"]
+            parts += ["--data-binary", body.decode()]
+            self.stdout.write(shlex.join(parts))
+            return
+
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                status, answer = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, answer = exc.code, exc.read()
+        except urllib.error.URLError as exc:
+            raise CommandError(f"Could not reach {url}: {exc.reason}") from exc
+        self.stdout.write(f"POST {url}  event id {event_id}")
+        self.stdout.write(f"{status} {answer.decode(errors='replace')}")

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class ReceiptStatus(models.TextChoices):
+    APPLIED = "applied", "Applied"
+    STALE = "stale", "Stale (older version, nothing changed)"
+    IGNORED = "ignored", "Ignored (no handler for this type)"
+
+
+class WebhookReceipt(models.Model):
+    """One verified event, claimed once per (source, event_key).
+
+    The row is inserted first, in the same transaction as the event's effect, so it
+    exists if and only if that effect committed.
+    """
+
+    source = models.CharField(max_length=100)
+    event_key = models.CharField(max_length=255)
+    event_type = models.CharField(max_length=255, blank=True)
+    message_id = models.CharField(max_length=255, blank=True)
+    signature_timestamp = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=ReceiptStatus.choices)
+    # the business object the event concerns (an order id for the built-in handlers)
+    subject = models.CharField(max_length=255, blank=True, db_index=True)
+    # what the first delivery answered; duplicates answer with it
+    outcome = models.JSONField(default=dict)
+    body = models.BinaryField()
+    headers = models.JSONField(default=dict)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "event_key"], name="webhook_receipt_key"),
+        ]
+        indexes = [models.Index(fields=["received_at"], name="webhook_receipt_received")]
+        ordering = ["-received_at"]
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.event_key}"
+
+
+class Verification(models.TextChoices):
+    VERIFIED = "verified", "Verified"
+    UNKNOWN_SOURCE = "unknown_source", "Unknown source"
+    PAYLOAD_TOO_LARGE = "payload_too_large", "Payload too large"
+    MISSING_HEADERS = "missing_signature_headers", "Missing signature headers"
+    MALFORMED_HEADERS = "malformed_signature_headers", "Malformed signature headers"
+    INVALID_SIGNATURE = "invalid_signature", "Invalid signature"
+    TIMESTAMP_OUT_OF_TOLERANCE = "timestamp_out_of_tolerance", "Timestamp out of tolerance"
+
+
+class RequestAudit(models.Model):
+    """One row per request to the endpoint, accepted or not.
+
+    Holds the body's SHA-256, never the body: rejected bodies are untrusted, and an
+    accepted body lives on its receipt.
+    """
+
+    source = models.CharField(max_length=100)
+    message_id = models.CharField(max_length=255, blank=True)
+    event_key = models.CharField(max_length=255, blank=True)
+    signature_timestamp = models.DateTimeField(null=True, blank=True)
+    verification = models.CharField(max_length=32, choices=Verification.choices)
+    # what happened after verification: applied, duplicate, stale, ignored, or an error code
+    result = models.CharField(max_length=40, blank=True)
+    response_status = models.PositiveSmallIntegerField()
+    body_sha256 = models.CharField(max_length=64, blank=True)
+    body_size = models.PositiveIntegerField(null=True, blank=True)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["received_at"], name="webhook_audit_received")]
+        ordering = ["-received_at"]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.response_status} {self.verification}"
+
+
+class InventoryLedgerEntry(models.Model):
+    """Append-only stock movements; the stock of a SKU is the sum of its deltas."""
+
+    order_id = models.CharField(max_length=100, db_index=True)
+    sku = models.CharField(max_length=100, db_index=True)
+    delta = models.IntegerField()
+    reason = models.CharField(max_length=64)
+    event_key = models.CharField(max_length=255, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "inventory ledger entries"
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.sku} {self.delta:+d} ({self.order_id})"
+
+
+class OrderStatus(models.TextChoices):
+    PAID = "paid", "Paid"
+    CANCELLED = "cancelled", "Cancelled"
+    FULFILLED = "fulfilled", "Fulfilled"
+
+
+class OrderState(models.Model):
+    """The latest known state of an order; only ever moves forward in version."""
+
+    order_id = models.CharField(max_length=100, unique=True)
+    status = models.CharField(max_length=16, choices=OrderStatus.choices)
+    version = models.BigIntegerField()
+    event_key = models.CharField(max_length=255)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["order_id"]
+
+    def __str__(self) -> str:
+        return f"{self.order_id}: {self.status} v{self.version}"

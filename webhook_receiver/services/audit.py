@@ -1,0 +1,78 @@
+"""The audit trail: one record per request, and its retention."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.db import DatabaseError
+from django.utils import timezone
+
+from ..conf import app_settings
+from ..models import RequestAudit, Verification
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AuditDraft:
+    """What is known about a request so far; written once, when its answer is known."""
+
+    source: str
+    received_at: datetime
+    remote_addr: str | None = None
+    verification: str = Verification.VERIFIED
+    message_id: str = ""
+    event_key: str = ""
+    signature_timestamp: int | None = None
+    body_sha256: str = ""
+    body_size: int | None = None
+
+    def set_body(self, body: bytes) -> None:
+        self.body_sha256 = hashlib.sha256(body).hexdigest()
+        self.body_size = len(body)
+
+    def record(self, *, result: str, response_status: int) -> RequestAudit:
+        ts = self.signature_timestamp
+        return RequestAudit.objects.create(
+            source=self.source[:100],
+            message_id=self.message_id[:255],
+            event_key=self.event_key[:255],
+            signature_timestamp=datetime.fromtimestamp(ts, UTC) if ts is not None else None,
+            verification=self.verification,
+            result=result,
+            response_status=response_status,
+            body_sha256=self.body_sha256,
+            body_size=self.body_size,
+            remote_addr=self.remote_addr,
+            received_at=self.received_at,
+        )
+
+    def record_best_effort(self, *, result: str, response_status: int) -> None:
+        """Record, but never let a broken database hide the error being reported."""
+        try:
+            self.record(result=result, response_status=response_status)
+        except DatabaseError:
+            logger.exception(
+                "could not write the audit record",
+                extra={"source": self.source, "result": result, "body_sha256": self.body_sha256},
+            )
+
+
+def audit_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:
+    """Delete audit records older than the retention period, in bounded batches."""
+    config = app_settings()
+    cutoff = (now or timezone.now()) - config.audit_retention
+    deleted = 0
+    for _ in range(max_batches):
+        ids = list(
+            RequestAudit.objects.filter(received_at__lt=cutoff)
+            .order_by("id")
+            .values_list("id", flat=True)[: config.purge_batch_size]
+        )
+        if not ids:
+            break
+        deleted += RequestAudit.objects.filter(id__in=ids).delete()[0]
+    return deleted

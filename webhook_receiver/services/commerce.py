@@ -1,0 +1,133 @@
+"""The built-in business effects of the demo commerce domain.
+
+``inventory.reserved`` / ``inventory.released`` append one ledger entry per line (minus
+the quantity when reserved, plus when released): the ledger is a function of the *set*
+of applied events, so any order of arrival converges.
+
+``order.paid`` / ``order.cancelled`` / ``order.fulfilled`` move an order's state forward
+in version only; an older or equal version changes nothing and is recorded as stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from ..exceptions import InvalidPayload
+from ..handlers import HandlerResult, WebhookEvent, webhook_handler
+from ..models import InventoryLedgerEntry, OrderState, OrderStatus, ReceiptStatus
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidPayload(f"{what} must be a JSON object.")
+    return value
+
+
+def _text(data: dict[str, Any], key: str, max_length: int = 100) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value or len(value) > max_length:
+        raise InvalidPayload(f"'{key}' must be a non-empty string of at most {max_length}.")
+    return value
+
+
+def _integer(data: dict[str, Any], key: str, minimum: int) -> int:
+    value = data.get(key)
+    # bool is an int subclass in Python; true is not a version
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidPayload(f"'{key}' must be an integer >= {minimum}.")
+    return value
+
+
+# --- inventory ---------------------------------------------------------------------
+
+
+def _stock_movement(event: WebhookEvent, *, sign: int, reason: str) -> HandlerResult:
+    data = _object(event.data, "data")
+    order_id = _text(data, "order_id")
+    _integer(data, "version", minimum=0)
+    lines = data.get("lines")
+    if not isinstance(lines, list) or not lines:
+        raise InvalidPayload("'lines' must be a non-empty list.")
+    entries = []
+    for line in lines:
+        line = _object(line, "each line")
+        entries.append(
+            InventoryLedgerEntry(
+                order_id=order_id,
+                sku=_text(line, "sku"),
+                delta=sign * _integer(line, "quantity", minimum=1),
+                reason=reason,
+                event_key=event.event_key,
+            )
+        )
+    InventoryLedgerEntry.objects.bulk_create(entries)
+    return HandlerResult(subject=order_id, detail={"order_id": order_id, "lines": len(entries)})
+
+
+@webhook_handler("inventory.reserved")
+def inventory_reserved(event: WebhookEvent) -> HandlerResult:
+    return _stock_movement(event, sign=-1, reason="reserved")
+
+
+@webhook_handler("inventory.released")
+def inventory_released(event: WebhookEvent) -> HandlerResult:
+    return _stock_movement(event, sign=+1, reason="released")
+
+
+# --- orders ------------------------------------------------------------------------
+
+
+def order_state_advance(*, order_id: str, status: str, version: int, event_key: str) -> bool:
+    """Move an order to ``status`` at ``version`` unless it already holds that version or a
+    newer one. Returns whether it moved.
+
+    One upsert statement: the row lock taken by ON CONFLICT DO UPDATE makes concurrent
+    deliveries for the same order serialise, and the WHERE is evaluated on the latest row.
+    """
+    table = connection.ops.quote_name(OrderState._meta.db_table)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {table} (order_id, status, version, event_key, updated_at)
+            VALUES (%s, %s, %s, %s, %s)
+            ON CONFLICT (order_id) DO UPDATE
+                SET status = excluded.status, version = excluded.version,
+                    event_key = excluded.event_key, updated_at = excluded.updated_at
+                WHERE {table}.version < excluded.version
+            RETURNING id
+            """,
+            [order_id, status, version, event_key, now],
+        )
+        return cursor.fetchone() is not None
+
+
+def _order_transition(event: WebhookEvent, status: OrderStatus) -> HandlerResult:
+    data = _object(event.data, "data")
+    order_id = _text(data, "order_id")
+    version = _integer(data, "version", minimum=0)
+    moved = order_state_advance(
+        order_id=order_id, status=status, version=version, event_key=event.event_key
+    )
+    detail = {"order_id": order_id, "order_status": status.value, "version": version}
+    if not moved:
+        return HandlerResult(status=ReceiptStatus.STALE, subject=order_id, detail=detail)
+    return HandlerResult(subject=order_id, detail=detail)
+
+
+@webhook_handler("order.paid")
+def order_paid(event: WebhookEvent) -> HandlerResult:
+    return _order_transition(event, OrderStatus.PAID)
+
+
+@webhook_handler("order.cancelled")
+def order_cancelled(event: WebhookEvent) -> HandlerResult:
+    return _order_transition(event, OrderStatus.CANCELLED)
+
+
+@webhook_handler("order.fulfilled")
+def order_fulfilled(event: WebhookEvent) -> HandlerResult:
+    return _order_transition(event, OrderStatus.FULFILLED)

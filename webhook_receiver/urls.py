@@ -1,0 +1,9 @@
+from django.urls import path
+
+from .views import WebhookView
+
+app_name = "webhook_receiver"
+
+urlpatterns = [
+    path("<str:source>/", WebhookView.as_view(), name="receive"),
+]

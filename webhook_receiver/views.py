@@ -1,0 +1,70 @@
+"""The HTTP interface: a status map around ``webhook_receive``."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import InterfaceError, OperationalError, transaction
+from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .exceptions import PermanentError, RejectedRequest, TransientError
+from .services.inbound import DUPLICATE, webhook_receive
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = "30"
+
+
+# Not atomic even under ATOMIC_REQUESTS: the service owns its transactions, and the
+# audit record of a failed event must survive the rollback of that event's work.
+@method_decorator(transaction.non_atomic_requests, name="dispatch")
+@method_decorator(csrf_exempt, name="dispatch")
+class WebhookView(APIView):
+    # The request is authenticated by its signature alone; the host's DRF defaults
+    # must not parse, authenticate, throttle or render it differently.
+    authentication_classes = ()
+    permission_classes = ()
+    parser_classes = ()
+    throttle_classes = ()
+    renderer_classes = (JSONRenderer,)
+
+    def post(self, request: Request, source: str) -> Response:
+        try:
+            result = webhook_receive(
+                source_slug=source,
+                stream=request.stream,
+                content_length=_content_length(request),
+                headers=request.headers,
+                remote_addr=request.META.get("REMOTE_ADDR"),
+            )
+        except RejectedRequest as exc:
+            body = {"error": exc.code}
+            if exc.status_code == 400:
+                body["detail"] = str(exc)
+            return Response(body, status=exc.status_code)
+        except PermanentError as exc:
+            return Response({"error": exc.code, "detail": str(exc)}, status=422)
+        except (TransientError, OperationalError, InterfaceError) as exc:
+            logger.warning("webhook deferred to the sender's retry: %s", type(exc).__name__)
+            return Response(
+                {"error": "temporarily_unavailable", "detail": "Retry later."},
+                status=503,
+                headers={"Retry-After": RETRY_AFTER_SECONDS},
+            )
+        if result.status == DUPLICATE:
+            body = {"status": DUPLICATE, "event_key": result.event_key, "original": result.outcome}
+        else:
+            body = dict(result.outcome)
+        return Response(body, status=200)
+
+
+def _content_length(request: Request) -> int | None:
+    try:
+        return int(request.META["CONTENT_LENGTH"])
+    except (KeyError, ValueError):
+        return None

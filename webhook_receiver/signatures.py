@@ -90,6 +90,7 @@ def _any_match(expected: Iterable[bytes], presented: Iterable[bytes]) -> bool:
 def standard_secret_key(secret: str) -> bytes:
     """Decode a ``whsec_``-prefixed base64 secret into the HMAC key."""
     encoded = secret.removeprefix("whsec_")
+    encoded += "=" * (-len(encoded) % 4)  # senders often show the secret unpadded
     try:
         return base64.b64decode(encoded, validate=True)
     except binascii.Error as exc:

@@ -1,0 +1,44 @@
+"""Test settings: the demo project's, with test sources and a real database.
+
+DATABASE_URL picks the database (PostgreSQL by default; `make test` also runs the
+suite on SQLite). pytest-django creates a test database and drops it afterwards.
+"""
+
+import environ
+
+from project.settings import *  # noqa: F403
+
+env = environ.Env()
+
+DATABASES = {
+    "default": env.db(
+        "DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/webhook_receiver"
+    ),
+}
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
+
+SHOP_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SHOP_OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+STRIPE_SECRET = "whsec_stripe_test_secret"
+GITHUB_SECRET = "It's a Secret to Everybody"
+
+WEBHOOK_RECEIVER = {
+    "SOURCES": {
+        # two secrets at once: a rotation in progress
+        "shop": {"SCHEME": "standard", "SECRETS": [SHOP_OLD_SECRET, SHOP_SECRET]},
+        "stripe": {"SCHEME": "stripe", "SECRETS": [STRIPE_SECRET]},
+        "github": {"SCHEME": "github", "SECRETS": [GITHUB_SECRET]},
+        "small": {"SCHEME": "standard", "SECRETS": [SHOP_SECRET], "MAX_BODY_BYTES": 1024},
+        "keyed": {
+            "SCHEME": "standard",
+            "SECRETS": [SHOP_SECRET],
+            "EVENT_KEY": "tests.signing.order_version_key",
+        },
+    },
+}
+
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/15")
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+LOGGING = {"version": 1, "disable_existing_loggers": False}

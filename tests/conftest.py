@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+from django.core.servers.basehttp import ThreadedWSGIServer
 from django.db import connection
+from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,3 +23,26 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+class _WideBacklogServer(ThreadedWSGIServer):
+    # socketserver's default backlog of 5 resets most of 32 simultaneous connects
+    request_queue_size = 128
+
+
+class _WideBacklogServerThread(LiveServerThread):
+    server_class = _WideBacklogServer
+
+
+@pytest.fixture
+def threaded_server(transactional_db) -> Iterator[str]:
+    """A real threaded HTTP server on loopback: one thread and one database connection
+    per request, so concurrent requests race for real in PostgreSQL."""
+    thread = _WideBacklogServerThread("127.0.0.1", _StaticFilesHandler)
+    thread.daemon = True
+    thread.start()
+    thread.is_ready.wait()
+    if thread.error:
+        raise thread.error
+    yield f"http://127.0.0.1:{thread.port}"
+    thread.terminate()

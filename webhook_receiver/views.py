@@ -51,16 +51,25 @@ class WebhookView(APIView):
             return Response({"error": exc.code, "detail": str(exc)}, status=422)
         except (TransientError, OperationalError, InterfaceError) as exc:
             logger.warning("webhook deferred to the sender's retry: %s", type(exc).__name__)
-            return Response(
-                {"error": "temporarily_unavailable", "detail": "Retry later."},
-                status=503,
-                headers={"Retry-After": RETRY_AFTER_SECONDS},
-            )
+            return _retry_later()
+        except Exception:
+            # An unexpected error counts as transient: the claim rolled back, so the
+            # sender's redelivery can apply the event once the cause is fixed.
+            logger.exception("webhook handler failed; deferred to the sender's retry")
+            return _retry_later()
         if result.status == DUPLICATE:
             body = {"status": DUPLICATE, "event_key": result.event_key, "original": result.outcome}
         else:
             body = dict(result.outcome)
         return Response(body, status=200)
+
+
+def _retry_later() -> Response:
+    return Response(
+        {"error": "temporarily_unavailable", "detail": "Retry later."},
+        status=503,
+        headers={"Retry-After": RETRY_AFTER_SECONDS},
+    )
 
 
 def _content_length(request: Request) -> int | None:

@@ -1,0 +1,105 @@
+"""Invariant: any permutation of an event stream, with any duplicates, ends in exactly
+the ledger sums and order states of that stream delivered once, in order."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import Sum
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from webhook_receiver.handlers import WebhookEvent
+from webhook_receiver.models import InventoryLedgerEntry, OrderState, WebhookReceipt
+from webhook_receiver.services.inbound import event_claim_and_apply
+
+ORDERS = ["ord_a", "ord_b", "ord_c"]
+SKUS = ["SKU-1", "SKU-2", "SKU-3"]
+KINDS = [
+    "inventory.reserved",
+    "inventory.released",
+    "order.paid",
+    "order.cancelled",
+    "order.fulfilled",
+    "customer.updated",  # no handler: ignored
+]
+
+line = st.fixed_dictionaries({"sku": st.sampled_from(SKUS), "quantity": st.integers(1, 5)})
+step = st.tuples(st.sampled_from(KINDS), st.sampled_from(ORDERS), st.lists(line, min_size=1, max_size=3))
+
+
+@st.composite
+def streams(draw) -> list[WebhookEvent]:
+    """An in-order stream: each order's versions increase as its events appear."""
+    versions: dict[str, int] = defaultdict(int)
+    events = []
+    for position, (kind, order_id, lines) in enumerate(draw(st.lists(step, min_size=1, max_size=25))):
+        versions[order_id] += 1
+        data = {"order_id": order_id, "version": versions[order_id]}
+        if kind.startswith("inventory."):
+            data["lines"] = lines
+        events.append(
+            WebhookEvent(
+                source="shop",
+                event_key=f"evt_{position}",
+                event_type=kind,
+                payload={"type": kind, "data": data},
+            )
+        )
+    return events
+
+
+@st.composite
+def deliveries(draw) -> tuple[list[WebhookEvent], list[WebhookEvent]]:
+    stream = draw(streams())
+    duplicates = draw(st.lists(st.sampled_from(stream), max_size=len(stream) * 2))
+    delivered = draw(st.permutations(stream + duplicates))
+    return stream, delivered
+
+
+def _deliver_and_snapshot(events: list[WebhookEvent]) -> tuple[dict, dict, int, int]:
+    """Deliver through the service, read the end state, then roll it all back."""
+    with transaction.atomic():
+        for event in events:
+            event_claim_and_apply(event=event, body=b"{}", headers={})
+        ledger = {
+            (row["order_id"], row["sku"]): row["total"]
+            for row in InventoryLedgerEntry.objects.values("order_id", "sku").annotate(
+                total=Sum("delta")
+            )
+        }
+        orders = {o.order_id: (o.status, o.version) for o in OrderState.objects.all()}
+        counts = (WebhookReceipt.objects.count(), InventoryLedgerEntry.objects.count())
+        transaction.set_rollback(True)
+    return ledger, orders, *counts
+
+
+@pytest.mark.django_db
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=deliveries())
+def test_any_permutation_with_duplicates_converges_on_the_in_order_result(case):
+    stream, delivered = case
+
+    expected = _deliver_and_snapshot(stream)
+    actual = _deliver_and_snapshot(delivered)
+
+    assert actual == expected
+    ledger, orders, receipts, _ = actual
+    assert receipts == len(stream)
+    # the in-order result is the obvious one: last version per order, summed deltas
+    for order_id in {e.payload["data"]["order_id"] for e in stream}:
+        order_events = [e for e in stream if e.payload["data"]["order_id"] == order_id]
+        transitions = [e for e in order_events if e.event_type.startswith("order.")]
+        if transitions:
+            last = transitions[-1]
+            assert orders[order_id] == (
+                last.event_type.removeprefix("order."),
+                last.payload["data"]["version"],
+            )
+    assert connection.in_atomic_block  # the test's own transaction is still open

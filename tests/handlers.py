@@ -13,7 +13,11 @@ failures_left = {"count": 0}
 
 def _write_ledger_row(event: WebhookEvent) -> None:
     InventoryLedgerEntry.objects.create(
-        order_id=event.data["order_id"], sku="CRASH", delta=-1, reason="test", event_key=event.event_key
+        order_id=event.data["order_id"],
+        sku="CRASH",
+        delta=-1,
+        reason="test",
+        event_key=event.event_key,
     )
 
 

@@ -17,22 +17,34 @@ from tests.settings import GITHUB_SECRET, SHOP_SECRET, STRIPE_SECRET
 
 
 def standard_headers(
-    body: bytes, *, msg_id: str | None = None, timestamp: int | None = None, secret: str = SHOP_SECRET
+    body: bytes,
+    *,
+    msg_id: str | None = None,
+    timestamp: int | None = None,
+    secret: str = SHOP_SECRET,
 ) -> dict[str, str]:
     msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
     timestamp = int(time.time()) if timestamp is None else timestamp
     signature = Webhook(secret).sign(msg_id, datetime.fromtimestamp(timestamp, UTC), body.decode())
-    return {"webhook-id": msg_id, "webhook-timestamp": str(timestamp), "webhook-signature": signature}
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature,
+    }
 
 
-def stripe_headers(body: bytes, *, timestamp: int | None = None, secret: str = STRIPE_SECRET) -> dict[str, str]:
+def stripe_headers(
+    body: bytes, *, timestamp: int | None = None, secret: str = STRIPE_SECRET
+) -> dict[str, str]:
     # https://docs.stripe.com/webhooks#verify-manually: HMAC-SHA256(secret, "{t}.{payload}"), hex
     timestamp = int(time.time()) if timestamp is None else timestamp
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return {"Stripe-Signature": f"t={timestamp},v1={mac}"}
 
 
-def github_headers(body: bytes, *, delivery: str | None = None, secret: str = GITHUB_SECRET) -> dict[str, str]:
+def github_headers(
+    body: bytes, *, delivery: str | None = None, secret: str = GITHUB_SECRET
+) -> dict[str, str]:
     # https://docs.github.com/webhooks/using-webhooks/validating-webhook-deliveries
     mac = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return {

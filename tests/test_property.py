@@ -27,7 +27,9 @@ KINDS = [
 ]
 
 line = st.fixed_dictionaries({"sku": st.sampled_from(SKUS), "quantity": st.integers(1, 5)})
-step = st.tuples(st.sampled_from(KINDS), st.sampled_from(ORDERS), st.lists(line, min_size=1, max_size=3))
+step = st.tuples(
+    st.sampled_from(KINDS), st.sampled_from(ORDERS), st.lists(line, min_size=1, max_size=3)
+)
 
 
 @st.composite
@@ -35,7 +37,9 @@ def streams(draw) -> list[WebhookEvent]:
     """An in-order stream: each order's versions increase as its events appear."""
     versions: dict[str, int] = defaultdict(int)
     events = []
-    for position, (kind, order_id, lines) in enumerate(draw(st.lists(step, min_size=1, max_size=25))):
+    for position, (kind, order_id, lines) in enumerate(
+        draw(st.lists(step, min_size=1, max_size=25))
+    ):
         versions[order_id] += 1
         data = {"order_id": order_id, "version": versions[order_id]}
         if kind.startswith("inventory."):

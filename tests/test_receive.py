@@ -59,7 +59,11 @@ def test_new_event_is_applied_and_its_duplicate_answers_the_stored_outcome(clien
         "detail": {"order_id": "ord_1", "lines": 2},
     }
     assert second.status_code == 200
-    assert second.json() == {"status": "duplicate", "event_key": "msg_dup", "original": first.json()}
+    assert second.json() == {
+        "status": "duplicate",
+        "event_key": "msg_dup",
+        "original": first.json(),
+    }
     assert list(InventoryLedgerEntry.objects.order_by("sku").values_list("sku", "delta")) == [
         ("SKU-A", -2),
         ("SKU-B", -1),
@@ -107,7 +111,9 @@ def test_order_state_moves_forward_only_and_late_versions_are_stale(client):
     fulfilled_v2 = event_body("order.fulfilled", order_id="ord_4", version=2)
 
     # when
-    answers = [post(client, b, standard_headers(b)).json() for b in (paid_v2, cancelled_v1, fulfilled_v2)]
+    answers = [
+        post(client, b, standard_headers(b)).json() for b in (paid_v2, cancelled_v1, fulfilled_v2)
+    ]
 
     # then
     assert [a["status"] for a in answers] == ["applied", "stale", "stale"]
@@ -134,7 +140,11 @@ def test_unknown_event_type_is_recorded_as_ignored(client):
     assert answer.status_code == 200
     assert answer.json()["status"] == "ignored"
     receipt = WebhookReceipt.objects.get()
-    assert (receipt.status, receipt.event_type, bytes(receipt.body)) == ("ignored", "customer.updated", body)
+    assert (receipt.status, receipt.event_type, bytes(receipt.body)) == (
+        "ignored",
+        "customer.updated",
+        body,
+    )
 
 
 @pytest.mark.django_db
@@ -215,7 +225,8 @@ django.setup()
 from django.test import override_settings
 from django.conf import settings
 from webhook_receiver.services.inbound import webhook_receive
-config = {{**settings.WEBHOOK_RECEIVER, "HANDLERS": {{"test.kill": "tests.handlers.killed_after_writing"}}}}
+handlers = {{"test.kill": "tests.handlers.killed_after_writing"}}
+config = {{**settings.WEBHOOK_RECEIVER, "HANDLERS": handlers}}
 body = {body!r}
 with override_settings(WEBHOOK_RECEIVER=config):
     webhook_receive(source_slug="shop", stream=io.BytesIO(body), content_length=len(body),

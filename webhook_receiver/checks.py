@@ -13,7 +13,9 @@ from .conf import app_settings
 
 
 @checks.register()
-def check_webhook_receiver_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_webhook_receiver_settings(
+    app_configs: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     try:
         config = app_settings()
     except ImproperlyConfigured as exc:

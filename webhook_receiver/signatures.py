@@ -110,14 +110,14 @@ def _verify_standard(secrets: tuple[str, ...], headers: Mapping[str, str], body:
     )
     timestamp = _parse_timestamp(raw_ts, "webhook-timestamp")
     # other versions (e.g. the asymmetric v1a) are not ours to check
-    encoded = [sig for version, _, sig in (e.partition(",") for e in raw_sigs.split()) if version == "v1"]
+    encoded = [
+        sig for version, _, sig in (e.partition(",") for e in raw_sigs.split()) if version == "v1"
+    ]
     if not encoded:
         raise MalformedSignatureHeaders("webhook-signature holds no 'v1,<base64>' entry.")
     presented = [_b64decode_or_empty(sig) for sig in encoded]
     signed = f"{msg_id}.{timestamp}.".encode() + body
-    expected = (
-        hmac.new(standard_secret_key(s), signed, hashlib.sha256).digest() for s in secrets
-    )
+    expected = (hmac.new(standard_secret_key(s), signed, hashlib.sha256).digest() for s in secrets)
     if not _any_match(expected, presented):
         raise InvalidSignature()
     return VerifiedMessage(scheme="standard", message_id=msg_id, timestamp=timestamp)
@@ -139,9 +139,7 @@ def _verify_stripe(secrets: tuple[str, ...], headers: Mapping[str, str], body: b
     if timestamp is None or not presented:
         raise MalformedSignatureHeaders("Stripe-Signature needs t=<timestamp> and v1=<hex>.")
     signed = f"{timestamp}.".encode() + body
-    expected = (
-        hmac.new(s.encode(), signed, hashlib.sha256).hexdigest().encode() for s in secrets
-    )
+    expected = (hmac.new(s.encode(), signed, hashlib.sha256).hexdigest().encode() for s in secrets)
     if not _any_match(expected, presented):
         raise InvalidSignature()
     return VerifiedMessage(scheme="stripe", message_id=None, timestamp=timestamp)
@@ -174,7 +172,9 @@ _VERIFIERS = {
 # --- Signing (for test events and host-project tests) ---------------------------------
 
 
-def sign(*, scheme: str, secret: str, body: bytes, message_id: str, timestamp: int) -> dict[str, str]:
+def sign(
+    *, scheme: str, secret: str, body: bytes, message_id: str, timestamp: int
+) -> dict[str, str]:
     """Return the headers a sender of ``scheme`` would attach to ``body``."""
     if scheme == "standard":
         signed = f"{message_id}.{timestamp}.".encode() + body

@@ -248,9 +248,7 @@ def _claim(event: WebhookEvent, *, body: bytes, headers: Mapping[str, str]) -> i
         "received_at": timezone.now(),
     }
     columns = ", ".join(connection.ops.quote_name(fields[name].column) for name in values)
-    params = [
-        fields[name].get_db_prep_save(value, connection) for name, value in values.items()
-    ]
+    params = [fields[name].get_db_prep_save(value, connection) for name, value in values.items()]
     table = connection.ops.quote_name(WebhookReceipt._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(

@@ -47,7 +47,10 @@ class Command(BaseCommand):
         url = options["url"] or f"http://127.0.0.1:8000/webhooks/{source.slug}/"
         event_id = options["event_id"] or f"msg_{uuid.uuid4().hex}"
         now = int(time.time())
-        data: dict[str, Any] = {"order_id": options["order_id"], "version": options["order_version"]}
+        data: dict[str, Any] = {
+            "order_id": options["order_id"],
+            "version": options["order_version"],
+        }
         if options["type"].startswith("inventory."):
             data["lines"] = [{"sku": options["sku"], "quantity": options["quantity"]}]
         payload: dict[str, Any] = {"type": options["type"], "timestamp": now, "data": data}

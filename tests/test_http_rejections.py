@@ -331,10 +331,10 @@ def test_refused_request(client, case: Case):
     else:
         # refused before reading: the size is the one Content-Length announced
         assert audit.body_sha256 == ""
-    if case.verification != "verified":
-        # nothing from an unverified request is trusted enough to be recorded
+    assert audit.event_key == "" or case.verification == "verified"
+    if case.verification not in ("verified", "timestamp_out_of_tolerance"):
+        # nothing from an unauthenticated request is trusted enough to be recorded
         assert audit.message_id == ""
-        assert audit.event_key == ""
         assert audit.signature_timestamp is None
 
 
@@ -385,12 +385,6 @@ def test_the_body_of_a_payload_too_large_request_is_stored_nowhere(client):
     assert audit.body_size == len(body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="An absurd Content-Length is stored as body_size before the 413 is recorded; the "
-    "value overflows the audit column, the audit insert fails, and the client gets a 5xx "
-    "instead of 413 (PostgreSQL: any Content-Length >= 2**31; SQLite: >= 2**63).",
-)
 def test_an_absurd_content_length_is_still_a_413(client):
     # given: a sender announcing far more than the limit
     client.raise_request_exception = False
@@ -405,12 +399,6 @@ def test_an_absurd_content_length_is_still_a_413(client):
     assert only_audit().response_status == 413
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="The handlers check integers for a minimum but not for the column's range: a "
-    "quantity past the column (PostgreSQL: 2**31, SQLite: 2**63) fails in the database or "
-    "its driver and is answered as a transient error (5xx, retried forever), not 422.",
-)
 def test_a_quantity_out_of_the_column_range_is_unprocessable(client):
     # given
     client.raise_request_exception = False
@@ -723,3 +711,32 @@ def test_keyed_source_applies_a_new_version(client):
         "order:ord_k2:inventory.reserved:v2",
     ]
     assert InventoryLedgerEntry.objects.count() == 2
+
+
+def test_a_late_but_authentic_request_is_audited_with_its_message_id_and_timestamp(client):
+    # given: a correctly signed delivery, an hour old
+    body = reserved("ord_late", ("SKU-1", 1))
+    sent_at = int(time.time()) - 3600
+    headers = standard_headers(body, msg_id="msg_late", timestamp=sent_at)
+
+    # when
+    response = post(client, "shop", body, headers)
+
+    # then: refused, and the audit says which delivery it was and how late
+    assert response.status_code == 401
+    audit = only_audit()
+    assert audit.verification == "timestamp_out_of_tolerance"
+    assert audit.message_id == "msg_late"
+    assert int(audit.signature_timestamp.timestamp()) == sent_at
+    assert_nothing_applied()
+
+
+@pytest.mark.parametrize("key", ["PURGE_BATCH_SIZE", "AUDIT_RETENTION_DAYS"])
+def test_a_non_positive_retention_knob_is_a_configuration_error(key):
+    from django.core.checks import run_checks
+
+    with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, key: 0}):
+        errors = [e for e in run_checks() if e.id == "webhook_receiver.E001"]
+
+    assert len(errors) == 1
+    assert key in errors[0].msg

@@ -116,6 +116,10 @@ def app_settings() -> AppSettings:
     if unknown:
         raise ImproperlyConfigured(f"WEBHOOK_RECEIVER has unknown keys: {sorted(unknown)}")
     merged = {**DEFAULTS, **user}
+    if int(merged["PURGE_BATCH_SIZE"]) < 1 or int(merged["AUDIT_RETENTION_DAYS"]) < 1:
+        raise ImproperlyConfigured(
+            "WEBHOOK_RECEIVER['PURGE_BATCH_SIZE'] and ['AUDIT_RETENTION_DAYS'] must be >= 1."
+        )
     return AppSettings(
         sources={slug: _source(slug, opts) for slug, opts in merged["SOURCES"].items()},
         handlers=dict(merged["HANDLERS"]),

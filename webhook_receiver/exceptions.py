@@ -10,6 +10,8 @@ A class docstring is the default message.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class WebhookError(Exception):
     """Webhook processing failed."""
@@ -68,6 +70,11 @@ class TimestampOutOfTolerance(RejectedRequest):
 
     status_code = 401
     code = "timestamp_out_of_tolerance"
+
+    def __init__(self, message: str | None = None, *, verified: Any = None) -> None:
+        super().__init__(message)
+        # the VerifiedMessage: the signature matched, only its time is wrong
+        self.verified = verified
 
 
 class TransientError(WebhookError):

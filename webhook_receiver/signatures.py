@@ -49,15 +49,11 @@ def verify(
     lowered = {name.lower(): value for name, value in headers.items()}
     verifier = _VERIFIERS[scheme]
     message = verifier(tuple(secrets), lowered, body)
-    if message.timestamp is not None:
-        _check_tolerance(message.timestamp, tolerance_seconds, time.time() if now is None else now)
-    return message
-
-
-def _check_tolerance(timestamp: int, tolerance_seconds: int, now: float) -> None:
+    now = time.time() if now is None else now
     # Both directions: a timestamp from the future is as suspicious as an old one.
-    if abs(now - timestamp) > tolerance_seconds:
-        raise TimestampOutOfTolerance()
+    if message.timestamp is not None and abs(now - message.timestamp) > tolerance_seconds:
+        raise TimestampOutOfTolerance(verified=message)
+    return message
 
 
 def _require(headers: Mapping[str, str], *names: str) -> list[str]:

@@ -74,6 +74,7 @@ def _retry_later() -> Response:
 
 def _content_length(request: Request) -> int | None:
     try:
-        return int(request.META["CONTENT_LENGTH"])
+        length = int(request.META["CONTENT_LENGTH"])
     except (KeyError, ValueError):
         return None
+    return length if length >= 0 else None

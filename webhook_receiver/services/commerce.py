@@ -33,11 +33,15 @@ def _text(data: dict[str, Any], key: str, max_length: int = 100) -> str:
     return value
 
 
-def _integer(data: dict[str, Any], key: str, minimum: int) -> int:
+INT32_MAX = 2**31 - 1  # IntegerField
+INT64_MAX = 2**63 - 1  # BigIntegerField
+
+
+def _integer(data: dict[str, Any], key: str, minimum: int, maximum: int) -> int:
     value = data.get(key)
     # bool is an int subclass in Python; true is not a version
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidPayload(f"'{key}' must be an integer >= {minimum}.")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+        raise InvalidPayload(f"'{key}' must be an integer from {minimum} to {maximum}.")
     return value
 
 
@@ -47,7 +51,7 @@ def _integer(data: dict[str, Any], key: str, minimum: int) -> int:
 def _stock_movement(event: WebhookEvent, *, sign: int, reason: str) -> HandlerResult:
     data = _object(event.data, "data")
     order_id = _text(data, "order_id")
-    _integer(data, "version", minimum=0)
+    _integer(data, "version", minimum=0, maximum=INT64_MAX)
     lines = data.get("lines")
     if not isinstance(lines, list) or not lines:
         raise InvalidPayload("'lines' must be a non-empty list.")
@@ -58,7 +62,7 @@ def _stock_movement(event: WebhookEvent, *, sign: int, reason: str) -> HandlerRe
             InventoryLedgerEntry(
                 order_id=order_id,
                 sku=_text(line, "sku"),
-                delta=sign * _integer(line, "quantity", minimum=1),
+                delta=sign * _integer(line, "quantity", minimum=1, maximum=INT32_MAX),
                 reason=reason,
                 event_key=event.event_key,
             )
@@ -108,7 +112,7 @@ def order_state_advance(*, order_id: str, status: str, version: int, event_key: 
 def _order_transition(event: WebhookEvent, status: OrderStatus) -> HandlerResult:
     data = _object(event.data, "data")
     order_id = _text(data, "order_id")
-    version = _integer(data, "version", minimum=0)
+    version = _integer(data, "version", minimum=0, maximum=INT64_MAX)
     moved = order_state_advance(
         order_id=order_id, status=status, version=version, event_key=event.event_key
     )

@@ -33,6 +33,7 @@ from ..exceptions import (
     InvalidPayload,
     PayloadTooLarge,
     RejectedRequest,
+    TimestampOutOfTolerance,
     UnknownSource,
     WebhookError,
 )
@@ -43,6 +44,7 @@ from .audit import AuditDraft
 logger = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
+MAX_RECORDED_SIZE = 2**31 - 1
 DUPLICATE = "duplicate"
 
 
@@ -70,7 +72,8 @@ def webhook_receive(
     """
     audit = AuditDraft(source=source_slug, received_at=timezone.now(), remote_addr=remote_addr)
     headers = CaseInsensitiveMapping(headers)
-    audit.body_size = content_length
+    # what was announced, until a body is read; clamped so an absurd header still fits
+    audit.body_size = min(content_length, MAX_RECORDED_SIZE) if content_length else None
     try:
         source = get_source(source_slug)
         if source is None:
@@ -85,6 +88,10 @@ def webhook_receive(
             tolerance_seconds=source.tolerance_seconds,
         )
     except RejectedRequest as exc:
+        if isinstance(exc, TimestampOutOfTolerance) and exc.verified is not None:
+            # authentic but late (or early): worth knowing which delivery it was
+            audit.message_id = exc.verified.message_id or ""
+            audit.signature_timestamp = exc.verified.timestamp
         audit.verification = exc.code
         audit.record(result=exc.code, response_status=exc.status_code)
         raise

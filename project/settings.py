@@ -104,15 +104,27 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_broker_dir),
         "control_folder": str(VAR_DIR / "broker-control"),
     }
+# At-least-once work: acknowledge after the task, redeliver when a worker dies, and
+# bound every task's run time. Tasks are idempotent; the database arbitrates.
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
+    "retry-failed-webhook-events": {
+        "task": "webhook_receiver.retry_failed_events",
+        "schedule": env.float("WEBHOOK_RETRY_SWEEP_SECONDS", default=15.0),
+    },
     "purge-webhook-audit-records": {
         "task": "webhook_receiver.purge_audit_records",
         "schedule": crontab(minute=17),
+    },
+    "purge-failed-webhook-events": {
+        "task": "webhook_receiver.purge_failed_events",
+        "schedule": crontab(minute=47),
     },
 }
 

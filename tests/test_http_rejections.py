@@ -31,6 +31,7 @@ from tests.signing import (
 )
 from webhook_receiver.exceptions import PayloadTooLarge
 from webhook_receiver.models import (
+    FailedEvent,
     InventoryLedgerEntry,
     OrderState,
     ReceiptStatus,
@@ -216,83 +217,6 @@ CASES = {
         body=reserved("ord_big", *[(f"SKU-{i:04d}", 1) for i in range(60)]),
         body_read=False,
     ),
-    "signed but not JSON": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=b"type=inventory.reserved&order_id=ord_1",
-        has_detail=True,
-    ),
-    "signed JSON but not an object": Case(
-        422, "invalid_payload", "verified", body=b'["inventory.reserved"]', has_detail=True
-    ),
-    "signed JSON without type": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=json.dumps({"data": {"order_id": "ord_1"}}).encode(),
-        has_detail=True,
-    ),
-    "quantity 0": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=inventory_body(order_id="o", version=1, lines=[{"sku": "SKU-1", "quantity": 0}]),
-        has_detail=True,
-    ),
-    "missing lines": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=inventory_body(order_id="o", version=1),
-        has_detail=True,
-    ),
-    "empty lines": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=inventory_body(order_id="o", version=1, lines=[]),
-        has_detail=True,
-    ),
-    "sku not a string": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=inventory_body(order_id="o", version=1, lines=[{"sku": 42, "quantity": 1}]),
-        has_detail=True,
-    ),
-    "version a bool": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=inventory_body(order_id="o", version=True, lines=GOOD_LINES),
-        has_detail=True,
-    ),
-    "second line invalid": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=inventory_body(
-            order_id="o", version=1, lines=[*GOOD_LINES, {"sku": "SKU-2", "quantity": -1}]
-        ),
-        has_detail=True,
-    ),
-    "order.paid without order_id": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        body=event_body("order.paid", version=3),
-        has_detail=True,
-    ),
-    "stripe event without id": Case(
-        422,
-        "invalid_payload",
-        "verified",
-        source="stripe",
-        body=inventory_body(order_id="o", version=1, lines=GOOD_LINES),
-        sign=stripe_headers,
-        has_detail=True,
-    ),
 }
 
 
@@ -338,6 +262,120 @@ def test_refused_request(client, case: Case):
         assert audit.signature_timestamp is None
 
 
+# Signed but unprocessable: verified, so never lost. Captured as a dead letter at once
+# (a permanent error) and answered 202, so the sender stops retrying.
+UNPROCESSABLE = {
+    "signed but not JSON": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=b"type=inventory.reserved&order_id=ord_1",
+        has_detail=True,
+    ),
+    "signed JSON but not an object": Case(
+        202, "invalid_payload", "verified", body=b'["inventory.reserved"]', has_detail=True
+    ),
+    "signed JSON without type": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=json.dumps({"data": {"order_id": "ord_1"}}).encode(),
+        has_detail=True,
+    ),
+    "quantity 0": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=inventory_body(order_id="o", version=1, lines=[{"sku": "SKU-1", "quantity": 0}]),
+        has_detail=True,
+    ),
+    "missing lines": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=inventory_body(order_id="o", version=1),
+        has_detail=True,
+    ),
+    "empty lines": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=inventory_body(order_id="o", version=1, lines=[]),
+        has_detail=True,
+    ),
+    "sku not a string": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=inventory_body(order_id="o", version=1, lines=[{"sku": 42, "quantity": 1}]),
+        has_detail=True,
+    ),
+    "version a bool": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=inventory_body(order_id="o", version=True, lines=GOOD_LINES),
+        has_detail=True,
+    ),
+    "second line invalid": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=inventory_body(
+            order_id="o", version=1, lines=[*GOOD_LINES, {"sku": "SKU-2", "quantity": -1}]
+        ),
+        has_detail=True,
+    ),
+    "order.paid without order_id": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        body=event_body("order.paid", version=3),
+        has_detail=True,
+    ),
+    "stripe event without id": Case(
+        202,
+        "invalid_payload",
+        "verified",
+        source="stripe",
+        body=inventory_body(order_id="o", version=1, lines=GOOD_LINES),
+        sign=stripe_headers,
+        has_detail=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNPROCESSABLE.values(), ids=UNPROCESSABLE.keys())
+def test_signed_but_unprocessable_is_dead_lettered(client, case: Case):
+    # given
+    headers = case.sign(case.body)
+
+    # when
+    response = post(client, case.source, case.body, headers)
+
+    # then: accepted for an operator, not applied
+    assert response.status_code == 202
+    answer = response.json()
+    assert answer["status"] == "dead_lettered"
+    assert_nothing_applied()
+    failed = FailedEvent.objects.get()
+    assert answer == {"status": "dead_lettered", "event_key": failed.event_key}
+    assert failed.status == "dead"
+    assert bytes(failed.body) == case.body
+    assert failed.attempts == 1
+    assert failed.last_error_class == "webhook_receiver.exceptions.InvalidPayload"
+    assert failed.errors[0]["kind"] == "permanent"
+    assert "Traceback" in failed.errors[0]["traceback"]
+    audit = only_audit()
+    assert (audit.verification, audit.result, audit.response_status) == (
+        "verified",
+        "dead_lettered",
+        202,
+    )
+    assert audit.event_key == failed.event_key
+    assert audit.body_sha256 == sha256(case.body)
+
+
 def test_missing_headers_detail_names_every_missing_header(client):
     body = reserved("ord_1", ("SKU-1", 1))
 
@@ -358,7 +396,7 @@ def test_verified_but_unprocessable_records_the_message_id(client):
     response = post(client, "shop", body, headers)
 
     # then
-    assert response.status_code == 422
+    assert response.json() == {"status": "dead_lettered", "event_key": "msg_bad_quantity"}
     audit = only_audit()
     assert audit.verification == "verified"
     assert audit.message_id == "msg_bad_quantity"
@@ -407,9 +445,10 @@ def test_a_quantity_out_of_the_column_range_is_unprocessable(client):
     # when
     response = post(client, "shop", body, standard_headers(body))
 
-    # then
-    assert response.status_code == 422
-    assert response.json()["error"] == "invalid_payload"
+    # then: a permanent error, dead-lettered at once rather than retried forever
+    assert response.status_code == 202
+    assert response.json()["status"] == "dead_lettered"
+    assert FailedEvent.objects.get().last_error_class.endswith("InvalidPayload")
     assert_nothing_applied()
 
 
@@ -562,12 +601,13 @@ def test_read_limited_body_without_a_stream_is_empty():
 # --- the database unavailable ------------------------------------------------------------
 
 
-def test_database_unavailable_for_the_claim_is_a_503_with_retry_after(client, monkeypatch):
-    # given: the claim fails as with a lost database connection
+def test_database_unavailable_for_claim_and_capture_is_a_503_with_retry_after(client, monkeypatch):
+    # given: the claim and the failure capture fail as with a lost database connection
     def unavailable(**kwargs):
         raise OperationalError("could not connect to server")
 
     monkeypatch.setattr(inbound, "event_claim_and_apply", unavailable)
+    monkeypatch.setattr(inbound, "failure_capture", unavailable)
     body = reserved("ord_503", ("SKU-1", 1))
     headers = standard_headers(body, msg_id="msg_503")
 
@@ -601,13 +641,16 @@ def test_the_audit_row_records_the_status_actually_answered_when_a_handler_crash
     with override_settings(WEBHOOK_RECEIVER=config):
         response = post(client, "shop", body, standard_headers(body))
 
-    # then: deferred to the sender's retry, and the audit row says what was answered
-    assert response.status_code == 503
-    assert response.headers["Retry-After"] == "30"
+    # then: an unknown error counts as transient: captured for retry, answered 202
+    assert response.status_code == 202
+    assert response.json()["status"] == "deferred"
     audit = only_audit()
     assert audit.response_status == response.status_code
-    assert audit.result == "RuntimeError"
+    assert audit.result == "deferred"
     assert_nothing_applied()
+    failed = FailedEvent.objects.get()
+    assert (failed.status, failed.last_error_class) == ("retrying", "builtins.RuntimeError")
+    assert failed.next_attempt_at is not None
 
 
 # --- the other schemes and a custom event key ------------------------------------------

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from webhook_receiver.handlers import WebhookEvent
 from webhook_receiver.models import InventoryLedgerEntry, OrderState, WebhookReceipt
-from webhook_receiver.services.inbound import event_claim_and_apply
+from webhook_receiver.services.claim import event_claim_and_apply
 
 ORDERS = ["ord_a", "ord_b", "ord_c"]
 SKUS = ["SKU-1", "SKU-2", "SKU-3"]

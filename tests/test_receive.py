@@ -21,6 +21,7 @@ from tests import handlers as test_handlers
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
 from webhook_receiver.models import (
+    FailedEvent,
     InventoryLedgerEntry,
     OrderState,
     ReceiptStatus,
@@ -188,24 +189,27 @@ def test_a_handler_that_fails_after_writing_leaves_nothing_and_the_redelivery_ap
     with with_handler("test.crash", "tests.handlers.fails_after_writing"):
         # when: the first delivery crashes
         failed = post(client, body, headers)
-        # then: the claim rolled back with the ledger row
-        assert failed.status_code == 503
-        assert failed.headers["Retry-After"]
+        # then: the claim rolled back with the ledger row; the event is held for retry
+        assert failed.status_code == 202
+        assert failed.json() == {"status": "deferred", "event_key": "msg_crash"}
         assert not WebhookReceipt.objects.exists()
         assert not InventoryLedgerEntry.objects.exists()
         audit = RequestAudit.objects.get()
         assert (audit.verification, audit.result, audit.response_status) == (
             "verified",
-            "RuntimeError",
-            503,
+            "deferred",
+            202,
         )
+        assert FailedEvent.objects.get().status == "retrying"
 
         # when: the sender redelivers, twice
         retried = post(client, body, headers)
         again = post(client, body, headers)
 
-    # then: applied exactly once
+    # then: applied exactly once, and the redelivery resolved the failed event
     assert retried.json()["status"] == "applied"
+    failed_event = FailedEvent.objects.get()
+    assert (failed_event.status, failed_event.resolution) == ("resolved", "applied")
     assert again.json()["status"] == "duplicate"
     assert InventoryLedgerEntry.objects.filter(event_key="msg_crash").count() == 1
     assert WebhookReceipt.objects.filter(event_key="msg_crash").count() == 1

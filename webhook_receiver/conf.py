@@ -26,8 +26,17 @@ DEFAULTS: dict[str, Any] = {
     "HANDLERS": {},
     # audit records older than this are deleted by the purge task
     "AUDIT_RETENTION_DAYS": 30,
-    # rows deleted per statement by the purge task
+    # rows deleted per statement by the purge tasks
     "PURGE_BATCH_SIZE": 1000,
+    # attempts per failed event, the first delivery included, before it is dead
+    "RETRY_MAX_ATTEMPTS": 8,
+    # retry n waits a random time in [0, min(RETRY_MAX_DELAY, RETRY_BASE_DELAY * 2**(n-1))]
+    "RETRY_BASE_DELAY_SECONDS": 60,
+    "RETRY_MAX_DELAY_SECONDS": 3600,
+    # failed events retried per sweep transaction batch
+    "SWEEP_BATCH_SIZE": 50,
+    # resolved and discarded failed events older than this are deleted; dead ones never
+    "FAILED_EVENT_RETENTION_DAYS": 30,
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -39,6 +48,16 @@ DEFAULTS: dict[str, Any] = {
         "X-Csrftoken",
     ],
 }
+
+POSITIVE_KEYS = (
+    "AUDIT_RETENTION_DAYS",
+    "PURGE_BATCH_SIZE",
+    "RETRY_MAX_ATTEMPTS",
+    "RETRY_BASE_DELAY_SECONDS",
+    "RETRY_MAX_DELAY_SECONDS",
+    "SWEEP_BATCH_SIZE",
+    "FAILED_EVENT_RETENTION_DAYS",
+)
 
 SOURCE_DEFAULTS: dict[str, Any] = {
     "SCHEME": "standard",
@@ -73,6 +92,11 @@ class AppSettings:
     audit_retention: timedelta
     purge_batch_size: int
     redacted_headers: frozenset[str]
+    retry_max_attempts: int
+    retry_base_delay: float
+    retry_max_delay: float
+    sweep_batch_size: int
+    failed_event_retention: timedelta
 
 
 def _secrets(slug: str, value: Any) -> tuple[str, ...]:
@@ -116,16 +140,20 @@ def app_settings() -> AppSettings:
     if unknown:
         raise ImproperlyConfigured(f"WEBHOOK_RECEIVER has unknown keys: {sorted(unknown)}")
     merged = {**DEFAULTS, **user}
-    if int(merged["PURGE_BATCH_SIZE"]) < 1 or int(merged["AUDIT_RETENTION_DAYS"]) < 1:
-        raise ImproperlyConfigured(
-            "WEBHOOK_RECEIVER['PURGE_BATCH_SIZE'] and ['AUDIT_RETENTION_DAYS'] must be >= 1."
-        )
+    for key in POSITIVE_KEYS:
+        if not float(merged[key]) >= 1:
+            raise ImproperlyConfigured(f"WEBHOOK_RECEIVER[{key!r}] must be >= 1.")
     return AppSettings(
         sources={slug: _source(slug, opts) for slug, opts in merged["SOURCES"].items()},
         handlers=dict(merged["HANDLERS"]),
         audit_retention=timedelta(days=merged["AUDIT_RETENTION_DAYS"]),
         purge_batch_size=int(merged["PURGE_BATCH_SIZE"]),
         redacted_headers=frozenset(h.lower() for h in merged["REDACTED_HEADERS"]),
+        retry_max_attempts=int(merged["RETRY_MAX_ATTEMPTS"]),
+        retry_base_delay=float(merged["RETRY_BASE_DELAY_SECONDS"]),
+        retry_max_delay=float(merged["RETRY_MAX_DELAY_SECONDS"]),
+        sweep_batch_size=int(merged["SWEEP_BATCH_SIZE"]),
+        failed_event_retention=timedelta(days=merged["FAILED_EVENT_RETENTION_DAYS"]),
     )
 
 

@@ -117,3 +117,62 @@ class OrderState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.order_id}: {self.status} v{self.version}"
+
+
+class FailureStatus(models.TextChoices):
+    RETRYING = "retrying", "Retrying"
+    DEAD = "dead", "Dead"
+    RESOLVED = "resolved", "Resolved"
+    DISCARDED = "discarded", "Discarded"
+
+
+class FailedEvent(models.Model):
+    """A verified event whose processing failed: everything needed to apply it later.
+
+    Written in its own transaction after the failed claim rolled back. The retry
+    schedule lives here (``next_attempt_at``); retries and replays run the stored,
+    already verified bytes under the original event key.
+    """
+
+    source = models.CharField(max_length=100)
+    event_key = models.CharField(max_length=255)
+    event_type = models.CharField(max_length=255, blank=True)
+    message_id = models.CharField(max_length=255, blank=True)
+    signature_timestamp = models.DateTimeField(null=True, blank=True)
+    body = models.BinaryField()
+    headers = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=FailureStatus.choices)
+    attempts = models.PositiveIntegerField(default=0)
+    # one entry per failed attempt: at, attempt, trigger, kind, exception, message, traceback
+    errors = models.JSONField(default=list)
+    last_error_class = models.CharField(max_length=255, blank=True)
+    last_error_message = models.TextField(blank=True)
+    first_attempt_at = models.DateTimeField()
+    last_attempt_at = models.DateTimeField()
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # how it ended: applied, stale, ignored or duplicate
+    resolution = models.CharField(max_length=16, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    last_replayed_by = models.CharField(max_length=150, blank=True)
+    last_replayed_at = models.DateTimeField(null=True, blank=True)
+    discarded_by = models.CharField(max_length=150, blank=True)
+    discarded_at = models.DateTimeField(null=True, blank=True)
+    discard_reason = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "event_key"], name="webhook_failed_key"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "next_attempt_at"], name="webhook_failed_due"),
+            models.Index(fields=["status", "updated_at"], name="webhook_failed_updated"),
+        ]
+        ordering = ["-last_attempt_at"]
+        permissions = [
+            ("replay_failedevent", "Can replay failed events"),
+            ("discard_failedevent", "Can discard failed events"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.event_key} ({self.status})"

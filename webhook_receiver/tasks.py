@@ -1,13 +1,57 @@
-"""Celery tasks: thin, idempotent wrappers around services."""
+"""Celery tasks: thin, idempotent wrappers around services.
+
+Schedule them with beat (the demo project does, in ``project/settings.py``). They are
+safe to run on several workers at once and to run again after a lost worker: the
+sweeper claims rows with ``SKIP LOCKED``, and every effect goes through the claim.
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
 
+from .conf import app_settings
 from .services.audit import audit_purge
+from .services.failures import failed_events_purge, failed_events_retry_due
+
+# at-least-once: acknowledged after the work, redelivered if the worker dies
+AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
 
 
-@shared_task(name="webhook_receiver.purge_audit_records", acks_late=True, ignore_result=True)
+@shared_task(
+    name="webhook_receiver.retry_failed_events",
+    soft_time_limit=240,
+    time_limit=300,
+    **AT_LEAST_ONCE,
+)
+def retry_failed_events() -> int:
+    """Retry the failed events that are due, one bounded batch per run.
+
+    A full batch means more may be due: queue another run, so a backlog drains across
+    all workers instead of waiting for the next beat.
+    """
+    tried = failed_events_retry_due()
+    if tried >= app_settings().sweep_batch_size:
+        retry_failed_events.delay()
+    return tried
+
+
+@shared_task(
+    name="webhook_receiver.purge_audit_records",
+    soft_time_limit=540,
+    time_limit=600,
+    **AT_LEAST_ONCE,
+)
 def purge_audit_records() -> int:
-    """Delete audit records past ``AUDIT_RETENTION_DAYS``; schedule it with beat."""
+    """Delete audit records past ``AUDIT_RETENTION_DAYS``."""
     return audit_purge()
+
+
+@shared_task(
+    name="webhook_receiver.purge_failed_events",
+    soft_time_limit=540,
+    time_limit=600,
+    **AT_LEAST_ONCE,
+)
+def purge_failed_events() -> int:
+    """Delete resolved and discarded failed events past ``FAILED_EVENT_RETENTION_DAYS``."""
+    return failed_events_purge()

@@ -12,8 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .exceptions import PermanentError, RejectedRequest, TransientError
-from .services.inbound import DUPLICATE, webhook_receive
+from .exceptions import RejectedRequest
+from .services.claim import DUPLICATE
+from .services.inbound import DEAD_LETTERED, DEFERRED, webhook_receive
 
 logger = logging.getLogger(__name__)
 
@@ -47,21 +48,20 @@ class WebhookView(APIView):
             if exc.status_code == 400:
                 body["detail"] = str(exc)
             return Response(body, status=exc.status_code)
-        except PermanentError as exc:
-            return Response({"error": exc.code, "detail": str(exc)}, status=422)
-        except (TransientError, OperationalError, InterfaceError) as exc:
-            logger.warning("webhook deferred to the sender's retry: %s", type(exc).__name__)
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning("database unavailable; the sender will retry: %s", type(exc).__name__)
             return _retry_later()
         except Exception:
-            # An unexpected error counts as transient: the claim rolled back, so the
-            # sender's redelivery can apply the event once the cause is fixed.
-            logger.exception("webhook handler failed; deferred to the sender's retry")
+            # Reached only when a verified event could not even be captured as failed:
+            # nothing was stored, so the sender must keep it and retry.
+            logger.exception("webhook neither applied nor captured; the sender will retry")
             return _retry_later()
+        if result.status in (DEFERRED, DEAD_LETTERED):
+            return Response({"status": result.status, "event_key": result.event_key}, status=202)
         if result.status == DUPLICATE:
             body = {"status": DUPLICATE, "event_key": result.event_key, "original": result.outcome}
-        else:
-            body = dict(result.outcome)
-        return Response(body, status=200)
+            return Response(body, status=200)
+        return Response(dict(result.outcome), status=200)
 
 
 def _retry_later() -> Response:

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..models import RequestAudit, Verification
+from .retention import delete_in_batches
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +66,8 @@ def audit_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:
     """Delete audit records older than the retention period, in bounded batches."""
     config = app_settings()
     cutoff = (now or timezone.now()) - config.audit_retention
-    deleted = 0
-    for _ in range(max_batches):
-        ids = list(
-            RequestAudit.objects.filter(received_at__lt=cutoff)
-            .order_by("id")
-            .values_list("id", flat=True)[: config.purge_batch_size]
-        )
-        if not ids:
-            break
-        deleted += RequestAudit.objects.filter(id__in=ids).delete()[0]
-    return deleted
+    return delete_in_batches(
+        RequestAudit.objects.filter(received_at__lt=cutoff),
+        batch_size=config.purge_batch_size,
+        max_batches=max_batches,
+    )

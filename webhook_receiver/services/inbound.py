@@ -5,24 +5,23 @@
 1. Look up the source and read the body, enforcing the size limit while reading.
 2. Verify the signature over the raw bytes (a pure function, no database).
 3. Parse the verified body and derive the event key.
-4. ``event_claim_and_apply``: in ONE transaction, ``INSERT`` the receipt with
-   ``ON CONFLICT (source, event_key) DO NOTHING RETURNING id``; only when that insert
-   claimed the key, run the handler and store its outcome on the receipt. If the
-   handler raises, the claim rolls back with it, so a later delivery can claim again.
+4. ``event_claim_and_apply`` (services/claim.py): claim the key and apply the effect in
+   ONE transaction.
+5. If 3 or 4 fails, the claim has rolled back: capture the verified event as a failed
+   event, in a transaction of its own, for retry or replay (services/failures.py).
 
 Every request leaves a ``RequestAudit`` record whatever its fate.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import IO, Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 from django.utils.module_loading import import_string
@@ -35,25 +34,19 @@ from ..exceptions import (
     RejectedRequest,
     TimestampOutOfTolerance,
     UnknownSource,
-    WebhookError,
 )
-from ..handlers import HandlerResult, WebhookEvent, get_handler
-from ..models import ReceiptStatus, WebhookReceipt
+from ..handlers import WebhookEvent
+from ..models import FailureStatus
 from .audit import AuditDraft
+from .claim import ReceiveOutcome, event_claim_and_apply
+from .failures import CapturedEvent, failure_capture
 
 logger = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
 MAX_RECORDED_SIZE = 2**31 - 1
-DUPLICATE = "duplicate"
-
-
-@dataclass(frozen=True)
-class ReceiveOutcome:
-    status: str  # applied | stale | ignored | duplicate
-    event_key: str
-    # for a new event, what is stored on the receipt; for a duplicate, the first answer
-    outcome: Mapping[str, Any] = field(default_factory=dict)
+DEFERRED = "deferred"
+DEAD_LETTERED = "dead_lettered"
 
 
 def webhook_receive(
@@ -67,8 +60,10 @@ def webhook_receive(
     """Verify one webhook request and apply its event at most once.
 
     Raises a ``RejectedRequest`` when the request is refused (nothing stored but the
-    audit record), or a ``WebhookError`` / database error when a verified event could
-    not be processed (the claim is rolled back; the sender's redelivery can succeed).
+    audit record). A verified event that cannot be applied now is captured as a failed
+    event and answered ``deferred`` (transient) or ``dead_lettered`` (permanent). Only
+    when even that capture fails (the database is down) does the original error
+    propagate, so that the sender retries.
     """
     audit = AuditDraft(source=source_slug, received_at=timezone.now(), remote_addr=remote_addr)
     headers = CaseInsensitiveMapping(headers)
@@ -98,18 +93,39 @@ def webhook_receive(
     audit.message_id = message.message_id or ""
     audit.signature_timestamp = message.timestamp
 
+    stored_headers = storable_headers(headers)
+    event: WebhookEvent | None = None
     try:
         event = parse_event(source, message, headers, body)
         audit.event_key = event.event_key
-        return event_claim_and_apply(
-            event=event, body=body, headers=storable_headers(headers), audit=audit
-        )
+        return event_claim_and_apply(event=event, body=body, headers=stored_headers, audit=audit)
     except Exception as exc:
-        # the claim transaction has rolled back; the audit record goes in on its own
-        status = exc.status_code if isinstance(exc, WebhookError) else 503
-        code = exc.code if isinstance(exc, WebhookError) else type(exc).__name__
-        audit.record_best_effort(result=code, response_status=status)
-        raise
+        # The claim has rolled back. Keep the verified event, in a transaction of its own.
+        captured = CapturedEvent(
+            source=source.slug,
+            event_key=event.event_key if event else _fallback_key(message, body),
+            event_type=event.event_type if event else "",
+            message_id=message.message_id or "",
+            signature_timestamp=message.timestamp,
+            body=body,
+            headers=stored_headers,
+        )
+        audit.event_key = captured.event_key
+        try:
+            with transaction.atomic():
+                failed = failure_capture(captured=captured, exc=exc)
+                status = DEAD_LETTERED if failed.status == FailureStatus.DEAD else DEFERRED
+                audit.record(result=status, response_status=202)
+        except Exception:
+            logger.exception("could not capture a failed webhook event; the sender must retry")
+            audit.record_best_effort(result=type(exc).__name__, response_status=503)
+            raise exc from None
+        return ReceiveOutcome(status=status, event_key=captured.event_key)
+
+
+def _fallback_key(message: signatures.VerifiedMessage, body: bytes) -> str:
+    """A key for an event whose own key could not be derived (e.g. unparsable body)."""
+    return message.message_id or f"sha256:{hashlib.sha256(body).hexdigest()}"
 
 
 def read_limited_body(stream: IO[bytes] | None, content_length: int | None, limit: int) -> bytes:
@@ -175,93 +191,3 @@ def _event_key(
     if not isinstance(key, str) or not key or len(key) > 255:
         raise InvalidPayload("No event key (a string of 1 to 255 characters) could be derived.")
     return key
-
-
-def event_claim_and_apply(
-    *,
-    event: WebhookEvent,
-    body: bytes,
-    headers: Mapping[str, str],
-    audit: AuditDraft | None = None,
-) -> ReceiveOutcome:
-    """Apply ``event`` unless its key was already claimed; answer duplicates from the
-    stored outcome.
-    """
-    # A cheap read answers most duplicates without a write transaction. It is not the
-    # guard: a miss goes on to the claim, and only the claim decides to apply.
-    stored = _stored_outcome(event)
-    if stored is not None:
-        return _duplicate(event, stored, audit)
-
-    with transaction.atomic():
-        receipt_id = _claim(event, body=body, headers=headers)
-        if receipt_id is None:
-            # A concurrent delivery claimed the key first; ON CONFLICT waited for it to
-            # commit, so its outcome is readable now.
-            return _duplicate(event, _stored_outcome(event) or {}, audit)
-        result = _run_handler(event)
-        outcome = {"status": result.status.value, "event_key": event.event_key}
-        if result.detail:
-            outcome["detail"] = dict(result.detail)
-        WebhookReceipt.objects.filter(pk=receipt_id).update(
-            status=result.status, subject=result.subject[:255], outcome=outcome
-        )
-        if audit is not None:
-            audit.record(result=result.status.value, response_status=200)
-    return ReceiveOutcome(status=result.status.value, event_key=event.event_key, outcome=outcome)
-
-
-def _run_handler(event: WebhookEvent) -> HandlerResult:
-    handler = get_handler(event.event_type)
-    if handler is None:
-        return HandlerResult(status=ReceiptStatus.IGNORED, detail={"event_type": event.event_type})
-    return handler(event) or HandlerResult()
-
-
-def _duplicate(
-    event: WebhookEvent, stored: Mapping[str, Any], audit: AuditDraft | None
-) -> ReceiveOutcome:
-    if audit is not None:
-        audit.record(result=DUPLICATE, response_status=200)
-    return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
-
-
-def _stored_outcome(event: WebhookEvent) -> dict[str, Any] | None:
-    return (
-        WebhookReceipt.objects.filter(source=event.source, event_key=event.event_key)
-        .values_list("outcome", flat=True)
-        .first()
-    )
-
-
-def _claim(event: WebhookEvent, *, body: bytes, headers: Mapping[str, str]) -> int | None:
-    """INSERT the receipt unless (source, event_key) exists; return its id if we won."""
-    fields = {f.name: f for f in WebhookReceipt._meta.concrete_fields}
-    timestamp = event.signature_timestamp
-    values = {
-        "source": event.source,
-        "event_key": event.event_key,
-        "event_type": event.event_type,
-        "message_id": (event.message_id or "")[:255],
-        "signature_timestamp": (
-            datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
-        ),
-        # provisional; the outcome replaces it before the transaction commits
-        "status": ReceiptStatus.APPLIED,
-        "subject": "",
-        "outcome": {},
-        "body": body,
-        "headers": dict(headers),
-        "received_at": timezone.now(),
-    }
-    columns = ", ".join(connection.ops.quote_name(fields[name].column) for name in values)
-    params = [fields[name].get_db_prep_save(value, connection) for name, value in values.items()]
-    table = connection.ops.quote_name(WebhookReceipt._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(values))}) "
-            "ON CONFLICT (source, event_key) DO NOTHING RETURNING id",
-            params,
-        )
-        row = cursor.fetchone()
-    return row[0] if row else None

@@ -1,0 +1,288 @@
+"""Failed events: durable capture, bounded retries, dead letters and deliberate replay.
+
+A verified event whose processing failed is never lost: after its claim transaction
+rolled back, ``failure_capture`` stores it, in a transaction of its own, with the raw
+bytes, headers and the error. Transient failures are retried with exponential backoff
+and full jitter; the schedule is ``FailedEvent.next_attempt_at``, swept by
+``failed_events_retry_due`` with ``SELECT … FOR UPDATE SKIP LOCKED``. Permanent
+failures, and transient ones that ran out of attempts, are ``dead`` until an operator
+replays or discards them.
+
+Every retry and replay goes through ``event_claim_and_apply`` with the original key
+and the stored bytes, without verifying the signature again (it was verified, and
+audited, at receipt; its timestamp is long outside the tolerance by now). The claim
+stays the idempotency guard, so a replay of an applied key resolves as a duplicate.
+
+Lock order, everywhere: the failed-event row first, then the receipt key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ..conf import app_settings
+from ..exceptions import InvalidPayload, PermanentError
+from ..handlers import WebhookEvent
+from ..models import FailedEvent, FailureStatus
+from .claim import event_claim_and_apply
+from .retention import delete_in_batches
+
+logger = logging.getLogger(__name__)
+
+TRANSIENT = "transient"
+PERMANENT = "permanent"
+FAILED = "failed"
+SKIPPED = "skipped"
+
+MAX_TRACEBACK_CHARS = 20_000
+MAX_MESSAGE_CHARS = 2_000
+
+
+def classify(exc: BaseException) -> str:
+    """Permanent only when the error says so; anything else may succeed later."""
+    return PERMANENT if isinstance(exc, PermanentError) else TRANSIENT
+
+
+def retry_delay(attempts: int, *, rng: random.Random | None = None) -> timedelta:
+    """Full jitter: a uniform wait in [0, min(max delay, base * 2**(attempts - 1))]."""
+    config = app_settings()
+    ceiling = min(config.retry_max_delay, config.retry_base_delay * 2 ** max(attempts - 1, 0))
+    return timedelta(seconds=(rng or random).uniform(0, ceiling))
+
+
+@dataclass(frozen=True)
+class CapturedEvent:
+    """What a failed delivery leaves for later: the verified bytes and their context."""
+
+    source: str
+    event_key: str
+    event_type: str
+    message_id: str
+    signature_timestamp: int | None
+    body: bytes
+    headers: dict[str, str]
+
+
+def failure_capture(
+    *, captured: CapturedEvent, exc: BaseException, now: datetime | None = None
+) -> FailedEvent:
+    """Record a failed delivery in its own transaction; return the failed-event row.
+
+    A key already held as failed (the sender redelivered it, and it failed again)
+    gets the new error appended to the same row.
+    """
+    now = now or timezone.now()
+    timestamp = captured.signature_timestamp
+    with transaction.atomic():
+        failed, _ = FailedEvent.objects.select_for_update().get_or_create(
+            source=captured.source,
+            event_key=captured.event_key,
+            defaults={
+                "event_type": captured.event_type[:255],
+                "message_id": captured.message_id[:255],
+                "signature_timestamp": (
+                    datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
+                ),
+                "body": captured.body,
+                "headers": captured.headers,
+                "status": FailureStatus.RETRYING,
+                "first_attempt_at": now,
+                "last_attempt_at": now,
+            },
+        )
+        _record_failure(failed, exc, trigger="delivery", now=now)
+    logger.warning(
+        "webhook event %s:%s failed (%s), now %s",
+        failed.source,
+        failed.event_key,
+        failed.last_error_class,
+        failed.status,
+        extra={"source": failed.source, "event_key": failed.event_key},
+    )
+    return failed
+
+
+def _record_failure(
+    failed: FailedEvent, exc: BaseException, *, trigger: str, now: datetime
+) -> None:
+    """Append the error and decide what comes next. The caller holds the row lock."""
+    kind = classify(exc)
+    error_class = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    failed.attempts += 1
+    failed.errors = [
+        *failed.errors,
+        {
+            "attempt": failed.attempts,
+            "at": now.isoformat(),
+            "trigger": trigger,
+            "kind": kind,
+            "exception": error_class,
+            "message": str(exc)[:MAX_MESSAGE_CHARS],
+            "traceback": "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
+        },
+    ]
+    failed.last_error_class = error_class[:255]
+    failed.last_error_message = str(exc)[:MAX_MESSAGE_CHARS]
+    failed.last_attempt_at = now
+    if failed.status == FailureStatus.RESOLVED:
+        failed.status = FailureStatus.RETRYING  # its receipt was purged and it failed anew
+    if failed.status == FailureStatus.RETRYING:
+        if kind == PERMANENT or failed.attempts >= app_settings().retry_max_attempts:
+            failed.status = FailureStatus.DEAD
+            failed.next_attempt_at = None
+        else:
+            failed.next_attempt_at = now + retry_delay(failed.attempts)
+    # dead and discarded events stay as they are: only an operator moves them
+    failed.save()
+
+
+def _stored_event(failed: FailedEvent) -> WebhookEvent:
+    try:
+        payload = json.loads(bytes(failed.body))
+    except ValueError as exc:
+        raise InvalidPayload(f"The stored body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise InvalidPayload("The stored body is not a JSON object.")
+    timestamp = failed.signature_timestamp
+    return WebhookEvent(
+        source=failed.source,
+        event_key=failed.event_key,
+        event_type=failed.event_type,
+        payload=payload,
+        message_id=failed.message_id or None,
+        signature_timestamp=int(timestamp.timestamp()) if timestamp else None,
+    )
+
+
+def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
+    """Run the stored event through the claim again. The caller holds the row lock,
+    inside a transaction; a failure rolls back only the savepoint of the claim."""
+    try:
+        event = _stored_event(failed)
+        with transaction.atomic():
+            outcome = event_claim_and_apply(
+                event=event,
+                body=bytes(failed.body),
+                headers=failed.headers,
+                resolve_failures=False,  # this row is resolved below, under our lock
+            )
+    except Exception as exc:
+        _record_failure(failed, exc, trigger=trigger, now=now)
+        return FAILED
+    failed.status = FailureStatus.RESOLVED
+    failed.resolution = outcome.status
+    failed.resolved_at = now
+    failed.next_attempt_at = None
+    failed.save()
+    return outcome.status
+
+
+def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = None) -> int:
+    """Retry the events whose ``next_attempt_at`` has come; return how many were tried.
+
+    One short transaction per event. ``SKIP LOCKED`` lets several sweepers share the
+    work without ever running the same event at once; a worker killed mid-attempt
+    rolls back, releasing the row, still due, for the next sweep.
+    """
+    limit = limit or app_settings().sweep_batch_size
+    tried = 0
+    while tried < limit:
+        moment = now or timezone.now()
+        with transaction.atomic():
+            failed = (
+                FailedEvent.objects.select_for_update(skip_locked=True)
+                .filter(status=FailureStatus.RETRYING, next_attempt_at__lte=moment)
+                .order_by("next_attempt_at", "id")
+                .first()
+            )
+            if failed is None:
+                break
+            _attempt(failed, trigger="retry", now=moment)
+        tried += 1
+    return tried
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    failed_id: int
+    source: str
+    event_key: str
+    result: str  # applied | stale | ignored | duplicate | failed | skipped
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result not in (FAILED, SKIPPED)
+
+
+def failed_event_replay(*, failed_id: int, actor: str, now: datetime | None = None) -> ReplayResult:
+    """Replay one failed event now, on an operator's request, under its original key."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        failed = (
+            FailedEvent.objects.select_for_update(skip_locked=True).filter(pk=failed_id).first()
+        )
+        if failed is None:
+            return ReplayResult(failed_id, "", "", SKIPPED, "missing, or being processed now")
+        if failed.status == FailureStatus.RESOLVED:
+            return ReplayResult(
+                failed.pk, failed.source, failed.event_key, SKIPPED, "already resolved"
+            )
+        failed.last_replayed_by = actor[:150]
+        failed.last_replayed_at = now
+        result = _attempt(failed, trigger=f"replay by {actor}", now=now)
+    detail = failed.last_error_message if result == FAILED else ""
+    return ReplayResult(failed.pk, failed.source, failed.event_key, result, detail)
+
+
+def failed_event_discard(
+    *, failed_id: int, actor: str, reason: str, now: datetime | None = None
+) -> bool:
+    """Give up on one failed event, with a reason on record. Returns whether it changed."""
+    if not reason.strip():
+        raise ValueError("Discarding a failed event needs a reason.")
+    with transaction.atomic():
+        failed = FailedEvent.objects.select_for_update().filter(pk=failed_id).first()
+        if failed is None or failed.status in (FailureStatus.RESOLVED, FailureStatus.DISCARDED):
+            return False
+        failed.status = FailureStatus.DISCARDED
+        failed.next_attempt_at = None
+        failed.discarded_by = actor[:150]
+        failed.discarded_at = now or timezone.now()
+        failed.discard_reason = reason.strip()
+        failed.save()
+    return True
+
+
+def failed_events_purge(*, now: datetime | None = None) -> int:
+    """Delete resolved and discarded events past their retention; never dead ones."""
+    config = app_settings()
+    cutoff = (now or timezone.now()) - config.failed_event_retention
+    return delete_in_batches(
+        FailedEvent.objects.filter(
+            status__in=(FailureStatus.RESOLVED, FailureStatus.DISCARDED), updated_at__lt=cutoff
+        ),
+        batch_size=config.purge_batch_size,
+    )
+
+
+def failed_event_summary(failed: FailedEvent) -> dict[str, Any]:
+    """The operator's one-line view of a failed event (used by the replay command)."""
+    return {
+        "id": failed.pk,
+        "source": failed.source,
+        "event_key": failed.event_key,
+        "event_type": failed.event_type,
+        "status": failed.status,
+        "attempts": failed.attempts,
+        "last_error": failed.last_error_class.rsplit(".", 1)[-1],
+    }

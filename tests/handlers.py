@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
+from pathlib import Path
 
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
 from webhook_receiver.models import InventoryLedgerEntry
@@ -35,3 +38,41 @@ def killed_after_writing(event: WebhookEvent) -> HandlerResult:
     _write_ledger_row(event)
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
+
+
+def hangs_on_first_attempt(event: WebhookEvent) -> HandlerResult:
+    """Writes its ledger row; the first time, then leaves a marker file and hangs, so
+    that a test can kill the worker inside the open claim transaction."""
+    _write_ledger_row(event)
+    marker = Path(os.environ["WEBHOOK_TEST_MARKER_DIR"]) / event.event_key
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(120)
+    return HandlerResult(subject=event.data["order_id"])
+
+
+in_flight: dict[str, int] = {}
+executions: list[str] = []
+overlaps: list[str] = []
+_lock = threading.Lock()
+
+
+def tracks_concurrency(event: WebhookEvent) -> HandlerResult:
+    """Records how many workers run the same event at once."""
+    with _lock:
+        in_flight[event.event_key] = in_flight.get(event.event_key, 0) + 1
+        if in_flight[event.event_key] > 1:
+            overlaps.append(event.event_key)
+        executions.append(event.event_key)
+    try:
+        time.sleep(0.02)
+        _write_ledger_row(event)
+    finally:
+        with _lock:
+            in_flight[event.event_key] -= 1
+    return HandlerResult(subject=event.data["order_id"])
+
+
+def poison(event: WebhookEvent) -> HandlerResult:
+    """Always fails with an error the app does not know: transient until it runs out."""
+    raise ConnectionError("the dependency behind this event is down")

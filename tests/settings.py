@@ -37,6 +37,8 @@ WEBHOOK_RECEIVER = {
             "EVENT_KEY": "tests.signing.order_version_key",
         },
     },
+    # for the real Celery worker the failure tests start (it cannot see override_settings)
+    "HANDLERS": {"test.hang": "tests.handlers.hangs_on_first_attempt"},
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/15")

@@ -178,10 +178,11 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
     except Exception as exc:
         _record_failure(failed, exc, trigger=trigger, now=now)
         return FAILED
-    failed.status = FailureStatus.RESOLVED
-    failed.resolution = outcome.status
-    failed.resolved_at = now
-    failed.next_attempt_at = None
+    if failed.status != FailureStatus.RESOLVED:  # a resolved record keeps how it ended
+        failed.status = FailureStatus.RESOLVED
+        failed.resolution = outcome.status
+        failed.resolved_at = now
+        failed.next_attempt_at = None
     failed.save()
     return outcome.status
 
@@ -225,7 +226,11 @@ class ReplayResult:
 
 
 def failed_event_replay(*, failed_id: int, actor: str, now: datetime | None = None) -> ReplayResult:
-    """Replay one failed event now, on an operator's request, under its original key."""
+    """Replay one failed event now, on an operator's request, under its original key.
+
+    Any status may be replayed: the claim decides. A key already applied (a resolved
+    record, or one the sender redelivered meanwhile) answers duplicate, applying nothing.
+    """
     now = now or timezone.now()
     with transaction.atomic():
         failed = (
@@ -233,10 +238,6 @@ def failed_event_replay(*, failed_id: int, actor: str, now: datetime | None = No
         )
         if failed is None:
             return ReplayResult(failed_id, "", "", SKIPPED, "missing, or being processed now")
-        if failed.status == FailureStatus.RESOLVED:
-            return ReplayResult(
-                failed.pk, failed.source, failed.event_key, SKIPPED, "already resolved"
-            )
         failed.last_replayed_by = actor[:150]
         failed.last_replayed_at = now
         result = _attempt(failed, trigger=f"replay by {actor}", now=now)

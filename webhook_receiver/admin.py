@@ -1,15 +1,41 @@
-"""Read-only admin: the receive path's records are evidence, not data to edit."""
+"""Read-only admin: the receive path's records are evidence, not data to edit.
+
+Failed events are the exception that proves the rule: still read-only, but with two
+actions, replay and discard, each behind a permission of its own and each going through
+its service, which records who did it and when.
+"""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.auth import get_permission_codename
+from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.template.response import TemplateResponse
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import ngettext
 
-from .models import InventoryLedgerEntry, OrderState, RequestAudit, WebhookReceipt
+from .models import (
+    FailedEvent,
+    FailureStatus,
+    InventoryLedgerEntry,
+    OrderState,
+    RequestAudit,
+    WebhookReceipt,
+)
+from .services.failures import (
+    FAILED,
+    SKIPPED,
+    ReplayResult,
+    failed_event_discard,
+    failed_event_replay,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -102,3 +128,264 @@ class OrderStateAdmin(ReadOnlyAdmin):
     list_filter = ("status", ("updated_at", admin.DateFieldListFilter))
     search_fields = ("=order_id", "=event_key")
     date_hierarchy = "updated_at"
+
+
+# --- failed events: the one admin with operator actions --------------------------------
+
+RESULT_ORDER = ("applied", "stale", "ignored", "duplicate", "failed", "skipped")
+MAX_FAILURES_LISTED = 5
+
+
+class DiscardForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason",
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
+        help_text="Kept on each discarded event, with your name and the time.",
+    )
+
+
+@admin.register(FailedEvent)
+class FailedEventAdmin(ReadOnlyAdmin):
+    """Dead letters and retrying events: look, replay, or discard with a reason.
+
+    The records themselves stay read-only and are never deleted from here: a dead one
+    stays until a replay resolves it or an operator discards it, and the purge removes
+    only resolved and discarded ones, after their retention.
+    """
+
+    list_display = (
+        "last_attempt_at",
+        "source",
+        "event_type",
+        "status",
+        "attempts",
+        "last_error",
+        "next_attempt_at",
+        "event_key",
+    )
+    list_filter = (
+        "source",
+        "status",
+        "event_type",
+        "last_error_class",
+        ("last_attempt_at", admin.DateFieldListFilter),
+    )
+    search_fields = ("=event_key",)
+    date_hierarchy = "last_attempt_at"
+    actions = ["replay_selected", "discard_selected"]
+    discard_confirmation_template = "admin/webhook_receiver/failedevent/discard_confirmation.html"
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "source",
+                    "event_key",
+                    "event_type",
+                    "message_id",
+                    "signature_timestamp",
+                    "status",
+                    "attempts",
+                    "first_attempt_at",
+                    "last_attempt_at",
+                    "next_attempt_at",
+                    "last_error_class",
+                    "last_error_message",
+                )
+            },
+        ),
+        (
+            "Operator",
+            {
+                "fields": (
+                    "resolution",
+                    "resolved_at",
+                    "last_replayed_by",
+                    "last_replayed_at",
+                    "discarded_by",
+                    "discarded_at",
+                    "discard_reason",
+                )
+            },
+        ),
+        ("Event", {"fields": ("pretty_body", "pretty_headers")}),
+        ("Error history", {"fields": ("error_history",)}),
+    )
+    readonly_fields = (
+        "source",
+        "event_key",
+        "event_type",
+        "message_id",
+        "signature_timestamp",
+        "status",
+        "attempts",
+        "first_attempt_at",
+        "last_attempt_at",
+        "next_attempt_at",
+        "last_error_class",
+        "last_error_message",
+        "resolution",
+        "resolved_at",
+        "last_replayed_by",
+        "last_replayed_at",
+        "discarded_by",
+        "discarded_at",
+        "discard_reason",
+        "pretty_body",
+        "pretty_headers",
+        "error_history",
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[FailedEvent]:
+        # The list needs none of the bulky columns; the detail page loads them on use.
+        return super().get_queryset(request).defer("body", "headers", "errors")
+
+    # --- permissions: the two custom ones from FailedEvent.Meta.permissions ----------
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(self._perm("replay"))
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(self._perm("discard"))
+
+    def _perm(self, action: str) -> str:
+        return f"{self.opts.app_label}.{get_permission_codename(action, self.opts)}"
+
+    # --- list and detail ---------------------------------------------------------------
+
+    @admin.display(description="last error", ordering="last_error_class")
+    def last_error(self, obj: FailedEvent) -> str:
+        if not obj.last_error_class:
+            return ""
+        return format_html(
+            '<span title="{}">{}</span>',
+            obj.last_error_class,
+            obj.last_error_class.rsplit(".", 1)[-1],
+        )
+
+    @admin.display(description="body")
+    def pretty_body(self, obj: FailedEvent) -> str:
+        return _pre(_pretty_json(bytes(obj.body)))
+
+    @admin.display(description="headers")
+    def pretty_headers(self, obj: FailedEvent) -> str:
+        headers = obj.headers if isinstance(obj.headers, dict) else {}
+        return _pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
+
+    @admin.display(description="errors, oldest first")
+    def error_history(self, obj: FailedEvent) -> str:
+        entries = [e for e in obj.errors if isinstance(e, dict)] if obj.errors else []
+        if not entries:
+            return "-"
+        return format_html_join(
+            "",
+            '<div style="margin-bottom: 1em">'
+            "<p><strong>Attempt {}</strong> at {}: {} ({})</p>"
+            "<p><code>{}</code>: {}</p>"
+            '<pre style="white-space: pre-wrap; margin: 0">{}</pre>'
+            "</div>",
+            (
+                (
+                    entry.get("attempt", "?"),
+                    entry.get("at", ""),
+                    entry.get("trigger", ""),
+                    entry.get("kind", ""),
+                    entry.get("exception", ""),
+                    entry.get("message", ""),
+                    entry.get("traceback", ""),
+                )
+                for entry in entries
+            ),
+        )
+
+    # --- actions -----------------------------------------------------------------------
+
+    @admin.action(description="Replay selected failed events now", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> None:
+        actor = request.user.get_username()
+        results: list[ReplayResult] = []
+        for failed in queryset.order_by("id").only("id", "source", "event_key", "status"):
+            result = failed_event_replay(failed_id=failed.pk, actor=actor)
+            results.append(result)
+            if result.result != SKIPPED:
+                self.log_change(request, failed, f"Replayed: {result.result}")
+        if not results:
+            self.message_user(request, "Nothing to replay.", messages.WARNING)
+            return
+        counts = Counter(r.result for r in results)
+        names = [n for n in RESULT_ORDER if counts[n]] + sorted(set(counts) - set(RESULT_ORDER))
+        summary = ", ".join(f"{counts[name]} {name}" for name in names)
+        message = ngettext(
+            "Replayed %(count)d failed event: %(summary)s.",
+            "Replayed %(count)d failed events: %(summary)s.",
+            len(results),
+        ) % {"count": len(results), "summary": summary}
+        failures = [r for r in results if r.result == FAILED]
+        if failures:
+            listed = "; ".join(
+                f"{r.source}:{r.event_key} ({r.detail[:200]})"
+                for r in failures[:MAX_FAILURES_LISTED]
+            )
+            more = len(failures) - MAX_FAILURES_LISTED
+            message += f" Failed: {listed}" + (f"; and {more} more." if more > 0 else ".")
+            level = messages.ERROR if len(failures) == len(results) else messages.WARNING
+        elif counts[SKIPPED]:
+            level = messages.WARNING
+        else:
+            level = messages.SUCCESS
+        self.message_user(request, message, level)
+
+    @admin.action(description="Discard selected failed events…", permissions=["discard"])
+    def discard_selected(
+        self, request: HttpRequest, queryset: QuerySet[FailedEvent]
+    ) -> TemplateResponse | None:
+        events = list(queryset.order_by("id"))
+        if request.POST.get("post"):
+            form = DiscardForm(request.POST)
+            if form.is_valid():
+                self._discard(request, events, reason=form.cleaned_data["reason"])
+                return None  # back to the list
+        else:
+            form = DiscardForm()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Discard failed events",
+            "subtitle": None,
+            "opts": self.opts,
+            "events": events,
+            "closed_statuses": (FailureStatus.RESOLVED, FailureStatus.DISCARDED),
+            "form": form,
+            "action_name": "discard_selected",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media + form.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.discard_confirmation_template, context)
+
+    def _discard(self, request: HttpRequest, events: list[FailedEvent], *, reason: str) -> None:
+        actor = request.user.get_username()
+        discarded = 0
+        for failed in events:
+            if failed_event_discard(failed_id=failed.pk, actor=actor, reason=reason):
+                discarded += 1
+                self.log_change(request, failed, f"Discarded: {reason}")
+        left = len(events) - discarded
+        message = ngettext(
+            "Discarded %(count)d failed event.",
+            "Discarded %(count)d failed events.",
+            discarded,
+        ) % {"count": discarded}
+        if left:
+            message += " " + ngettext(
+                "%(count)d was left as it was (already resolved or discarded).",
+                "%(count)d were left as they were (already resolved or discarded).",
+                left,
+            ) % {"count": left}
+        self.message_user(request, message, messages.WARNING if left else messages.SUCCESS)
+
+
+def _pretty_json(raw: bytes) -> str:
+    try:
+        return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
+    except ValueError:
+        return raw.decode("utf-8", "replace")

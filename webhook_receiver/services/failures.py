@@ -99,6 +99,9 @@ def failure_capture(
                 "last_attempt_at": now,
             },
         )
+        if failed.status == FailureStatus.RESOLVED:
+            # a new delivery failed, so no receipt holds this key any more: retry it
+            failed.status = FailureStatus.RETRYING
         _record_failure(failed, exc, trigger="delivery", now=now)
     logger.warning(
         "webhook event %s:%s failed (%s), now %s",
@@ -133,15 +136,14 @@ def _record_failure(
     failed.last_error_class = error_class[:255]
     failed.last_error_message = str(exc)[:MAX_MESSAGE_CHARS]
     failed.last_attempt_at = now
-    if failed.status == FailureStatus.RESOLVED:
-        failed.status = FailureStatus.RETRYING  # its receipt was purged and it failed anew
     if failed.status == FailureStatus.RETRYING:
         if kind == PERMANENT or failed.attempts >= app_settings().retry_max_attempts:
             failed.status = FailureStatus.DEAD
             failed.next_attempt_at = None
         else:
             failed.next_attempt_at = now + retry_delay(failed.attempts)
-    # dead and discarded events stay as they are: only an operator moves them
+    # dead, discarded and resolved events keep their status: a failed replay adds its
+    # error to the history, and only an operator's action moves them
     failed.save()
 
 

@@ -46,3 +46,19 @@ def threaded_server(transactional_db) -> Iterator[str]:
         raise thread.error
     yield f"http://127.0.0.1:{thread.port}"
     thread.terminate()
+
+
+@pytest.fixture
+def crash_handler(settings):
+    """``test.crash`` fails while ``handlers.failures_left`` lasts; one attempt, then dead."""
+    from tests import handlers
+    from tests.failing import CRASH
+
+    settings.WEBHOOK_RECEIVER = {
+        **settings.WEBHOOK_RECEIVER,
+        "HANDLERS": {CRASH: "tests.handlers.fails_after_writing"},
+        "RETRY_MAX_ATTEMPTS": 1,
+    }
+    handlers.failures_left["count"] = 0
+    yield
+    handlers.failures_left["count"] = 0

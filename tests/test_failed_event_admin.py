@@ -19,8 +19,8 @@ from django.contrib.messages import get_messages
 from django.test import override_settings
 from django.urls import reverse
 
-from tests import handlers
-from tests.signing import as_meta, event_body, reserved, standard_headers, stripe_headers
+from tests.failing import CRASH, fail_crash, fail_schema, post
+from tests.signing import standard_headers, stripe_headers
 from webhook_receiver.handlers import WebhookEvent
 from webhook_receiver.models import (
     FailedEvent,
@@ -32,7 +32,6 @@ from webhook_receiver.services.claim import event_claim_and_apply
 
 pytestmark = pytest.mark.django_db
 
-CRASH = "test.crash"
 LONG_AGO = datetime(2020, 1, 1, 12, 0, tzinfo=UTC)
 CHANGELIST = reverse("admin:webhook_receiver_failedevent_changelist")
 TEMPLATE = "admin/webhook_receiver/failedevent/discard_confirmation.html"
@@ -40,42 +39,6 @@ TEMPLATE = "admin/webhook_receiver/failedevent/discard_confirmation.html"
 
 def change_url(failed: FailedEvent) -> str:
     return reverse("admin:webhook_receiver_failedevent_change", args=[failed.pk])
-
-
-@pytest.fixture
-def crash_handler(settings):
-    """``test.crash`` fails while ``handlers.failures_left`` lasts; one attempt, then dead."""
-    settings.WEBHOOK_RECEIVER = {
-        **settings.WEBHOOK_RECEIVER,
-        "HANDLERS": {CRASH: "tests.handlers.fails_after_writing"},
-        "RETRY_MAX_ATTEMPTS": 1,
-    }
-    handlers.failures_left["count"] = 0
-    yield
-    handlers.failures_left["count"] = 0
-
-
-def post(client, source: str, body: bytes, headers: dict[str, str]):
-    return client.post(
-        f"/webhooks/{source}/", data=body, content_type="application/json", **as_meta(headers)
-    )
-
-
-def fail_crash(client, msg_id: str, order_id: str = "ord_1") -> FailedEvent:
-    """A delivery of ``test.crash`` whose handler raises once (transient)."""
-    handlers.failures_left["count"] = 1
-    body = event_body(CRASH, order_id=order_id)
-    response = post(client, "shop", body, standard_headers(body, msg_id=msg_id))
-    assert response.status_code == 202, response.content
-    return FailedEvent.objects.get(source="shop", event_key=msg_id)
-
-
-def fail_schema(client, msg_id: str, sku: str = "SKU-1") -> FailedEvent:
-    """A reservation of quantity 0: a permanent error, dead at once."""
-    body = reserved("ord_bad", (sku, 0))
-    response = post(client, "shop", body, standard_headers(body, msg_id=msg_id))
-    assert response.json()["status"] == "dead_lettered"
-    return FailedEvent.objects.get(source="shop", event_key=msg_id)
 
 
 @pytest.fixture

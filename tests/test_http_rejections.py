@@ -20,9 +20,9 @@ import pytest
 from django.db import OperationalError
 from django.test import override_settings
 
+from tests.failing import post
 from tests.settings import WEBHOOK_RECEIVER
 from tests.signing import (
-    as_meta,
     event_body,
     github_headers,
     reserved,
@@ -46,12 +46,6 @@ pytestmark = pytest.mark.django_db
 
 def url(source: str) -> str:
     return f"/webhooks/{source}/"
-
-
-def post(client, source: str, body: bytes, headers: dict[str, str], **extra: Any):
-    return client.post(
-        url(source), data=body, content_type="application/json", **as_meta(headers), **extra
-    )
 
 
 def sha256(body: bytes) -> str:

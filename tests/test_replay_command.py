@@ -16,7 +16,8 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from tests import handlers
-from tests.signing import as_meta, event_body, reserved, standard_headers, stripe_headers
+from tests.failing import CRASH, fail_crash, fail_schema, post
+from tests.signing import stripe_headers
 from webhook_receiver.models import (
     FailedEvent,
     FailureStatus,
@@ -27,44 +28,8 @@ from webhook_receiver.services.failures import failed_event_discard
 
 pytestmark = pytest.mark.django_db
 
-CRASH = "test.crash"
 LONG_AGO = datetime(2020, 1, 1, 12, 0, tzinfo=UTC)
 HEADER = ["id", "source", "event_key", "event_type", "result", "detail"]
-
-
-@pytest.fixture
-def crash_handler(settings):
-    """``test.crash`` fails while ``handlers.failures_left`` lasts; one attempt, then dead."""
-    settings.WEBHOOK_RECEIVER = {
-        **settings.WEBHOOK_RECEIVER,
-        "HANDLERS": {CRASH: "tests.handlers.fails_after_writing"},
-        "RETRY_MAX_ATTEMPTS": 1,
-    }
-    handlers.failures_left["count"] = 0
-    yield
-    handlers.failures_left["count"] = 0
-
-
-def post(client, source: str, body: bytes, headers: dict[str, str]):
-    return client.post(
-        f"/webhooks/{source}/", data=body, content_type="application/json", **as_meta(headers)
-    )
-
-
-def fail_crash(client, msg_id: str, order_id: str = "ord_1") -> FailedEvent:
-    """A delivery of ``test.crash`` whose handler raises once (transient)."""
-    handlers.failures_left["count"] = 1
-    body = event_body(CRASH, order_id=order_id)
-    assert post(client, "shop", body, standard_headers(body, msg_id=msg_id)).status_code == 202
-    return FailedEvent.objects.get(source="shop", event_key=msg_id)
-
-
-def fail_schema(client, msg_id: str) -> FailedEvent:
-    """A reservation of quantity 0: a permanent error, dead at once."""
-    body = reserved("ord_bad", ("SKU-1", 0))
-    response = post(client, "shop", body, standard_headers(body, msg_id=msg_id))
-    assert response.json()["status"] == "dead_lettered"
-    return FailedEvent.objects.get(source="shop", event_key=msg_id)
 
 
 def run(*args: str) -> str:

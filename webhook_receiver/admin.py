@@ -53,8 +53,22 @@ def _pre(text: str) -> str:
     return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
 
 
+class StoredEventDisplay:
+    """The stored body, pretty-printed when it is JSON, and the headers, one per line.
+    Both are untrusted input: everything goes through format_html."""
+
+    @admin.display(description="body")
+    def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:
+        return _pre(_pretty_json(bytes(obj.body)))
+
+    @admin.display(description="headers")
+    def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
+        headers = obj.headers if isinstance(obj.headers, dict) else {}
+        return _pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
+
+
 @admin.register(WebhookReceipt)
-class WebhookReceiptAdmin(ReadOnlyAdmin):
+class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
     list_display = ("received_at", "source", "event_type", "status", "subject", "event_key")
     list_filter = ("source", "status", "event_type", ("received_at", admin.DateFieldListFilter))
     search_fields = ("=event_key", "=message_id", "=subject")
@@ -78,18 +92,6 @@ class WebhookReceiptAdmin(ReadOnlyAdmin):
     def pretty_outcome(self, obj: WebhookReceipt) -> str:
         return _pre(json.dumps(obj.outcome, indent=2, sort_keys=True))
 
-    @admin.display(description="body")
-    def pretty_body(self, obj: WebhookReceipt) -> str:
-        raw = bytes(obj.body)
-        try:
-            text = json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
-        except ValueError:
-            text = raw.decode("utf-8", "replace")
-        return _pre(text)
-
-    @admin.display(description="headers")
-    def pretty_headers(self, obj: WebhookReceipt) -> str:
-        return _pre("\n".join(f"{k}: {v}" for k, v in sorted(obj.headers.items())))
 
 
 @admin.register(RequestAudit)
@@ -145,7 +147,7 @@ class DiscardForm(forms.Form):
 
 
 @admin.register(FailedEvent)
-class FailedEventAdmin(ReadOnlyAdmin):
+class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
     """Dead letters and retrying events: look, replay, or discard with a reason.
 
     The records themselves stay read-only and are never deleted from here: a dead one
@@ -211,30 +213,8 @@ class FailedEventAdmin(ReadOnlyAdmin):
         ("Event", {"fields": ("pretty_body", "pretty_headers")}),
         ("Error history", {"fields": ("error_history",)}),
     )
-    readonly_fields = (
-        "source",
-        "event_key",
-        "event_type",
-        "message_id",
-        "signature_timestamp",
-        "status",
-        "attempts",
-        "first_attempt_at",
-        "last_attempt_at",
-        "next_attempt_at",
-        "last_error_class",
-        "last_error_message",
-        "resolution",
-        "resolved_at",
-        "last_replayed_by",
-        "last_replayed_at",
-        "discarded_by",
-        "discarded_at",
-        "discard_reason",
-        "pretty_body",
-        "pretty_headers",
-        "error_history",
-    )
+    # every field shown is read-only: the record is evidence
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[FailedEvent]:
         # The list needs none of the bulky columns; the detail page loads them on use.
@@ -262,15 +242,6 @@ class FailedEventAdmin(ReadOnlyAdmin):
             obj.last_error_class,
             obj.last_error_class.rsplit(".", 1)[-1],
         )
-
-    @admin.display(description="body")
-    def pretty_body(self, obj: FailedEvent) -> str:
-        return _pre(_pretty_json(bytes(obj.body)))
-
-    @admin.display(description="headers")
-    def pretty_headers(self, obj: FailedEvent) -> str:
-        headers = obj.headers if isinstance(obj.headers, dict) else {}
-        return _pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
 
     @admin.display(description="errors, oldest first")
     def error_history(self, obj: FailedEvent) -> str:

@@ -76,3 +76,14 @@ def tracks_concurrency(event: WebhookEvent) -> HandlerResult:
 def poison(event: WebhookEvent) -> HandlerResult:
     """Always fails with an error the app does not know: transient until it runs out."""
     raise ConnectionError("the dependency behind this event is down")
+
+
+key_failures_left = {"count": 0}
+
+
+def flaky_order_key(*, payload, message) -> str:
+    """An EVENT_KEY function with a bug, while ``key_failures_left`` lasts."""
+    if key_failures_left["count"] > 0:
+        key_failures_left["count"] -= 1
+        raise KeyError("order_ref")
+    return f"order:{payload['data']['order_id']}:{payload['type']}"

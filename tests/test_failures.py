@@ -547,3 +547,40 @@ def test_retention_deletes_old_resolved_and_discarded_events_but_never_dead_ones
         "old_dead",
     ]
     assert RequestAudit.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_an_event_whose_key_could_not_be_derived_is_replayed_under_its_real_key(client):
+    # given: a source whose EVENT_KEY function fails once, on the first delivery
+    sources = {
+        **settings.WEBHOOK_RECEIVER["SOURCES"],
+        "flaky": {"SECRETS": [settings.SHOP_SECRET], "EVENT_KEY": "tests.handlers.flaky_order_key"},
+    }
+    body = reserved("ord_k", ("SKU-K", 1))
+    test_handlers.key_failures_left["count"] = 1
+    with receiver_settings(SOURCES=sources):
+        first = client.post(
+            "/webhooks/flaky/",
+            data=body,
+            content_type="application/json",
+            **as_meta(standard_headers(body, msg_id="msg_k1")),
+        )
+        # then: dead-lettered under a stand-in key (its message id), with the reason
+        assert first.json() == {"status": "dead_lettered", "event_key": "msg_k1"}
+        failed = FailedEvent.objects.get()
+        assert "could not derive a key" in failed.last_error_message
+
+        # when: replayed after the fix, then redelivered by the sender with a new id
+        replayed = failed_event_replay(failed_id=failed.pk, actor="erin")
+        again = client.post(
+            "/webhooks/flaky/",
+            data=body,
+            content_type="application/json",
+            **as_meta(standard_headers(body, msg_id="msg_k2")),
+        )
+
+    # then: applied once, under the key every delivery of it derives
+    assert replayed.result == "applied"
+    assert WebhookReceipt.objects.get().event_key == "order:ord_k:inventory.reserved"
+    assert again.json()["status"] == "duplicate"
+    assert InventoryLedgerEntry.objects.filter(sku="SKU-K").count() == 1

@@ -93,7 +93,6 @@ class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
         return _pre(json.dumps(obj.outcome, indent=2, sort_keys=True))
 
 
-
 @admin.register(RequestAudit)
 class RequestAuditAdmin(ReadOnlyAdmin):
     list_display = (

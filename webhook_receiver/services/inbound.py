@@ -16,20 +16,17 @@ Every request leaves a ``RequestAudit`` record whatever its fate.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import IO
 
 from django.db import transaction
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
-from django.utils.module_loading import import_string
 
 from .. import signatures
-from ..conf import SourceConfig, app_settings, get_source
+from ..conf import app_settings, get_source
 from ..exceptions import (
-    InvalidPayload,
     PayloadTooLarge,
     RejectedRequest,
     TimestampOutOfTolerance,
@@ -39,6 +36,7 @@ from ..handlers import WebhookEvent
 from ..models import FailureStatus
 from .audit import AuditDraft
 from .claim import ReceiveOutcome, event_claim_and_apply
+from .events import parse_event
 from .failures import CapturedEvent, failure_capture
 
 logger = logging.getLogger(__name__)
@@ -146,48 +144,3 @@ def read_limited_body(stream: IO[bytes] | None, content_length: int | None, limi
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     redacted = app_settings().redacted_headers
     return {name: value for name, value in headers.items() if name.lower() not in redacted}
-
-
-def parse_event(
-    source: SourceConfig,
-    message: signatures.VerifiedMessage,
-    headers: Mapping[str, str],
-    body: bytes,
-) -> WebhookEvent:
-    """Parse a verified body into a ``WebhookEvent``; raise ``InvalidPayload`` if unusable."""
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidPayload(f"The body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise InvalidPayload("The body must be a JSON object.")
-    if message.scheme == "github":
-        event_type = headers.get("X-GitHub-Event") or ""  # headers: case-insensitive
-    else:
-        event_type = payload.get("type")
-        if not isinstance(event_type, str) or not event_type:
-            raise InvalidPayload("The body has no 'type' string.")
-    key = _event_key(source, message, payload)
-    return WebhookEvent(
-        source=source.slug,
-        event_key=key,
-        event_type=event_type[:255],
-        payload=payload,
-        message_id=message.message_id,
-        signature_timestamp=message.timestamp,
-    )
-
-
-def _event_key(
-    source: SourceConfig, message: signatures.VerifiedMessage, payload: dict[str, Any]
-) -> str:
-    if source.event_key:
-        derive: Callable[..., Any] = import_string(source.event_key)
-        key = derive(payload=payload, message=message)
-    elif message.scheme == "stripe":
-        key = payload.get("id")  # Stripe's event id lives in the signed body
-    else:
-        key = message.message_id
-    if not isinstance(key, str) or not key or len(key) > 255:
-        raise InvalidPayload("No event key (a string of 1 to 255 characters) could be derived.")
-    return key

@@ -1,0 +1,62 @@
+"""From verified bytes to a ``WebhookEvent``: parsing and the event key."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from .. import signatures
+from ..conf import SourceConfig
+from ..exceptions import InvalidPayload
+from ..handlers import WebhookEvent
+
+
+def parse_event(
+    source: SourceConfig,
+    message: signatures.VerifiedMessage,
+    headers: Mapping[str, str],
+    body: bytes,
+) -> WebhookEvent:
+    """Parse a verified body into a ``WebhookEvent``; raise ``InvalidPayload`` if unusable."""
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidPayload(f"The body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise InvalidPayload("The body must be a JSON object.")
+    if message.scheme == "github":
+        event_type = headers.get("X-GitHub-Event") or ""  # headers: case-insensitive
+    else:
+        event_type = payload.get("type")
+        if not isinstance(event_type, str) or not event_type:
+            raise InvalidPayload("The body has no 'type' string.")
+    key = _event_key(source, message, payload)
+    return WebhookEvent(
+        source=source.slug,
+        event_key=key,
+        event_type=event_type[:255],
+        payload=payload,
+        message_id=message.message_id,
+        signature_timestamp=message.timestamp,
+    )
+
+
+def _event_key(
+    source: SourceConfig, message: signatures.VerifiedMessage, payload: dict[str, Any]
+) -> str:
+    if source.event_key:
+        derive: Callable[..., Any] = import_string(source.event_key)
+        try:
+            key = derive(payload=payload, message=message)
+        except Exception as exc:  # the same bytes would fail the same way: permanent
+            raise InvalidPayload(f"{source.event_key} could not derive a key: {exc!r}") from exc
+    elif message.scheme == "stripe":
+        key = payload.get("id")  # Stripe's event id lives in the signed body
+    else:
+        key = message.message_id
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise InvalidPayload("No event key (a string of 1 to 255 characters) could be derived.")
+    return key

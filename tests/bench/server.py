@@ -1,0 +1,174 @@
+"""The bench database and the gunicorn server under test."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import environ
+import psycopg
+from psycopg import sql
+
+from .common import BARE_PATH, FLOOR_DDL
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+# The set-up under test, the same for all three endpoints: 2 sync workers, as on a
+# 2-core host. Access logging stays off (gunicorn's default) to time the app, not logs.
+GUNICORN_WORKERS = 2
+STARTUP_TIMEOUT_SECONDS = 30
+STOP_TIMEOUT_SECONDS = 15
+
+
+def bench_env(database_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("GUNICORN_CMD_ARGS", None)  # nothing outside this file shapes the server
+    env["DJANGO_SETTINGS_MODULE"] = "tests.bench.settings"
+    env["BENCH_DATABASE_URL"] = database_url
+    return env
+
+
+# --- database ------------------------------------------------------------------------
+
+
+def _connect(database_url: str, dbname: str | None = None) -> psycopg.Connection:
+    config = environ.Env.db_url_config(database_url)
+    return psycopg.connect(
+        host=config.get("HOST") or None,
+        port=config.get("PORT") or None,
+        user=config.get("USER") or None,
+        password=config.get("PASSWORD") or None,
+        dbname=dbname or config["NAME"],
+        autocommit=True,
+    )
+
+
+def database_recreate(database_url: str) -> None:
+    """Drop and create the bench database, so every run starts from empty tables."""
+    name = sql.Identifier(environ.Env.db_url_config(database_url)["NAME"])
+    with _connect(database_url, dbname="postgres") as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+
+
+def database_migrate(env: dict[str, str]) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity", "0"],
+        cwd=BASE_DIR,
+        env=env,
+        check=True,
+    )
+
+
+def floor_tables_create(database_url: str) -> None:
+    with _connect(database_url) as conn:
+        for statement in FLOOR_DDL:
+            conn.execute(statement)
+
+
+# --- gunicorn ------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class GunicornServer:
+    """``project.wsgi`` under gunicorn; stopped on exit, whatever ended the run."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.host = HOST
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> GunicornServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            # its own session: a Ctrl-C reaches the runner, which stops the server itself
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "project.wsgi",
+                    "--workers",
+                    str(GUNICORN_WORKERS),
+                    "--worker-class",
+                    "sync",
+                    "--bind",
+                    f"{self.host}:{self.port}",
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=BASE_DIR,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited at start-up:\n{self.log_tail()}")
+            if self._answers():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"gunicorn did not answer in {STARTUP_TIMEOUT_SECONDS}s")
+
+    def _answers(self) -> bool:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
+        try:
+            conn.request("GET", BARE_PATH)  # any HTTP answer (a 405 here) means it serves
+            conn.getresponse().read()
+            return True
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        """SIGTERM the master (it stops its workers); SIGKILL the group if it hangs."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the group this server started
+            process.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])

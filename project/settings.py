@@ -71,6 +71,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+elif env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):
+    # PostgreSQL: server-side parameters let psycopg prepare the hot path's statements on
+    # each persistent connection, so they are parsed and planned once, not per request.
+    # Turn off behind a pooler that cannot keep prepared statements (PgBouncer in
+    # transaction mode before 1.21).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        server_side_binding=True, prepare_threshold=env.int("DATABASE_PREPARE_THRESHOLD", default=5)
+    )
 # Persistent connections, checked before reuse: no per-request connection set-up.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -33,7 +33,8 @@ def audit_at(received_at: datetime, *, result: str = "applied") -> RequestAudit:
     """An audit record written the way the receive path writes it."""
     draft = AuditDraft(source="shop", received_at=received_at, remote_addr="192.0.2.1")
     draft.set_body(b'{"type":"x"}')
-    return draft.record(result=result, response_status=200)
+    draft.record(result=result, response_status=200)
+    return RequestAudit.objects.latest("id")
 
 
 def remaining() -> set[int]:

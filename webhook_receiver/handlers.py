@@ -43,11 +43,23 @@ class WebhookEvent:
     def data(self) -> Any:
         return self.payload.get("data")
 
+    @property
+    def subject(self) -> str:
+        """The business object the event concerns, stored on its receipt and searchable
+        in the admin: ``data.order_id``, else ``data.id``, by convention."""
+        data = self.data
+        if isinstance(data, dict):
+            for name in ("order_id", "id"):
+                value = data.get(name)
+                if isinstance(value, str | int) and not isinstance(value, bool):
+                    return str(value)[:255]
+        return ""
+
 
 @dataclass(frozen=True)
 class HandlerResult:
     status: ReceiptStatus = ReceiptStatus.APPLIED
-    subject: str = ""  # the business object concerned, searchable on the receipt
+    subject: str = ""  # overrides the event's own subject on the receipt when set
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 

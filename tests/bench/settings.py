@@ -6,21 +6,19 @@ three endpoints run under exactly the set-up a deployment would have.
 
 from __future__ import annotations
 
-import environ
+import os
 
-from project.settings import *  # noqa: F403
-from project.settings import DATABASES as _PROJECT_DATABASES
-from project.settings import WEBHOOK_RECEIVER as _PROJECT_WEBHOOK_RECEIVER
 from tests.bench.common import DEFAULT_DATABASE_URL, SHOP_SECRET, SOURCE, TOLERANCE_SECONDS
+
+# The project's settings read DATABASE_URL themselves: point it at the bench database
+# first, so connection persistence, health checks and driver options are the project's.
+os.environ["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
+
+from project.settings import *  # noqa: E402, F403
+from project.settings import WEBHOOK_RECEIVER as _PROJECT_WEBHOOK_RECEIVER  # noqa: E402
 
 DEBUG = False
 ROOT_URLCONF = "tests.bench.urls"
-
-DATABASES = {
-    "default": environ.Env().db("BENCH_DATABASE_URL", default=DEFAULT_DATABASE_URL),
-}
-for _key in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS"):
-    DATABASES["default"][_key] = _PROJECT_DATABASES["default"][_key]
 
 WEBHOOK_RECEIVER = {
     **_PROJECT_WEBHOOK_RECEIVER,

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..models import RequestAudit, Verification
+from . import sql
 from .retention import delete_in_batches
 
 logger = logging.getLogger(__name__)
@@ -35,21 +36,22 @@ class AuditDraft:
         self.body_sha256 = hashlib.sha256(body).hexdigest()
         self.body_size = len(body)
 
-    def record(self, *, result: str, response_status: int) -> RequestAudit:
+    def record(self, *, result: str, response_status: int) -> None:
         ts = self.signature_timestamp
-        return RequestAudit.objects.create(
-            source=self.source[:100],
-            message_id=self.message_id[:255],
-            event_key=self.event_key[:255],
-            signature_timestamp=datetime.fromtimestamp(ts, UTC) if ts is not None else None,
-            verification=self.verification,
-            result=result,
-            response_status=response_status,
-            body_sha256=self.body_sha256,
-            body_size=self.body_size,
-            remote_addr=self.remote_addr,
-            received_at=self.received_at,
-        )
+        row = {
+            "source": self.source[:100],
+            "message_id": self.message_id[:255],
+            "event_key": self.event_key[:255],
+            "signature_timestamp": datetime.fromtimestamp(ts, UTC) if ts is not None else None,
+            "verification": self.verification,
+            "result": result,
+            "response_status": response_status,
+            "body_sha256": self.body_sha256,
+            "body_size": self.body_size,
+            "remote_addr": self.remote_addr,
+            "received_at": self.received_at,
+        }
+        sql.insert(RequestAudit, [row])
 
     def record_best_effort(self, *, result: str, response_status: int) -> None:
         """Record, but never let a broken database hide the error being reported."""

@@ -17,8 +17,10 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from ..models import FailedEvent, FailureStatus, ReceiptStatus, WebhookReceipt
+from . import sql
 from .audit import AuditDraft
 
 DUPLICATE = "duplicate"
@@ -50,31 +52,45 @@ def event_claim_and_apply(
     if stored is not None:
         return _duplicate(event, stored, audit)
 
+    handler = get_handler(event.event_type)
+    # The receipt goes in with the result most events end with (applied; ignored when no
+    # handler exists), so that only a different result costs an UPDATE.
+    expected = HandlerResult() if handler else _ignored(event)
     with transaction.atomic():
-        receipt_id = _claim(event, body=body, headers=headers)
+        receipt_id = _claim(event, body=body, headers=headers, result=expected)
         if receipt_id is None:
             # A concurrent delivery claimed the key first; ON CONFLICT waited for it to
             # commit, so its outcome is readable now.
             return _duplicate(event, _lookup(event)[0] or {}, audit)
-        result = _run_handler(event)
-        outcome = {"status": result.status.value, "event_key": event.event_key}
-        if result.detail:
-            outcome["detail"] = dict(result.detail)
-        WebhookReceipt.objects.filter(pk=receipt_id).update(
-            status=result.status, subject=result.subject[:255], outcome=outcome
-        )
+        result = (handler(event) or expected) if handler else expected
+        if result != expected:
+            sql.update(
+                WebhookReceipt,
+                receipt_id,
+                {
+                    "status": result.status,
+                    "subject": (result.subject or event.subject)[:255],
+                    "outcome": _outcome(event, result),
+                },
+            )
         if resolve_failures and has_open_failure:
             _resolve_open_failure(event, resolution=result.status.value)
         if audit is not None:
             audit.record(result=result.status.value, response_status=200)
+    outcome = _outcome(event, result)
     return ReceiveOutcome(status=result.status.value, event_key=event.event_key, outcome=outcome)
 
 
-def _run_handler(event: WebhookEvent) -> HandlerResult:
-    handler = get_handler(event.event_type)
-    if handler is None:
-        return HandlerResult(status=ReceiptStatus.IGNORED, detail={"event_type": event.event_type})
-    return handler(event) or HandlerResult()
+def _ignored(event: WebhookEvent) -> HandlerResult:
+    return HandlerResult(status=ReceiptStatus.IGNORED, detail={"event_type": event.event_type})
+
+
+def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
+    """What the receipt stores, the first delivery answers, and duplicates repeat."""
+    outcome: dict[str, Any] = {"status": result.status.value, "event_key": event.event_key}
+    if result.detail:
+        outcome["detail"] = dict(result.detail)
+    return outcome
 
 
 def _duplicate(
@@ -127,11 +143,12 @@ def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
         )
 
 
-def _claim(event: WebhookEvent, *, body: bytes, headers: Mapping[str, str]) -> int | None:
+def _claim(
+    event: WebhookEvent, *, body: bytes, headers: Mapping[str, str], result: HandlerResult
+) -> int | None:
     """INSERT the receipt unless (source, event_key) exists; return its id if we won."""
-    fields = {f.name: f for f in WebhookReceipt._meta.concrete_fields}
     timestamp = event.signature_timestamp
-    values = {
+    row = {
         "source": event.source,
         "event_key": event.event_key,
         "event_type": event.event_type,
@@ -139,22 +156,18 @@ def _claim(event: WebhookEvent, *, body: bytes, headers: Mapping[str, str]) -> i
         "signature_timestamp": (
             datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
         ),
-        # provisional; the outcome replaces it before the transaction commits
-        "status": ReceiptStatus.APPLIED,
-        "subject": "",
-        "outcome": {},
+        "status": result.status,
+        "subject": (result.subject or event.subject)[:255],
+        "outcome": _outcome(event, result),
         "body": body,
-        "headers": dict(headers),
+        "headers": storable_headers(headers),
         "received_at": timezone.now(),
     }
-    columns = ", ".join(connection.ops.quote_name(fields[name].column) for name in values)
-    params = [fields[name].get_db_prep_save(value, connection) for name, value in values.items()]
-    table = connection.ops.quote_name(WebhookReceipt._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(values))}) "
-            "ON CONFLICT (source, event_key) DO NOTHING RETURNING id",
-            params,
-        )
-        row = cursor.fetchone()
-    return row[0] if row else None
+    claimed = sql.insert(WebhookReceipt, [row], conflict=("source", "event_key"), returning="id")
+    return claimed[0][0] if claimed else None
+
+
+def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers worth keeping with an event: all but credentials (REDACTED_HEADERS)."""
+    redacted = app_settings().redacted_headers
+    return {name: value for name, value in headers.items() if name.lower() not in redacted}

@@ -18,6 +18,7 @@ from django.utils import timezone
 from ..exceptions import InvalidPayload
 from ..handlers import HandlerResult, WebhookEvent, webhook_handler
 from ..models import InventoryLedgerEntry, OrderState, OrderStatus, ReceiptStatus
+from . import sql
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -55,20 +56,22 @@ def _stock_movement(event: WebhookEvent, *, sign: int, reason: str) -> HandlerRe
     lines = data.get("lines")
     if not isinstance(lines, list) or not lines:
         raise InvalidPayload("'lines' must be a non-empty list.")
+    now = timezone.now()
     entries = []
     for line in lines:
         line = _object(line, "each line")
         entries.append(
-            InventoryLedgerEntry(
-                order_id=order_id,
-                sku=_text(line, "sku"),
-                delta=sign * _integer(line, "quantity", minimum=1, maximum=INT32_MAX),
-                reason=reason,
-                event_key=event.event_key,
-            )
+            {
+                "order_id": order_id,
+                "sku": _text(line, "sku"),
+                "delta": sign * _integer(line, "quantity", minimum=1, maximum=INT32_MAX),
+                "reason": reason,
+                "event_key": event.event_key,
+                "created_at": now,
+            }
         )
-    InventoryLedgerEntry.objects.bulk_create(entries)
-    return HandlerResult(subject=order_id, detail={"order_id": order_id, "lines": len(entries)})
+    sql.insert(InventoryLedgerEntry, entries)  # one statement for all the lines
+    return HandlerResult()
 
 
 @webhook_handler("inventory.reserved")
@@ -116,10 +119,10 @@ def _order_transition(event: WebhookEvent, status: OrderStatus) -> HandlerResult
     moved = order_state_advance(
         order_id=order_id, status=status, version=version, event_key=event.event_key
     )
-    detail = {"order_id": order_id, "order_status": status.value, "version": version}
     if not moved:
-        return HandlerResult(status=ReceiptStatus.STALE, subject=order_id, detail=detail)
-    return HandlerResult(subject=order_id, detail=detail)
+        detail = {"order_id": order_id, "order_status": status.value, "version": version}
+        return HandlerResult(status=ReceiptStatus.STALE, detail=detail)
+    return HandlerResult()
 
 
 @webhook_handler("order.paid")

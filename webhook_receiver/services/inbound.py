@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from .. import signatures
-from ..conf import app_settings, get_source
+from ..conf import get_source
 from ..exceptions import (
     PayloadTooLarge,
     RejectedRequest,
@@ -35,7 +35,7 @@ from ..exceptions import (
 from ..handlers import WebhookEvent
 from ..models import FailureStatus
 from .audit import AuditDraft
-from .claim import ReceiveOutcome, event_claim_and_apply
+from .claim import ReceiveOutcome, event_claim_and_apply, storable_headers
 from .events import parse_event
 from .failures import CapturedEvent, failure_capture
 
@@ -91,12 +91,11 @@ def webhook_receive(
     audit.message_id = message.message_id or ""
     audit.signature_timestamp = message.timestamp
 
-    stored_headers = storable_headers(headers)
     event: WebhookEvent | None = None
     try:
         event = parse_event(source, message, headers, body)
         audit.event_key = event.event_key
-        return event_claim_and_apply(event=event, body=body, headers=stored_headers, audit=audit)
+        return event_claim_and_apply(event=event, body=body, headers=headers, audit=audit)
     except Exception as exc:
         # The claim has rolled back. Keep the verified event, in a transaction of its own.
         captured = CapturedEvent(
@@ -106,7 +105,7 @@ def webhook_receive(
             message_id=message.message_id or "",
             signature_timestamp=message.timestamp,
             body=body,
-            headers=stored_headers,
+            headers=storable_headers(headers),
         )
         audit.event_key = captured.event_key
         try:
@@ -139,8 +138,3 @@ def read_limited_body(stream: IO[bytes] | None, content_length: int | None, limi
             raise PayloadTooLarge()
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    redacted = app_settings().redacted_headers
-    return {name: value for name, value in headers.items() if name.lower() not in redacted}

@@ -6,6 +6,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import DatabaseError
 from django.utils import timezone
@@ -37,8 +38,12 @@ class AuditDraft:
         self.body_size = len(body)
 
     def record(self, *, result: str, response_status: int) -> None:
+        sql.insert(RequestAudit, [self.row(result=result, response_status=response_status)])
+
+    def row(self, *, result: str, response_status: int) -> dict[str, Any]:
+        """The audit record's columns, by field name."""
         ts = self.signature_timestamp
-        row = {
+        return {
             "source": self.source[:100],
             "message_id": self.message_id[:255],
             "event_key": self.event_key[:255],
@@ -51,7 +56,6 @@ class AuditDraft:
             "remote_addr": self.remote_addr,
             "received_at": self.received_at,
         }
-        sql.insert(RequestAudit, [row])
 
     def record_best_effort(self, *, result: str, response_status: int) -> None:
         """Record, but never let a broken database hide the error being reported."""

@@ -19,11 +19,16 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
-from ..models import FailedEvent, FailureStatus, ReceiptStatus, WebhookReceipt
+from ..models import FailedEvent, FailureStatus, ReceiptStatus, RequestAudit, WebhookReceipt
 from . import sql
 from .audit import AuditDraft
 
 DUPLICATE = "duplicate"
+# On PostgreSQL a duplicate's audit record is committed without waiting for its WAL
+# flush (synchronous_commit off for that one transaction): it changes no business state,
+# so a database crash could lose at most the last fraction of a second of such records,
+# never a receipt or an effect. Its sender is answered without paying for a disk flush.
+RELAXED_COMMIT = {"postgresql": " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"}
 OPEN_FAILURES = (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
 
 
@@ -46,22 +51,24 @@ def event_claim_and_apply(
     """Apply ``event`` unless its key was already claimed; answer duplicates from the
     stored outcome. A success also resolves the key's open failed event, if any.
     """
-    # A cheap read answers most duplicates without a write transaction. It is not the
-    # guard: a miss goes on to the claim, and only the claim decides to apply.
-    stored, has_open_failure = _lookup(event)
+    # Most duplicates are answered by one statement, a read that writes only their audit
+    # record. It is not the guard: a miss goes on to the claim, which alone decides.
+    stored = _duplicate_outcome(event, audit)
     if stored is not None:
-        return _duplicate(event, stored, audit)
+        return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
 
     handler = get_handler(event.event_type)
     # The receipt goes in with the result most events end with (applied; ignored when no
     # handler exists), so that only a different result costs an UPDATE.
     expected = HandlerResult() if handler else _ignored(event)
     with transaction.atomic():
-        receipt_id = _claim(event, body=body, headers=headers, result=expected)
-        if receipt_id is None:
+        claimed = _claim(event, body=body, headers=headers, result=expected)
+        if claimed is None:
             # A concurrent delivery claimed the key first; ON CONFLICT waited for it to
             # commit, so its outcome is readable now.
-            return _duplicate(event, _lookup(event)[0] or {}, audit)
+            stored = _duplicate_outcome(event, audit) or {}
+            return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
+        receipt_id, has_open_failure = claimed
         result = (handler(event) or expected) if handler else expected
         if result != expected:
             sql.update(
@@ -93,31 +100,35 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
     return outcome
 
 
-def _duplicate(
-    event: WebhookEvent, stored: Mapping[str, Any], audit: AuditDraft | None
-) -> ReceiveOutcome:
-    if audit is not None:
-        audit.record(result=DUPLICATE, response_status=200)
-    return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
+def _duplicate_outcome(event: WebhookEvent, audit: AuditDraft | None) -> dict[str, Any] | None:
+    """The stored outcome of a key that has a receipt, else None.
 
-
-def _lookup(event: WebhookEvent) -> tuple[dict[str, Any] | None, bool]:
-    """The key's stored outcome, if it has a receipt, and whether it has an open failed
-    event: one round trip that the hot path pays anyway."""
-    receipts = connection.ops.quote_name(WebhookReceipt._meta.db_table)
-    failures = connection.ops.quote_name(FailedEvent._meta.db_table)
+    With an audit draft, one statement does both halves of a duplicate's work: it inserts
+    the delivery's audit record only if the key has a receipt, and returns that receipt's
+    outcome. For a new key it writes nothing.
+    """
+    receipts = sql.table(WebhookReceipt)
     key = [event.source, event.event_key]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT (SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s), "
-            f"EXISTS (SELECT 1 FROM {failures} WHERE source = %s AND event_key = %s "
-            "AND status IN (%s, %s, %s))",
-            [*key, *key, *OPEN_FAILURES],
+    if audit is None:  # a retry or a replay: nothing to record here
+        statement = f"SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s"
+        params = key
+    else:
+        row = audit.row(result=DUPLICATE, response_status=200)
+        names = tuple(row)
+        statement = (
+            f"INSERT INTO {sql.table(RequestAudit)} ({sql.columns(RequestAudit, names)}) "
+            f"SELECT {', '.join(['%s'] * len(names))} "
+            f"WHERE EXISTS (SELECT 1 FROM {receipts} WHERE source = %s AND event_key = %s)"
+            f"{RELAXED_COMMIT.get(connection.vendor, '')} "
+            f"RETURNING (SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s)"
         )
-        outcome, has_open_failure = cursor.fetchone()
-    if outcome is not None:
-        outcome = WebhookReceipt._meta.get_field("outcome").from_db_value(outcome, None, connection)
-    return outcome, bool(has_open_failure)
+        params = [*sql.params(RequestAudit, names, row), *key, *key]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    return WebhookReceipt._meta.get_field("outcome").from_db_value(found[0], None, connection)
 
 
 def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
@@ -145,8 +156,9 @@ def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
 
 def _claim(
     event: WebhookEvent, *, body: bytes, headers: Mapping[str, str], result: HandlerResult
-) -> int | None:
-    """INSERT the receipt unless (source, event_key) exists; return its id if we won."""
+) -> tuple[int, bool] | None:
+    """INSERT the receipt unless (source, event_key) exists. If we won, return its id and
+    whether the key has an open failed event (a redelivery of a failed event)."""
     timestamp = event.signature_timestamp
     row = {
         "source": event.source,
@@ -163,8 +175,19 @@ def _claim(
         "headers": storable_headers(headers),
         "received_at": timezone.now(),
     }
-    claimed = sql.insert(WebhookReceipt, [row], conflict=("source", "event_key"), returning="id")
-    return claimed[0][0] if claimed else None
+    names = tuple(row)
+    statement = (
+        f"INSERT INTO {sql.table(WebhookReceipt)} ({sql.columns(WebhookReceipt, names)}) "
+        f"VALUES ({', '.join(['%s'] * len(names))}) "
+        "ON CONFLICT (source, event_key) DO NOTHING "
+        f"RETURNING id, EXISTS (SELECT 1 FROM {sql.table(FailedEvent)} "
+        "WHERE source = %s AND event_key = %s AND status IN (%s, %s, %s))"
+    )
+    params = [*sql.params(WebhookReceipt, names, row), event.source, event.event_key]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [*params, *OPEN_FAILURES])
+        claimed = cursor.fetchone()
+    return (claimed[0], bool(claimed[1])) if claimed else None
 
 
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -31,14 +31,22 @@ def _adapters(model: type[models.Model], names: tuple[str, ...]) -> tuple[Any, .
     return tuple(None if isinstance(fields[name], PASSED_AS_IS) else fields[name] for name in names)
 
 
-def _params(model: type[models.Model], names: tuple[str, ...], row: Mapping[str, Any]) -> list:
+def params(model: type[models.Model], names: tuple[str, ...], row: Mapping[str, Any]) -> list:
     return [
         row[name] if field is None else field.get_db_prep_save(row[name], connection)
         for name, field in zip(names, _adapters(model, names), strict=True)
     ]
 
 
-def _column(model: type[models.Model], name: str) -> str:
+def table(model: type[models.Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def columns(model: type[models.Model], names: Sequence[str]) -> str:
+    return ", ".join(column(model, name) for name in names)
+
+
+def column(model: type[models.Model], name: str) -> str:
     return connection.ops.quote_name(_fields(model)[name].column)
 
 
@@ -56,9 +64,9 @@ def insert(
     """
     names = tuple(rows[0])
     statement = _insert_sql(model, names, len(rows), tuple(conflict), returning)
-    params = [param for row in rows for param in _params(model, names, row)]
+    values = [value for row in rows for value in params(model, names, row)]
     with connection.cursor() as cursor:
-        cursor.execute(statement, params)
+        cursor.execute(statement, values)
         return cursor.fetchall() if returning else []
 
 
@@ -66,7 +74,7 @@ def update(model: type[models.Model], pk: Any, values: Mapping[str, Any]) -> Non
     """UPDATE one row, by primary key."""
     names = tuple(values)
     with connection.cursor() as cursor:
-        cursor.execute(_update_sql(model, names), [*_params(model, names, values), pk])
+        cursor.execute(_update_sql(model, names), [*params(model, names, values), pk])
 
 
 # The statements' text depends only on these arguments: build each once per process.
@@ -82,21 +90,19 @@ def _insert_sql(
 ) -> str:
     placeholders = "(" + ", ".join(["%s"] * len(names)) + ")"
     statement = (
-        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} "
-        f"({', '.join(_column(model, name) for name in names)}) "
+        f"INSERT INTO {table(model)} ({columns(model, names)}) "
         f"VALUES {', '.join([placeholders] * row_count)}"
     )
     if conflict:
-        statement += f" ON CONFLICT ({', '.join(_column(model, n) for n in conflict)}) DO NOTHING"
+        statement += f" ON CONFLICT ({columns(model, conflict)}) DO NOTHING"
     if returning:
-        statement += f" RETURNING {_column(model, returning)}"
+        statement += f" RETURNING {column(model, returning)}"
     return statement
 
 
 @functools.cache
 def _update_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
-    assignments = ", ".join(f"{_column(model, name)} = %s" for name in names)
+    assignments = ", ".join(f"{column(model, name)} = %s" for name in names)
     return (
-        f"UPDATE {connection.ops.quote_name(model._meta.db_table)} SET {assignments} "
-        f"WHERE {_column(model, model._meta.pk.name)} = %s"
+        f"UPDATE {table(model)} SET {assignments} WHERE {column(model, model._meta.pk.name)} = %s"
     )

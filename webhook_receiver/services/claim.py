@@ -9,6 +9,7 @@ therefore exists if and only if its effect committed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -107,21 +108,13 @@ def _duplicate_outcome(event: WebhookEvent, audit: AuditDraft | None) -> dict[st
     the delivery's audit record only if the key has a receipt, and returns that receipt's
     outcome. For a new key it writes nothing.
     """
-    receipts = sql.table(WebhookReceipt)
     key = [event.source, event.event_key]
     if audit is None:  # a retry or a replay: nothing to record here
-        statement = f"SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s"
-        params = key
+        statement, params = _outcome_sql(), key
     else:
         row = audit.row(result=DUPLICATE, response_status=200)
         names = tuple(row)
-        statement = (
-            f"INSERT INTO {sql.table(RequestAudit)} ({sql.columns(RequestAudit, names)}) "
-            f"SELECT {', '.join(['%s'] * len(names))} "
-            f"WHERE EXISTS (SELECT 1 FROM {receipts} WHERE source = %s AND event_key = %s)"
-            f"{RELAXED_COMMIT.get(connection.vendor, '')} "
-            f"RETURNING (SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s)"
-        )
+        statement = _duplicate_sql(names, connection.vendor)
         params = [*sql.params(RequestAudit, names, row), *key, *key]
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
@@ -129,6 +122,24 @@ def _duplicate_outcome(event: WebhookEvent, audit: AuditDraft | None) -> dict[st
     if found is None:
         return None
     return WebhookReceipt._meta.get_field("outcome").from_db_value(found[0], None, connection)
+
+
+@functools.cache
+def _outcome_sql() -> str:
+    receipts = sql.table(WebhookReceipt)
+    return f"SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s"
+
+
+@functools.cache
+def _duplicate_sql(names: tuple[str, ...], vendor: str) -> str:
+    receipts = sql.table(WebhookReceipt)
+    return (
+        f"INSERT INTO {sql.table(RequestAudit)} ({sql.columns(RequestAudit, names)}) "
+        f"SELECT {sql.placeholders(len(names))} "
+        f"WHERE EXISTS (SELECT 1 FROM {receipts} WHERE source = %s AND event_key = %s)"
+        f"{RELAXED_COMMIT.get(vendor, '')} "
+        f"RETURNING (SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s)"
+    )
 
 
 def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
@@ -176,18 +187,22 @@ def _claim(
         "received_at": timezone.now(),
     }
     names = tuple(row)
-    statement = (
+    params = [*sql.params(WebhookReceipt, names, row), event.source, event.event_key]
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_sql(names), [*params, *OPEN_FAILURES])
+        claimed = cursor.fetchone()
+    return (claimed[0], bool(claimed[1])) if claimed else None
+
+
+@functools.cache
+def _claim_sql(names: tuple[str, ...]) -> str:
+    return (
         f"INSERT INTO {sql.table(WebhookReceipt)} ({sql.columns(WebhookReceipt, names)}) "
-        f"VALUES ({', '.join(['%s'] * len(names))}) "
+        f"VALUES ({sql.placeholders(len(names))}) "
         "ON CONFLICT (source, event_key) DO NOTHING "
         f"RETURNING id, EXISTS (SELECT 1 FROM {sql.table(FailedEvent)} "
         "WHERE source = %s AND event_key = %s AND status IN (%s, %s, %s))"
     )
-    params = [*sql.params(WebhookReceipt, names, row), event.source, event.event_key]
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [*params, *OPEN_FAILURES])
-        claimed = cursor.fetchone()
-    return (claimed[0], bool(claimed[1])) if claimed else None
 
 
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -16,7 +16,18 @@ from typing import Any
 
 from django.db import connection, models
 
-PASSED_AS_IS = (models.CharField, models.TextField, models.IntegerField)
+# Fields whose values the driver takes as they are (our values are always of the field's
+# own Python type, and datetimes always aware). JSON always needs its adapter.
+PASSED_AS_IS: dict[str, tuple[type[models.Field], ...]] = {
+    "postgresql": (
+        models.CharField,
+        models.TextField,
+        models.IntegerField,
+        models.DateTimeField,
+        models.BinaryField,
+    ),
+    "sqlite": (models.CharField, models.TextField, models.IntegerField),
+}
 
 
 @functools.cache
@@ -25,16 +36,21 @@ def _fields(model: type[models.Model]) -> dict[str, models.Field]:
 
 
 @functools.cache
-def _adapters(model: type[models.Model], names: tuple[str, ...]) -> tuple[Any, ...]:
+def _adapters(
+    model: type[models.Model], names: tuple[str, ...], vendor: str
+) -> tuple[models.Field | None, ...]:
     """Per column, None when the value goes to the driver as it is, else the field."""
     fields = _fields(model)
-    return tuple(None if isinstance(fields[name], PASSED_AS_IS) else fields[name] for name in names)
+    as_is = PASSED_AS_IS.get(vendor, ())
+    return tuple(None if isinstance(fields[name], as_is) else fields[name] for name in names)
 
 
 def params(model: type[models.Model], names: tuple[str, ...], row: Mapping[str, Any]) -> list:
+    """The values of ``row`` for ``names``, adapted for the database where needed."""
+    adapters = _adapters(model, names, connection.vendor)
     return [
         row[name] if field is None else field.get_db_prep_save(row[name], connection)
-        for name, field in zip(names, _adapters(model, names), strict=True)
+        for name, field in zip(names, adapters, strict=True)
     ]
 
 
@@ -44,6 +60,10 @@ def table(model: type[models.Model]) -> str:
 
 def columns(model: type[models.Model], names: Sequence[str]) -> str:
     return ", ".join(column(model, name) for name in names)
+
+
+def placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
 
 
 def column(model: type[models.Model], name: str) -> str:
@@ -88,10 +108,10 @@ def _insert_sql(
     conflict: tuple[str, ...],
     returning: str | None,
 ) -> str:
-    placeholders = "(" + ", ".join(["%s"] * len(names)) + ")"
+    row = f"({placeholders(len(names))})"
     statement = (
         f"INSERT INTO {table(model)} ({columns(model, names)}) "
-        f"VALUES {', '.join([placeholders] * row_count)}"
+        f"VALUES {', '.join([row] * row_count)}"
     )
     if conflict:
         statement += f" ON CONFLICT ({columns(model, conflict)}) DO NOTHING"

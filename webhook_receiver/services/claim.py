@@ -1,10 +1,11 @@
 """The claim: one transaction that records an event's key and applies its effect.
 
 ``INSERT`` the receipt with ``ON CONFLICT (source, event_key) DO NOTHING RETURNING id``
-first; only when that insert claimed the key does the handler run, and its outcome is
-stored on the receipt before the same transaction commits. If the handler raises, the
-claim rolls back with it, so a later delivery can claim the key again. A receipt
-therefore exists if and only if its effect committed.
+first; only when that insert claimed the key does the handler run. The receipt goes in
+with the outcome most events end with; a handler whose result differs updates it before
+the same transaction commits. If the handler raises, the claim rolls back with it, so a
+later delivery can claim the key again. A receipt therefore exists if and only if its
+effect committed.
 """
 
 from __future__ import annotations

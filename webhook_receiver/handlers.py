@@ -88,7 +88,3 @@ def get_handler(event_type: str) -> Handler | None:
     if path is not None:
         return _import_handler(path)
     return _registry.get(event_type)
-
-
-def registered_event_types() -> list[str]:
-    return sorted(set(_registry) | set(app_settings().handlers))

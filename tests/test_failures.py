@@ -56,9 +56,12 @@ def handlers(**mapping: str) -> dict[str, dict[str, str]]:
     return {"HANDLERS": {t.replace("_", "."): path for t, path in mapping.items()}}
 
 
-def crash_handler(failures: int):
+def crashing(failures: int, **overrides):
+    """``test.crash`` raises ``failures`` times, then works; plus any other settings."""
     test_handlers.failures_left["count"] = failures
-    return receiver_settings(**handlers(test_crash="tests.handlers.fails_after_writing"))
+    return receiver_settings(
+        **handlers(test_crash="tests.handlers.fails_after_writing"), **overrides
+    )
 
 
 def ledger_rows(event_key: str) -> int:
@@ -73,7 +76,7 @@ def test_a_transient_failure_then_success_applies_once_and_resolves(client):
     # given: a handler that fails once, then works
     body = event_body("test.crash", order_id="ord_t")
     headers = standard_headers(body, msg_id="msg_transient")
-    with crash_handler(failures=1):
+    with crashing(failures=1):
         # when: the delivery fails
         answer = post(client, body, headers)
 
@@ -203,12 +206,7 @@ def test_a_stripe_event_without_a_key_is_dead_lettered_under_the_body_hash(clien
 def test_exhausted_retries_go_dead_then_replay_applies_once_and_again_is_a_duplicate(client):
     body = event_body("test.crash", order_id="ord_x")
     headers = standard_headers(body, msg_id="msg_exhaust")
-    with (
-        crash_handler(failures=100),
-        receiver_settings(
-            RETRY_MAX_ATTEMPTS=3, **handlers(test_crash="tests.handlers.fails_after_writing")
-        ),
-    ):
+    with crashing(failures=100, RETRY_MAX_ATTEMPTS=3):
         # given: three attempts, all failing
         assert post(client, body, headers).json()["status"] == "deferred"
         for day in (1, 2):
@@ -248,12 +246,7 @@ def test_exhausted_retries_go_dead_then_replay_applies_once_and_again_is_a_dupli
 @pytest.mark.django_db
 def test_a_failed_replay_keeps_the_event_dead_and_records_the_error(client):
     body = event_body("test.crash", order_id="ord_y")
-    with (
-        crash_handler(failures=100),
-        receiver_settings(
-            RETRY_MAX_ATTEMPTS=1, **handlers(test_crash="tests.handlers.fails_after_writing")
-        ),
-    ):
+    with crashing(failures=100, RETRY_MAX_ATTEMPTS=1):
         post(client, body, standard_headers(body, msg_id="msg_still_broken"))
         failed = FailedEvent.objects.get()
         assert failed.status == "dead"
@@ -272,12 +265,7 @@ def test_a_failed_replay_keeps_the_event_dead_and_records_the_error(client):
 def test_the_senders_redelivery_of_a_dead_key_is_processed_and_resolves_it(client):
     body = event_body("test.crash", order_id="ord_z")
     headers = standard_headers(body, msg_id="msg_redelivered")
-    with (
-        crash_handler(failures=1),
-        receiver_settings(
-            RETRY_MAX_ATTEMPTS=1, **handlers(test_crash="tests.handlers.fails_after_writing")
-        ),
-    ):
+    with crashing(failures=1, RETRY_MAX_ATTEMPTS=1):
         assert post(client, body, headers).json()["status"] == "dead_lettered"
         answer = post(client, body, standard_headers(body, msg_id="msg_redelivered"))
 

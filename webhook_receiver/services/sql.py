@@ -1,8 +1,10 @@
-"""Plain INSERT and UPDATE statements for the hot path.
+"""Plain INSERT and UPDATE statements for the hot path, and the pieces to build others.
 
 Two reasons to leave the ORM here: it cannot say ``ON CONFLICT … DO NOTHING RETURNING``,
-which is how the claim learns whether it won; and for these small statements its
-machinery (model instances, the SQL compiler) costs more CPU than the database work.
+which is how the claim learns whether it won (services/claim.py composes that statement
+from ``table``, ``columns``, ``placeholders`` and ``params``); and for these small
+statements its machinery (model instances, the SQL compiler) costs more CPU than the
+database work.
 Values are adapted by each field's ``get_db_prep_save``, as the ORM would adapt them, on
 PostgreSQL and on SQLite alike; text and integer fields, whose values the drivers take
 as they are, skip that step (a measurable cost on a path that runs per request).
@@ -70,24 +72,12 @@ def column(model: type[models.Model], name: str) -> str:
     return connection.ops.quote_name(_fields(model)[name].column)
 
 
-def insert(
-    model: type[models.Model],
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    conflict: Sequence[str] = (),
-    returning: str | None = None,
-) -> list[tuple[Any, ...]]:
-    """INSERT ``rows`` (field name -> value, the same names in every row) in one statement.
-
-    ``conflict`` names the unique fields of ``ON CONFLICT (…) DO NOTHING``; with
-    ``returning``, the inserted rows' values of that field come back (none on conflict).
-    """
+def insert(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) -> None:
+    """INSERT ``rows`` (field name -> value, the same names in every row) in one statement."""
     names = tuple(rows[0])
-    statement = _insert_sql(model, names, len(rows), tuple(conflict), returning)
     values = [value for row in rows for value in params(model, names, row)]
     with connection.cursor() as cursor:
-        cursor.execute(statement, values)
-        return cursor.fetchall() if returning else []
+        cursor.execute(_insert_sql(model, names, len(rows)), values)
 
 
 def update(model: type[models.Model], pk: Any, values: Mapping[str, Any]) -> None:
@@ -101,23 +91,12 @@ def update(model: type[models.Model], pk: Any, values: Mapping[str, Any]) -> Non
 
 
 @functools.cache
-def _insert_sql(
-    model: type[models.Model],
-    names: tuple[str, ...],
-    row_count: int,
-    conflict: tuple[str, ...],
-    returning: str | None,
-) -> str:
+def _insert_sql(model: type[models.Model], names: tuple[str, ...], row_count: int) -> str:
     row = f"({placeholders(len(names))})"
-    statement = (
+    return (
         f"INSERT INTO {table(model)} ({columns(model, names)}) "
         f"VALUES {', '.join([row] * row_count)}"
     )
-    if conflict:
-        statement += f" ON CONFLICT ({columns(model, conflict)}) DO NOTHING"
-    if returning:
-        statement += f" RETURNING {column(model, returning)}"
-    return statement
 
 
 @functools.cache

@@ -126,6 +126,9 @@ def test_order_state_moves_forward_only_and_late_versions_are_stale(client):
         "stale",
         "stale",
     ]
+    # each delivery's audit record carries its own result, not the one expected up front
+    audits = RequestAudit.objects.order_by("id").values_list("result", "response_status")
+    assert list(audits) == [("applied", 200), ("stale", 200), ("stale", 200)]
 
     fulfilled_v3 = event_body("order.fulfilled", order_id="ord_4", version=3)
     assert post(client, fulfilled_v3, standard_headers(fulfilled_v3)).json()["status"] == "applied"
@@ -147,6 +150,7 @@ def test_unknown_event_type_is_recorded_as_ignored(client):
         "customer.updated",
         body,
     )
+    assert RequestAudit.objects.get().result == "ignored"
 
 
 @pytest.mark.django_db

@@ -5,7 +5,8 @@ first; only when that insert claimed the key does the handler run. The receipt g
 with the outcome most events end with; a handler whose result differs updates it before
 the same transaction commits. If the handler raises, the claim rolls back with it, so a
 later delivery can claim the key again. A receipt therefore exists if and only if its
-effect committed.
+effect committed. On PostgreSQL the claim statement also writes the delivery's audit
+record (``WITH … INSERT``), so a new event costs no extra round trip for it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ DUPLICATE = "duplicate"
 # never a receipt or an effect. Its sender is answered without paying for a disk flush.
 RELAXED_COMMIT = {"postgresql": " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"}
 OPEN_FAILURES = (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
+# Where one statement may insert into two tables (``WITH … INSERT``); SQLite cannot.
+WRITABLE_CTE_VENDORS = frozenset({"postgresql"})
 
 
 @dataclass(frozen=True)
@@ -64,28 +67,30 @@ def event_claim_and_apply(
     # handler exists), so that only a different result costs an UPDATE.
     expected = HandlerResult() if handler else _ignored(event)
     with transaction.atomic():
-        claimed = _claim(event, body=body, headers=headers, result=expected)
-        if claimed is None:
+        claim = _claim(event, body=body, headers=headers, result=expected, audit=audit)
+        if claim is None:
             # A concurrent delivery claimed the key first; ON CONFLICT waited for it to
             # commit, so its outcome is readable now.
             stored = _duplicate_outcome(event, audit) or {}
             return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
-        receipt_id, has_open_failure = claimed
         result = (handler(event) or expected) if handler else expected
         if result != expected:
             sql.update(
                 WebhookReceipt,
-                receipt_id,
+                claim.receipt_id,
                 {
                     "status": result.status,
                     "subject": (result.subject or event.subject)[:255],
                     "outcome": _outcome(event, result),
                 },
             )
-        if resolve_failures and has_open_failure:
+        if resolve_failures and claim.has_open_failure:
             _resolve_open_failure(event, resolution=result.status.value)
         if audit is not None:
-            audit.record(result=result.status.value, response_status=200)
+            if claim.audit_id is None:
+                audit.record(result=result.status.value, response_status=200)
+            elif result != expected:
+                sql.update(RequestAudit, claim.audit_id, {"result": result.status.value})
     outcome = _outcome(event, result)
     return ReceiveOutcome(status=result.status.value, event_key=event.event_key, outcome=outcome)
 
@@ -166,11 +171,26 @@ def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Claim:
+    receipt_id: int
+    has_open_failure: bool  # the key is held as a failed event: this is its redelivery
+    audit_id: int | None  # the audit record, when the claim statement wrote it too
+
+
 def _claim(
-    event: WebhookEvent, *, body: bytes, headers: Mapping[str, str], result: HandlerResult
-) -> tuple[int, bool] | None:
-    """INSERT the receipt unless (source, event_key) exists. If we won, return its id and
-    whether the key has an open failed event (a redelivery of a failed event)."""
+    event: WebhookEvent,
+    *,
+    body: bytes,
+    headers: Mapping[str, str],
+    result: HandlerResult,
+    audit: AuditDraft | None,
+) -> _Claim | None:
+    """INSERT the receipt unless (source, event_key) exists; None if it did.
+
+    On PostgreSQL the same statement also inserts the delivery's audit record, with the
+    expected result, only if the receipt went in: one round trip fewer per new event.
+    """
     timestamp = event.signature_timestamp
     row = {
         "source": event.source,
@@ -188,21 +208,42 @@ def _claim(
         "received_at": timezone.now(),
     }
     names = tuple(row)
-    params = [*sql.params(WebhookReceipt, names, row), event.source, event.event_key]
+    params = sql.params(WebhookReceipt, names, row)
+    audit_names: tuple[str, ...] = ()
+    if audit is not None and connection.vendor in WRITABLE_CTE_VENDORS:
+        audit_row = audit.row(result=result.status.value, response_status=200)
+        audit_names = tuple(audit_row)
+        params += sql.params(RequestAudit, audit_names, audit_row)
     with connection.cursor() as cursor:
-        cursor.execute(_claim_sql(names), [*params, *OPEN_FAILURES])
+        cursor.execute(
+            _claim_sql(names, audit_names),
+            [*params, event.source, event.event_key, *OPEN_FAILURES],
+        )
         claimed = cursor.fetchone()
-    return (claimed[0], bool(claimed[1])) if claimed else None
+    if claimed is None:
+        return None
+    return _Claim(receipt_id=claimed[0], has_open_failure=bool(claimed[1]), audit_id=claimed[2])
 
 
 @functools.cache
-def _claim_sql(names: tuple[str, ...]) -> str:
-    return (
+def _claim_sql(names: tuple[str, ...], audit_names: tuple[str, ...]) -> str:
+    insert_receipt = (
         f"INSERT INTO {sql.table(WebhookReceipt)} ({sql.columns(WebhookReceipt, names)}) "
         f"VALUES ({sql.placeholders(len(names))}) "
-        "ON CONFLICT (source, event_key) DO NOTHING "
-        f"RETURNING id, EXISTS (SELECT 1 FROM {sql.table(FailedEvent)} "
+        "ON CONFLICT (source, event_key) DO NOTHING"
+    )
+    open_failure = (
+        f"EXISTS (SELECT 1 FROM {sql.table(FailedEvent)} "
         "WHERE source = %s AND event_key = %s AND status IN (%s, %s, %s))"
+    )
+    if not audit_names:
+        return f"{insert_receipt} RETURNING id, {open_failure}, NULL"
+    return (
+        f"WITH claimed AS ({insert_receipt} RETURNING id), "
+        f"audited AS (INSERT INTO {sql.table(RequestAudit)} "
+        f"({sql.columns(RequestAudit, audit_names)}) "
+        f"SELECT {sql.placeholders(len(audit_names))} FROM claimed RETURNING id) "
+        f"SELECT id, {open_failure}, (SELECT id FROM audited) FROM claimed"
     )
 
 

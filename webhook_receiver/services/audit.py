@@ -19,6 +19,20 @@ from .retention import delete_in_batches
 logger = logging.getLogger(__name__)
 
 
+ANSWER = ("result", "response_status")
+
+
+@dataclass(frozen=True)
+class AuditValues:
+    """An audit record's columns but its answer (``ANSWER``), which a statement appends."""
+
+    names: tuple[str, ...]
+    params: list[Any]
+
+    def with_answer(self, result: str, response_status: int) -> tuple[tuple[str, ...], list]:
+        return (*self.names, *ANSWER), [*self.params, result, response_status]
+
+
 @dataclass
 class AuditDraft:
     """What is known about a request so far; written once, when its answer is known."""
@@ -42,6 +56,16 @@ class AuditDraft:
 
     def row(self, *, result: str, response_status: int) -> dict[str, Any]:
         """The audit record's columns, by field name."""
+        return {**self._known(), "result": result, "response_status": response_status}
+
+    def values(self) -> AuditValues:
+        """The record's columns but its answer, adapted for the database once, for
+        statements that write it (or not) depending on what they find."""
+        known = self._known()
+        names = tuple(known)
+        return AuditValues(names=names, params=sql.params(RequestAudit, names, known))
+
+    def _known(self) -> dict[str, Any]:
         ts = self.signature_timestamp
         return {
             "source": self.source[:100],
@@ -49,8 +73,6 @@ class AuditDraft:
             "event_key": self.event_key[:255],
             "signature_timestamp": datetime.fromtimestamp(ts, UTC) if ts is not None else None,
             "verification": self.verification,
-            "result": result,
-            "response_status": response_status,
             "body_sha256": self.body_sha256,
             "body_size": self.body_size,
             "remote_addr": self.remote_addr,

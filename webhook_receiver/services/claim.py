@@ -24,7 +24,7 @@ from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from ..models import FailedEvent, FailureStatus, ReceiptStatus, RequestAudit, WebhookReceipt
 from . import sql
-from .audit import AuditDraft
+from .audit import AuditDraft, AuditValues
 
 DUPLICATE = "duplicate"
 # On PostgreSQL a duplicate's audit record is committed without waiting for its WAL
@@ -58,7 +58,8 @@ def event_claim_and_apply(
     """
     # Most duplicates are answered by one statement, a read that writes only their audit
     # record. It is not the guard: a miss goes on to the claim, which alone decides.
-    stored = _duplicate_outcome(event, audit)
+    audit_values = audit.values() if audit is not None else None
+    stored = _duplicate_outcome(event, audit_values)
     if stored is not None:
         return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
 
@@ -67,11 +68,11 @@ def event_claim_and_apply(
     # handler exists), so that only a different result costs an UPDATE.
     expected = HandlerResult() if handler else _ignored(event)
     with transaction.atomic():
-        claim = _claim(event, body=body, headers=headers, result=expected, audit=audit)
+        claim = _claim(event, body=body, headers=headers, result=expected, audit=audit_values)
         if claim is None:
             # A concurrent delivery claimed the key first; ON CONFLICT waited for it to
             # commit, so its outcome is readable now.
-            stored = _duplicate_outcome(event, audit) or {}
+            stored = _duplicate_outcome(event, audit_values) or {}
             return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
         result = (handler(event) or expected) if handler else expected
         if result != expected:
@@ -107,10 +108,10 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
     return outcome
 
 
-def _duplicate_outcome(event: WebhookEvent, audit: AuditDraft | None) -> dict[str, Any] | None:
+def _duplicate_outcome(event: WebhookEvent, audit: AuditValues | None) -> dict[str, Any] | None:
     """The stored outcome of a key that has a receipt, else None.
 
-    With an audit draft, one statement does both halves of a duplicate's work: it inserts
+    With an audit record to write, one statement does both halves of a duplicate's work: it inserts
     the delivery's audit record only if the key has a receipt, and returns that receipt's
     outcome. For a new key it writes nothing.
     """
@@ -118,10 +119,9 @@ def _duplicate_outcome(event: WebhookEvent, audit: AuditDraft | None) -> dict[st
     if audit is None:  # a retry or a replay: nothing to record here
         statement, params = _outcome_sql(), key
     else:
-        row = audit.row(result=DUPLICATE, response_status=200)
-        names = tuple(row)
+        names, audit_params = audit.with_answer(DUPLICATE, 200)
         statement = _duplicate_sql(names, connection.vendor)
-        params = [*sql.params(RequestAudit, names, row), *key, *key]
+        params = [*audit_params, *key, *key]
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         found = cursor.fetchone()
@@ -184,7 +184,7 @@ def _claim(
     body: bytes,
     headers: Mapping[str, str],
     result: HandlerResult,
-    audit: AuditDraft | None,
+    audit: AuditValues | None,
 ) -> _Claim | None:
     """INSERT the receipt unless (source, event_key) exists; None if it did.
 
@@ -211,9 +211,8 @@ def _claim(
     params = sql.params(WebhookReceipt, names, row)
     audit_names: tuple[str, ...] = ()
     if audit is not None and connection.vendor in WRITABLE_CTE_VENDORS:
-        audit_row = audit.row(result=result.status.value, response_status=200)
-        audit_names = tuple(audit_row)
-        params += sql.params(RequestAudit, audit_names, audit_row)
+        audit_names, audit_params = audit.with_answer(result.status.value, 200)
+        params += audit_params
     with connection.cursor() as cursor:
         cursor.execute(
             _claim_sql(names, audit_names),

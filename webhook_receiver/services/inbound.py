@@ -64,7 +64,8 @@ def webhook_receive(
     propagate, so that the sender retries.
     """
     audit = AuditDraft(source=source_slug, received_at=timezone.now(), remote_addr=remote_addr)
-    headers = CaseInsensitiveMapping(headers)
+    if not isinstance(headers, CaseInsensitiveMapping):  # request.headers already is one
+        headers = CaseInsensitiveMapping(headers)
     # what was announced, until a body is read; clamped so an absurd header still fits
     audit.body_size = min(content_length, MAX_RECORDED_SIZE) if content_length else None
     try:

@@ -106,6 +106,32 @@ def test_released_adds_stock_back(client):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("remote_addr", "stored"),
+    [
+        ("203.0.113.7", "203.0.113.7"),
+        ("::ffff:1.2.3.4", "::ffff:1.2.3.4"),
+        ("fe80::1%eth0", "fe80::1"),  # a zone the inet type refuses
+        ("", None),  # a server on a Unix socket
+        ("unix:/run/gunicorn.sock", None),
+    ],
+)
+def test_any_client_address_keeps_the_event_and_its_audit_record(client, remote_addr, stored):
+    body = reserved("ord_addr", ("SKU-A", 1))
+
+    answer = client.post(
+        URL,
+        data=body,
+        content_type="application/json",
+        REMOTE_ADDR=remote_addr,
+        **as_meta(standard_headers(body)),
+    )
+
+    assert answer.json()["status"] == "applied"
+    assert RequestAudit.objects.get().remote_addr == stored
+
+
+@pytest.mark.django_db
 def test_order_state_moves_forward_only_and_late_versions_are_stale(client):
     # given: version 2 arrives before version 1, then an equal version
     paid_v2 = event_body("order.paid", order_id="ord_4", version=2)

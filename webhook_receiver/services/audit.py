@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +48,9 @@ class AuditDraft:
     body_sha256: str = ""
     body_size: int | None = None
 
+    def __post_init__(self) -> None:
+        self.remote_addr = client_address(self.remote_addr)
+
     def set_body(self, body: bytes) -> None:
         self.body_sha256 = hashlib.sha256(body).hexdigest()
         self.body_size = len(body)
@@ -88,6 +92,21 @@ class AuditDraft:
                 "could not write the audit record",
                 extra={"source": self.source, "result": result, "body_sha256": self.body_sha256},
             )
+
+
+def client_address(value: str | None) -> str | None:
+    """``REMOTE_ADDR`` as an IP address the database accepts, or None.
+
+    A server on a Unix socket may pass an empty or made-up value, and an IPv6 address may
+    carry a zone (``fe80::1%eth0``) that PostgreSQL's inet type refuses: neither may cost
+    the request its audit record.
+    """
+    if not value:
+        return None
+    try:
+        return str(ipaddress.ip_address(value.split("%", 1)[0]))
+    except ValueError:
+        return None
 
 
 def audit_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:

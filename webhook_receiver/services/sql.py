@@ -16,10 +16,11 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 # Fields whose values the driver takes as they are (our values are always of the field's
-# own Python type, and datetimes always aware). JSON always needs its adapter.
+# own Python type, datetimes always aware, IP addresses already validated by the audit
+# draft). JSON always needs its adapter.
 PASSED_AS_IS: dict[str, tuple[type[models.Field], ...]] = {
     "postgresql": (
         models.CharField,
@@ -27,6 +28,7 @@ PASSED_AS_IS: dict[str, tuple[type[models.Field], ...]] = {
         models.IntegerField,
         models.DateTimeField,
         models.BinaryField,
+        models.GenericIPAddressField,
     ),
     "sqlite": (models.CharField, models.TextField, models.IntegerField),
 }
@@ -49,9 +51,10 @@ def _adapters(
 
 def params(model: type[models.Model], names: tuple[str, ...], row: Mapping[str, Any]) -> list:
     """The values of ``row`` for ``names``, adapted for the database where needed."""
-    adapters = _adapters(model, names, connection.vendor)
+    db = connections[DEFAULT_DB_ALIAS]  # not the proxy: the fields look it up repeatedly
+    adapters = _adapters(model, names, db.vendor)
     return [
-        row[name] if field is None else field.get_db_prep_save(row[name], connection)
+        row[name] if field is None else field.get_db_prep_save(row[name], db)
         for name, field in zip(names, adapters, strict=True)
     ]
 

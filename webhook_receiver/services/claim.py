@@ -32,7 +32,9 @@ DUPLICATE = "duplicate"
 # so a database crash could lose at most the last fraction of a second of such records,
 # never a receipt or an effect. Its sender is answered without paying for a disk flush.
 RELAXED_COMMIT = {"postgresql": " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"}
-OPEN_FAILURES = (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
+OPEN_FAILURES = tuple(
+    status.value for status in (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
+)
 # Where one statement may insert into two tables (``WITH … INSERT``); SQLite cannot.
 WRITABLE_CTE_VENDORS = frozenset({"postgresql"})
 

@@ -71,7 +71,7 @@ class StoredEventDisplay:
 class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
     list_display = ("received_at", "source", "event_type", "status", "subject", "event_key")
     list_filter = ("source", "status", "event_type", ("received_at", admin.DateFieldListFilter))
-    search_fields = ("=event_key", "=message_id", "=subject")
+    search_fields = ("event_key__exact", "message_id__exact", "subject__exact")
     date_hierarchy = "received_at"
     exclude = ("body", "headers", "outcome")
     readonly_fields = (
@@ -111,7 +111,7 @@ class RequestAuditAdmin(ReadOnlyAdmin):
         "result",
         ("received_at", admin.DateFieldListFilter),
     )
-    search_fields = ("=event_key", "=message_id", "=body_sha256")
+    search_fields = ("event_key__exact", "message_id__exact", "body_sha256__exact")
     date_hierarchy = "received_at"
 
 
@@ -119,7 +119,7 @@ class RequestAuditAdmin(ReadOnlyAdmin):
 class InventoryLedgerEntryAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "order_id", "sku", "delta", "reason", "event_key")
     list_filter = ("reason", ("created_at", admin.DateFieldListFilter))
-    search_fields = ("=order_id", "=sku", "=event_key")
+    search_fields = ("order_id__exact", "sku__exact", "event_key__exact")
     date_hierarchy = "created_at"
 
 
@@ -127,7 +127,7 @@ class InventoryLedgerEntryAdmin(ReadOnlyAdmin):
 class OrderStateAdmin(ReadOnlyAdmin):
     list_display = ("order_id", "status", "version", "updated_at", "event_key")
     list_filter = ("status", ("updated_at", admin.DateFieldListFilter))
-    search_fields = ("=order_id", "=event_key")
+    search_fields = ("order_id__exact", "event_key__exact")
     date_hierarchy = "updated_at"
 
 
@@ -171,7 +171,7 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
         "last_error_class",
         ("last_attempt_at", admin.DateFieldListFilter),
     )
-    search_fields = ("=event_key",)
+    search_fields = ("event_key__exact",)
     date_hierarchy = "last_attempt_at"
     actions = ["replay_selected", "discard_selected"]
     discard_confirmation_template = "admin/webhook_receiver/failedevent/discard_confirmation.html"

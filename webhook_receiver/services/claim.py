@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from ..conf import app_settings
@@ -61,39 +62,42 @@ def event_claim_and_apply(
     # Most duplicates are answered by one statement, a read that writes only their audit
     # record. It is not the guard: a miss goes on to the claim, which alone decides.
     audit_values = audit.values() if audit is not None else None
-    stored = _duplicate_outcome(event, audit_values)
-    if stored is not None:
-        return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
-
-    handler = get_handler(event.event_type)
-    # The receipt goes in with the result most events end with (applied; ignored when no
-    # handler exists), so that only a different result costs an UPDATE.
-    expected = HandlerResult() if handler else _ignored(event)
-    with transaction.atomic():
-        claim = _claim(event, body=body, headers=headers, result=expected, audit=audit_values)
-        if claim is None:
-            # A concurrent delivery claimed the key first; ON CONFLICT waited for it to
-            # commit, so its outcome is readable now.
-            stored = _duplicate_outcome(event, audit_values) or {}
+    with connection.cursor() as cursor:  # one cursor for both statements: it is not free
+        stored = _duplicate_outcome(cursor, event, audit_values)
+        if stored is not None:
             return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
-        result = (handler(event) or expected) if handler else expected
-        if result != expected:
-            sql.update(
-                WebhookReceipt,
-                claim.receipt_id,
-                {
-                    "status": result.status,
-                    "subject": (result.subject or event.subject)[:255],
-                    "outcome": _outcome(event, result),
-                },
+
+        handler = get_handler(event.event_type)
+        # The receipt goes in with the result most events end with (applied; ignored when
+        # no handler exists), so that only a different result costs an UPDATE.
+        expected = HandlerResult() if handler else _ignored(event)
+        with transaction.atomic():
+            claim = _claim(
+                cursor, event, body=body, headers=headers, result=expected, audit=audit_values
             )
-        if resolve_failures and claim.has_open_failure:
-            _resolve_open_failure(event, resolution=result.status.value)
-        if audit is not None:
-            if claim.audit_id is None:
-                audit.record(result=result.status.value, response_status=200)
-            elif result != expected:
-                sql.update(RequestAudit, claim.audit_id, {"result": result.status.value})
+            if claim is None:
+                # A concurrent delivery claimed the key first; ON CONFLICT waited for it
+                # to commit, so its outcome is readable now.
+                stored = _duplicate_outcome(cursor, event, audit_values) or {}
+                return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
+            result = (handler(event) or expected) if handler else expected
+            if result != expected:
+                sql.update(
+                    WebhookReceipt,
+                    claim.receipt_id,
+                    {
+                        "status": result.status,
+                        "subject": (result.subject or event.subject)[:255],
+                        "outcome": _outcome(event, result),
+                    },
+                )
+            if resolve_failures and claim.has_open_failure:
+                _resolve_open_failure(event, resolution=result.status.value)
+            if audit is not None:
+                if claim.audit_id is None:
+                    audit.record(result=result.status.value, response_status=200)
+                elif result != expected:
+                    sql.update(RequestAudit, claim.audit_id, {"result": result.status.value})
     outcome = _outcome(event, result)
     return ReceiveOutcome(status=result.status.value, event_key=event.event_key, outcome=outcome)
 
@@ -110,7 +114,9 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
     return outcome
 
 
-def _duplicate_outcome(event: WebhookEvent, audit: AuditValues | None) -> dict[str, Any] | None:
+def _duplicate_outcome(
+    cursor: CursorWrapper, event: WebhookEvent, audit: AuditValues | None
+) -> dict[str, Any] | None:
     """The stored outcome of a key that has a receipt, else None.
 
     With an audit record to write, one statement does both halves of a duplicate's work: it inserts
@@ -124,9 +130,8 @@ def _duplicate_outcome(event: WebhookEvent, audit: AuditValues | None) -> dict[s
         names, audit_params = audit.with_answer(DUPLICATE, 200)
         statement = _duplicate_sql(names, connection.vendor)
         params = [*audit_params, *key, *key]
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        found = cursor.fetchone()
+    cursor.execute(statement, params)
+    found = cursor.fetchone()
     if found is None:
         return None
     return WebhookReceipt._meta.get_field("outcome").from_db_value(found[0], None, connection)
@@ -181,6 +186,7 @@ class _Claim:
 
 
 def _claim(
+    cursor: CursorWrapper,
     event: WebhookEvent,
     *,
     body: bytes,
@@ -215,12 +221,10 @@ def _claim(
     if audit is not None and connection.vendor in WRITABLE_CTE_VENDORS:
         audit_names, audit_params = audit.with_answer(result.status.value, 200)
         params += audit_params
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _claim_sql(names, audit_names),
-            [*params, event.source, event.event_key, *OPEN_FAILURES],
-        )
-        claimed = cursor.fetchone()
+    cursor.execute(
+        _claim_sql(names, audit_names), [*params, event.source, event.event_key, *OPEN_FAILURES]
+    )
+    claimed = cursor.fetchone()
     if claimed is None:
         return None
     return _Claim(receipt_id=claimed[0], has_open_failure=bool(claimed[1]), audit_id=claimed[2])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import logging
@@ -94,6 +95,7 @@ class AuditDraft:
             )
 
 
+@functools.lru_cache(maxsize=1024)  # the same few proxies and senders, request after request
 def client_address(value: str | None) -> str | None:
     """``REMOTE_ADDR`` as an IP address the database accepts, or None.
 

@@ -71,7 +71,7 @@ class StoredEventDisplay:
 class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
     list_display = ("received_at", "source", "event_type", "status", "subject", "event_key")
     list_filter = ("source", "status", "event_type", ("received_at", admin.DateFieldListFilter))
-    search_fields = ("event_key__exact", "message_id__exact", "subject__exact")
+    search_fields = ("event_key__exact", "subject__exact")
     date_hierarchy = "received_at"
     exclude = ("body", "headers", "outcome")
     readonly_fields = (
@@ -111,7 +111,7 @@ class RequestAuditAdmin(ReadOnlyAdmin):
         "result",
         ("received_at", admin.DateFieldListFilter),
     )
-    search_fields = ("event_key__exact", "message_id__exact", "body_sha256__exact")
+    search_fields = ("event_key__exact",)
     date_hierarchy = "received_at"
 
 

@@ -32,17 +32,17 @@ class WebhookReceipt(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["source", "event_key"], name="webhook_receipt_key"),
+            # The claim's ON CONFLICT target (which matches the columns in any order);
+            # event_key first, so that the admin's search by event key can use it too.
+            models.UniqueConstraint(fields=["event_key", "source"], name="webhook_receipt_key"),
         ]
         # Plain b-tree indexes, declared here rather than with db_index: on PostgreSQL
         # db_index on a text column adds a second (LIKE) index that exact lookups never
-        # use, and every index is paid for on each insert of the hot path.
-        # The admin's search ORs exact matches on event_key, message_id and subject: each
-        # needs its own index, or PostgreSQL scans the table.
+        # use, and every index is paid for on each insert of the hot path. The admin's
+        # search ORs exact matches on event_key and subject: each needs an index, or
+        # PostgreSQL scans the table.
         indexes = [
             models.Index(fields=["received_at"], name="webhook_receipt_received"),
-            models.Index(fields=["event_key"], name="webhook_receipt_event_key"),
-            models.Index(fields=["message_id"], name="webhook_receipt_message_id"),
             models.Index(fields=["subject"], name="webhook_receipt_subject"),
         ]
         ordering = ["-received_at"]
@@ -82,12 +82,11 @@ class RequestAudit(models.Model):
     received_at = models.DateTimeField()
 
     class Meta:
-        # received_at: retention and the admin's ordering; the rest: the admin's search
+        # received_at: retention and the admin's ordering; event_key: the admin's search
+        # (every request writes a row here, so nothing more is indexed)
         indexes = [
             models.Index(fields=["received_at"], name="webhook_audit_received"),
             models.Index(fields=["event_key"], name="webhook_audit_event_key"),
-            models.Index(fields=["message_id"], name="webhook_audit_message_id"),
-            models.Index(fields=["body_sha256"], name="webhook_audit_body_sha256"),
         ]
         ordering = ["-received_at"]
 
@@ -188,10 +187,10 @@ class FailedEvent(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["source", "event_key"], name="webhook_failed_key"),
+            # event_key first: the admin's search by event key uses it too
+            models.UniqueConstraint(fields=["event_key", "source"], name="webhook_failed_key"),
         ]
         indexes = [
-            models.Index(fields=["event_key"], name="webhook_failed_event_key"),  # admin search
             models.Index(fields=["status", "next_attempt_at"], name="webhook_failed_due"),
             models.Index(fields=["status", "updated_at"], name="webhook_failed_updated"),
         ]

@@ -82,17 +82,17 @@ class ErrorLog:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__)
-    # Nine short rounds rather than three long ones: other work on a shared 2-core
+    # Many short rounds rather than a few long ones: other work on a shared 2-core
     # machine comes in bursts of seconds, which a short round pairs up across endpoints
-    # and a median of nine shrugs off. 1000 requests still give a p99 from 10 samples,
-    # and the whole run stays near two minutes.
+    # and a median of fifteen shrugs off. 1000 requests still give a p99 from 10
+    # samples, and the whole run stays near three minutes.
     parser.add_argument("--requests", type=int, default=1000, help="requests per phase")
     # 4 clients keep both sync workers busy (two requests wait in the listen backlog
     # while two are served) without starving the server of CPU: measured here, 1-2
     # clients left the workers idle between requests, 4 and 6 gave the same
     # throughput, and 8 only lengthened the queue (higher latency, noisier figures).
     parser.add_argument("--concurrency", type=int, default=4, help="client processes")
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (median)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (median)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "receive.json")
     args = parser.parse_args(argv)
     if min(args.requests, args.concurrency, args.rounds) < 1:
@@ -101,30 +101,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def measure(
-    server: GunicornServer, endpoint: Endpoint, bodies: list[bytes], tag: str, concurrency: int
-) -> dict[str, PhaseResult]:
-    """One endpoint's new phase, then the same events again (re-signed, same ids)."""
-    prefix = f"msg_{endpoint.name}_{tag}"  # distinct per endpoint: every "new" is new
-    results = {}
-    for phase in PHASES:
-        requests = signed_requests(
-            host=f"{server.host}:{server.port}",
-            path=endpoint.path,
-            bodies=bodies,
-            msg_prefix=prefix,
-            expected_status=endpoint.answers[phase],
-        )
-        results[phase] = run_phase(server.host, server.port, requests, concurrency)
-    return results
+    server: GunicornServer,
+    endpoint: Endpoint,
+    phase: str,
+    bodies: list[bytes],
+    tag: str,
+    concurrency: int,
+) -> PhaseResult:
+    """One endpoint's phase: new events, or the same events again (re-signed, same ids)."""
+    requests = signed_requests(
+        host=f"{server.host}:{server.port}",
+        path=endpoint.path,
+        bodies=bodies,
+        msg_prefix=f"msg_{endpoint.name}_{tag}",  # distinct per endpoint: every "new" is new
+        expected_status=endpoint.answers[phase],
+    )
+    return run_phase(server.host, server.port, requests, concurrency)
 
 
 def bench(args: argparse.Namespace, server: GunicornServer, errors: ErrorLog) -> Rounds:
     # Warm-up: both workers import, connect and fill their caches; figures discarded.
     warmup = event_bodies(WARMUP_REQUESTS, "warmup")
-    for name in ENDPOINTS:
-        for phase, result in measure(
-            server, ENDPOINT_SPECS[name], warmup, "warmup", args.concurrency
-        ).items():
+    for phase in PHASES:
+        for name in ENDPOINTS:
+            result = measure(
+                server, ENDPOINT_SPECS[name], phase, warmup, "warmup", args.concurrency
+            )
             errors.add(f"warm-up {name} {phase}", result)
 
     rounds: Rounds = {name: {phase: [] for phase in PHASES} for name in ENDPOINTS}
@@ -133,9 +135,11 @@ def bench(args: argparse.Namespace, server: GunicornServer, errors: ErrorLog) ->
         bodies = event_bodies(args.requests, tag)  # the same events for every endpoint
         shift = number % len(ENDPOINTS)  # rotate the order: no endpoint always goes first
         order = ENDPOINTS[shift:] + ENDPOINTS[:shift]
-        for name in order:
-            results = measure(server, ENDPOINT_SPECS[name], bodies, tag, args.concurrency)
-            for phase, result in results.items():
+        # Phase by phase, so that the endpoints compared in a ratio run back to back,
+        # seconds apart, and share whatever else the machine is doing then.
+        for phase in PHASES:
+            for name in order:
+                result = measure(server, ENDPOINT_SPECS[name], phase, bodies, tag, args.concurrency)
                 errors.add(f"round {number + 1} {name} {phase}", result)
                 rounds[name][phase].append(stats_of(result))
                 print(

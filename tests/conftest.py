@@ -20,6 +20,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_duplicate_share() -> Iterator[None]:
+    """Each test starts with no history of duplicates (so "adaptive" claims first)."""
+    from webhook_receiver.services.claim import duplicate_share
+
+    duplicate_share._shares.clear()
+    yield
+    duplicate_share._shares.clear()
+
+
+@pytest.fixture(params=["claim_first", "read_first"])
+def duplicate_check(request, settings) -> str:
+    """Run a test under each order of the first statement (DUPLICATE_CHECK)."""
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DUPLICATE_CHECK": request.param}
+    return request.param
+
+
 @pytest.fixture
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"

@@ -774,3 +774,13 @@ def test_a_non_positive_retention_knob_is_a_configuration_error(key):
 
     assert len(errors) == 1
     assert key in errors[0].msg
+
+
+def test_an_unknown_duplicate_check_is_a_configuration_error():
+    from django.core.checks import run_checks
+
+    with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "DUPLICATE_CHECK": "sometimes"}):
+        errors = [e for e in run_checks() if e.id == "webhook_receiver.E001"]
+
+    assert len(errors) == 1
+    assert "DUPLICATE_CHECK" in errors[0].msg

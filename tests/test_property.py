@@ -8,12 +8,18 @@ from collections import defaultdict
 import pytest
 from django.db import connection, transaction
 from django.db.models import Sum
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from webhook_receiver.handlers import WebhookEvent
-from webhook_receiver.models import InventoryLedgerEntry, OrderState, WebhookReceipt
+from webhook_receiver.models import InventoryLedgerEntry, OrderState, RequestAudit, WebhookReceipt
+from webhook_receiver.services.audit import AuditDraft
 from webhook_receiver.services.claim import event_claim_and_apply
+
+# Every test here runs under both orders of the first statement (DUPLICATE_CHECK).
+pytestmark = pytest.mark.usefixtures("duplicate_check")
+
 
 ORDERS = ["ord_a", "ord_b", "ord_c"]
 SKUS = ["SKU-1", "SKU-2", "SKU-3"]
@@ -63,11 +69,14 @@ def deliveries(draw) -> tuple[list[WebhookEvent], list[WebhookEvent]]:
     return stream, delivered
 
 
-def _deliver_and_snapshot(events: list[WebhookEvent]) -> tuple[dict, dict, int, int]:
-    """Deliver through the service, read the end state, then roll it all back."""
+def _deliver_and_snapshot(events: list[WebhookEvent]) -> tuple[dict, dict, int, int, int]:
+    """Deliver through the service (each with its audit record, as a request would),
+    read the end state, then roll it all back."""
     with transaction.atomic():
         for event in events:
-            event_claim_and_apply(event=event, body=b"{}", headers={})
+            audit = AuditDraft(source=event.source, received_at=timezone.now())
+            audit.event_key = audit.message_id = event.event_key
+            event_claim_and_apply(event=event, body=b"{}", headers={}, audit=audit)
         ledger = {
             (row["order_id"], row["sku"]): row["total"]
             for row in InventoryLedgerEntry.objects.values("order_id", "sku").annotate(
@@ -76,8 +85,10 @@ def _deliver_and_snapshot(events: list[WebhookEvent]) -> tuple[dict, dict, int, 
         }
         orders = {o.order_id: (o.status, o.version) for o in OrderState.objects.all()}
         counts = (WebhookReceipt.objects.count(), InventoryLedgerEntry.objects.count())
+        duplicates = RequestAudit.objects.filter(result="duplicate").count()
+        assert RequestAudit.objects.count() == len(events)  # one record per delivery
         transaction.set_rollback(True)
-    return ledger, orders, *counts
+    return ledger, orders, *counts, duplicates
 
 
 @pytest.mark.django_db
@@ -93,8 +104,9 @@ def test_any_permutation_with_duplicates_converges_on_the_in_order_result(case):
     expected = _deliver_and_snapshot(stream)
     actual = _deliver_and_snapshot(delivered)
 
-    assert actual == expected
-    ledger, orders, receipts, _ = actual
+    assert actual[:4] == expected[:4]
+    ledger, orders, receipts, _, duplicates = actual
+    assert duplicates == len(delivered) - len(stream)
     assert receipts == len(stream)
     # the in-order result is the obvious one: last version per order, summed deltas
     for order_id in {e.payload["data"]["order_id"] for e in stream}:

@@ -18,6 +18,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 SCHEMES = ("standard", "stripe", "github")
+DUPLICATE_CHECKS = ("adaptive", "read_first", "claim_first")
 
 DEFAULTS: dict[str, Any] = {
     # slug -> source options (see SOURCE_DEFAULTS)
@@ -37,6 +38,12 @@ DEFAULTS: dict[str, Any] = {
     "SWEEP_BATCH_SIZE": 50,
     # resolved and discarded failed events older than this are deleted; dead ones never
     "FAILED_EVENT_RETENTION_DAYS": 30,
+    # which statement a delivery starts with: "read_first" (look up the stored outcome;
+    # a duplicate costs one statement, a new event one more), "claim_first" (the claim
+    # answers duplicates too; a new event costs no read, a duplicate a transaction), or
+    # "adaptive": per process and source, read first while most recent deliveries were
+    # duplicates, claim first otherwise. All three are equally correct.
+    "DUPLICATE_CHECK": "adaptive",
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -97,6 +104,7 @@ class AppSettings:
     retry_max_delay: float
     sweep_batch_size: int
     failed_event_retention: timedelta
+    duplicate_check: str
 
 
 def _secrets(slug: str, value: Any) -> tuple[str, ...]:
@@ -143,6 +151,11 @@ def app_settings() -> AppSettings:
     for key in POSITIVE_KEYS:
         if not float(merged[key]) >= 1:
             raise ImproperlyConfigured(f"WEBHOOK_RECEIVER[{key!r}] must be >= 1.")
+    if merged["DUPLICATE_CHECK"] not in DUPLICATE_CHECKS:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER['DUPLICATE_CHECK'] must be one of {DUPLICATE_CHECKS}, "
+            f"not {merged['DUPLICATE_CHECK']!r}."
+        )
     return AppSettings(
         sources={slug: _source(slug, opts) for slug, opts in merged["SOURCES"].items()},
         handlers=dict(merged["HANDLERS"]),
@@ -154,6 +167,7 @@ def app_settings() -> AppSettings:
         retry_max_delay=float(merged["RETRY_MAX_DELAY_SECONDS"]),
         sweep_batch_size=int(merged["SWEEP_BATCH_SIZE"]),
         failed_event_retention=timedelta(days=merged["FAILED_EVENT_RETENTION_DAYS"]),
+        duplicate_check=merged["DUPLICATE_CHECK"],
     )
 
 

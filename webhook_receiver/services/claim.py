@@ -25,7 +25,7 @@ from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from ..models import FailedEvent, FailureStatus, ReceiptStatus, RequestAudit, WebhookReceipt
 from . import sql
-from .audit import AuditDraft, AuditValues
+from .audit import ANSWER, AuditDraft, AuditValues
 
 DUPLICATE = "duplicate"
 # On PostgreSQL a duplicate's audit record is committed without waiting for its WAL
@@ -59,13 +59,16 @@ def event_claim_and_apply(
     """Apply ``event`` unless its key was already claimed; answer duplicates from the
     stored outcome. A success also resolves the key's open failed event, if any.
     """
-    # Most duplicates are answered by one statement, a read that writes only their audit
-    # record. It is not the guard: a miss goes on to the claim, which alone decides.
     audit_values = audit.values() if audit is not None else None
     with connection.cursor() as cursor:  # one cursor for both statements: it is not free
-        stored = _duplicate_outcome(cursor, event, audit_values)
-        if stored is not None:
-            return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
+        # Read first (while duplicates are common, see DuplicateShare): one statement
+        # answers a duplicate and writes its audit record. It is not the guard: a miss
+        # goes on to the claim, which alone decides.
+        if duplicate_share.read_first(event.source):
+            stored = _duplicate_outcome(cursor, event, audit_values)
+            if stored is not None:
+                duplicate_share.observe(event.source, duplicate=True, counts=audit is not None)
+                return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
 
         handler = get_handler(event.event_type)
         # The receipt goes in with the result most events end with (applied; ignored when
@@ -75,10 +78,16 @@ def event_claim_and_apply(
             claim = _claim(
                 cursor, event, body=body, headers=headers, result=expected, audit=audit_values
             )
-            if claim is None:
-                # A concurrent delivery claimed the key first; ON CONFLICT waited for it
-                # to commit, so its outcome is readable now.
-                stored = _duplicate_outcome(cursor, event, audit_values) or {}
+            duplicate_share.observe(
+                event.source, duplicate=claim.receipt_id is None, counts=audit is not None
+            )
+            if claim.receipt_id is None:
+                # The key was claimed before, or by a concurrent delivery (ON CONFLICT
+                # waited for it to commit): its outcome is readable now.
+                stored = claim.stored_outcome
+                if stored is None:
+                    audit_left = None if claim.audit_id is not None else audit_values
+                    stored = _duplicate_outcome(cursor, event, audit_left) or {}
                 return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
             result = (handler(event) or expected) if handler else expected
             if result != expected:
@@ -180,9 +189,10 @@ def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
 
 @dataclass(frozen=True)
 class _Claim:
-    receipt_id: int
+    receipt_id: int | None  # None: the key was claimed already
     has_open_failure: bool  # the key is held as a failed event: this is its redelivery
     audit_id: int | None  # the audit record, when the claim statement wrote it too
+    stored_outcome: dict[str, Any] | None  # a duplicate's first answer, when it was read
 
 
 def _claim(
@@ -193,11 +203,12 @@ def _claim(
     headers: Mapping[str, str],
     result: HandlerResult,
     audit: AuditValues | None,
-) -> _Claim | None:
-    """INSERT the receipt unless (source, event_key) exists; None if it did.
+) -> _Claim:
+    """INSERT the receipt unless (source, event_key) exists.
 
-    On PostgreSQL the same statement also inserts the delivery's audit record, with the
-    expected result, only if the receipt went in: one round trip fewer per new event.
+    On PostgreSQL the same statement also writes the delivery's audit record: with the
+    expected result if the receipt went in, else as a duplicate, whose stored outcome it
+    also reads and whose transaction it lets commit without waiting for the WAL flush.
     """
     timestamp = event.signature_timestamp
     row = {
@@ -217,39 +228,88 @@ def _claim(
     }
     names = tuple(row)
     params = sql.params(WebhookReceipt, names, row)
+    key = [event.source, event.event_key]
     audit_names: tuple[str, ...] = ()
     if audit is not None and connection.vendor in WRITABLE_CTE_VENDORS:
-        audit_names, audit_params = audit.with_answer(result.status.value, 200)
-        params += audit_params
-    cursor.execute(
-        _claim_sql(names, audit_names), [*params, event.source, event.event_key, *OPEN_FAILURES]
-    )
-    claimed = cursor.fetchone()
-    if claimed is None:
-        return None
-    return _Claim(receipt_id=claimed[0], has_open_failure=bool(claimed[1]), audit_id=claimed[2])
+        audit_names = audit.names
+        params += [*audit.params, result.status.value, *key]
+    cursor.execute(_claim_sql(names, audit_names), [*params, *key, *OPEN_FAILURES])
+    # SQLite's RETURNING gives no row when the insert did nothing
+    receipt_id, has_open_failure, audit_id, stored = cursor.fetchone() or (None, 0, None, None)
+    if stored is not None:
+        field = WebhookReceipt._meta.get_field("outcome")
+        stored = field.from_db_value(stored, None, connection)
+    return _Claim(receipt_id, bool(has_open_failure), audit_id, stored)
 
 
 @functools.cache
 def _claim_sql(names: tuple[str, ...], audit_names: tuple[str, ...]) -> str:
+    receipts = sql.table(WebhookReceipt)
     insert_receipt = (
-        f"INSERT INTO {sql.table(WebhookReceipt)} ({sql.columns(WebhookReceipt, names)}) "
+        f"INSERT INTO {receipts} ({sql.columns(WebhookReceipt, names)}) "
         f"VALUES ({sql.placeholders(len(names))}) "
-        "ON CONFLICT (source, event_key) DO NOTHING"
+        "ON CONFLICT (source, event_key) DO NOTHING RETURNING id"
     )
     open_failure = (
         f"EXISTS (SELECT 1 FROM {sql.table(FailedEvent)} "
         "WHERE source = %s AND event_key = %s AND status IN (%s, %s, %s))"
     )
     if not audit_names:
-        return f"{insert_receipt} RETURNING id, {open_failure}, NULL"
+        return (
+            f"WITH claimed AS ({insert_receipt}) "
+            f"SELECT (SELECT id FROM claimed), {open_failure}, NULL, NULL"
+            if connection.vendor in WRITABLE_CTE_VENDORS
+            else f"{insert_receipt}, {open_failure}, NULL, NULL"
+        )
+    lost = "NOT EXISTS (SELECT 1 FROM claimed)"
+    # The stored outcome is read from the statement's snapshot: a receipt committed by a
+    # concurrent claim is not in it (NULL here; the caller reads it again).
     return (
-        f"WITH claimed AS ({insert_receipt} RETURNING id), "
+        f"WITH claimed AS ({insert_receipt}), "
         f"audited AS (INSERT INTO {sql.table(RequestAudit)} "
-        f"({sql.columns(RequestAudit, audit_names)}) "
-        f"SELECT {sql.placeholders(len(audit_names))} FROM claimed RETURNING id) "
-        f"SELECT id, {open_failure}, (SELECT id FROM audited) FROM claimed"
+        f"({sql.columns(RequestAudit, (*audit_names, *ANSWER))}) "
+        f"SELECT {sql.placeholders(len(audit_names))}, "
+        f"CASE WHEN {lost} THEN '{DUPLICATE}' ELSE %s END, 200 RETURNING id), "
+        f"stored AS (SELECT outcome FROM {receipts} "
+        f"WHERE {lost} AND source = %s AND event_key = %s) "
+        f"SELECT (SELECT id FROM claimed), {open_failure}, (SELECT id FROM audited), "
+        f"(SELECT outcome FROM stored "
+        f"WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL)"
     )
+
+
+class DuplicateShare:
+    """Per process and source, the share of recent deliveries that were duplicates,
+    weighted over about the last ``1 / WEIGHT`` of them; it decides whether a delivery
+    starts by reading (DUPLICATE_CHECK "adaptive").
+
+    Reading first costs a new event one statement more and answers a duplicate with one
+    statement and no transaction; claiming first is the other way round. Most traffic
+    is new events, so the claim goes first; during a redelivery storm (a sender
+    replaying its backlog after an outage) duplicates are the majority and the read
+    goes first. Both orders are correct: the claim is the guard either way. Updated
+    without a lock: a lost update only nudges a heuristic.
+    """
+
+    WEIGHT = 1 / 16
+
+    def __init__(self) -> None:
+        self._shares: dict[str, float] = {}
+
+    def read_first(self, source: str) -> bool:
+        mode = app_settings().duplicate_check
+        if mode != "adaptive":
+            return mode == "read_first"
+        return self._shares.get(source, 0.0) >= 0.5
+
+    def observe(self, source: str, *, duplicate: bool, counts: bool = True) -> None:
+        """Record one delivery's answer (``counts``: retries and replays do not)."""
+        if counts:
+            share = self._shares.get(source, 0.0)
+            self._shares[source] = share + self.WEIGHT * (float(duplicate) - share)
+
+
+duplicate_share = DuplicateShare()
 
 
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -344,6 +344,14 @@ def test_32_concurrent_deliveries_of_one_new_event_apply_it_once(threaded_server
         ("SKU-RACE-2", -1),
     ]
     assert RequestAudit.objects.filter(event_key="msg_race").count() == senders
+    assert RequestAudit.objects.filter(event_key="msg_race", result="duplicate").count() == (
+        senders - 1
+    )
+    # every loser answers with the winner's stored outcome, even when it lost the race
+    # inside its own statement and had to read that outcome again
+    applied = next(answer for _, answer in answers if answer["status"] == "applied")
+    originals = [answer["original"] for _, answer in answers if answer["status"] == "duplicate"]
+    assert originals == [applied] * (senders - 1)
 
 
 @pytest.mark.postgres_only

@@ -7,6 +7,11 @@ the same transaction commits. If the handler raises, the claim rolls back with i
 later delivery can claim the key again. A receipt therefore exists if and only if its
 effect committed. On PostgreSQL the claim statement also writes the delivery's audit
 record (``WITH … INSERT``), so a new event costs no extra round trip for it.
+
+A duplicate can be answered two ways, equally correct: by a read before the claim (one
+statement, no transaction, but a wasted round trip for every new event), or by the
+claim itself, which then finds the key taken. ``DuplicateShare`` picks the cheaper
+order for the recent traffic of each source (setting ``DUPLICATE_CHECK``).
 """
 
 from __future__ import annotations

@@ -101,6 +101,7 @@ WEBHOOK_RECEIVER = {
         },
     },
     "AUDIT_RETENTION_DAYS": env.int("WEBHOOK_AUDIT_RETENTION_DAYS", default=30),
+    "DUPLICATE_CHECK": env.str("WEBHOOK_DUPLICATE_CHECK", default="adaptive"),
 }
 
 # --- Celery ------------------------------------------------------------------------

@@ -430,3 +430,28 @@ def test_retries_and_replays_do_not_move_the_duplicate_share():
         share.observe("shop", duplicate=True, counts=False)
 
     assert share._shares.get("shop", 0.0) == 0.0
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_only_a_transaction_of_its_own_relaxes_the_commit_of_a_duplicate(client):
+    from django.db import transaction
+    from django.test.utils import CaptureQueriesContext
+
+    body = reserved("ord_relax", ("SKU-A", 1))
+    headers = standard_headers(body, msg_id="msg_relax")
+    assert post(client, body, headers).json()["status"] == "applied"
+
+    # a delivery on its own: the duplicate's record is committed without a WAL flush
+    with CaptureQueriesContext(connection) as own:
+        assert post(client, body, headers).json()["status"] == "duplicate"
+    assert any("synchronous_commit" in q["sql"] for q in own.captured_queries)
+
+    # inside a caller's transaction: that transaction keeps its durability
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as nested:
+            assert post(client, body, headers).json()["status"] == "duplicate"
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == "on"
+    assert not any("synchronous_commit" in q["sql"] for q in nested.captured_queries)

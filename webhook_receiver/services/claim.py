@@ -37,7 +37,8 @@ DUPLICATE = "duplicate"
 # flush (synchronous_commit off for that one transaction): it changes no business state,
 # so a database crash could lose at most the last fraction of a second of such records,
 # never a receipt or an effect. Its sender is answered without paying for a disk flush.
-RELAXED_COMMIT = {"postgresql": " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"}
+# Only in a transaction of our own: a caller's transaction keeps its durability.
+RELAXED_COMMIT = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
 OPEN_FAILURES = tuple(
     status.value for status in (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
 )
@@ -65,12 +66,13 @@ def event_claim_and_apply(
     stored outcome. A success also resolves the key's open failed event, if any.
     """
     audit_values = audit.values() if audit is not None else None
+    relax = connection.vendor == "postgresql" and not connection.in_atomic_block
     with connection.cursor() as cursor:  # one cursor for both statements: it is not free
         # Read first (while duplicates are common, see DuplicateShare): one statement
         # answers a duplicate and writes its audit record. It is not the guard: a miss
         # goes on to the claim, which alone decides.
         if duplicate_share.read_first(event.source):
-            stored = _duplicate_outcome(cursor, event, audit_values)
+            stored = _duplicate_outcome(cursor, event, audit_values, relax=relax)
             if stored is not None:
                 duplicate_share.observe(event.source, duplicate=True, counts=audit is not None)
                 return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
@@ -81,7 +83,13 @@ def event_claim_and_apply(
         expected = HandlerResult() if handler else _ignored(event)
         with transaction.atomic():
             claim = _claim(
-                cursor, event, body=body, headers=headers, result=expected, audit=audit_values
+                cursor,
+                event,
+                body=body,
+                headers=headers,
+                result=expected,
+                audit=audit_values,
+                relax=relax,
             )
             duplicate_share.observe(
                 event.source, duplicate=claim.receipt_id is None, counts=audit is not None
@@ -92,7 +100,7 @@ def event_claim_and_apply(
                 stored = claim.stored_outcome
                 if stored is None:
                     audit_left = None if claim.audit_id is not None else audit_values
-                    stored = _duplicate_outcome(cursor, event, audit_left) or {}
+                    stored = _duplicate_outcome(cursor, event, audit_left, relax=relax) or {}
                 return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
             result = (handler(event) or expected) if handler else expected
             if result != expected:
@@ -129,7 +137,7 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
 
 
 def _duplicate_outcome(
-    cursor: CursorWrapper, event: WebhookEvent, audit: AuditValues | None
+    cursor: CursorWrapper, event: WebhookEvent, audit: AuditValues | None, *, relax: bool
 ) -> dict[str, Any] | None:
     """The stored outcome of a key that has a receipt, else None.
 
@@ -142,7 +150,7 @@ def _duplicate_outcome(
         statement, params = _outcome_sql(), key
     else:
         names, audit_params = audit.with_answer(DUPLICATE, 200)
-        statement = _duplicate_sql(names, connection.vendor)
+        statement = _duplicate_sql(names, relax)
         params = [*audit_params, *key, *key]
     cursor.execute(statement, params)
     found = cursor.fetchone()
@@ -158,13 +166,13 @@ def _outcome_sql() -> str:
 
 
 @functools.cache
-def _duplicate_sql(names: tuple[str, ...], vendor: str) -> str:
+def _duplicate_sql(names: tuple[str, ...], relax: bool) -> str:
     receipts = sql.table(WebhookReceipt)
     return (
         f"INSERT INTO {sql.table(RequestAudit)} ({sql.columns(RequestAudit, names)}) "
         f"SELECT {sql.placeholders(len(names))} "
         f"WHERE EXISTS (SELECT 1 FROM {receipts} WHERE source = %s AND event_key = %s)"
-        f"{RELAXED_COMMIT.get(vendor, '')} "
+        f"{f' AND {RELAXED_COMMIT}' if relax else ''} "
         f"RETURNING (SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s)"
     )
 
@@ -208,6 +216,7 @@ def _claim(
     headers: Mapping[str, str],
     result: HandlerResult,
     audit: AuditValues | None,
+    relax: bool,
 ) -> _Claim:
     """INSERT the receipt unless (source, event_key) exists.
 
@@ -238,7 +247,7 @@ def _claim(
     if audit is not None and connection.vendor in WRITABLE_CTE_VENDORS:
         audit_names = audit.names
         params += [*audit.params, result.status.value, *key]
-    cursor.execute(_claim_sql(names, audit_names), [*params, *key, *OPEN_FAILURES])
+    cursor.execute(_claim_sql(names, audit_names, relax), [*params, *key, *OPEN_FAILURES])
     # SQLite's RETURNING gives no row when the insert did nothing
     receipt_id, has_open_failure, audit_id, stored = cursor.fetchone() or (None, 0, None, None)
     if stored is not None:
@@ -248,7 +257,7 @@ def _claim(
 
 
 @functools.cache
-def _claim_sql(names: tuple[str, ...], audit_names: tuple[str, ...]) -> str:
+def _claim_sql(names: tuple[str, ...], audit_names: tuple[str, ...], relax: bool) -> str:
     receipts = sql.table(WebhookReceipt)
     insert_receipt = (
         f"INSERT INTO {receipts} ({sql.columns(WebhookReceipt, names)}) "
@@ -278,8 +287,7 @@ def _claim_sql(names: tuple[str, ...], audit_names: tuple[str, ...]) -> str:
         f"stored AS (SELECT outcome FROM {receipts} "
         f"WHERE {lost} AND source = %s AND event_key = %s) "
         f"SELECT (SELECT id FROM claimed), {open_failure}, (SELECT id FROM audited), "
-        f"(SELECT outcome FROM stored "
-        f"WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL)"
+        f"(SELECT outcome FROM stored{f' WHERE {RELAXED_COMMIT}' if relax else ''})"
     )
 
 

@@ -154,9 +154,12 @@ def _duplicate_outcome(
         params = [*audit_params, *key, *key]
     cursor.execute(statement, params)
     found = cursor.fetchone()
-    if found is None:
-        return None
-    return WebhookReceipt._meta.get_field("outcome").from_db_value(found[0], None, connection)
+    return None if found is None else _stored_outcome(found[0])
+
+
+def _stored_outcome(value: Any) -> dict[str, Any]:
+    """A receipt's outcome column as the database driver returned it, decoded."""
+    return WebhookReceipt._meta.get_field("outcome").from_db_value(value, None, connection)
 
 
 @functools.cache
@@ -251,8 +254,7 @@ def _claim(
     # SQLite's RETURNING gives no row when the insert did nothing
     receipt_id, has_open_failure, audit_id, stored = cursor.fetchone() or (None, 0, None, None)
     if stored is not None:
-        field = WebhookReceipt._meta.get_field("outcome")
-        stored = field.from_db_value(stored, None, connection)
+        stored = _stored_outcome(stored)
     return _Claim(receipt_id, bool(has_open_failure), audit_id, stored)
 
 

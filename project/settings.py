@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "webhook_receiver",
+    "project.shop",  # the demo commerce domain: the host of the receiver's handlers
 ]
 
 MIDDLEWARE = [

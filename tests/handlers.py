@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+from project.shop.models import InventoryLedgerEntry
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
-from webhook_receiver.models import InventoryLedgerEntry
 
 failures_left = {"count": 0}
 

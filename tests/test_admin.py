@@ -16,15 +16,10 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 from django.urls import reverse
 
+from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.exceptions import InvalidSignature
-from webhook_receiver.models import (
-    FailedEvent,
-    InventoryLedgerEntry,
-    OrderState,
-    RequestAudit,
-    WebhookReceipt,
-)
+from webhook_receiver.models import FailedEvent, RequestAudit, WebhookReceipt
 from webhook_receiver.services.inbound import webhook_receive
 
 pytestmark = pytest.mark.django_db
@@ -46,8 +41,12 @@ def on_long_ago_day(field: str) -> dict[str, str]:
     }
 
 
+def admin_url(model: str, view: str, *args) -> str:
+    return reverse(f"admin:{MODELS[model]._meta.app_label}_{model}_{view}", args=args)
+
+
 def changelist(model: str) -> str:
-    return reverse(f"admin:webhook_receiver_{model}_changelist")
+    return admin_url(model, "changelist")
 
 
 def deliver(source: str, body: bytes, headers: dict[str, str]):
@@ -347,7 +346,7 @@ def test_receipt_detail_shows_pretty_body_and_headers(admin_client, deliveries):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_add_is_forbidden(admin_client, model):
-    response = admin_client.get(reverse(f"admin:webhook_receiver_{model}_add"))
+    response = admin_client.get(admin_url(model, "add"))
 
     assert response.status_code == 403
 
@@ -356,8 +355,8 @@ def test_add_is_forbidden(admin_client, model):
 def test_delete_and_change_are_forbidden(admin_client, deliveries, model):
     # given
     obj = MODELS[model].objects.order_by("pk").first()
-    delete_url = reverse(f"admin:webhook_receiver_{model}_delete", args=[obj.pk])
-    change_url = reverse(f"admin:webhook_receiver_{model}_change", args=[obj.pk])
+    delete_url = admin_url(model, "delete", obj.pk)
+    change_url = admin_url(model, "change", obj.pk)
 
     # when / then
     assert admin_client.get(delete_url).status_code == 403

@@ -19,15 +19,11 @@ from django.contrib.messages import get_messages
 from django.test import override_settings
 from django.urls import reverse
 
+from project.shop.models import InventoryLedgerEntry
 from tests.failing import CRASH, fail_crash, fail_schema, post
 from tests.signing import standard_headers, stripe_headers
 from webhook_receiver.handlers import WebhookEvent
-from webhook_receiver.models import (
-    FailedEvent,
-    FailureStatus,
-    InventoryLedgerEntry,
-    WebhookReceipt,
-)
+from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 from webhook_receiver.services.claim import event_claim_and_apply
 
 pytestmark = pytest.mark.django_db

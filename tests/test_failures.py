@@ -19,16 +19,11 @@ from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
+from project.shop.models import InventoryLedgerEntry
 from tests import handlers as test_handlers
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.exceptions import TransientError
-from webhook_receiver.models import (
-    FailedEvent,
-    FailureStatus,
-    InventoryLedgerEntry,
-    RequestAudit,
-    WebhookReceipt,
-)
+from webhook_receiver.models import FailedEvent, FailureStatus, RequestAudit, WebhookReceipt
 from webhook_receiver.services.failures import (
     CapturedEvent,
     failed_event_discard,

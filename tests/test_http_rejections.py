@@ -20,6 +20,7 @@ import pytest
 from django.db import OperationalError
 from django.test import override_settings
 
+from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.failing import post
 from tests.settings import WEBHOOK_RECEIVER
 from tests.signing import (
@@ -30,14 +31,7 @@ from tests.signing import (
     stripe_headers,
 )
 from webhook_receiver.exceptions import PayloadTooLarge
-from webhook_receiver.models import (
-    FailedEvent,
-    InventoryLedgerEntry,
-    OrderState,
-    ReceiptStatus,
-    RequestAudit,
-    WebhookReceipt,
-)
+from webhook_receiver.models import FailedEvent, ReceiptStatus, RequestAudit, WebhookReceipt
 from webhook_receiver.services import inbound
 from webhook_receiver.services.inbound import read_limited_body
 

@@ -12,8 +12,9 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from project.shop.models import InventoryLedgerEntry, OrderState
 from webhook_receiver.handlers import WebhookEvent
-from webhook_receiver.models import InventoryLedgerEntry, OrderState, RequestAudit, WebhookReceipt
+from webhook_receiver.models import RequestAudit, WebhookReceipt
 from webhook_receiver.services.audit import AuditDraft
 from webhook_receiver.services.claim import event_claim_and_apply
 

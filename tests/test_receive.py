@@ -17,17 +17,11 @@ from django.db import connection
 from django.db.models import Sum
 from django.test import override_settings
 
+from project.shop.models import InventoryLedgerEntry, OrderState
 from tests import handlers as test_handlers
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
-from webhook_receiver.models import (
-    FailedEvent,
-    InventoryLedgerEntry,
-    OrderState,
-    ReceiptStatus,
-    RequestAudit,
-    WebhookReceipt,
-)
+from webhook_receiver.models import FailedEvent, ReceiptStatus, RequestAudit, WebhookReceipt
 from webhook_receiver.services.claim import DuplicateShare, duplicate_share
 
 URL = "/webhooks/shop/"
@@ -205,7 +199,7 @@ def test_a_handler_registered_with_the_decorator_runs_in_the_claim(client):
 
 
 @pytest.mark.django_db
-def test_a_handler_named_in_settings_wins_over_the_built_in(client):
+def test_a_handler_named_in_settings_wins_over_one_registered_in_code(client):
     test_handlers.failures_left["count"] = 0
     body = reserved("ord_5", ("SKU-A", 1))
     with with_handler("inventory.reserved", "tests.handlers.fails_after_writing"):

@@ -15,15 +15,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from project.shop.models import InventoryLedgerEntry
 from tests import handlers
 from tests.failing import CRASH, fail_crash, fail_schema, post
 from tests.signing import stripe_headers
-from webhook_receiver.models import (
-    FailedEvent,
-    FailureStatus,
-    InventoryLedgerEntry,
-    WebhookReceipt,
-)
+from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 from webhook_receiver.services.failures import failed_event_discard
 
 pytestmark = pytest.mark.django_db

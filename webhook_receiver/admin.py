@@ -24,8 +24,6 @@ from django.utils.translation import ngettext
 from .models import (
     FailedEvent,
     FailureStatus,
-    InventoryLedgerEntry,
-    OrderState,
     RequestAudit,
     WebhookReceipt,
 )
@@ -113,22 +111,6 @@ class RequestAuditAdmin(ReadOnlyAdmin):
     )
     search_fields = ("event_key__exact",)
     date_hierarchy = "received_at"
-
-
-@admin.register(InventoryLedgerEntry)
-class InventoryLedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "order_id", "sku", "delta", "reason", "event_key")
-    list_filter = ("reason", ("created_at", admin.DateFieldListFilter))
-    search_fields = ("order_id__exact", "sku__exact", "event_key__exact")
-    date_hierarchy = "created_at"
-
-
-@admin.register(OrderState)
-class OrderStateAdmin(ReadOnlyAdmin):
-    list_display = ("order_id", "status", "version", "updated_at", "event_key")
-    list_filter = ("status", ("updated_at", admin.DateFieldListFilter))
-    search_fields = ("order_id__exact", "event_key__exact")
-    date_hierarchy = "updated_at"
 
 
 # --- failed events: the one admin with operator actions --------------------------------

@@ -7,6 +7,6 @@ class WebhookReceiverConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Registers the built-in handlers and the system checks.
+        # Registers the system checks. The app ships no handlers: event types belong to
+        # the host project, which registers its own (the demo's are in project/shop).
         from . import checks  # noqa: F401
-        from .services import commerce  # noqa: F401

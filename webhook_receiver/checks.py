@@ -10,6 +10,7 @@ from django.utils.module_loading import import_string
 
 from . import signatures
 from .conf import app_settings
+from .handlers import registration_conflicts
 
 
 @checks.register()
@@ -53,6 +54,18 @@ def check_webhook_receiver_settings(
                 checks.Error(
                     f"WEBHOOK_RECEIVER{where} = {path!r} cannot be imported: {exc}",
                     id="webhook_receiver.E004",
+                )
+            )
+    for event_type, names in registration_conflicts().items():
+        overridden = event_type in config.handlers
+        if not overridden:
+            errors.append(
+                checks.Error(
+                    f"Event type {event_type!r} has {len(names)} handlers registered in code: "
+                    f"{', '.join(names)}.",
+                    hint="Keep one @webhook_handler per event type, or choose one in "
+                    f"WEBHOOK_RECEIVER['HANDLERS'][{event_type!r}].",
+                    id="webhook_receiver.E005",
                 )
             )
     if not config.sources:

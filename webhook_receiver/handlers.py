@@ -15,6 +15,11 @@ Register a handler in code::
 
 or in settings, which wins over code: ``WEBHOOK_RECEIVER["HANDLERS"] = {"invoice.paid":
 "shop.webhooks.invoice_paid"}``. Event types without a handler are recorded as ``ignored``.
+
+One handler per event type: registering a second function for a type already taken is
+reported by the system check ``webhook_receiver.E005`` (``manage.py check``, ``migrate``
+and ``runserver`` refuse to go on) instead of silently replacing the first. The app
+itself registers none; its host owns every event type.
 """
 
 from __future__ import annotations
@@ -66,16 +71,30 @@ class HandlerResult:
 Handler = Callable[[WebhookEvent], "HandlerResult | None"]
 
 _registry: dict[str, Handler] = {}
+# event type -> the dotted names of every function registered for it, when more than one
+_conflicts: dict[str, list[str]] = {}
 
 
 def webhook_handler(event_type: str) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of ``event_type``."""
 
     def register(func: Handler) -> Handler:
-        _registry[event_type] = func
+        taken = _registry.setdefault(event_type, func)
+        # the same function again (its module imported twice) is no conflict
+        if _dotted_name(taken) != _dotted_name(func):
+            _conflicts.setdefault(event_type, [_dotted_name(taken)]).append(_dotted_name(func))
         return func
 
     return register
+
+
+def _dotted_name(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def registration_conflicts() -> dict[str, list[str]]:
+    """Event types registered in code by more than one function (see E005)."""
+    return {event_type: list(names) for event_type, names in _conflicts.items()}
 
 
 @functools.lru_cache(maxsize=256)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.contrib.auth.decorators import login_not_required
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
@@ -25,6 +26,8 @@ RETRY_AFTER_SECONDS = "30"
 # audit record of a failed event must survive the rollback of that event's work.
 @method_decorator(transaction.non_atomic_requests, name="dispatch")
 @method_decorator(csrf_exempt, name="dispatch")
+# Senders never log in: exempt from a host's LoginRequiredMiddleware (Django 5.1+).
+@method_decorator(login_not_required, name="dispatch")
 class WebhookView(APIView):
     # The request is authenticated by its signature alone; the host's DRF defaults
     # must not parse, authenticate, throttle or render it differently.

@@ -1,4 +1,4 @@
-"""The built-in business effects of the demo commerce domain.
+"""The demo shop's webhook handlers: its business effects, run in the claim's transaction.
 
 ``inventory.reserved`` / ``inventory.released`` append one ledger entry per line (minus
 the quantity when reserved, plus when released): the ledger is a function of the *set*
@@ -15,10 +15,12 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from ..exceptions import InvalidPayload
-from ..handlers import HandlerResult, WebhookEvent, webhook_handler
-from ..models import InventoryLedgerEntry, OrderState, OrderStatus, ReceiptStatus
-from . import sql
+from webhook_receiver.exceptions import InvalidPayload
+from webhook_receiver.handlers import HandlerResult, WebhookEvent, webhook_handler
+from webhook_receiver.models import ReceiptStatus
+from webhook_receiver.services import sql
+
+from .models import InventoryLedgerEntry, OrderState, OrderStatus
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from tests.signing import (
     stripe_headers,
 )
 from webhook_receiver.exceptions import PayloadTooLarge
-from webhook_receiver.models import FailedEvent, ReceiptStatus, RequestAudit, WebhookReceipt
+from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
 from webhook_receiver.services import inbound
 from webhook_receiver.services.inbound import read_limited_body
 
@@ -479,7 +479,7 @@ def test_a_successful_delivery_is_audited_and_its_receipt_keeps_the_raw_body(cli
     # and the receipt: the body byte for byte, the headers minus credentials
     receipt = WebhookReceipt.objects.get()
     assert bytes(receipt.body) == body
-    assert receipt.status == ReceiptStatus.APPLIED
+    assert receipt.status == Result.APPLIED
     assert receipt.subject == "ord_ok"
     stored = {name.lower(): value for name, value in receipt.headers.items()}
     assert stored["webhook-id"] == "msg_ok"
@@ -695,7 +695,7 @@ def test_github_push_is_recorded_as_ignored_under_its_delivery_id(client):
         "detail": {"event_type": "push"},
     }
     receipt = WebhookReceipt.objects.get()
-    assert receipt.status == ReceiptStatus.IGNORED
+    assert receipt.status == Result.IGNORED
     assert receipt.event_type == "push"
     assert receipt.event_key == receipt.message_id == "72d3162e-cc78-11e3-81ab-4c9367dc0958"
     assert receipt.signature_timestamp is None

@@ -21,7 +21,7 @@ from project.shop.models import InventoryLedgerEntry, OrderState
 from tests import handlers as test_handlers
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
-from webhook_receiver.models import FailedEvent, ReceiptStatus, RequestAudit, WebhookReceipt
+from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
 from webhook_receiver.services.claim import DuplicateShare, duplicate_share
 
 URL = "/webhooks/shop/"
@@ -65,7 +65,7 @@ def test_new_event_is_applied_and_its_duplicate_answers_the_stored_outcome(clien
     ]
     receipt = WebhookReceipt.objects.get()
     assert (receipt.status, receipt.subject, receipt.outcome) == (
-        ReceiptStatus.APPLIED,
+        Result.APPLIED,
         "ord_1",
         first.json(),
     )

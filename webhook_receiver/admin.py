@@ -25,11 +25,10 @@ from .models import (
     FailedEvent,
     FailureStatus,
     RequestAudit,
+    Result,
     WebhookReceipt,
 )
 from .services.failures import (
-    FAILED,
-    SKIPPED,
     ReplayResult,
     failed_event_discard,
     failed_event_replay,
@@ -115,7 +114,6 @@ class RequestAuditAdmin(ReadOnlyAdmin):
 
 # --- failed events: the one admin with operator actions --------------------------------
 
-RESULT_ORDER = ("applied", "stale", "ignored", "duplicate", "failed", "skipped")
 MAX_FAILURES_LISTED = 5
 
 
@@ -259,20 +257,20 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
         for failed in queryset.order_by("id").only("id", "source", "event_key", "status"):
             result = failed_event_replay(failed_id=failed.pk, actor=actor)
             results.append(result)
-            if result.result != SKIPPED:
+            if result.result != Result.SKIPPED:
                 self.log_change(request, failed, f"Replayed: {result.result}")
         if not results:
             self.message_user(request, "Nothing to replay.", messages.WARNING)
             return
         counts = Counter(r.result for r in results)
-        names = [n for n in RESULT_ORDER if counts[n]] + sorted(set(counts) - set(RESULT_ORDER))
+        names = [n for n in Result if counts[n]]
         summary = ", ".join(f"{counts[name]} {name}" for name in names)
         message = ngettext(
             "Replayed %(count)d failed event: %(summary)s.",
             "Replayed %(count)d failed events: %(summary)s.",
             len(results),
         ) % {"count": len(results), "summary": summary}
-        failures = [r for r in results if r.result == FAILED]
+        failures = [r for r in results if r.result == Result.FAILED]
         if failures:
             listed = "; ".join(
                 f"{r.source}:{r.event_key} ({r.detail[:200]})"
@@ -281,7 +279,7 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
             more = len(failures) - MAX_FAILURES_LISTED
             message += f" Failed: {listed}" + (f"; and {more} more." if more > 0 else ".")
             level = messages.ERROR if len(failures) == len(results) else messages.WARNING
-        elif counts[SKIPPED]:
+        elif counts[Result.SKIPPED]:
             level = messages.WARNING
         else:
             level = messages.SUCCESS

@@ -32,7 +32,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from .conf import app_settings
-from .models import ReceiptStatus
+from .models import RECEIPT_RESULTS, Result
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,14 @@ class WebhookEvent:
 
 @dataclass(frozen=True)
 class HandlerResult:
-    status: ReceiptStatus = ReceiptStatus.APPLIED
+    status: Result = Result.APPLIED  # applied, stale or ignored (RECEIPT_RESULTS)
     subject: str = ""  # overrides the event's own subject on the receipt when set
     detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in RECEIPT_RESULTS:
+            allowed = ", ".join(RECEIPT_RESULTS)
+            raise ValueError(f"A handler's result is one of {allowed}, not {self.status!r}.")
 
 
 Handler = Callable[[WebhookEvent], "HandlerResult | None"]

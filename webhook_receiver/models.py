@@ -3,10 +3,30 @@ from __future__ import annotations
 from django.db import models
 
 
-class ReceiptStatus(models.TextChoices):
+class Result(models.TextChoices):
+    """Every answer a delivery, a retry or a replay can end with: the one list of them."""
+
+    # a handler's results, which a receipt stores
     APPLIED = "applied", "Applied"
     STALE = "stale", "Stale (older version, nothing changed)"
     IGNORED = "ignored", "Ignored (no handler for this type)"
+    # the key had a receipt already: answered with its stored outcome
+    DUPLICATE = "duplicate", "Duplicate"
+    # held as a failed event: retried later, or kept for an operator
+    DEFERRED = "deferred", "Deferred (will be retried)"
+    DEAD_LETTERED = "dead_lettered", "Dead-lettered"
+    # a retry or replay: raised again, or found its event missing or locked by another
+    FAILED = "failed", "Failed again"
+    SKIPPED = "skipped", "Skipped (missing, or being processed)"
+
+
+# What a receipt can hold, and how a resolved failed event ended.
+RECEIPT_RESULTS = (Result.APPLIED, Result.STALE, Result.IGNORED)
+RESOLUTIONS = (*RECEIPT_RESULTS, Result.DUPLICATE)
+
+
+def _choices(members: tuple[Result, ...]) -> list[tuple[str, str]]:
+    return [(member.value, member.label) for member in members]
 
 
 class WebhookReceipt(models.Model):
@@ -21,7 +41,7 @@ class WebhookReceipt(models.Model):
     event_type = models.CharField(max_length=255, blank=True)
     message_id = models.CharField(max_length=255, blank=True)
     signature_timestamp = models.DateTimeField(null=True, blank=True)
-    status = models.CharField(max_length=16, choices=ReceiptStatus.choices)
+    status = models.CharField(max_length=16, choices=_choices(RECEIPT_RESULTS))
     # the business object the event concerns (an order id for the built-in handlers)
     subject = models.CharField(max_length=255, blank=True)
     # what the first delivery answered; duplicates answer with it
@@ -73,7 +93,8 @@ class RequestAudit(models.Model):
     event_key = models.CharField(max_length=255, blank=True)
     signature_timestamp = models.DateTimeField(null=True, blank=True)
     verification = models.CharField(max_length=32, choices=Verification.choices)
-    # what happened after verification: applied, duplicate, stale, ignored, or an error code
+    # the answer: a Result after verification, else the rejection's code (Verification),
+    # or the error's class name for a 503
     result = models.CharField(max_length=40, blank=True)
     response_status = models.PositiveSmallIntegerField()
     body_sha256 = models.CharField(max_length=64, blank=True)
@@ -125,8 +146,8 @@ class FailedEvent(models.Model):
     first_attempt_at = models.DateTimeField()
     last_attempt_at = models.DateTimeField()
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    # how it ended: applied, stale, ignored or duplicate
-    resolution = models.CharField(max_length=16, blank=True)
+    # how it ended, once resolved
+    resolution = models.CharField(max_length=16, blank=True, choices=_choices(RESOLUTIONS))
     resolved_at = models.DateTimeField(null=True, blank=True)
     last_replayed_by = models.CharField(max_length=150, blank=True)
     last_replayed_at = models.DateTimeField(null=True, blank=True)

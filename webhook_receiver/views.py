@@ -14,8 +14,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .exceptions import RejectedRequest
-from .services.claim import DUPLICATE
-from .services.inbound import DEAD_LETTERED, DEFERRED, webhook_receive
+from .models import Result
+from .services.inbound import webhook_receive
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,14 @@ class WebhookView(APIView):
             # nothing was stored, so the sender must keep it and retry.
             logger.exception("webhook neither applied nor captured; the sender will retry")
             return _retry_later()
-        if result.status in (DEFERRED, DEAD_LETTERED):
+        if result.status in (Result.DEFERRED, Result.DEAD_LETTERED):
             return Response({"status": result.status, "event_key": result.event_key}, status=202)
-        if result.status == DUPLICATE:
-            body = {"status": DUPLICATE, "event_key": result.event_key, "original": result.outcome}
+        if result.status == Result.DUPLICATE:
+            body = {
+                "status": Result.DUPLICATE.value,
+                "event_key": result.event_key,
+                "original": result.outcome,
+            }
             return Response(body, status=200)
         return Response(dict(result.outcome), status=200)
 

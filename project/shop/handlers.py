@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from webhook_receiver.exceptions import InvalidPayload
 from webhook_receiver.handlers import HandlerResult, WebhookEvent, webhook_handler
-from webhook_receiver.models import ReceiptStatus
+from webhook_receiver.models import Result
 from webhook_receiver.services import sql
 
 from .models import InventoryLedgerEntry, OrderState, OrderStatus
@@ -123,7 +123,7 @@ def _order_transition(event: WebhookEvent, status: OrderStatus) -> HandlerResult
     )
     if not moved:
         detail = {"order_id": order_id, "order_status": status.value, "version": version}
-        return HandlerResult(status=ReceiptStatus.STALE, detail=detail)
+        return HandlerResult(status=Result.STALE, detail=detail)
     return HandlerResult()
 
 

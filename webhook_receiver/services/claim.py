@@ -28,11 +28,11 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
-from ..models import FailedEvent, FailureStatus, ReceiptStatus, RequestAudit, WebhookReceipt
+from ..models import FailedEvent, FailureStatus, RequestAudit, Result, WebhookReceipt
 from . import sql
 from .audit import ANSWER, AuditDraft, AuditValues
 
-DUPLICATE = "duplicate"
+DUPLICATE = Result.DUPLICATE.value  # a plain str: psycopg dumps it faster
 # On PostgreSQL a duplicate's audit record is committed without waiting for its WAL
 # flush (synchronous_commit off for that one transaction): it changes no business state,
 # so a database crash could lose at most the last fraction of a second of such records,
@@ -48,7 +48,7 @@ WRITABLE_CTE_VENDORS = frozenset({"postgresql"})
 
 @dataclass(frozen=True)
 class ReceiveOutcome:
-    status: str  # applied | stale | ignored | duplicate | deferred | dead_lettered
+    status: Result
     event_key: str
     # for a new event, what is stored on the receipt; for a duplicate, the first answer
     outcome: Mapping[str, Any] = field(default_factory=dict)
@@ -75,7 +75,9 @@ def event_claim_and_apply(
             stored = _duplicate_outcome(cursor, event, audit_values, relax=relax)
             if stored is not None:
                 duplicate_share.observe(event.source, duplicate=True, counts=audit is not None)
-                return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
+                return ReceiveOutcome(
+                    status=Result.DUPLICATE, event_key=event.event_key, outcome=stored
+                )
 
         handler = get_handler(event.event_type)
         # The receipt goes in with the result most events end with (applied; ignored when
@@ -101,7 +103,9 @@ def event_claim_and_apply(
                 if stored is None:
                     audit_left = None if claim.audit_id is not None else audit_values
                     stored = _duplicate_outcome(cursor, event, audit_left, relax=relax) or {}
-                return ReceiveOutcome(status=DUPLICATE, event_key=event.event_key, outcome=stored)
+                return ReceiveOutcome(
+                    status=Result.DUPLICATE, event_key=event.event_key, outcome=stored
+                )
             result = (handler(event) or expected) if handler else expected
             if result != expected:
                 sql.update(
@@ -121,11 +125,11 @@ def event_claim_and_apply(
                 elif result != expected:
                     sql.update(RequestAudit, claim.audit_id, {"result": result.status.value})
     outcome = _outcome(event, result)
-    return ReceiveOutcome(status=result.status.value, event_key=event.event_key, outcome=outcome)
+    return ReceiveOutcome(status=result.status, event_key=event.event_key, outcome=outcome)
 
 
 def _ignored(event: WebhookEvent) -> HandlerResult:
-    return HandlerResult(status=ReceiptStatus.IGNORED, detail={"event_type": event.event_type})
+    return HandlerResult(status=Result.IGNORED, detail={"event_type": event.event_type})
 
 
 def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:

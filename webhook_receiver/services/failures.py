@@ -33,7 +33,7 @@ from django.utils.datastructures import CaseInsensitiveMapping
 from ..conf import app_settings, get_source
 from ..exceptions import PermanentError
 from ..handlers import WebhookEvent
-from ..models import FailedEvent, FailureStatus
+from ..models import FailedEvent, FailureStatus, Result
 from ..signatures import VerifiedMessage
 from .claim import event_claim_and_apply
 from .events import parse_event
@@ -43,8 +43,6 @@ logger = logging.getLogger(__name__)
 
 TRANSIENT = "transient"
 PERMANENT = "permanent"
-FAILED = "failed"
-SKIPPED = "skipped"
 
 MAX_TRACEBACK_CHARS = 20_000
 MAX_MESSAGE_CHARS = 2_000
@@ -183,7 +181,7 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
             )
     except Exception as exc:
         _record_failure(failed, exc, trigger=trigger, now=now)
-        return FAILED
+        return Result.FAILED
     if failed.status != FailureStatus.RESOLVED:  # a resolved record keeps how it ended
         failed.status = FailureStatus.RESOLVED
         failed.resolution = outcome.status
@@ -223,12 +221,12 @@ class ReplayResult:
     failed_id: int
     source: str
     event_key: str
-    result: str  # applied | stale | ignored | duplicate | failed | skipped
+    result: Result
     detail: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.result not in (FAILED, SKIPPED)
+        return self.result not in (Result.FAILED, Result.SKIPPED)
 
 
 def failed_event_replay(*, failed_id: int, actor: str, now: datetime | None = None) -> ReplayResult:
@@ -243,11 +241,13 @@ def failed_event_replay(*, failed_id: int, actor: str, now: datetime | None = No
             FailedEvent.objects.select_for_update(skip_locked=True).filter(pk=failed_id).first()
         )
         if failed is None:
-            return ReplayResult(failed_id, "", "", SKIPPED, "missing, or being processed now")
+            return ReplayResult(
+                failed_id, "", "", Result.SKIPPED, "missing, or being processed now"
+            )
         failed.last_replayed_by = actor[:150]
         failed.last_replayed_at = now
         result = _attempt(failed, trigger=f"replay by {actor}", now=now)
-    detail = failed.last_error_message if result == FAILED else ""
+    detail = failed.last_error_message if result == Result.FAILED else ""
     return ReplayResult(failed.pk, failed.source, failed.event_key, result, detail)
 
 

@@ -33,7 +33,7 @@ from ..exceptions import (
     UnknownSource,
 )
 from ..handlers import WebhookEvent
-from ..models import FailureStatus
+from ..models import FailureStatus, Result
 from .audit import AuditDraft
 from .claim import ReceiveOutcome, event_claim_and_apply, storable_headers
 from .events import parse_event
@@ -43,8 +43,6 @@ logger = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
 MAX_RECORDED_SIZE = 2**31 - 1
-DEFERRED = "deferred"
-DEAD_LETTERED = "dead_lettered"
 
 
 def webhook_receive(
@@ -112,7 +110,9 @@ def webhook_receive(
         try:
             with transaction.atomic():
                 failed = failure_capture(captured=captured, exc=exc)
-                status = DEAD_LETTERED if failed.status == FailureStatus.DEAD else DEFERRED
+                status = (
+                    Result.DEAD_LETTERED if failed.status == FailureStatus.DEAD else Result.DEFERRED
+                )
                 audit.record(result=status, response_status=202)
         except Exception:
             logger.exception("could not capture a failed webhook event; the sender must retry")

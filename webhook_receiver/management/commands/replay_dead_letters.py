@@ -12,13 +12,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from webhook_receiver.models import FailedEvent, FailureStatus
-from webhook_receiver.services.failures import FAILED, failed_event_replay, failed_event_summary
+from webhook_receiver.models import FailedEvent, FailureStatus, Result
+from webhook_receiver.services.failures import failed_event_replay, failed_event_summary
 
 STATUSES = (FailureStatus.DEAD, FailureStatus.RETRYING, FailureStatus.DISCARDED)
 COLUMNS = ("id", "source", "event_key", "event_type", "result", "detail")
 MAX_DETAIL_CHARS = 120
-RESULTS = ("applied", "stale", "ignored", "duplicate", "failed", "skipped")
 
 
 class Command(BaseCommand):
@@ -128,9 +127,9 @@ class Command(BaseCommand):
         self._table(rows)
         counts = Counter(row[4] for row in rows)
         summary = ", ".join(f"{counts[name]} {name}" for name in sorted(counts, key=_order))
-        if counts[FAILED]:
+        if counts[Result.FAILED]:
             self.stdout.write(self.style.ERROR(f"Replayed {len(rows)}: {summary}."))
-            raise CommandError(f"{counts[FAILED]} of {len(rows)} replays failed.")
+            raise CommandError(f"{counts[Result.FAILED]} of {len(rows)} replays failed.")
         self.stdout.write(self.style.SUCCESS(f"Replayed {len(rows)}: {summary}."))
 
     def _table(self, rows: Sequence[Sequence[str]]) -> None:
@@ -145,7 +144,8 @@ class Command(BaseCommand):
 
 
 def _order(result: str) -> tuple[int, str]:
-    return (RESULTS.index(result) if result in RESULTS else len(RESULTS), result)
+    members = list(Result)
+    return (members.index(result) if result in members else len(members), result)
 
 
 def _dry_run_row(failed: FailedEvent) -> tuple[str, ...]:

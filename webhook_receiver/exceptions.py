@@ -1,9 +1,12 @@
 """Errors, classified by what the caller does next.
 
-- ``RejectedRequest``: the request is refused before anything is stored but its audit
-  record; each subclass carries its HTTP status and a stable error code.
-- ``TransientError``: the work may succeed later; the sender (or a retry) tries again.
-- ``PermanentError``: the event can never be applied as it is; an operator must look.
+- ``RejectedRequest``: the request is refused and nothing is stored but its audit
+  record. Each subclass carries what its answer needs: the HTTP status the sender gets,
+  a stable code (also the audit record's verification result), and whether the detail
+  may be shown to the sender.
+- ``TransientError``: the work may succeed later; a retry (or the sender) tries again.
+- ``PermanentError``: the event can never be applied as it is; it is dead-lettered at
+  once for an operator.
 
 A class docstring is the default message.
 """
@@ -16,9 +19,6 @@ from typing import Any
 class WebhookError(Exception):
     """Webhook processing failed."""
 
-    status_code: int = 500
-    code: str = "error"
-
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
 
@@ -26,8 +26,11 @@ class WebhookError(Exception):
 class RejectedRequest(WebhookError):
     """The request was rejected."""
 
-    status_code = 400
-    code = "rejected"
+    status_code: int = 400
+    code: str = "rejected"
+    # 400s say what was wrong with the headers; other refusals say only their code, so
+    # that a prober learns nothing more than it must
+    show_detail: bool = False
 
 
 class UnknownSource(RejectedRequest):
@@ -47,15 +50,15 @@ class PayloadTooLarge(RejectedRequest):
 class MissingSignatureHeaders(RejectedRequest):
     """A header the signature scheme requires is missing."""
 
-    status_code = 400
     code = "missing_signature_headers"
+    show_detail = True
 
 
 class MalformedSignatureHeaders(RejectedRequest):
     """A signature header is present but cannot be parsed."""
 
-    status_code = 400
     code = "malformed_signature_headers"
+    show_detail = True
 
 
 class InvalidSignature(RejectedRequest):
@@ -80,24 +83,14 @@ class TimestampOutOfTolerance(RejectedRequest):
 class TransientError(WebhookError):
     """The event could not be applied now; it may succeed later."""
 
-    status_code = 503
-    code = "temporarily_unavailable"
-
 
 class PermanentError(WebhookError):
     """The event can never be applied as it is."""
-
-    status_code = 422
-    code = "unprocessable"
 
 
 class InvalidPayload(PermanentError):
     """The verified body is not valid JSON or does not match the event's schema."""
 
-    code = "invalid_payload"
-
 
 class UnknownBusinessState(PermanentError):
     """The event refers to business state this system does not know."""
-
-    code = "unknown_business_state"

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from . import exceptions
+
 
 class Result(models.TextChoices):
     """Every answer a delivery, a retry or a replay can end with: the one list of them."""
@@ -72,13 +74,19 @@ class WebhookReceipt(models.Model):
 
 
 class Verification(models.TextChoices):
+    """How a request fared before its event was looked at: verified, or the code of the
+    rejection (each code is defined once, on its exception class)."""
+
     VERIFIED = "verified", "Verified"
-    UNKNOWN_SOURCE = "unknown_source", "Unknown source"
-    PAYLOAD_TOO_LARGE = "payload_too_large", "Payload too large"
-    MISSING_HEADERS = "missing_signature_headers", "Missing signature headers"
-    MALFORMED_HEADERS = "malformed_signature_headers", "Malformed signature headers"
-    INVALID_SIGNATURE = "invalid_signature", "Invalid signature"
-    TIMESTAMP_OUT_OF_TOLERANCE = "timestamp_out_of_tolerance", "Timestamp out of tolerance"
+    UNKNOWN_SOURCE = exceptions.UnknownSource.code, "Unknown source"
+    PAYLOAD_TOO_LARGE = exceptions.PayloadTooLarge.code, "Payload too large"
+    MISSING_HEADERS = exceptions.MissingSignatureHeaders.code, "Missing signature headers"
+    MALFORMED_HEADERS = exceptions.MalformedSignatureHeaders.code, "Malformed signature headers"
+    INVALID_SIGNATURE = exceptions.InvalidSignature.code, "Invalid signature"
+    TIMESTAMP_OUT_OF_TOLERANCE = (
+        exceptions.TimestampOutOfTolerance.code,
+        "Timestamp out of tolerance",
+    )
 
 
 class RequestAudit(models.Model):

@@ -48,7 +48,7 @@ class WebhookView(APIView):
             )
         except RejectedRequest as exc:
             body = {"error": exc.code}
-            if exc.status_code == 400:
+            if exc.show_detail:
                 body["detail"] = str(exc)
             return Response(body, status=exc.status_code)
         except (OperationalError, InterfaceError) as exc:

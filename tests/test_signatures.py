@@ -543,7 +543,7 @@ def compare_calls(monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(signatures.hmac, "compare_digest", counting)
+    monkeypatch.setattr(signatures.base.hmac, "compare_digest", counting)
     return calls
 
 

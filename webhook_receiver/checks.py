@@ -23,18 +23,17 @@ def check_webhook_receiver_settings(
         return [checks.Error(str(exc), id="webhook_receiver.E001")]
     errors: list[checks.CheckMessage] = []
     for slug, source in config.sources.items():
-        if source.scheme == "standard":
-            for position, secret in enumerate(source.secrets):
-                try:
-                    signatures.standard_secret_key(secret)
-                except ValueError:
-                    errors.append(
-                        checks.Error(
-                            f"Secret #{position + 1} of source {slug!r} is not 'whsec_' + base64.",
-                            hint="Copy the signing secret exactly as the sender shows it.",
-                            id="webhook_receiver.E002",
-                        )
+        scheme = signatures.get_scheme(source.scheme)
+        for position, secret in enumerate(source.secrets):
+            problem = scheme.secret_problem(secret)
+            if problem:
+                errors.append(
+                    checks.Error(
+                        f"Secret #{position + 1} of source {slug!r} {problem}.",
+                        hint="Copy the signing secret exactly as the sender shows it.",
+                        id="webhook_receiver.E002",
                     )
+                )
         if source.tolerance_seconds <= 0 or source.max_body_bytes <= 0:
             errors.append(
                 checks.Error(

@@ -17,7 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-SCHEMES = ("standard", "stripe", "github")
+from .signatures import get_scheme
+
 DUPLICATE_CHECKS = ("adaptive", "read_first", "claim_first")
 
 DEFAULTS: dict[str, Any] = {
@@ -67,11 +68,15 @@ POSITIVE_KEYS = (
 )
 
 SOURCE_DEFAULTS: dict[str, Any] = {
+    # a name in signatures.SCHEMES (standard, stripe, github), or the dotted path of a
+    # signatures.Scheme subclass
     "SCHEME": "standard",
     "SECRETS": [],
     "TOLERANCE_SECONDS": 300,
     "MAX_BODY_BYTES": 1024 * 1024,
-    # None: the scheme's message id; else a dotted path to fn(event) -> str
+    # None: the scheme's default key (its message id; Stripe: the body's id); else the
+    # dotted path of fn(*, payload, message) -> str, called with the parsed body and
+    # the VerifiedMessage
     "EVENT_KEY": None,
 }
 
@@ -126,11 +131,12 @@ def _source(slug: str, options: Mapping[str, Any]) -> SourceConfig:
             f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}] has unknown keys: {sorted(unknown)}"
         )
     merged = {**SOURCE_DEFAULTS, **options}
-    if merged["SCHEME"] not in SCHEMES:
+    try:
+        get_scheme(merged["SCHEME"])
+    except LookupError as exc:
         raise ImproperlyConfigured(
-            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['SCHEME'] must be one of {SCHEMES}, "
-            f"not {merged['SCHEME']!r}."
-        )
+            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['SCHEME']: {exc}."
+        ) from exc
     return SourceConfig(
         slug=slug,
         scheme=merged["SCHEME"],

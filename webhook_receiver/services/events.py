@@ -27,13 +27,11 @@ def parse_event(
         raise InvalidPayload(f"The body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise InvalidPayload("The body must be a JSON object.")
-    if message.scheme == "github":
-        event_type = headers.get("X-GitHub-Event") or ""  # headers: case-insensitive
-    else:
-        event_type = payload.get("type")
-        if not isinstance(event_type, str) or not event_type:
-            raise InvalidPayload("The body has no 'type' string.")
-    key = _event_key(source, message, payload)
+    scheme = signatures.get_scheme(source.scheme)
+    event_type = scheme.event_type(payload=payload, headers=headers)
+    if not isinstance(event_type, str) or not event_type:
+        raise InvalidPayload("The event has no type (a non-empty string).")
+    key = _event_key(source, scheme, message, payload)
     return WebhookEvent(
         source=source.slug,
         event_key=key,
@@ -45,7 +43,10 @@ def parse_event(
 
 
 def _event_key(
-    source: SourceConfig, message: signatures.VerifiedMessage, payload: dict[str, Any]
+    source: SourceConfig,
+    scheme: signatures.Scheme,
+    message: signatures.VerifiedMessage,
+    payload: dict[str, Any],
 ) -> str:
     if source.event_key:
         derive: Callable[..., Any] = import_string(source.event_key)
@@ -53,10 +54,8 @@ def _event_key(
             key = derive(payload=payload, message=message)
         except Exception as exc:  # the same bytes would fail the same way: permanent
             raise InvalidPayload(f"{source.event_key} could not derive a key: {exc!r}") from exc
-    elif message.scheme == "stripe":
-        key = payload.get("id")  # Stripe's event id lives in the signed body
     else:
-        key = message.message_id
+        key = scheme.default_key(payload=payload, message=message)
     if not isinstance(key, str) or not key or len(key) > 255:
         raise InvalidPayload("No event key (a string of 1 to 255 characters) could be derived.")
     return key

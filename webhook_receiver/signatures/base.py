@@ -1,0 +1,82 @@
+"""What every signature scheme is, and the pieces they share.
+
+A scheme verifies the raw request bytes (a pure function: no parsing of the body, no
+database), signs them the way its senders do, and says where its events carry their
+type and their default event key. ``verify`` in this package's ``__init__`` adds the
+timestamp tolerance, the same for every scheme.
+
+Comparisons: every configured secret is compared with every presented signature
+through ``hmac.compare_digest``, with no early exit, so timing reveals neither which
+secret nor which signature matched.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import MalformedSignatureHeaders, MissingSignatureHeaders
+
+
+@dataclass(frozen=True)
+class VerifiedMessage:
+    scheme: str
+    message_id: str | None  # the scheme's delivery id, when it has one
+    timestamp: int | None  # signature timestamp (Unix seconds), when the scheme signs one
+
+
+class Scheme:
+    """One signature scheme. Subclass it, set ``name``, and implement ``verify`` and
+    ``sign``; override the rest where the scheme differs from Standard Webhooks."""
+
+    name: str = ""
+
+    def verify(
+        self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes
+    ) -> VerifiedMessage:
+        """Check the signature over ``body``; ``headers`` have lower-case names.
+        Raise a ``RejectedRequest`` subclass when it does not hold."""
+        raise NotImplementedError
+
+    def sign(self, *, secret: str, body: bytes, message_id: str, timestamp: int) -> dict[str, str]:
+        """The headers a sender of this scheme attaches to ``body``."""
+        raise NotImplementedError
+
+    def event_type(self, *, payload: Mapping[str, Any], headers: Mapping[str, str]) -> Any:
+        """Where the event's type is: the body's ``type`` unless the scheme says otherwise.
+        ``headers`` are case-insensitive here."""
+        return payload.get("type")
+
+    def default_key(self, *, payload: Mapping[str, Any], message: VerifiedMessage) -> Any:
+        """The event key when the source names no EVENT_KEY function: the message id."""
+        return message.message_id
+
+    def secret_problem(self, secret: str) -> str | None:
+        """Why ``secret`` cannot be used with this scheme, or None (system check E002)."""
+        return None
+
+
+def require(headers: Mapping[str, str], *names: str) -> list[str]:
+    """The values of ``names``, refusing the request when any is missing or empty."""
+    missing = [name for name in names if not headers.get(name)]
+    if missing:
+        raise MissingSignatureHeaders(f"Missing header(s): {', '.join(missing)}.")
+    return [headers[name] for name in names]
+
+
+def parse_timestamp(raw: str, header: str) -> int:
+    if not raw.isascii() or not raw.isdigit():
+        raise MalformedSignatureHeaders(f"{header} must be an integer Unix timestamp.")
+    return int(raw)
+
+
+def any_match(expected: Iterable[bytes], presented: Iterable[bytes]) -> bool:
+    presented = list(presented)
+    matched = False
+    for candidate in expected:
+        for signature in presented:
+            # no short-circuit: every pair is compared
+            matched |= hmac.compare_digest(candidate, signature)
+    return matched

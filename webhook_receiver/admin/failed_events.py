@@ -1,15 +1,12 @@
-"""Read-only admin: the receive path's records are evidence, not data to edit.
+"""FailedEvent: the one admin with operator actions, replay and discard.
 
-Failed events are the exception that proves the rule: still read-only, but with two
-actions, replay and discard, each behind a permission of its own and each going through
-its service, which records who did it and when.
+Each action sits behind a permission of its own and goes through its service; the
+discard form and the replay message are here with them.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -21,98 +18,13 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
-from .models import (
-    FailedEvent,
-    FailureStatus,
-    RequestAudit,
-    Result,
-    WebhookReceipt,
-)
-from .services.failures import (
+from ..models import FailedEvent, FailureStatus, Result
+from ..services.failures import (
     ReplayResult,
     failed_event_discard,
     failed_event_replay,
 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-def _pre(text: str) -> str:
-    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
-
-
-class StoredEventDisplay:
-    """The stored body, pretty-printed when it is JSON, and the headers, one per line.
-    Both are untrusted input: everything goes through format_html."""
-
-    @admin.display(description="body")
-    def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:
-        return _pre(_pretty_json(bytes(obj.body)))
-
-    @admin.display(description="headers")
-    def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
-        headers = obj.headers if isinstance(obj.headers, dict) else {}
-        return _pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
-
-
-@admin.register(WebhookReceipt)
-class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
-    list_display = ("received_at", "source", "event_type", "status", "subject", "event_key")
-    list_filter = ("source", "status", "event_type", ("received_at", admin.DateFieldListFilter))
-    search_fields = ("event_key__exact", "subject__exact")
-    date_hierarchy = "received_at"
-    exclude = ("body", "headers", "outcome")
-    readonly_fields = (
-        "source",
-        "event_key",
-        "event_type",
-        "message_id",
-        "signature_timestamp",
-        "status",
-        "subject",
-        "received_at",
-        "pretty_outcome",
-        "pretty_body",
-        "pretty_headers",
-    )
-
-    @admin.display(description="outcome")
-    def pretty_outcome(self, obj: WebhookReceipt) -> str:
-        return _pre(json.dumps(obj.outcome, indent=2, sort_keys=True))
-
-
-@admin.register(RequestAudit)
-class RequestAuditAdmin(ReadOnlyAdmin):
-    list_display = (
-        "received_at",
-        "source",
-        "response_status",
-        "verification",
-        "result",
-        "event_key",
-        "remote_addr",
-    )
-    list_filter = (
-        "source",
-        "verification",
-        "response_status",
-        "result",
-        ("received_at", admin.DateFieldListFilter),
-    )
-    search_fields = ("event_key__exact",)
-    date_hierarchy = "received_at"
-
-
-# --- failed events: the one admin with operator actions --------------------------------
+from .base import ReadOnlyAdmin, StoredEventDisplay
 
 MAX_FAILURES_LISTED = 5
 
@@ -262,28 +174,7 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
         if not results:
             self.message_user(request, "Nothing to replay.", messages.WARNING)
             return
-        counts = Counter(r.result for r in results)
-        names = [n for n in Result if counts[n]]
-        summary = ", ".join(f"{counts[name]} {name}" for name in names)
-        message = ngettext(
-            "Replayed %(count)d failed event: %(summary)s.",
-            "Replayed %(count)d failed events: %(summary)s.",
-            len(results),
-        ) % {"count": len(results), "summary": summary}
-        failures = [r for r in results if r.result == Result.FAILED]
-        if failures:
-            listed = "; ".join(
-                f"{r.source}:{r.event_key} ({r.detail[:200]})"
-                for r in failures[:MAX_FAILURES_LISTED]
-            )
-            more = len(failures) - MAX_FAILURES_LISTED
-            message += f" Failed: {listed}" + (f"; and {more} more." if more > 0 else ".")
-            level = messages.ERROR if len(failures) == len(results) else messages.WARNING
-        elif counts[Result.SKIPPED]:
-            level = messages.WARNING
-        else:
-            level = messages.SUCCESS
-        self.message_user(request, message, level)
+        self.message_user(request, *_replay_summary(results))
 
     @admin.action(description="Discard selected failed events…", permissions=["discard"])
     def discard_selected(
@@ -334,8 +225,27 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
         self.message_user(request, message, messages.WARNING if left else messages.SUCCESS)
 
 
-def _pretty_json(raw: bytes) -> str:
-    try:
-        return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
-    except ValueError:
-        return raw.decode("utf-8", "replace")
+def _replay_summary(results: list[ReplayResult]) -> tuple[str, int]:
+    """One message for a replay action, and its level.
+
+    The counts per result, in Result's order, then the first failures by key with the
+    start of their error. Success when nothing failed or was skipped, error when every
+    event failed, a warning otherwise.
+    """
+    counts = Counter(r.result for r in results)
+    summary = ", ".join(f"{counts[name]} {name}" for name in Result if counts[name])
+    message = ngettext(
+        "Replayed %(count)d failed event: %(summary)s.",
+        "Replayed %(count)d failed events: %(summary)s.",
+        len(results),
+    ) % {"count": len(results), "summary": summary}
+    failures = [r for r in results if r.result == Result.FAILED]
+    if not failures:
+        return message, messages.WARNING if counts[Result.SKIPPED] else messages.SUCCESS
+    # a message, not a report: a few keys, each with the start of its error
+    listed = "; ".join(
+        f"{r.source}:{r.event_key} ({r.detail[:200]})" for r in failures[:MAX_FAILURES_LISTED]
+    )
+    more = len(failures) - MAX_FAILURES_LISTED
+    message += f" Failed: {listed}" + (f"; and {more} more." if more > 0 else ".")
+    return message, messages.ERROR if len(failures) == len(results) else messages.WARNING

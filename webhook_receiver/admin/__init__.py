@@ -1,0 +1,19 @@
+"""The receiver's admin, one module per model.
+
+- base: ReadOnlyAdmin, StoredEventDisplay and the small display helpers they share
+- receipts: WebhookReceipt
+- audit: RequestAudit
+- failed_events: FailedEvent, the one admin with operator actions (replay, discard)
+
+Importing the package registers every admin. ReadOnlyAdmin and StoredEventDisplay are
+re-exported here so a host project's admin can build on them
+(``from webhook_receiver.admin import ReadOnlyAdmin``).
+"""
+
+from __future__ import annotations
+
+# imported for their @admin.register calls, which run on import
+from . import audit, failed_events, receipts  # noqa: F401
+from .base import ReadOnlyAdmin, StoredEventDisplay
+
+__all__ = ["ReadOnlyAdmin", "StoredEventDisplay"]

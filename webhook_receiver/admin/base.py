@@ -1,0 +1,53 @@
+"""Read-only admin: the receive path's records are evidence, not data to edit.
+
+Failed events are the exception that proves the rule: still read-only, but with two
+actions, replay and discard, each behind a permission of its own and each going through
+its service, which records who did it and when.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from ..models import FailedEvent, WebhookReceipt
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class StoredEventDisplay:
+    """The stored body, pretty-printed when it is JSON, and the headers, one per line.
+    Both are untrusted input: everything goes through format_html."""
+
+    @admin.display(description="body")
+    def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:
+        return _pre(_pretty_json(bytes(obj.body)))
+
+    @admin.display(description="headers")
+    def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
+        headers = obj.headers if isinstance(obj.headers, dict) else {}
+        return _pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
+
+
+def _pre(text: str) -> str:
+    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
+
+
+def _pretty_json(raw: bytes) -> str:
+    try:
+        return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
+    except ValueError:
+        return raw.decode("utf-8", "replace")

@@ -1,0 +1,36 @@
+"""WebhookReceipt: one per verified event claimed, with its outcome, body and headers."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin
+
+from ..models import WebhookReceipt
+from .base import ReadOnlyAdmin, StoredEventDisplay, _pre
+
+
+@admin.register(WebhookReceipt)
+class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
+    list_display = ("received_at", "source", "event_type", "status", "subject", "event_key")
+    list_filter = ("source", "status", "event_type", ("received_at", admin.DateFieldListFilter))
+    search_fields = ("event_key__exact", "subject__exact")
+    date_hierarchy = "received_at"
+    exclude = ("body", "headers", "outcome")
+    readonly_fields = (
+        "source",
+        "event_key",
+        "event_type",
+        "message_id",
+        "signature_timestamp",
+        "status",
+        "subject",
+        "received_at",
+        "pretty_outcome",
+        "pretty_body",
+        "pretty_headers",
+    )
+
+    @admin.display(description="outcome")
+    def pretty_outcome(self, obj: WebhookReceipt) -> str:
+        return _pre(json.dumps(obj.outcome, indent=2, sort_keys=True))

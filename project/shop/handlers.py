@@ -72,7 +72,7 @@ def _stock_movement(event: WebhookEvent, *, sign: int, reason: str) -> HandlerRe
                 "created_at": now,
             }
         )
-    sql.insert(InventoryLedgerEntry, entries)  # one statement for all the lines
+    sql.insert_rows(InventoryLedgerEntry, entries)  # one statement for all the lines
     return HandlerResult()
 
 
@@ -89,28 +89,32 @@ def inventory_released(event: WebhookEvent) -> HandlerResult:
 # --- orders ------------------------------------------------------------------------
 
 
-def order_state_advance(*, order_id: str, status: str, version: int, event_key: str) -> bool:
-    """Move an order to ``status`` at ``version`` unless it already holds that version or a
-    newer one. Returns whether it moved.
+# Move an order to a status at a version, unless it already holds that version or a newer
+# one. One upsert: the row lock taken by ON CONFLICT DO UPDATE makes concurrent deliveries
+# for one order serialise, and the WHERE is evaluated on the latest row. A row comes
+# back only when the state moved.
+ADVANCE_ORDER_STATE = """
+    INSERT INTO shop_orderstate (order_id, status, version, event_key, updated_at)
+    VALUES (%(order_id)s, %(status)s, %(version)s, %(event_key)s, %(updated_at)s)
+    ON CONFLICT (order_id) DO UPDATE
+        SET status = excluded.status, version = excluded.version,
+            event_key = excluded.event_key, updated_at = excluded.updated_at
+        WHERE shop_orderstate.version < excluded.version
+    RETURNING id
+"""
 
-    One upsert statement: the row lock taken by ON CONFLICT DO UPDATE makes concurrent
-    deliveries for the same order serialise, and the WHERE is evaluated on the latest row.
-    """
-    table = connection.ops.quote_name(OrderState._meta.db_table)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
+
+def order_state_advance(*, order_id: str, status: str, version: int, event_key: str) -> bool:
+    """Move an order forward (see ADVANCE_ORDER_STATE); return whether it moved."""
+    row = {
+        "order_id": order_id,
+        "status": status,
+        "version": version,
+        "event_key": event_key,
+        "updated_at": timezone.now(),
+    }
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {table} (order_id, status, version, event_key, updated_at)
-            VALUES (%s, %s, %s, %s, %s)
-            ON CONFLICT (order_id) DO UPDATE
-                SET status = excluded.status, version = excluded.version,
-                    event_key = excluded.event_key, updated_at = excluded.updated_at
-                WHERE {table}.version < excluded.version
-            RETURNING id
-            """,
-            [order_id, status, version, event_key, now],
-        )
+        cursor.execute(ADVANCE_ORDER_STATE, sql.adapt(row, OrderState))
         return cursor.fetchone() is not None
 
 

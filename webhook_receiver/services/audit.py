@@ -10,29 +10,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from ..conf import app_settings
 from ..models import RequestAudit, Verification
-from . import sql
+from . import queries, sql
 from .retention import delete_in_batches
 
 logger = logging.getLogger(__name__)
-
-
-ANSWER = ("result", "response_status")
-
-
-@dataclass(frozen=True)
-class AuditValues:
-    """An audit record's columns but its answer (``ANSWER``), which a statement appends."""
-
-    names: tuple[str, ...]
-    params: list[Any]
-
-    def with_answer(self, result: str, response_status: int) -> tuple[tuple[str, ...], list]:
-        return (*self.names, *ANSWER), [*self.params, result, response_status]
 
 
 @dataclass
@@ -57,26 +43,28 @@ class AuditDraft:
         self.body_size = len(body)
 
     def record(self, *, result: str, response_status: int) -> None:
-        sql.insert(RequestAudit, [self.row(result=result, response_status=response_status)])
+        """Write the record on its own (a rejection, a failure, a claim on SQLite)."""
+        row = self.row(result=result, response_status=response_status)
+        with connection.cursor() as cursor:
+            cursor.execute(queries.INSERT_AUDIT, sql.adapt(row, RequestAudit))
 
     def row(self, *, result: str, response_status: int) -> dict[str, Any]:
         """The audit record's columns, by field name."""
-        return {**self._known(), "result": result, "response_status": response_status}
-
-    def values(self) -> AuditValues:
-        """The record's columns but its answer, adapted for the database once, for
-        statements that write it (or not) depending on what they find."""
-        known = self._known()
-        names = tuple(known)
-        return AuditValues(names=names, params=sql.params(RequestAudit, names, known))
-
-    def _known(self) -> dict[str, Any]:
         ts = self.signature_timestamp
         return {
             "source": self.source[:100],
             "message_id": self.message_id[:255],
             "event_key": self.event_key[:255],
             "signature_timestamp": datetime.fromtimestamp(ts, UTC) if ts is not None else None,
+            **self.claim_values(),
+            "result": result,
+            "response_status": response_status,
+        }
+
+    def claim_values(self) -> dict[str, Any]:
+        """The columns the claim's statements add to the event's own (source, event key,
+        message id, signature timestamp) when they write this record."""
+        return {
             "verification": self.verification,
             "body_sha256": self.body_sha256,
             "body_size": self.body_size,

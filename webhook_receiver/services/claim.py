@@ -6,7 +6,8 @@ with the outcome most events end with; a handler whose result differs updates it
 the same transaction commits. If the handler raises, the claim rolls back with it, so a
 later delivery can claim the key again. A receipt therefore exists if and only if its
 effect committed. On PostgreSQL the claim statement also writes the delivery's audit
-record (``WITH … INSERT``), so a new event costs no extra round trip for it.
+record (``WITH … INSERT``), so a new event costs no extra round trip for it. Every
+statement is in ``queries.py``; they all take their parameters from one dict.
 
 A duplicate can be answered two ways, equally correct: by a read before the claim (one
 statement, no transaction, but a wasted round trip for every new event), or by the
@@ -16,7 +17,6 @@ order for the recent traffic of each source (setting ``DUPLICATE_CHECK``).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,21 +29,8 @@ from django.utils import timezone
 from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from ..models import FailedEvent, FailureStatus, RequestAudit, Result, WebhookReceipt
-from . import sql
-from .audit import ANSWER, AuditDraft, AuditValues
-
-DUPLICATE = Result.DUPLICATE.value  # a plain str: psycopg dumps it faster
-# On PostgreSQL a duplicate's audit record is committed without waiting for its WAL
-# flush (synchronous_commit off for that one transaction): it changes no business state,
-# so a database crash could lose at most the last fraction of a second of such records,
-# never a receipt or an effect. Its sender is answered without paying for a disk flush.
-# Only in a transaction of our own: a caller's transaction keeps its durability.
-RELAXED_COMMIT = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
-OPEN_FAILURES = tuple(
-    status.value for status in (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
-)
-# Where one statement may insert into two tables (``WITH … INSERT``); SQLite cannot.
-WRITABLE_CTE_VENDORS = frozenset({"postgresql"})
+from . import queries, sql
+from .audit import AuditDraft
 
 
 @dataclass(frozen=True)
@@ -64,68 +51,101 @@ def event_claim_and_apply(
 ) -> ReceiveOutcome:
     """Apply ``event`` unless its key was already claimed; answer duplicates from the
     stored outcome. A success also resolves the key's open failed event, if any.
+
+    ``audit``: the request's audit record, written by the same statements (retries and
+    replays have none).
     """
-    audit_values = audit.values() if audit is not None else None
+    handler = get_handler(event.event_type)
+    # The receipt goes in with the result most events end with (applied; ignored when no
+    # handler exists), so that only a different result costs an UPDATE.
+    expected = HandlerResult() if handler else _ignored(event)
+    params = _params(event, body=body, headers=headers, result=expected, audit=audit)
+    # Only a transaction of our own may relax its commit: a caller's keeps its durability.
     relax = connection.vendor == "postgresql" and not connection.in_atomic_block
-    with connection.cursor() as cursor:  # one cursor for both statements: it is not free
+    with connection.cursor() as cursor:  # one cursor for the first statements: it is not free
         # Read first (while duplicates are common, see DuplicateShare): one statement
         # answers a duplicate and writes its audit record. It is not the guard: a miss
         # goes on to the claim, which alone decides.
         if duplicate_share.read_first(event.source):
-            stored = _duplicate_outcome(cursor, event, audit_values, relax=relax)
+            stored = _read_duplicate(cursor, params, audited=audit is not None, relax=relax)
             if stored is not None:
                 duplicate_share.observe(event.source, duplicate=True, counts=audit is not None)
-                return ReceiveOutcome(
-                    status=Result.DUPLICATE, event_key=event.event_key, outcome=stored
-                )
+                return _duplicate(event, stored)
 
-        handler = get_handler(event.event_type)
-        # The receipt goes in with the result most events end with (applied; ignored when
-        # no handler exists), so that only a different result costs an UPDATE.
-        expected = HandlerResult() if handler else _ignored(event)
         with transaction.atomic():
-            claim = _claim(
-                cursor,
-                event,
-                body=body,
-                headers=headers,
-                result=expected,
-                audit=audit_values,
-                relax=relax,
-            )
+            claim = _claim(cursor, params, audited=audit is not None)
             duplicate_share.observe(
                 event.source, duplicate=claim.receipt_id is None, counts=audit is not None
             )
             if claim.receipt_id is None:
                 # The key was claimed before, or by a concurrent delivery (ON CONFLICT
                 # waited for it to commit): its outcome is readable now.
+                if relax:
+                    cursor.execute(queries.RELAX_COMMIT)
                 stored = claim.stored_outcome
                 if stored is None:
-                    audit_left = None if claim.audit_id is not None else audit_values
-                    stored = _duplicate_outcome(cursor, event, audit_left, relax=relax) or {}
-                return ReceiveOutcome(
-                    status=Result.DUPLICATE, event_key=event.event_key, outcome=stored
-                )
+                    unrecorded = audit is not None and claim.audit_id is None
+                    stored = _read_duplicate(cursor, params, audited=unrecorded) or {}
+                return _duplicate(event, stored)
+
             result = (handler(event) or expected) if handler else expected
             if result != expected:
-                sql.update(
-                    WebhookReceipt,
-                    claim.receipt_id,
-                    {
-                        "status": result.status,
-                        "subject": (result.subject or event.subject)[:255],
-                        "outcome": _outcome(event, result),
-                    },
-                )
+                params |= sql.adapt(_result_values(event, result), WebhookReceipt)
+                params |= {"receipt_id": claim.receipt_id, "audit_id": claim.audit_id}
+                cursor.execute(queries.UPDATE_RECEIPT_RESULT, params)
+                if claim.audit_id is not None:
+                    cursor.execute(queries.UPDATE_AUDIT_RESULT, params)
             if resolve_failures and claim.has_open_failure:
-                _resolve_open_failure(event, resolution=result.status.value)
-            if audit is not None:
-                if claim.audit_id is None:
-                    audit.record(result=result.status.value, response_status=200)
-                elif result != expected:
-                    sql.update(RequestAudit, claim.audit_id, {"result": result.status.value})
-    outcome = _outcome(event, result)
-    return ReceiveOutcome(status=result.status, event_key=event.event_key, outcome=outcome)
+                _resolve_open_failure(event, resolution=result.status)
+            if audit is not None and claim.audit_id is None:  # SQLite: not written yet
+                cursor.execute(queries.INSERT_AUDIT, params | {"response_status": 200})
+    return ReceiveOutcome(
+        status=result.status, event_key=event.event_key, outcome=_outcome(event, result)
+    )
+
+
+def _params(
+    event: WebhookEvent,
+    *,
+    body: bytes,
+    headers: Mapping[str, str],
+    result: HandlerResult,
+    audit: AuditDraft | None,
+) -> dict[str, Any]:
+    """The one dict of named parameters for every statement of this delivery: the
+    receipt's columns with the expected result, and the audit record's, adapted once."""
+    timestamp = event.signature_timestamp
+    row = {
+        "source": event.source,
+        "event_key": event.event_key,
+        "event_type": event.event_type,
+        "message_id": (event.message_id or "")[:255],
+        "signature_timestamp": (
+            datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
+        ),
+        "body": body,
+        "headers": storable_headers(headers),
+        # the request's arrival, when there is one: the receipt and audit times agree
+        "received_at": audit.received_at if audit is not None else timezone.now(),
+        **_result_values(event, result),
+    }
+    if audit is not None:
+        row |= {**audit.claim_values(), "received_at": audit.received_at}
+    return sql.adapt(row, WebhookReceipt, RequestAudit)
+
+
+def _result_values(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
+    """The receipt's and audit record's columns that depend on the handler's result."""
+    return {
+        "status": result.status,
+        "result": result.status,  # the audit record's name for it
+        "subject": (result.subject or event.subject)[:255],
+        "outcome": _outcome(event, result),
+    }
+
+
+def _duplicate(event: WebhookEvent, stored: Mapping[str, Any]) -> ReceiveOutcome:
+    return ReceiveOutcome(status=Result.DUPLICATE, event_key=event.event_key, outcome=stored)
 
 
 def _ignored(event: WebhookEvent) -> HandlerResult:
@@ -140,22 +160,16 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
     return outcome
 
 
-def _duplicate_outcome(
-    cursor: CursorWrapper, event: WebhookEvent, audit: AuditValues | None, *, relax: bool
+def _read_duplicate(
+    cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool, relax: bool = False
 ) -> dict[str, Any] | None:
-    """The stored outcome of a key that has a receipt, else None.
-
-    With an audit record to write, one statement does both halves of a duplicate's work: it inserts
-    the delivery's audit record only if the key has a receipt, and returns that receipt's
-    outcome. For a new key it writes nothing.
-    """
-    key = [event.source, event.event_key]
-    if audit is None:  # a retry or a replay: nothing to record here
-        statement, params = _outcome_sql(), key
+    """The stored outcome of a key that has a receipt, else None; with ``audited``, the
+    same statement records this delivery as a duplicate (and writes nothing for a new
+    key). ``relax`` only outside any transaction: the statement is then its own."""
+    if not audited:
+        statement = queries.READ_OUTCOME
     else:
-        names, audit_params = audit.with_answer(DUPLICATE, 200)
-        statement = _duplicate_sql(names, relax)
-        params = [*audit_params, *key, *key]
+        statement = queries.RECORD_DUPLICATE_RELAXED if relax else queries.RECORD_DUPLICATE
     cursor.execute(statement, params)
     found = cursor.fetchone()
     return None if found is None else _stored_outcome(found[0])
@@ -166,22 +180,30 @@ def _stored_outcome(value: Any) -> dict[str, Any]:
     return WebhookReceipt._meta.get_field("outcome").from_db_value(value, None, connection)
 
 
-@functools.cache
-def _outcome_sql() -> str:
-    receipts = sql.table(WebhookReceipt)
-    return f"SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s"
+@dataclass(frozen=True)
+class _Claim:
+    receipt_id: int | None  # None: the key was claimed already
+    has_open_failure: bool  # the key is held as a failed event: this is its redelivery
+    audit_id: int | None = None  # the audit record, when the claim statement wrote it
+    stored_outcome: dict[str, Any] | None = None  # a duplicate's first answer, when read
 
 
-@functools.cache
-def _duplicate_sql(names: tuple[str, ...], relax: bool) -> str:
-    receipts = sql.table(WebhookReceipt)
-    return (
-        f"INSERT INTO {sql.table(RequestAudit)} ({sql.columns(RequestAudit, names)}) "
-        f"SELECT {sql.placeholders(len(names))} "
-        f"WHERE EXISTS (SELECT 1 FROM {receipts} WHERE source = %s AND event_key = %s)"
-        f"{f' AND {RELAXED_COMMIT}' if relax else ''} "
-        f"RETURNING (SELECT outcome FROM {receipts} WHERE source = %s AND event_key = %s)"
-    )
+def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -> _Claim:
+    """INSERT the receipt unless (source, event_key) exists; on PostgreSQL, with
+    ``audited``, the same statement writes the audit record and reads a duplicate's
+    stored outcome."""
+    if connection.vendor != "postgresql":
+        cursor.execute(queries.CLAIM_SQLITE, params)
+        receipt_id, has_open_failure = cursor.fetchone() or (None, False)
+        return _Claim(receipt_id, bool(has_open_failure))
+    if not audited:
+        cursor.execute(queries.CLAIM, params)
+        receipt_id, has_open_failure = cursor.fetchone()
+        return _Claim(receipt_id, has_open_failure)
+    cursor.execute(queries.CLAIM_AUDITED, params)
+    receipt_id, has_open_failure, audit_id, stored = cursor.fetchone()
+    stored = _stored_outcome(stored) if stored is not None else None
+    return _Claim(receipt_id, has_open_failure, audit_id, stored)
 
 
 def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
@@ -193,7 +215,7 @@ def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
     """
     ids = list(
         FailedEvent.objects.select_for_update(skip_locked=True)
-        .filter(source=event.source, event_key=event.event_key, status__in=OPEN_FAILURES)
+        .filter(source=event.source, event_key=event.event_key, status__in=queries.OPEN)
         .values_list("id", flat=True)
     )
     if ids:
@@ -205,96 +227,6 @@ def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
             next_attempt_at=None,
             updated_at=now,
         )
-
-
-@dataclass(frozen=True)
-class _Claim:
-    receipt_id: int | None  # None: the key was claimed already
-    has_open_failure: bool  # the key is held as a failed event: this is its redelivery
-    audit_id: int | None  # the audit record, when the claim statement wrote it too
-    stored_outcome: dict[str, Any] | None  # a duplicate's first answer, when it was read
-
-
-def _claim(
-    cursor: CursorWrapper,
-    event: WebhookEvent,
-    *,
-    body: bytes,
-    headers: Mapping[str, str],
-    result: HandlerResult,
-    audit: AuditValues | None,
-    relax: bool,
-) -> _Claim:
-    """INSERT the receipt unless (source, event_key) exists.
-
-    On PostgreSQL the same statement also writes the delivery's audit record: with the
-    expected result if the receipt went in, else as a duplicate, whose stored outcome it
-    also reads and whose transaction it lets commit without waiting for the WAL flush.
-    """
-    timestamp = event.signature_timestamp
-    row = {
-        "source": event.source,
-        "event_key": event.event_key,
-        "event_type": event.event_type,
-        "message_id": (event.message_id or "")[:255],
-        "signature_timestamp": (
-            datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
-        ),
-        "status": result.status,
-        "subject": (result.subject or event.subject)[:255],
-        "outcome": _outcome(event, result),
-        "body": body,
-        "headers": storable_headers(headers),
-        "received_at": timezone.now(),
-    }
-    names = tuple(row)
-    params = sql.params(WebhookReceipt, names, row)
-    key = [event.source, event.event_key]
-    audit_names: tuple[str, ...] = ()
-    if audit is not None and connection.vendor in WRITABLE_CTE_VENDORS:
-        audit_names = audit.names
-        params += [*audit.params, result.status.value, *key]
-    cursor.execute(_claim_sql(names, audit_names, relax), [*params, *key, *OPEN_FAILURES])
-    # SQLite's RETURNING gives no row when the insert did nothing
-    receipt_id, has_open_failure, audit_id, stored = cursor.fetchone() or (None, 0, None, None)
-    if stored is not None:
-        stored = _stored_outcome(stored)
-    return _Claim(receipt_id, bool(has_open_failure), audit_id, stored)
-
-
-@functools.cache
-def _claim_sql(names: tuple[str, ...], audit_names: tuple[str, ...], relax: bool) -> str:
-    receipts = sql.table(WebhookReceipt)
-    insert_receipt = (
-        f"INSERT INTO {receipts} ({sql.columns(WebhookReceipt, names)}) "
-        f"VALUES ({sql.placeholders(len(names))}) "
-        "ON CONFLICT (source, event_key) DO NOTHING RETURNING id"
-    )
-    open_failure = (
-        f"EXISTS (SELECT 1 FROM {sql.table(FailedEvent)} "
-        "WHERE source = %s AND event_key = %s AND status IN (%s, %s, %s))"
-    )
-    if not audit_names:
-        return (
-            f"WITH claimed AS ({insert_receipt}) "
-            f"SELECT (SELECT id FROM claimed), {open_failure}, NULL, NULL"
-            if connection.vendor in WRITABLE_CTE_VENDORS
-            else f"{insert_receipt}, {open_failure}, NULL, NULL"
-        )
-    lost = "NOT EXISTS (SELECT 1 FROM claimed)"
-    # The stored outcome is read from the statement's snapshot: a receipt committed by a
-    # concurrent claim is not in it (NULL here; the caller reads it again).
-    return (
-        f"WITH claimed AS ({insert_receipt}), "
-        f"audited AS (INSERT INTO {sql.table(RequestAudit)} "
-        f"({sql.columns(RequestAudit, (*audit_names, *ANSWER))}) "
-        f"SELECT {sql.placeholders(len(audit_names))}, "
-        f"CASE WHEN {lost} THEN '{DUPLICATE}' ELSE %s END, 200 RETURNING id), "
-        f"stored AS (SELECT outcome FROM {receipts} "
-        f"WHERE {lost} AND source = %s AND event_key = %s) "
-        f"SELECT (SELECT id FROM claimed), {open_failure}, (SELECT id FROM audited), "
-        f"(SELECT outcome FROM stored{f' WHERE {RELAXED_COMMIT}' if relax else ''})"
-    )
 
 
 class DuplicateShare:

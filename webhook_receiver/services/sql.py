@@ -1,13 +1,13 @@
-"""Plain INSERT and UPDATE statements for the hot path, and the pieces to build others.
+"""Helpers for raw SQL: values adapted as the ORM would, and batched multi-row INSERTs.
 
-Two reasons to leave the ORM here: it cannot say ``ON CONFLICT … DO NOTHING RETURNING``,
-which is how the claim learns whether it won (services/claim.py composes that statement
-from ``table``, ``columns``, ``placeholders`` and ``params``); and for these small
-statements its machinery (model instances, the SQL compiler) costs more CPU than the
-database work.
-Values are adapted by each field's ``get_db_prep_save``, as the ORM would adapt them, on
-PostgreSQL and on SQLite alike; text and integer fields, whose values the drivers take
-as they are, skip that step (a measurable cost on a path that runs per request).
+The receive path's statements are in ``queries.py``; a host's handlers can use these
+helpers for their own (the demo shop does). Values are adapted by each model field's
+``get_db_prep_save``, as the ORM would adapt them, on PostgreSQL and on SQLite alike;
+values that the driver takes as they are skip that step (a measurable cost on a path
+that runs per request).
+
+Only the ``default`` database is used: the receive path runs on
+``django.db.connection``, like the transactions around it.
 """
 
 from __future__ import annotations
@@ -33,31 +33,35 @@ PASSED_AS_IS: dict[str, tuple[type[models.Field], ...]] = {
     ),
     "sqlite": (models.CharField, models.TextField, models.IntegerField),
 }
-
-
-@functools.cache
-def _fields(model: type[models.Model]) -> dict[str, models.Field]:
-    return {f.name: f for f in model._meta.concrete_fields}
+# PostgreSQL's wire protocol counts a statement's parameters in 16 bits; SQLite's limit
+# is the driver's feature flag.
+MAX_PARAMS = {"postgresql": 65535}
 
 
 @functools.cache
 def _adapters(
-    model: type[models.Model], names: tuple[str, ...], vendor: str
+    models_: tuple[type[models.Model], ...], names: tuple[str, ...], vendor: str
 ) -> tuple[models.Field | None, ...]:
-    """Per column, None when the value goes to the driver as it is, else the field."""
-    fields = _fields(model)
+    """Per name, None when the value goes to the driver as it is, else the field (of the
+    first model that has one by that name) that adapts it. Names of no field pass as is."""
     as_is = PASSED_AS_IS.get(vendor, ())
-    return tuple(None if isinstance(fields[name], as_is) else fields[name] for name in names)
+    fields: dict[str, models.Field] = {}
+    for model in reversed(models_):
+        fields.update({f.name: f for f in model._meta.concrete_fields})
+    found = (fields.get(name) for name in names)
+    return tuple(None if field is None or isinstance(field, as_is) else field for field in found)
 
 
-def params(model: type[models.Model], names: tuple[str, ...], row: Mapping[str, Any]) -> list:
-    """The values of ``row`` for ``names``, adapted for the database where needed."""
+def adapt(row: Mapping[str, Any], *model: type[models.Model]) -> dict[str, Any]:
+    """``row`` (field name -> value) with each value adapted for the database as the
+    field of that name in ``model`` would adapt it."""
     db = connections[DEFAULT_DB_ALIAS]  # not the proxy: the fields look it up repeatedly
+    names = tuple(row)
     adapters = _adapters(model, names, db.vendor)
-    return [
-        plain(row[name]) if field is None else field.get_db_prep_save(row[name], db)
+    return {
+        name: plain(row[name]) if field is None else field.get_db_prep_save(row[name], db)
         for name, field in zip(names, adapters, strict=True)
-    ]
+    }
 
 
 def plain(value: Any) -> Any:
@@ -66,52 +70,28 @@ def plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
-def table(model: type[models.Model]) -> str:
-    return connection.ops.quote_name(model._meta.db_table)
-
-
-def columns(model: type[models.Model], names: Sequence[str]) -> str:
-    return ", ".join(column(model, name) for name in names)
-
-
-def placeholders(count: int) -> str:
-    return ", ".join(["%s"] * count)
-
-
-def column(model: type[models.Model], name: str) -> str:
-    return connection.ops.quote_name(_fields(model)[name].column)
-
-
-def insert(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) -> None:
-    """INSERT ``rows`` (field name -> value, the same names in every row) in one statement."""
+def insert_rows(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) -> None:
+    """INSERT ``rows`` (field name -> value, the same names in every row): one statement,
+    or as few as the driver's parameter limit allows."""
+    if not rows:
+        return
     names = tuple(rows[0])
-    values = [value for row in rows for value in params(model, names, row)]
+    limit = MAX_PARAMS.get(connection.vendor) or connection.features.max_query_params or 999
+    per_statement = max(1, limit // len(names))
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(model, names, len(rows)), values)
+        for start in range(0, len(rows), per_statement):
+            batch = rows[start : start + per_statement]
+            values = [v for row in batch for v in adapt(row, model).values()]
+            cursor.execute(_insert_sql(model, names, len(batch)), values)
 
 
-def update(model: type[models.Model], pk: Any, values: Mapping[str, Any]) -> None:
-    """UPDATE one row, by primary key."""
-    names = tuple(values)
-    with connection.cursor() as cursor:
-        cursor.execute(_update_sql(model, names), [*params(model, names, values), pk])
-
-
-# The statements' text depends only on these arguments: build each once per process.
-
-
-@functools.cache
+@functools.lru_cache(maxsize=256)
 def _insert_sql(model: type[models.Model], names: tuple[str, ...], row_count: int) -> str:
-    row = f"({placeholders(len(names))})"
+    quote = connection.ops.quote_name
+    fields = {f.name: f for f in model._meta.concrete_fields}
+    columns = ", ".join(quote(fields[name].column) for name in names)
+    row = f"({', '.join(['%s'] * len(names))})"
     return (
-        f"INSERT INTO {table(model)} ({columns(model, names)}) "
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
         f"VALUES {', '.join([row] * row_count)}"
-    )
-
-
-@functools.cache
-def _update_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
-    assignments = ", ".join(f"{column(model, name)} = %s" for name in names)
-    return (
-        f"UPDATE {table(model)} SET {assignments} WHERE {column(model, model._meta.pk.name)} = %s"
     )

@@ -1,0 +1,141 @@
+"""The receive path's SQL: every statement a delivery runs, each with its purpose.
+
+Parameters are named, and one dict per delivery holds them all (``claim._params``): the
+receipt's columns, the audit record's (the two share source, event key, message id,
+signature timestamp and receipt time, which are the same values), and the ids and
+results that the later statements need. Table names are the models' ``db_table`` (a
+test checks them). Statements run on PostgreSQL and SQLite alike unless their comment
+says otherwise: only PostgreSQL lets one statement insert into two tables.
+
+Why raw SQL here: the ORM cannot say ``INSERT … ON CONFLICT DO NOTHING RETURNING``,
+which is how the claim learns whether it won; and for statements this small its
+machinery costs more CPU than the database's work.
+
+On PostgreSQL, a parameter must keep one type within a statement: a value that goes
+into a column in one place and is compared in another (source, event key) is written
+once and read back from the row where needed.
+"""
+
+from __future__ import annotations
+
+from ..models import FailureStatus, Result
+
+DUPLICATE = Result.DUPLICATE.value
+# a failed event in one of these is still open: a success resolves it
+OPEN = (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
+OPEN_FAILURES = ", ".join(f"'{status}'" for status in OPEN)
+
+_INSERT_RECEIPT = """
+    INSERT INTO webhook_receiver_webhookreceipt (
+        source, event_key, event_type, message_id, signature_timestamp,
+        status, subject, outcome, body, headers, received_at
+    ) VALUES (
+        %(source)s, %(event_key)s, %(event_type)s, %(message_id)s, %(signature_timestamp)s,
+        %(status)s, %(subject)s, %(outcome)s, %(body)s, %(headers)s, %(received_at)s
+    )
+    ON CONFLICT (source, event_key) DO NOTHING
+"""
+_HAS_OPEN_FAILURE = f"""
+    EXISTS (
+        SELECT 1 FROM webhook_receiver_failedevent
+        WHERE source = %(source)s AND event_key = %(event_key)s AND status IN ({OPEN_FAILURES})
+    )
+"""
+
+# Retries and replays, which write no audit record: the stored outcome of a key that has
+# a receipt (no row for a new key).
+READ_OUTCOME = """
+    SELECT outcome FROM webhook_receiver_webhookreceipt
+    WHERE source = %(source)s AND event_key = %(event_key)s
+"""
+
+# Reading first: if the key has a receipt, record this delivery as a duplicate and return
+# the receipt's outcome; for a new key, write nothing and return no row.
+RECORD_DUPLICATE = f"""
+    INSERT INTO webhook_receiver_requestaudit (
+        source, message_id, event_key, signature_timestamp, verification,
+        body_sha256, body_size, remote_addr, received_at, result, response_status
+    )
+    SELECT
+        source, %(message_id)s, event_key, %(signature_timestamp)s, %(verification)s,
+        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s, '{DUPLICATE}', 200
+    FROM webhook_receiver_webhookreceipt
+    WHERE source = %(source)s AND event_key = %(event_key)s
+    RETURNING (
+        SELECT outcome FROM webhook_receiver_webhookreceipt
+        WHERE source = %(source)s AND event_key = %(event_key)s
+    )
+"""
+# The same, run as a transaction of its own (autocommit, PostgreSQL), which then commits
+# without waiting for its WAL flush: a duplicate changes no business state. The setting
+# ends with this one statement, whatever the order its predicates are evaluated in, so it
+# can never reach a claim's transaction.
+RECORD_DUPLICATE_RELAXED = RECORD_DUPLICATE.replace(
+    "RETURNING", "AND set_config('synchronous_commit', 'off', true) IS NOT NULL\n    RETURNING"
+)
+
+# The claim (PostgreSQL), for a request: insert the receipt unless its key is taken, and
+# write the delivery's audit record, with the expected result or as a duplicate. Returns
+# the receipt's id (NULL: the key was taken), whether the key is held as a failed event,
+# the audit record's id, and a duplicate's stored outcome (NULL when the receipt was
+# committed by a concurrent claim after this statement's snapshot: read it again).
+CLAIM_AUDITED = f"""
+    WITH claimed AS ({_INSERT_RECEIPT} RETURNING id),
+    audited AS (
+        INSERT INTO webhook_receiver_requestaudit (
+            source, message_id, event_key, signature_timestamp, verification,
+            body_sha256, body_size, remote_addr, received_at, result, response_status
+        ) VALUES (
+            %(source)s, %(message_id)s, %(event_key)s, %(signature_timestamp)s, %(verification)s,
+            %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
+            CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN %(result)s ELSE '{DUPLICATE}' END, 200
+        )
+        RETURNING id
+    )
+    SELECT
+        (SELECT id FROM claimed),
+        {_HAS_OPEN_FAILURE},
+        (SELECT id FROM audited),
+        (SELECT outcome FROM webhook_receiver_webhookreceipt
+         WHERE NOT EXISTS (SELECT 1 FROM claimed)
+           AND source = %(source)s AND event_key = %(event_key)s)
+"""
+
+# The claim (PostgreSQL) for retries and replays: the receipt alone. Returns the
+# receipt's id (NULL: the key was taken) and whether the key is held as a failed event.
+CLAIM = f"""
+    WITH claimed AS ({_INSERT_RECEIPT} RETURNING id)
+    SELECT (SELECT id FROM claimed), {_HAS_OPEN_FAILURE}
+"""
+
+# The claim (SQLite), with or without a request: as CLAIM, but no row at all when the
+# key was taken (SQLite's RETURNING answers only for the rows it inserted).
+CLAIM_SQLITE = f"{_INSERT_RECEIPT} RETURNING id, {_HAS_OPEN_FAILURE}"
+
+# A duplicate found by the claim, in a transaction of our own (PostgreSQL): it changes
+# no business state, so let it commit without waiting for its WAL flush. Issued on that
+# branch only, once the claim has said that the key was taken.
+RELAX_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+
+# A handler's result differs from the one the receipt went in with: correct the receipt…
+UPDATE_RECEIPT_RESULT = """
+    UPDATE webhook_receiver_webhookreceipt
+    SET status = %(status)s, subject = %(subject)s, outcome = %(outcome)s
+    WHERE id = %(receipt_id)s
+"""
+# … and the audit record that the claim wrote with it.
+UPDATE_AUDIT_RESULT = """
+    UPDATE webhook_receiver_requestaudit SET result = %(result)s WHERE id = %(audit_id)s
+"""
+
+# An audit record on its own: a rejected request, a captured failure, a claim on SQLite.
+INSERT_AUDIT = """
+    INSERT INTO webhook_receiver_requestaudit (
+        source, message_id, event_key, signature_timestamp, verification,
+        body_sha256, body_size, remote_addr, received_at, result, response_status
+    ) VALUES (
+        %(source)s, %(message_id)s, %(event_key)s, %(signature_timestamp)s, %(verification)s,
+        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
+        %(result)s, %(response_status)s
+    )
+"""

@@ -14,10 +14,12 @@ def pytest_collection_modifyitems(config, items):
     engine = settings.DATABASES["default"]["ENGINE"]
     if "postgresql" in engine:
         return
-    skip = pytest.mark.skip(reason="needs PostgreSQL's row-level concurrency")
     for item in items:
-        if "postgres_only" in item.keywords:
-            item.add_marker(skip)
+        marker = item.get_closest_marker("postgres_only")
+        if marker is not None:
+            # each test says what of PostgreSQL it needs: @pytest.mark.postgres_only("why")
+            why = marker.args[0] if marker.args else "row-level concurrency"
+            item.add_marker(pytest.mark.skip(reason=f"needs PostgreSQL: {why}"))
 
 
 @pytest.fixture(autouse=True)

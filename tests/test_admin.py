@@ -291,7 +291,7 @@ def test_search_order_state_by_order_id(admin_client, deliveries):
     assert {(o.order_id, o.status, o.version) for o in found} == {("ord_C", "cancelled", 1)}
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only("the plans checked are those of PostgreSQL's planner")
 @pytest.mark.parametrize(
     "model", [WebhookReceipt, RequestAudit, InventoryLedgerEntry, OrderState, FailedEvent]
 )

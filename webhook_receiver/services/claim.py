@@ -60,8 +60,12 @@ def event_claim_and_apply(
     # handler exists), so that only a different result costs an UPDATE.
     expected = HandlerResult() if handler else _ignored(event)
     params = _params(event, body=body, headers=headers, result=expected, audit=audit)
-    # Only a transaction of our own may relax its commit: a caller's keeps its durability.
-    relax = connection.vendor == "postgresql" and not connection.in_atomic_block
+    # A duplicate's audit record may commit without waiting for its WAL flush, but only
+    # in a transaction of our own: a caller's keeps its durability. (Without an audit
+    # record a duplicate writes nothing, so there is nothing to flush.)
+    relax = (
+        audit is not None and connection.vendor == "postgresql" and not connection.in_atomic_block
+    )
     with connection.cursor() as cursor:  # one cursor for the first statements: it is not free
         # Read first (while duplicates are common, see DuplicateShare): one statement
         # answers a duplicate and writes its audit record. It is not the guard: a miss

@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 from tests import handlers
-from tests.signing import as_meta, event_body, reserved, standard_headers
+from tests.http import post
+from tests.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import FailedEvent
 
 CRASH = "test.crash"
-
-
-def post(client, source: str, body: bytes, headers: dict[str, str], **extra):
-    return client.post(
-        f"/webhooks/{source}/",
-        data=body,
-        content_type="application/json",
-        **as_meta(headers),
-        **extra,
-    )
 
 
 def fail_crash(client, msg_id: str, order_id: str = "ord_1") -> FailedEvent:

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
 from tests import handlers as test_handlers
+from tests.http import post
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.exceptions import TransientError
 from webhook_receiver.models import FailedEvent, FailureStatus, RequestAudit, WebhookReceipt
@@ -37,10 +38,6 @@ from webhook_receiver.services.failures import (
 URL = "/webhooks/shop/"
 REPO = Path(__file__).resolve().parent.parent
 LATER = timedelta(days=1)  # past any retry delay
-
-
-def post(client, body: bytes, headers: dict[str, str]):
-    return client.post(URL, data=body, content_type="application/json", **as_meta(headers))
 
 
 def receiver_settings(**overrides):
@@ -73,7 +70,7 @@ def test_a_transient_failure_then_success_applies_once_and_resolves(client):
     headers = standard_headers(body, msg_id="msg_transient")
     with crashing(failures=1):
         # when: the delivery fails
-        answer = post(client, body, headers)
+        answer = post(client, "shop", body, headers)
 
         # then: held for retry, not applied
         assert answer.status_code == 202
@@ -139,7 +136,7 @@ def test_a_permanent_failure_is_dead_at_once_with_everything_kept(client):
     headers = {**standard_headers(body, msg_id="msg_perm"), "Authorization": "Bearer secret"}
 
     # when
-    answer = post(client, body, headers)
+    answer = post(client, "shop", body, headers)
 
     # then
     assert answer.status_code == 202
@@ -168,7 +165,7 @@ def test_a_permanent_failure_is_dead_at_once_with_everything_kept(client):
 def test_an_unparsable_body_is_dead_lettered_under_its_message_id(client):
     body = b'{"type": "inventory.reserved", "data": '  # cut short
 
-    answer = post(client, body, standard_headers(body, msg_id="msg_cut"))
+    answer = post(client, "shop", body, standard_headers(body, msg_id="msg_cut"))
 
     assert answer.json() == {"status": "dead_lettered", "event_key": "msg_cut"}
     failed = FailedEvent.objects.get()
@@ -203,7 +200,7 @@ def test_exhausted_retries_go_dead_then_replay_applies_once_and_again_is_a_dupli
     headers = standard_headers(body, msg_id="msg_exhaust")
     with crashing(failures=100, RETRY_MAX_ATTEMPTS=3):
         # given: three attempts, all failing
-        assert post(client, body, headers).json()["status"] == "deferred"
+        assert post(client, "shop", body, headers).json()["status"] == "deferred"
         for day in (1, 2):
             assert failed_events_retry_due(now=timezone.now() + day * LATER) == 1
 
@@ -242,7 +239,7 @@ def test_exhausted_retries_go_dead_then_replay_applies_once_and_again_is_a_dupli
 def test_a_failed_replay_keeps_the_event_dead_and_records_the_error(client):
     body = event_body("test.crash", order_id="ord_y")
     with crashing(failures=100, RETRY_MAX_ATTEMPTS=1):
-        post(client, body, standard_headers(body, msg_id="msg_still_broken"))
+        post(client, "shop", body, standard_headers(body, msg_id="msg_still_broken"))
         failed = FailedEvent.objects.get()
         assert failed.status == "dead"
 
@@ -261,8 +258,8 @@ def test_the_senders_redelivery_of_a_dead_key_is_processed_and_resolves_it(clien
     body = event_body("test.crash", order_id="ord_z")
     headers = standard_headers(body, msg_id="msg_redelivered")
     with crashing(failures=1, RETRY_MAX_ATTEMPTS=1):
-        assert post(client, body, headers).json()["status"] == "dead_lettered"
-        answer = post(client, body, standard_headers(body, msg_id="msg_redelivered"))
+        assert post(client, "shop", body, headers).json()["status"] == "dead_lettered"
+        answer = post(client, "shop", body, standard_headers(body, msg_id="msg_redelivered"))
 
     assert answer.json()["status"] == "applied"
     failed = FailedEvent.objects.get()
@@ -273,7 +270,7 @@ def test_the_senders_redelivery_of_a_dead_key_is_processed_and_resolves_it(clien
 @pytest.mark.django_db
 def test_discard_needs_a_reason_and_records_who_and_when(client):
     body = reserved("ord_d", ("SKU", 0))  # quantity 0: dead at once
-    post(client, body, standard_headers(body, msg_id="msg_discard"))
+    post(client, "shop", body, standard_headers(body, msg_id="msg_discard"))
     failed = FailedEvent.objects.get()
 
     with pytest.raises(ValueError):
@@ -309,7 +306,8 @@ def test_one_poison_event_among_100_good_ones_blocks_none_of_them(client, seed):
     with receiver_settings(RETRY_MAX_ATTEMPTS=3, **handlers(test_poison="tests.handlers.poison")):
         # when
         answers = {
-            key: post(client, body, standard_headers(body, msg_id=key)) for key, body in arrivals
+            key: post(client, "shop", body, standard_headers(body, msg_id=key))
+            for key, body in arrivals
         }
         for day in (1, 2, 3):
             failed_events_retry_due(now=timezone.now() + day * LATER)
@@ -342,7 +340,7 @@ def _capture_due(key: str, event_type: str) -> None:
     )
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only("row locks taken with SKIP LOCKED")
 @pytest.mark.django_db(transaction=True)
 def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
     # given: 40 due events whose handler notices overlapping runs
@@ -416,7 +414,7 @@ def _wait_for(condition, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only("a Celery worker must see the test database (SQLite's is in memory)")
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, tmp_path):
     from webhook_receiver.tasks import retry_failed_events

@@ -19,6 +19,7 @@ from django.test import override_settings
 
 from project.shop.models import InventoryLedgerEntry, OrderState
 from tests import handlers as test_handlers
+from tests.http import post
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
@@ -29,10 +30,6 @@ URL = "/webhooks/shop/"
 # Every test here runs under both orders of the first statement (DUPLICATE_CHECK).
 pytestmark = pytest.mark.usefixtures("duplicate_check")
 REPO = Path(__file__).resolve().parent.parent
-
-
-def post(client, body: bytes, headers: dict[str, str]):
-    return client.post(URL, data=body, content_type="application/json", **as_meta(headers))
 
 
 def with_handler(event_type: str, path: str):
@@ -47,8 +44,8 @@ def test_new_event_is_applied_and_its_duplicate_answers_the_stored_outcome(clien
     headers = standard_headers(body, msg_id="msg_dup")
 
     # when
-    first = post(client, body, headers)
-    second = post(client, body, headers)
+    first = post(client, "shop", body, headers)
+    second = post(client, "shop", body, headers)
 
     # then
     assert first.status_code == 200
@@ -78,9 +75,9 @@ def test_new_event_is_applied_and_its_duplicate_answers_the_stored_outcome(clien
 @pytest.mark.django_db
 def test_a_redelivery_signed_later_with_a_new_timestamp_is_still_a_duplicate(client):
     body = reserved("ord_2", ("SKU-A", 1))
-    post(client, body, standard_headers(body, msg_id="msg_same"))
+    post(client, "shop", body, standard_headers(body, msg_id="msg_same"))
 
-    again = post(client, body, standard_headers(body, msg_id="msg_same", timestamp=None))
+    again = post(client, "shop", body, standard_headers(body, msg_id="msg_same", timestamp=None))
 
     assert again.json()["status"] == "duplicate"
     assert InventoryLedgerEntry.objects.count() == 1
@@ -92,8 +89,8 @@ def test_released_adds_stock_back(client):
     release = event_body(
         "inventory.released", order_id="ord_3", version=2, lines=[{"sku": "SKU-A", "quantity": 3}]
     )
-    post(client, reserve, standard_headers(reserve))
-    post(client, release, standard_headers(release))
+    post(client, "shop", reserve, standard_headers(reserve))
+    post(client, "shop", release, standard_headers(release))
 
     total = InventoryLedgerEntry.objects.filter(sku="SKU-A").aggregate(total=Sum("delta"))
     assert total["total"] == 0
@@ -138,7 +135,8 @@ def test_order_state_moves_forward_only_and_late_versions_are_stale(client):
 
     # when
     answers = [
-        post(client, b, standard_headers(b)).json() for b in (paid_v2, cancelled_v1, fulfilled_v2)
+        post(client, "shop", b, standard_headers(b)).json()
+        for b in (paid_v2, cancelled_v1, fulfilled_v2)
     ]
 
     # then
@@ -155,7 +153,10 @@ def test_order_state_moves_forward_only_and_late_versions_are_stale(client):
     assert list(audits) == [("applied", 200), ("stale", 200), ("stale", 200)]
 
     fulfilled_v3 = event_body("order.fulfilled", order_id="ord_4", version=3)
-    assert post(client, fulfilled_v3, standard_headers(fulfilled_v3)).json()["status"] == "applied"
+    assert (
+        post(client, "shop", fulfilled_v3, standard_headers(fulfilled_v3)).json()["status"]
+        == "applied"
+    )
     state.refresh_from_db()
     assert (state.status, state.version) == ("fulfilled", 3)
 
@@ -164,7 +165,7 @@ def test_order_state_moves_forward_only_and_late_versions_are_stale(client):
 def test_unknown_event_type_is_recorded_as_ignored(client):
     body = event_body("customer.updated", customer_id="c_1")
 
-    answer = post(client, body, standard_headers(body, msg_id="msg_unknown"))
+    answer = post(client, "shop", body, standard_headers(body, msg_id="msg_unknown"))
 
     assert answer.status_code == 200
     assert answer.json()["status"] == "ignored"
@@ -188,8 +189,8 @@ def test_a_handler_registered_with_the_decorator_runs_in_the_claim(client):
 
     try:
         body = event_body("invoice.paid", invoice="inv_9")
-        answer = post(client, body, standard_headers(body, msg_id="msg_inv"))
-        post(client, body, standard_headers(body, msg_id="msg_inv"))
+        answer = post(client, "shop", body, standard_headers(body, msg_id="msg_inv"))
+        post(client, "shop", body, standard_headers(body, msg_id="msg_inv"))
     finally:
         _registry.pop("invoice.paid")
 
@@ -203,7 +204,7 @@ def test_a_handler_named_in_settings_wins_over_one_registered_in_code(client):
     test_handlers.failures_left["count"] = 0
     body = reserved("ord_5", ("SKU-A", 1))
     with with_handler("inventory.reserved", "tests.handlers.fails_after_writing"):
-        post(client, body, standard_headers(body))
+        post(client, "shop", body, standard_headers(body))
 
     assert list(InventoryLedgerEntry.objects.values_list("sku", flat=True)) == ["CRASH"]
 
@@ -217,7 +218,7 @@ def test_a_handler_that_fails_after_writing_leaves_nothing_and_the_redelivery_ap
 
     with with_handler("test.crash", "tests.handlers.fails_after_writing"):
         # when: the first delivery crashes
-        failed = post(client, body, headers)
+        failed = post(client, "shop", body, headers)
         # then: the claim rolled back with the ledger row; the event is held for retry
         assert failed.status_code == 202
         assert failed.json() == {"status": "deferred", "event_key": "msg_crash"}
@@ -232,8 +233,8 @@ def test_a_handler_that_fails_after_writing_leaves_nothing_and_the_redelivery_ap
         assert FailedEvent.objects.get().status == "retrying"
 
         # when: the sender redelivers, twice
-        retried = post(client, body, headers)
-        again = post(client, body, headers)
+        retried = post(client, "shop", body, headers)
+        again = post(client, "shop", body, headers)
 
     # then: applied exactly once, and the redelivery resolved the failed event
     assert retried.json()["status"] == "applied"
@@ -244,7 +245,7 @@ def test_a_handler_that_fails_after_writing_leaves_nothing_and_the_redelivery_ap
     assert WebhookReceipt.objects.filter(event_key="msg_crash").count() == 1
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only("another process must see the test database (SQLite's is in memory)")
 @pytest.mark.django_db(transaction=True)
 def test_a_process_killed_mid_transaction_leaves_nothing_and_the_redelivery_applies_once(client):
     # given: another process runs the service with a handler that SIGKILLs it after
@@ -282,7 +283,7 @@ with override_settings(WEBHOOK_RECEIVER=config):
     # when: the sender redelivers to a healthy handler
     with with_handler("test.kill", "tests.handlers.fails_after_writing"):
         test_handlers.failures_left["count"] = 0
-        answer = post(client, body, headers)
+        answer = post(client, "shop", body, headers)
 
     # then
     assert answer.json()["status"] == "applied"
@@ -315,7 +316,7 @@ def _deliver_concurrently(url: str, body: bytes, headers: dict[str, str], sender
     return answers
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only("row-level concurrency, where SQLite serialises writers")
 @pytest.mark.django_db(transaction=True)
 def test_32_concurrent_deliveries_of_one_new_event_apply_it_once(threaded_server):
     # given
@@ -348,7 +349,7 @@ def test_32_concurrent_deliveries_of_one_new_event_apply_it_once(threaded_server
     assert originals == [applied] * (senders - 1)
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only("row-level concurrency, where SQLite serialises writers")
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_versions_of_one_order_converge_on_the_highest(threaded_server):
     # given: versions 1..32 of one order, all sent at once
@@ -391,7 +392,7 @@ def test_adaptive_reads_first_only_while_most_recent_deliveries_are_duplicates(c
 
     def deliver_all() -> list[str]:
         return [
-            post(client, body, standard_headers(body, msg_id=msg_id)).json()["status"]
+            post(client, "shop", body, standard_headers(body, msg_id=msg_id)).json()["status"]
             for body, msg_id in zip(bodies, ids, strict=True)
         ]
 
@@ -424,28 +425,3 @@ def test_retries_and_replays_do_not_move_the_duplicate_share():
         share.observe("shop", duplicate=True, counts=False)
 
     assert share._shares.get("shop", 0.0) == 0.0
-
-
-@pytest.mark.postgres_only
-@pytest.mark.django_db(transaction=True)
-def test_only_a_transaction_of_its_own_relaxes_the_commit_of_a_duplicate(client):
-    from django.db import transaction
-    from django.test.utils import CaptureQueriesContext
-
-    body = reserved("ord_relax", ("SKU-A", 1))
-    headers = standard_headers(body, msg_id="msg_relax")
-    assert post(client, body, headers).json()["status"] == "applied"
-
-    # a delivery on its own: the duplicate's record is committed without a WAL flush
-    with CaptureQueriesContext(connection) as own:
-        assert post(client, body, headers).json()["status"] == "duplicate"
-    assert any("synchronous_commit" in q["sql"] for q in own.captured_queries)
-
-    # inside a caller's transaction: that transaction keeps its durability
-    with transaction.atomic():
-        with CaptureQueriesContext(connection) as nested:
-            assert post(client, body, headers).json()["status"] == "duplicate"
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW synchronous_commit")
-            assert cursor.fetchone()[0] == "on"
-    assert not any("synchronous_commit" in q["sql"] for q in nested.captured_queries)

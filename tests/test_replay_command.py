@@ -17,7 +17,8 @@ from django.test import override_settings
 
 from project.shop.models import InventoryLedgerEntry
 from tests import handlers
-from tests.failing import CRASH, fail_crash, fail_schema, post
+from tests.failing import CRASH, fail_crash, fail_schema
+from tests.http import post
 from tests.signing import stripe_headers
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 from webhook_receiver.services.failures import failed_event_discard

@@ -134,7 +134,7 @@ def _params(
         **_result_values(event, result),
     }
     if audit is not None:
-        row |= {**audit.claim_values(), "received_at": audit.received_at}
+        row |= audit.claim_values()
     return sql.adapt(row, WebhookReceipt, RequestAudit)
 
 

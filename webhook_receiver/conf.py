@@ -45,6 +45,12 @@ DEFAULTS: dict[str, Any] = {
     # "adaptive": per process and source, read first while most recent deliveries were
     # duplicates, claim first otherwise. All three are equally correct.
     "DUPLICATE_CHECK": "adaptive",
+    # PostgreSQL: within the claim's transaction (a handler's statements included), the
+    # longest wait for a lock and the longest statement; 0 means no limit. Past either,
+    # the delivery fails as transient and is captured (202 deferred), so that senders get
+    # an answer well within their own timeout (10 s for GitHub) and workers stay free.
+    "LOCK_TIMEOUT_MS": 2000,
+    "STATEMENT_TIMEOUT_MS": 5000,
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -110,6 +116,8 @@ class AppSettings:
     sweep_batch_size: int
     failed_event_retention: timedelta
     duplicate_check: str
+    lock_timeout_ms: int
+    statement_timeout_ms: int
 
 
 def _secrets(slug: str, value: Any) -> tuple[str, ...]:
@@ -174,7 +182,18 @@ def app_settings() -> AppSettings:
         sweep_batch_size=int(merged["SWEEP_BATCH_SIZE"]),
         failed_event_retention=timedelta(days=merged["FAILED_EVENT_RETENTION_DAYS"]),
         duplicate_check=merged["DUPLICATE_CHECK"],
+        lock_timeout_ms=_milliseconds(merged, "LOCK_TIMEOUT_MS"),
+        statement_timeout_ms=_milliseconds(merged, "STATEMENT_TIMEOUT_MS"),
     )
+
+
+def _milliseconds(merged: Mapping[str, Any], key: str) -> int:
+    value = merged[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER[{key!r}] must be a whole number of milliseconds, 0 for no limit."
+        )
+    return value
 
 
 def get_source(slug: str) -> SourceConfig | None:

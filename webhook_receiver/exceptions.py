@@ -7,6 +7,7 @@
 - ``TransientError``: the work may succeed later; a retry (or the sender) tries again.
 - ``PermanentError``: the event can never be applied as it is; it is dead-lettered at
   once for an operator.
+- ``NotStored``: neither applied nor captured; the sender is answered 503 and retries.
 
 A class docstring is the default message.
 """
@@ -78,6 +79,11 @@ class TimestampOutOfTolerance(RejectedRequest):
         super().__init__(message)
         # the VerifiedMessage: the signature matched, only its time is wrong
         self.verified = verified
+
+
+class NotStored(WebhookError):
+    """A verified event could be neither applied nor captured (the database is down or
+    refuses writes): nothing was stored, so the sender must keep it and retry."""
 
 
 class TransientError(WebhookError):

@@ -57,7 +57,7 @@ class WebhookEvent:
             for name in ("order_id", "id"):
                 value = data.get(name)
                 if isinstance(value, str | int) and not isinstance(value, bool):
-                    return str(value)[:255]
+                    return str(value)
         return ""
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from typing import IO
 
 from django.contrib.auth.decorators import login_not_required
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.renderers import JSONRenderer
@@ -13,8 +14,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .exceptions import RejectedRequest
+from .exceptions import NotStored, RejectedRequest
 from .models import Result
+from .services import faults
 from .services.inbound import webhook_receive
 
 logger = logging.getLogger(__name__)
@@ -36,13 +38,17 @@ class WebhookView(APIView):
     parser_classes = ()
     throttle_classes = ()
     renderer_classes = (JSONRenderer,)
+    # Senders only POST. Anything else is refused with 405 before any work (and without
+    # an audit record): no DRF metadata for OPTIONS, no database.
+    http_method_names = ["post"]
 
     def post(self, request: Request, source: str) -> Response:
+        stream, length = _body(request)
         try:
             result = webhook_receive(
                 source_slug=source,
-                stream=request.stream,
-                content_length=_content_length(request),
+                stream=stream,
+                content_length=length,
                 headers=request.headers,
                 remote_addr=request.META.get("REMOTE_ADDR"),
             )
@@ -51,13 +57,13 @@ class WebhookView(APIView):
             if exc.show_detail:
                 body["detail"] = str(exc)
             return Response(body, status=exc.status_code)
-        except (OperationalError, InterfaceError) as exc:
-            logger.warning("database unavailable; the sender will retry: %s", type(exc).__name__)
+        except NotStored:  # logged where it happened
             return _retry_later()
-        except Exception:
-            # Reached only when a verified event could not even be captured as failed:
-            # nothing was stored, so the sender must keep it and retry.
-            logger.exception("webhook neither applied nor captured; the sender will retry")
+        except Exception as exc:
+            # A fault outside the service's own handling (a stream that broke while being
+            # read, say): nothing was stored, so the sender must keep the event and retry.
+            faults.connection_discard_if_broken(exc)
+            faults.log_failure(logger, "webhook request failed; the sender will retry", exc)
             return _retry_later()
         if result.status in (Result.DEFERRED, Result.DEAD_LETTERED):
             return Response({"status": result.status, "event_key": result.event_key}, status=202)
@@ -79,9 +85,23 @@ def _retry_later() -> Response:
     )
 
 
+def _body(request: Request) -> tuple[IO[bytes] | None, int | None]:
+    """The body's stream and its announced length.
+
+    A chunked body has no Content-Length. When the server has de-chunked it and marks
+    the input's end (``wsgi.input_terminated``, as gunicorn does), it is read from the
+    WSGI input to its end, the size limit enforced while reading. Without that mark
+    there is no safe end to read to, and the body counts as empty.
+    """
+    length = _content_length(request)
+    if length is None and request.META.get("wsgi.input_terminated"):
+        return request.META["wsgi.input"], None
+    return request.stream, length
+
+
 def _content_length(request: Request) -> int | None:
-    try:
-        length = int(request.META["CONTENT_LENGTH"])
-    except (KeyError, ValueError):
+    raw = request.META.get("CONTENT_LENGTH") or ""
+    if not raw.isascii() or not raw.isdigit():
         return None
-    return length if length >= 0 else None
+    # more digits than any body can have: over every limit, and kept away from int()
+    return int(raw) if len(raw) <= 18 else 10**18

@@ -31,8 +31,16 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 
 def _text(data: dict[str, Any], key: str, max_length: int = 100) -> str:
     value = data.get(key)
-    if not isinstance(value, str) or not value or len(value) > max_length:
-        raise InvalidPayload(f"'{key}' must be a non-empty string of at most {max_length}.")
+    # printable: no NUL (which the database refuses) nor other control characters
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > max_length
+        or not value.isprintable()
+    ):
+        raise InvalidPayload(
+            f"'{key}' must be a non-empty string of at most {max_length} printable characters."
+        )
     return value
 
 

@@ -7,7 +7,7 @@ import hashlib
 import ipaddress
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connection
@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..models import RequestAudit, Verification
-from . import queries, sql
+from . import queries, sql, storable
 from .retention import delete_in_batches
 
 logger = logging.getLogger(__name__)
@@ -50,12 +50,12 @@ class AuditDraft:
 
     def row(self, *, result: str, response_status: int) -> dict[str, Any]:
         """The audit record's columns, by field name."""
-        ts = self.signature_timestamp
+        # everything here may come from an unauthenticated request: made storable
         return {
-            "source": self.source[:100],
-            "message_id": self.message_id[:255],
-            "event_key": self.event_key[:255],
-            "signature_timestamp": datetime.fromtimestamp(ts, UTC) if ts is not None else None,
+            "source": storable.text(self.source, 100),
+            "message_id": storable.text(self.message_id, 255),
+            "event_key": storable.text(self.event_key, 255),
+            "signature_timestamp": storable.moment(self.signature_timestamp),
             **self.claim_values(),
             "result": result,
             "response_status": response_status,
@@ -72,15 +72,22 @@ class AuditDraft:
             "received_at": self.received_at,
         }
 
-    def record_best_effort(self, *, result: str, response_status: int) -> None:
-        """Record, but never let a broken database hide the error being reported."""
+    def record_best_effort(self, *, result: str, response_status: int) -> DatabaseError | None:
+        """Record, but never let a broken database hide the answer being given: return
+        the database's error instead of raising it. The caller logs the record's fields
+        (``log_fields``) in its place."""
         try:
             self.record(result=result, response_status=response_status)
-        except DatabaseError:
-            logger.exception(
-                "could not write the audit record",
-                extra={"source": self.source, "result": result, "body_sha256": self.body_sha256},
-            )
+        except DatabaseError as exc:
+            return exc
+        return None
+
+    def log_fields(self, *, result: str, response_status: int) -> dict[str, Any]:
+        """The record's fields for a log line that stands in for it."""
+        row = self.row(result=result, response_status=response_status)
+        row["received_at"] = self.received_at.isoformat()
+        row["signature_timestamp"] = self.signature_timestamp
+        return row
 
 
 @functools.lru_cache(maxsize=1024)  # the same few proxies and senders, request after request

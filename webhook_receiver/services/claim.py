@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -29,7 +28,7 @@ from django.utils import timezone
 from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from ..models import FailedEvent, FailureStatus, RequestAudit, Result, WebhookReceipt
-from . import queries, sql
+from . import queries, sql, storable
 from .audit import AuditDraft
 
 
@@ -118,24 +117,32 @@ def _params(
 ) -> dict[str, Any]:
     """The one dict of named parameters for every statement of this delivery: the
     receipt's columns with the expected result, and the audit record's, adapted once."""
-    timestamp = event.signature_timestamp
     row = {
         "source": event.source,
         "event_key": event.event_key,
         "event_type": event.event_type,
-        "message_id": (event.message_id or "")[:255],
-        "signature_timestamp": (
-            datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
-        ),
+        "message_id": storable.text(event.message_id or "", 255),
+        "signature_timestamp": storable.moment(event.signature_timestamp),
         "body": body,
         "headers": storable_headers(headers),
         # the request's arrival, when there is one: the receipt and audit times agree
         "received_at": audit.received_at if audit is not None else timezone.now(),
         **_result_values(event, result),
+        **_bounds(),
     }
     if audit is not None:
         row |= audit.claim_values()
     return sql.adapt(row, WebhookReceipt, RequestAudit)
+
+
+def _bounds() -> dict[str, str]:
+    """The claim transaction's lock and statement timeouts (LOCK_TIMEOUT_MS,
+    STATEMENT_TIMEOUT_MS), as PostgreSQL's set_config takes them."""
+    config = app_settings()
+    return {
+        "lock_timeout": f"{config.lock_timeout_ms}ms",
+        "statement_timeout": f"{config.statement_timeout_ms}ms",
+    }
 
 
 def _result_values(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
@@ -143,7 +150,7 @@ def _result_values(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]
     return {
         "status": result.status,
         "result": result.status,  # the audit record's name for it
-        "subject": (result.subject or event.subject)[:255],
+        "subject": storable.text(result.subject or event.subject, 255),
         "outcome": _outcome(event, result),
     }
 
@@ -202,10 +209,10 @@ def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -
         return _Claim(receipt_id, bool(has_open_failure))
     if not audited:
         cursor.execute(queries.CLAIM, params)
-        receipt_id, has_open_failure = cursor.fetchone()
+        receipt_id, has_open_failure, *_ = cursor.fetchone()
         return _Claim(receipt_id, has_open_failure)
     cursor.execute(queries.CLAIM_AUDITED, params)
-    receipt_id, has_open_failure, audit_id, stored = cursor.fetchone()
+    receipt_id, has_open_failure, audit_id, stored, *_ = cursor.fetchone()
     stored = _stored_outcome(stored) if stored is not None else None
     return _Claim(receipt_id, has_open_failure, audit_id, stored)
 
@@ -268,6 +275,6 @@ duplicate_share = DuplicateShare()
 
 
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The headers worth keeping with an event: all but credentials (REDACTED_HEADERS)."""
-    redacted = app_settings().redacted_headers
-    return {name: value for name, value in headers.items() if name.lower() not in redacted}
+    """The headers worth keeping with an event: all but credentials (REDACTED_HEADERS),
+    made storable."""
+    return storable.headers(headers, leave_out=app_settings().redacted_headers)

@@ -12,6 +12,7 @@ from .. import signatures
 from ..conf import SourceConfig
 from ..exceptions import InvalidPayload
 from ..handlers import WebhookEvent
+from . import storable
 
 
 def parse_event(
@@ -23,8 +24,10 @@ def parse_event(
     """Parse a verified body into a ``WebhookEvent``; raise ``InvalidPayload`` if unusable."""
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidPayload(f"The body is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        # also a number of more than 4300 digits (ValueError) and nesting deeper than
+        # the interpreter's recursion limit: the same bytes fail the same way every time
+        raise InvalidPayload(f"The body is not usable JSON: {type(exc).__name__}") from exc
     if not isinstance(payload, dict):
         raise InvalidPayload("The body must be a JSON object.")
     scheme = signatures.get_scheme(source.scheme)
@@ -35,7 +38,7 @@ def parse_event(
     return WebhookEvent(
         source=source.slug,
         event_key=key,
-        event_type=event_type[:255],
+        event_type=storable.text(event_type, 255),
         payload=payload,
         message_id=message.message_id,
         signature_timestamp=message.timestamp,
@@ -56,6 +59,6 @@ def _event_key(
             raise InvalidPayload(f"{source.event_key} could not derive a key: {exc!r}") from exc
     else:
         key = scheme.default_key(payload=payload, message=message)
-    if not isinstance(key, str) or not key or len(key) > 255:
-        raise InvalidPayload("No event key (a string of 1 to 255 characters) could be derived.")
-    return key
+    if not isinstance(key, str) or not key:
+        raise InvalidPayload("No event key (a non-empty string) could be derived.")
+    return storable.key(key)

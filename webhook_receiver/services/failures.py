@@ -23,10 +23,10 @@ import logging
 import random
 import traceback
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import DataError, transaction
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
@@ -35,6 +35,7 @@ from ..exceptions import PermanentError
 from ..handlers import WebhookEvent
 from ..models import FailedEvent, FailureStatus, Result
 from ..signatures import VerifiedMessage
+from . import storable
 from .claim import event_claim_and_apply
 from .events import parse_event
 from .retention import delete_in_batches
@@ -48,9 +49,23 @@ MAX_TRACEBACK_CHARS = 20_000
 MAX_MESSAGE_CHARS = 2_000
 
 
+# Errors that the same event meets on every attempt, whoever raises them: the database
+# refusing a value (too long, NUL, out of range, not a number: DataError), nesting too
+# deep to walk, text that cannot be encoded. Retrying them only delays the dead letter.
+ALWAYS_RECUR: tuple[type[BaseException], ...] = (
+    PermanentError,
+    DataError,
+    RecursionError,
+    UnicodeError,
+)
+
+
 def classify(exc: BaseException) -> str:
-    """Permanent only when the error says so; anything else may succeed later."""
-    return PERMANENT if isinstance(exc, PermanentError) else TRANSIENT
+    """Permanent when the error will recur on every attempt (ALWAYS_RECUR); anything
+    else may succeed later: a lost connection, a deadlock, a lock or statement timeout,
+    a read-only or restarting database, a row that another event has yet to create
+    (IntegrityError), a dependency that is down, a bug that a deploy may fix."""
+    return PERMANENT if isinstance(exc, ALWAYS_RECUR) else TRANSIENT
 
 
 def retry_delay(attempts: int, *, rng: random.Random | None = None) -> timedelta:
@@ -82,17 +97,14 @@ def failure_capture(
     gets the new error appended to the same row.
     """
     now = now or timezone.now()
-    timestamp = captured.signature_timestamp
     with transaction.atomic():
         failed, _ = FailedEvent.objects.select_for_update().get_or_create(
             source=captured.source,
             event_key=captured.event_key,
             defaults={
-                "event_type": captured.event_type[:255],
-                "message_id": captured.message_id[:255],
-                "signature_timestamp": (
-                    datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
-                ),
+                "event_type": storable.text(captured.event_type, 255),
+                "message_id": storable.text(captured.message_id, 255),
+                "signature_timestamp": storable.moment(captured.signature_timestamp),
                 "body": captured.body,
                 "headers": captured.headers,
                 "status": FailureStatus.RETRYING,

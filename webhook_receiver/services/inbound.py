@@ -27,6 +27,7 @@ from django.utils.datastructures import CaseInsensitiveMapping
 from .. import signatures
 from ..conf import get_source
 from ..exceptions import (
+    NotStored,
     PayloadTooLarge,
     RejectedRequest,
     TimestampOutOfTolerance,
@@ -34,6 +35,7 @@ from ..exceptions import (
 )
 from ..handlers import WebhookEvent
 from ..models import FailureStatus, Result
+from . import faults, storable
 from .audit import AuditDraft
 from .claim import ReceiveOutcome, event_claim_and_apply, storable_headers
 from .events import parse_event
@@ -85,7 +87,13 @@ def webhook_receive(
             audit.message_id = exc.verified.message_id or ""
             audit.signature_timestamp = exc.verified.timestamp
         audit.verification = exc.code
-        audit.record(result=exc.code, response_status=exc.status_code)
+        # The refusal stands whether or not its record can be written: an unauthenticated
+        # request never turns into a 5xx. A log line stands in for a record not written.
+        error = audit.record_best_effort(result=exc.code, response_status=exc.status_code)
+        if error is not None:
+            faults.connection_discard_if_broken(error)
+            fields = audit.log_fields(result=exc.code, response_status=exc.status_code)
+            faults.log_failure(logger, "audit record not written", error, **fields)
         raise
     audit.message_id = message.message_id or ""
     audit.signature_timestamp = message.timestamp
@@ -110,20 +118,32 @@ def webhook_receive(
         try:
             with transaction.atomic():
                 failed = failure_capture(captured=captured, exc=exc)
-                status = (
-                    Result.DEAD_LETTERED if failed.status == FailureStatus.DEAD else Result.DEFERRED
-                )
+                dead = failed.status == FailureStatus.DEAD
+                status = Result.DEAD_LETTERED if dead else Result.DEFERRED
                 audit.record(result=status, response_status=202)
-        except Exception:
-            logger.exception("could not capture a failed webhook event; the sender must retry")
-            audit.record_best_effort(result=type(exc).__name__, response_status=503)
-            raise exc from None
+        except Exception as capture_error:
+            # Nothing was stored: the sender keeps the event and retries. One log line,
+            # with the audit record's fields when even that could not be written.
+            result = type(exc).__name__
+            unwritten = audit.record_best_effort(result=result, response_status=503)
+            faults.connection_discard_if_broken(capture_error)
+            faults.log_failure(
+                logger,
+                "webhook neither applied nor captured; the sender will retry",
+                capture_error,
+                first_error=faults.error_name(exc),
+                audit_written=unwritten is None,
+                **audit.log_fields(result=result, response_status=503),
+            )
+            raise NotStored() from None
         return ReceiveOutcome(status=status, event_key=captured.event_key)
 
 
 def _fallback_key(message: signatures.VerifiedMessage, body: bytes) -> str:
     """A key for an event whose own key could not be derived (e.g. unparsable body)."""
-    return message.message_id or f"sha256:{hashlib.sha256(body).hexdigest()}"
+    if message.message_id:
+        return storable.key(message.message_id)
+    return f"{storable.DIGEST_PREFIX}{hashlib.sha256(body).hexdigest()}"
 
 
 def read_limited_body(stream: IO[bytes] | None, content_length: int | None, limit: int) -> bytes:

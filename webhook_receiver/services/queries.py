@@ -35,6 +35,14 @@ _INSERT_RECEIPT = """
     )
     ON CONFLICT (source, event_key) DO NOTHING
 """
+# For the rest of the claim's transaction (the handler's statements, the outcome's update):
+# wait at most this long for a lock, and run no statement longer, so that a locked or
+# slow table makes a delivery fail fast (and be captured as deferred) instead of holding
+# the sender and the worker. Local to the transaction, and returned only to be ignored.
+_BOUND_THE_TRANSACTION = """
+    set_config('lock_timeout', %(lock_timeout)s, true),
+    set_config('statement_timeout', %(statement_timeout)s, true)
+"""
 _HAS_OPEN_FAILURE = f"""
     EXISTS (
         SELECT 1 FROM webhook_receiver_failedevent
@@ -78,7 +86,8 @@ RECORD_DUPLICATE_RELAXED = RECORD_DUPLICATE.replace(
 # write the delivery's audit record, with the expected result or as a duplicate. Returns
 # the receipt's id (NULL: the key was taken), whether the key is held as a failed event,
 # the audit record's id, and a duplicate's stored outcome (NULL when the receipt was
-# committed by a concurrent claim after this statement's snapshot: read it again).
+# committed by a concurrent claim after this statement's snapshot: read it again); then
+# bounds the rest of the transaction.
 CLAIM_AUDITED = f"""
     WITH claimed AS ({_INSERT_RECEIPT} RETURNING id),
     audited AS (
@@ -98,14 +107,16 @@ CLAIM_AUDITED = f"""
         (SELECT id FROM audited),
         (SELECT outcome FROM webhook_receiver_webhookreceipt
          WHERE NOT EXISTS (SELECT 1 FROM claimed)
-           AND source = %(source)s AND event_key = %(event_key)s)
+           AND source = %(source)s AND event_key = %(event_key)s),
+        {_BOUND_THE_TRANSACTION}
 """
 
 # The claim (PostgreSQL) for retries and replays: the receipt alone. Returns the
-# receipt's id (NULL: the key was taken) and whether the key is held as a failed event.
+# receipt's id (NULL: the key was taken) and whether the key is held as a failed event;
+# then bounds the rest of the transaction.
 CLAIM = f"""
     WITH claimed AS ({_INSERT_RECEIPT} RETURNING id)
-    SELECT (SELECT id FROM claimed), {_HAS_OPEN_FAILURE}
+    SELECT (SELECT id FROM claimed), {_HAS_OPEN_FAILURE}, {_BOUND_THE_TRANSACTION}
 """
 
 # The claim (SQLite), with or without a request: as CLAIM, but no row at all when the

@@ -66,8 +66,14 @@ def require(headers: Mapping[str, str], *names: str) -> list[str]:
     return [headers[name] for name in names]
 
 
+# Converting a few dozen digits is cheap, and a signed absurd timestamp then fails the
+# tolerance check like any other (401, authentic but not now); thousands of digits are
+# refused as malformed before int() is asked (which itself refuses more than 4300).
+TIMESTAMP_MAX_DIGITS = 32
+
+
 def parse_timestamp(raw: str, header: str) -> int:
-    if not raw.isascii() or not raw.isdigit():
+    if len(raw) > TIMESTAMP_MAX_DIGITS or not raw.isascii() or not raw.isdigit():
         raise MalformedSignatureHeaders(f"{header} must be an integer Unix timestamp.")
     return int(raw)
 

@@ -25,11 +25,15 @@ class GitHub(Scheme):
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes
     ) -> VerifiedMessage:
         (raw,) = require(headers, "x-hub-signature-256")
-        algorithm, _, hexdigest = raw.partition("=")
-        if algorithm != "sha256" or not hexdigest:
-            raise MalformedSignatureHeaders("X-Hub-Signature-256 must be 'sha256=<hex>'.")
+        # a repeated header reaches us joined by a comma (WSGI): each part is checked
+        presented = []
+        for part in raw.split(","):
+            algorithm, _, hexdigest = part.strip().partition("=")
+            if algorithm != "sha256" or not hexdigest:
+                raise MalformedSignatureHeaders("X-Hub-Signature-256 must be 'sha256=<hex>'.")
+            presented.append(hexdigest.encode("utf-8", "replace"))
         expected = (_digest(secret, body).encode() for secret in secrets)
-        if not any_match(expected, [hexdigest.encode("utf-8", "replace")]):
+        if not any_match(expected, presented):
             raise InvalidSignature()
         delivery = headers.get("x-github-delivery") or None
         return VerifiedMessage(scheme=self.name, message_id=delivery, timestamp=None)

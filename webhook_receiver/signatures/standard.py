@@ -1,6 +1,11 @@
 """Standard Webhooks (standardwebhooks.com): ``webhook-id``, ``webhook-timestamp`` and
 ``webhook-signature: v1,<base64>``, an HMAC-SHA256 of ``{id}.{timestamp}.{body}`` under
-the base64 key after ``whsec_``."""
+the base64 key after ``whsec_``.
+
+Svix, where the specification comes from, names the same headers ``svix-id``,
+``svix-timestamp`` and ``svix-signature``, and the Standard Webhooks libraries accept
+both: so does this scheme, preferring the ``webhook-`` names when a request has both.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import binascii
 import functools
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 
 from ..exceptions import InvalidSignature, MalformedSignatureHeaders
@@ -33,6 +39,17 @@ def _b64decode_or_empty(encoded: str) -> bytes:
         return b""  # an undecodable signature simply matches nothing
 
 
+# "<version>,<signature>" at the start or after a space or comma; base64 holds neither
+_ENTRY = re.compile(r"(?<![^\s,])(v\w*),([^\s,]*)")
+
+
+def _v1_signatures(raw: str) -> list[str]:
+    """The ``v1`` signatures of a header of space-separated ``<version>,<base64>``
+    entries. A repeated header reaches us joined by a comma (WSGI), which this reads as
+    well. Other versions (the asymmetric ``v1a``) are not ours to check."""
+    return [sig for version, sig in _ENTRY.findall(raw) if version == "v1"]
+
+
 def _digest(secret: str, message_id: str, timestamp: int, body: bytes) -> bytes:
     signed = f"{message_id}.{timestamp}.".encode() + body
     return hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
@@ -44,16 +61,12 @@ class StandardWebhooks(Scheme):
     def verify(
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes
     ) -> VerifiedMessage:
+        prefix = "webhook" if "webhook-id" in headers or "svix-id" not in headers else "svix"
         msg_id, raw_ts, raw_sigs = require(
-            headers, "webhook-id", "webhook-timestamp", "webhook-signature"
+            headers, f"{prefix}-id", f"{prefix}-timestamp", f"{prefix}-signature"
         )
-        timestamp = parse_timestamp(raw_ts, "webhook-timestamp")
-        # other versions (e.g. the asymmetric v1a) are not ours to check
-        encoded = [
-            sig
-            for version, _, sig in (entry.partition(",") for entry in raw_sigs.split())
-            if version == "v1"
-        ]
+        timestamp = parse_timestamp(raw_ts, f"{prefix}-timestamp")
+        encoded = _v1_signatures(raw_sigs)
         if not encoded:
             raise MalformedSignatureHeaders("webhook-signature holds no 'v1,<base64>' entry.")
         presented = [_b64decode_or_empty(sig) for sig in encoded]

@@ -1,0 +1,68 @@
+"""Values from a request, made fit for their columns before anything stores them.
+
+A verified sender can still send bytes a column refuses: a key longer than 255
+characters, NUL (which PostgreSQL's text types cannot hold), a lone surrogate (which
+UTF-8 cannot encode), a timestamp past year 9999. None of them may cost an event its
+receipt or a request its audit record, so every value a request brings goes through
+one of these functions on its way to the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+KEY_MAX_LENGTH = 255
+DIGEST_PREFIX = "sha256:"
+# what datetime (and so the database column) can hold: years 1970 to 9999
+LATEST_TIMESTAMP = 253402300799
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _unstorable(char: str) -> bool:
+    """Control characters (NUL among them) and lone surrogates."""
+    code = ord(char)
+    return code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xE000
+
+
+def text(value: str, max_length: int) -> str:
+    """``value`` with control characters and lone surrogates escaped (``\\x00``), cut to
+    ``max_length``: for values that are shown and searched, never compared for identity."""
+    if value.isprintable() and len(value) <= max_length:  # the usual case, at C speed
+        return value
+    return "".join(_escape(c) if _unstorable(c) else c for c in value)[:max_length]
+
+
+def key(raw: str) -> str:
+    """An event key as stored: the sender's own when it fits, else a digest of it.
+
+    The digest (``sha256:`` and 64 hex digits) is the same for every redelivery of the
+    same key, so deduplication still holds; the sender's original stays in the stored
+    body or headers.
+    """
+    if len(raw) <= KEY_MAX_LENGTH and not any(_unstorable(c) for c in raw):
+        return raw
+    return DIGEST_PREFIX + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def moment(timestamp: int | None) -> datetime | None:
+    """A signature timestamp as a datetime, or None when no column could hold it."""
+    if timestamp is None or not 0 <= timestamp <= LATEST_TIMESTAMP:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+def headers(received: Mapping[str, str], *, leave_out: Iterable[str]) -> dict[str, str]:
+    """The headers worth keeping, names and values made storable, ``leave_out`` (lower
+    case names: credentials) left out."""
+    dropped = frozenset(leave_out)
+    return {
+        text(name, 200): text(value, 8192)
+        for name, value in received.items()
+        if name.lower() not in dropped
+    }

@@ -103,6 +103,8 @@ WEBHOOK_RECEIVER = {
     },
     "AUDIT_RETENTION_DAYS": env.int("WEBHOOK_AUDIT_RETENTION_DAYS", default=30),
     "DUPLICATE_CHECK": env.str("WEBHOOK_DUPLICATE_CHECK", default="adaptive"),
+    "LOCK_TIMEOUT_MS": env.int("WEBHOOK_LOCK_TIMEOUT_MS", default=2000),
+    "STATEMENT_TIMEOUT_MS": env.int("WEBHOOK_STATEMENT_TIMEOUT_MS", default=5000),
 }
 
 # --- Celery ------------------------------------------------------------------------

@@ -8,14 +8,17 @@ import io
 import json
 
 import pytest
+from django.db import DataError, IntegrityError, InternalError, OperationalError, ProgrammingError
 from django.test import RequestFactory
 
 from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.http import only_audit, post, sha256
 from tests.settings import SHOP_SECRET
 from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
+from webhook_receiver.exceptions import InvalidPayload
 from webhook_receiver.models import FailedEvent, RequestAudit, WebhookReceipt
 from webhook_receiver.services import storable
+from webhook_receiver.services.failures import classify
 from webhook_receiver.signatures import sign
 from webhook_receiver.views import WebhookView
 
@@ -252,3 +255,26 @@ def test_values_from_a_request_are_made_storable():
     assert storable.headers({"X-A": "v\x00", "Cookie": "c"}, leave_out={"cookie"}) == {
         "X-A": "v\\x00"
     }
+
+
+# --- classification: permanent means "fails the same way every time" -------------------
+
+
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        (InvalidPayload("bad"), "permanent"),
+        (DataError("value too long"), "permanent"),
+        (RecursionError("too deep"), "permanent"),
+        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), "permanent"),
+        (OperationalError("deadlock detected"), "transient"),
+        (InternalError("cannot execute INSERT in a read-only transaction"), "transient"),
+        (IntegrityError("violates foreign key constraint"), "transient"),
+        (ProgrammingError("relation does not exist"), "transient"),
+        (ConnectionError("the dependency is down"), "transient"),
+        (ValueError("a bug a deploy may fix"), "transient"),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else value,
+)
+def test_each_class_of_error_is_classified_by_whether_it_can_recur(error, kind):
+    assert classify(error) == kind

@@ -201,3 +201,28 @@ def test_an_outage_logs_one_line_per_request_and_one_traceback(
     assert len(lines) == 5
     assert [r.exc_info is not None for r in lines] == [True, False, False, False, False]
     assert all("\n" not in r.getMessage() for r in lines)
+
+
+def test_a_worker_whose_session_went_read_only_reconnects_on_its_next_run(
+    persistent_connections,
+):
+    from webhook_receiver.tasks import purge_audit_records
+
+    # given: the worker's session is read-only, and there is something to purge
+    RequestAudit.objects.create(
+        source="shop",
+        verification="verified",
+        response_status=200,
+        received_at=timezone.now() - timezone.timedelta(days=400),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION default_transaction_read_only = on")
+
+    # when: the task fails on it, and runs again
+    with pytest.raises(Exception, match="read-only transaction"):
+        purge_audit_records()
+    purged = purge_audit_records()
+
+    # then: the second run had a fresh, writable session
+    assert purged == 1
+    assert not RequestAudit.objects.exists()

@@ -7,14 +7,35 @@ sweeper claims rows with ``SKIP LOCKED``, and every effect goes through the clai
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from celery import shared_task
+from django.db import DatabaseError
 
 from .conf import app_settings
 from .services.audit import audit_purge
 from .services.failures import failed_events_purge, failed_events_retry_due
+from .services.faults import connection_discard_if_broken
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
 AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+
+
+def healing(task: Callable[..., Any]) -> Callable[..., Any]:
+    """A database error that leaves the worker's session unusable (read-only, shut down)
+    closes that connection, so that the next run opens a fresh one (services/faults.py)."""
+
+    @functools.wraps(task)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return task(*args, **kwargs)
+        except DatabaseError as exc:
+            connection_discard_if_broken(exc)
+            raise
+
+    return run
 
 
 @shared_task(
@@ -23,6 +44,7 @@ AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_resul
     time_limit=300,
     **AT_LEAST_ONCE,
 )
+@healing
 def retry_failed_events() -> int:
     """Retry the failed events that are due, one bounded batch per run.
 
@@ -41,6 +63,7 @@ def retry_failed_events() -> int:
     time_limit=600,
     **AT_LEAST_ONCE,
 )
+@healing
 def purge_audit_records() -> int:
     """Delete audit records past ``AUDIT_RETENTION_DAYS``."""
     return audit_purge()
@@ -52,6 +75,7 @@ def purge_audit_records() -> int:
     time_limit=600,
     **AT_LEAST_ONCE,
 )
+@healing
 def purge_failed_events() -> int:
     """Delete resolved and discarded failed events past ``FAILED_EVENT_RETENTION_DAYS``."""
     return failed_events_purge()

@@ -35,7 +35,7 @@ def secret_key(secret: str) -> bytes:
 def _b64decode_or_empty(encoded: str) -> bytes:
     try:
         return base64.b64decode(encoded, validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, and non-ASCII characters (a header's latin-1)
         return b""  # an undecodable signature simply matches nothing
 
 
@@ -51,7 +51,8 @@ def _v1_signatures(raw: str) -> list[str]:
 
 
 def _digest(secret: str, message_id: str, timestamp: int, body: bytes) -> bytes:
-    signed = f"{message_id}.{timestamp}.".encode() + body
+    # surrogatepass: a header value is never refused for its characters, only unmatched
+    signed = f"{message_id}.{timestamp}.".encode("utf-8", "surrogatepass") + body
     return hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
 
 

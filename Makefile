@@ -2,9 +2,13 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-HOST   ?= 127.0.0.1
-PORT   ?= 8000
+# Where `make run` serves: the command line (make run PORT=8150), else the environment,
+# else HOST= and PORT= lines in .env, else these. send_test_webhook reads the same.
+HOST ?= $(or $(shell sed -n 's/^HOST=//p' .env 2>/dev/null | tail -n 1),127.0.0.1)
+PORT ?= $(or $(shell sed -n 's/^PORT=//p' .env 2>/dev/null | tail -n 1),8000)
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/webhook_receiver
+# The test database pytest creates and drops; give each concurrent run its own name.
+TEST_DATABASE_NAME ?= test_webhook_receiver
 
 .PHONY: install run test test-postgres test-sqlite bench lint
 
@@ -30,23 +34,20 @@ run: install .env
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
 	@echo
-	@echo "  Endpoint:   POST http://$(HOST):$(PORT)/webhooks/shop/"
-	@echo "  Admin:      http://$(HOST):$(PORT)/admin/  (create a user: $(BIN)/python manage.py createsuperuser)"
-	@echo "  Send a signed test event (in another terminal):"
-	@echo "      $(BIN)/python manage.py send_test_webhook"
-	@echo "  or print it as a curl command:"
-	@echo "      $(BIN)/python manage.py send_test_webhook --print-curl"
+	@echo "  Endpoint:  POST http://$(HOST):$(PORT)/webhooks/shop/"
+	@echo "  Admin:     http://$(HOST):$(PORT)/admin/"
+	@echo "  In another terminal, create an admin user:"
+	@echo "      $(BIN)/python manage.py createsuperuser"
+	@echo "  and send a signed test event (add --print-curl for a curl command instead):"
+	@echo "      $(BIN)/python manage.py send_test_webhook --url http://$(HOST):$(PORT)/webhooks/shop/"
+	@echo "  Stop with Ctrl-C. This serves gunicorn directly, for development only."
 	@echo
-	@trap 'kill 0' INT TERM EXIT; \
-	$(BIN)/celery -A project worker --loglevel INFO --concurrency 2 & \
-	$(BIN)/celery -A project beat --loglevel INFO & \
-	$(BIN)/gunicorn project.wsgi --bind $(HOST):$(PORT) --workers 2 --access-logfile - & \
-	wait
+	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m project.devserver --host $(HOST) --port $(PORT)
 
 test: test-postgres test-sqlite
 
 test-postgres: install
-	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest
+	DATABASE_URL=$(PG_TEST_URL) TEST_DATABASE_NAME=$(TEST_DATABASE_NAME) $(BIN)/pytest
 
 test-sqlite: install
 	DATABASE_URL=sqlite:///$(CURDIR)/var/test.sqlite3 $(BIN)/pytest

@@ -11,10 +11,11 @@ import environ
 from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
 
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env")  # optional; real environment variables win
+# the embedded default's files: SQLite database, filesystem broker, beat's schedule
+VAR_DIR = Path(env("DEMO_VAR_DIR", default=str(BASE_DIR / "var")))
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="insecure-dev-only-set-DJANGO_SECRET_KEY")
@@ -111,6 +112,8 @@ WEBHOOK_RECEIVER = {
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
+    for _folder in (_broker_dir, VAR_DIR / "broker-control"):
+        _folder.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),

@@ -16,6 +16,8 @@ DATABASES = {
     ),
 }
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# PostgreSQL: the database pytest creates and drops; two runs on one server need two names
+DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME", default=None)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20}
 else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 import urllib.error
@@ -16,6 +17,16 @@ from webhook_receiver import signatures
 from webhook_receiver.conf import get_source
 
 
+def default_url(slug: str) -> str:
+    """Where a local server listens: HOST and PORT from the environment (the demo's
+    settings load .env into it), as `make run` chooses them."""
+    host = os.environ.get("HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "[::]"):  # listening everywhere: reach it on loopback
+        host = "127.0.0.1"
+    port = os.environ.get("PORT") or "8000"
+    return f"http://{host}:{port}/webhooks/{slug}/"
+
+
 class Command(BaseCommand):
     help = (
         "Sign a test event with the source's configured secret and POST it. "
@@ -24,7 +35,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--source", default="shop")
-        parser.add_argument("--url", help="default: http://127.0.0.1:8000/webhooks/<source>/")
+        parser.add_argument(
+            "--url",
+            help="default: http://$HOST:$PORT/webhooks/<source>/, with HOST and PORT read as "
+            "`make run` reads them (the environment, then .env), else 127.0.0.1 and 8000",
+        )
         parser.add_argument(
             "--type",
             default="inventory.reserved",
@@ -44,7 +59,7 @@ class Command(BaseCommand):
         source = get_source(options["source"])
         if source is None:
             raise CommandError(f"No source {options['source']!r} in WEBHOOK_RECEIVER['SOURCES'].")
-        url = options["url"] or f"http://127.0.0.1:8000/webhooks/{source.slug}/"
+        url = options["url"] or default_url(source.slug)
         event_id = options["event_id"] or f"msg_{uuid.uuid4().hex}"
         now = int(time.time())
         data: dict[str, Any] = {

@@ -1,0 +1,105 @@
+"""Run the demo for development: gunicorn, a Celery worker and Celery beat, together.
+
+    python -m project.devserver [--host 127.0.0.1] [--port 8000]
+
+(`make run` runs this.) Ctrl-C, or SIGTERM to this process, stops all three: each is
+sent one SIGTERM, and whatever still runs after STOP_SECONDS is killed with its
+process group. The three run in sessions of their own, so that the terminal's Ctrl-C
+reaches this process alone and each of them is told exactly once.
+
+gunicorn is served directly, which suits development only: in production put nginx in
+front of it (deploy/nginx.conf, README "Running in production").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+STOP_SECONDS = 10
+
+
+def commands(host: str, port: int) -> dict[str, list[str]]:
+    bin_dir = Path(sys.executable).parent
+    return {
+        "web": [
+            str(bin_dir / "gunicorn"),
+            "project.wsgi",
+            "--bind",
+            f"{host}:{port}",
+            "--workers",
+            "2",
+            "--access-logfile",
+            "-",
+        ],
+        "worker": [
+            str(bin_dir / "celery"),
+            "-A",
+            "project",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            "2",
+        ],
+        "beat": [str(bin_dir / "celery"), "-A", "project", "beat", "--loglevel", "INFO"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    args = parser.parse_args(argv)
+
+    stop_requested: list[int] = []
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop_requested.append(signum)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    children = {
+        name: subprocess.Popen(command, start_new_session=True)
+        for name, command in commands(args.host, args.port).items()
+    }
+    # Until a stop is asked for, or one of the three ends by itself.
+    while not stop_requested and all(child.poll() is None for child in children.values()):
+        time.sleep(0.2)
+    ended = [name for name, child in children.items() if child.poll() is not None]
+    if ended and not stop_requested:
+        print(f"\n{', '.join(ended)} stopped by itself; stopping the rest.", flush=True)
+    else:
+        print("\nStopping web, worker and beat…", flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
+    return stop(children)
+
+
+def stop(children: dict[str, subprocess.Popen[bytes]]) -> int:
+    for child in children.values():
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + STOP_SECONDS
+    for name, child in children.items():
+        try:
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"{name} did not stop in {STOP_SECONDS} s: killed.", flush=True)
+        # the group: a Celery pool's processes, gunicorn's workers
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    print("Stopped.", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

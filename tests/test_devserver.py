@@ -1,0 +1,114 @@
+"""`make run`'s launcher (project/devserver.py): it starts web, worker and beat, and a
+Ctrl-C or SIGTERM stops every process it started, quickly and quietly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.settings import SHOP_SECRET
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
+    # given: the launcher running, on its own port and files, as `make run` starts it
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DEMO_VAR_DIR": str(tmp_path / "var"),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "CELERY_BROKER_URL": "filesystem://",
+        "SHOP_WEBHOOK_SECRETS": SHOP_SECRET,
+    }
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "project.devserver", "--port", str(port)],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a terminal's foreground group, of which it is the leader
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not listening(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert listening(port), "gunicorn never listened"
+        time.sleep(3)  # the worker and beat are up too
+        started = descendants(launcher.pid)
+        assert len(started) >= 5  # 3 programs, gunicorn's 2 workers, the worker's pool
+
+        # when: Ctrl-C in the terminal (SIGINT to the whole foreground group), or SIGTERM
+        stopped_at = time.monotonic()
+        if how == "ctrl-c":
+            os.killpg(launcher.pid, signal.SIGINT)
+        else:
+            launcher.send_signal(signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=30)
+        took = time.monotonic() - stopped_at
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+    # then: everything it started has ended, within seconds, and nothing holds the port
+    text = output.decode(errors="replace")
+    assert launcher.returncode == 0, text[-2000:]
+    assert took < 12
+    assert [pid for pid in started if alive(pid)] == []
+    assert not listening(port)
+    # and the terminal shows a short, calm shutdown
+    shutdown = text[text.index("Stopping web, worker and beat") :]
+    assert len(shutdown.splitlines()) < 25, shutdown
+    assert shutdown.rstrip().endswith("Stopped.")
+    for alarm in ("Segmentation fault", "Traceback", "killed"):
+        assert alarm not in shutdown

@@ -60,8 +60,8 @@ def webhook_receive(
     Raises a ``RejectedRequest`` when the request is refused (nothing stored but the
     audit record). A verified event that cannot be applied now is captured as a failed
     event and answered ``deferred`` (transient) or ``dead_lettered`` (permanent). Only
-    when even that capture fails (the database is down) does the original error
-    propagate, so that the sender retries.
+    when even that capture fails (the database is down) does it raise ``NotStored``, so
+    that the sender keeps the event and retries.
     """
     audit = AuditDraft(source=source_slug, received_at=timezone.now(), remote_addr=remote_addr)
     if not isinstance(headers, CaseInsensitiveMapping):  # request.headers already is one

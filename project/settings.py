@@ -100,8 +100,22 @@ WEBHOOK_RECEIVER = {
             "SECRETS": env.list("SHOP_WEBHOOK_SECRETS", default=[]),
             "TOLERANCE_SECONDS": env.int("SHOP_WEBHOOK_TOLERANCE_SECONDS", default=300),
             "MAX_BODY_BYTES": env.int("SHOP_WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024),
+            # the shop's record of truth, through the http contract; off without a URL
+            "RECONCILE": (
+                {
+                    "ADAPTER": "http",
+                    "OPTIONS": {
+                        "URL": env("SHOP_RECONCILE_URL"),
+                        "TOKEN": env("SHOP_RECONCILE_TOKEN", default=""),
+                    },
+                }
+                if env("SHOP_RECONCILE_URL", default="")
+                else None
+            ),
         },
     },
+    # reconciliation asks the shop how its order states differ from what the sender lists
+    "STATE_COMPARISON": "project.shop.reconcile.compare_order_states",
     "AUDIT_RETENTION_DAYS": env.int("WEBHOOK_AUDIT_RETENTION_DAYS", default=30),
     "DUPLICATE_CHECK": env.str("WEBHOOK_DUPLICATE_CHECK", default="adaptive"),
     "LOCK_TIMEOUT_MS": env.int("WEBHOOK_LOCK_TIMEOUT_MS", default=2000),
@@ -132,6 +146,10 @@ CELERY_BEAT_SCHEDULE = {
     "retry-failed-webhook-events": {
         "task": "webhook_receiver.retry_failed_events",
         "schedule": env.float("WEBHOOK_RETRY_SWEEP_SECONDS", default=15.0),
+    },
+    "reconcile-webhook-sources": {
+        "task": "webhook_receiver.reconcile_sources",
+        "schedule": crontab(minute="*/15"),
     },
     "purge-webhook-audit-records": {
         "task": "webhook_receiver.purge_audit_records",

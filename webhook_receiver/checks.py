@@ -11,6 +11,7 @@ from django.utils.module_loading import import_string
 from . import signatures
 from .conf import app_settings
 from .handlers import registration_conflicts
+from .senders import BUILT_IN
 
 
 @checks.register()
@@ -43,6 +44,15 @@ def check_webhook_receiver_settings(
             )
     paths = [(f"['HANDLERS'][{t!r}]", p) for t, p in config.handlers.items()]
     paths += [(f"['SOURCES'][{s!r}]['EVENT_KEY']", c.event_key) for s, c in config.sources.items()]
+    paths += [
+        (
+            f"['SOURCES'][{s!r}]['RECONCILE']['ADAPTER']",
+            BUILT_IN.get(c.reconcile.adapter, c.reconcile.adapter),
+        )
+        for s, c in config.sources.items()
+        if c.reconcile is not None
+    ]
+    paths.append(("['STATE_COMPARISON']", config.state_comparison))
     for where, path in paths:
         if not path:
             continue

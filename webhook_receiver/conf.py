@@ -51,6 +51,12 @@ DEFAULTS: dict[str, Any] = {
     # an answer well within their own timeout (10 s for GitHub) and workers stay free.
     "LOCK_TIMEOUT_MS": 2000,
     "STATEMENT_TIMEOUT_MS": 5000,
+    # reconciliation: the host's comparison of business state with what senders list,
+    # fn(*, source, orders) -> iterable of StateMismatch (None: no state is compared)
+    "STATE_COMPARISON": None,
+    # a run still "running" after this long was abandoned (a killed worker): the next
+    # start closes it as failed
+    "RECONCILE_RUN_TIMEOUT_SECONDS": 3600,
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -64,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 POSITIVE_KEYS = (
+    "RECONCILE_RUN_TIMEOUT_SECONDS",
     "AUDIT_RETENTION_DAYS",
     "PURGE_BATCH_SIZE",
     "RETRY_MAX_ATTEMPTS",
@@ -84,7 +91,33 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     # dotted path of fn(*, payload, message) -> str, called with the parsed body and
     # the VerifiedMessage
     "EVENT_KEY": None,
+    # reconciliation against the sender's record of truth; None: off for this source
+    "RECONCILE": None,
 }
+
+RECONCILE_DEFAULTS: dict[str, Any] = {
+    # "http", "file", or the dotted path of an adapter (webhook_receiver.senders)
+    "ADAPTER": "http",
+    "OPTIONS": {},
+    # a run covers [now - LOOKBACK, now - GRACE): events still in flight are left out
+    "LOOKBACK_SECONDS": 7200,
+    "GRACE_SECONDS": 600,
+    # the sender's side is read this much wider on both ends, so that an event at the
+    # window's edge is never reported as unexpected
+    "MARGIN_SECONDS": 300,
+}
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    adapter: str
+    options: Mapping[str, Any]
+    lookback: timedelta
+    grace: timedelta
+    margin: timedelta
+
+    def __repr__(self) -> str:  # options hold credentials: never in tracebacks or logs
+        return f"ReconcileConfig(adapter={self.adapter!r}, options=<{len(self.options)} hidden>)"
 
 
 @dataclass(frozen=True)
@@ -95,6 +128,7 @@ class SourceConfig:
     tolerance_seconds: int
     max_body_bytes: int
     event_key: str | None
+    reconcile: ReconcileConfig | None = None
 
     def __repr__(self) -> str:  # never show secrets in tracebacks or logs
         return (
@@ -118,6 +152,8 @@ class AppSettings:
     duplicate_check: str
     lock_timeout_ms: int
     statement_timeout_ms: int
+    state_comparison: str | None
+    reconcile_run_timeout: timedelta
 
 
 def _secrets(slug: str, value: Any) -> tuple[str, ...]:
@@ -152,6 +188,35 @@ def _source(slug: str, options: Mapping[str, Any]) -> SourceConfig:
         tolerance_seconds=int(merged["TOLERANCE_SECONDS"]),
         max_body_bytes=int(merged["MAX_BODY_BYTES"]),
         event_key=merged["EVENT_KEY"],
+        reconcile=_reconcile(slug, merged["RECONCILE"]),
+    )
+
+
+def _reconcile(slug: str, options: Mapping[str, Any] | None) -> ReconcileConfig | None:
+    if not options:
+        return None
+    unknown = set(options) - set(RECONCILE_DEFAULTS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['RECONCILE'] has unknown keys: "
+            f"{sorted(unknown)}"
+        )
+    merged = {**RECONCILE_DEFAULTS, **options}
+    seconds = {key: merged[key] for key in ("LOOKBACK_SECONDS", "GRACE_SECONDS", "MARGIN_SECONDS")}
+    if any(not isinstance(v, int) or v < 0 for v in seconds.values()) or (
+        seconds["GRACE_SECONDS"] >= seconds["LOOKBACK_SECONDS"]
+    ):
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['RECONCILE']: LOOKBACK_SECONDS, "
+            "GRACE_SECONDS and MARGIN_SECONDS are whole seconds, and GRACE_SECONDS is shorter "
+            "than LOOKBACK_SECONDS."
+        )
+    return ReconcileConfig(
+        adapter=merged["ADAPTER"],
+        options=dict(merged["OPTIONS"]),
+        lookback=timedelta(seconds=seconds["LOOKBACK_SECONDS"]),
+        grace=timedelta(seconds=seconds["GRACE_SECONDS"]),
+        margin=timedelta(seconds=seconds["MARGIN_SECONDS"]),
     )
 
 
@@ -184,6 +249,8 @@ def app_settings() -> AppSettings:
         duplicate_check=merged["DUPLICATE_CHECK"],
         lock_timeout_ms=_milliseconds(merged, "LOCK_TIMEOUT_MS"),
         statement_timeout_ms=_milliseconds(merged, "STATEMENT_TIMEOUT_MS"),
+        state_comparison=merged["STATE_COMPARISON"],
+        reconcile_run_timeout=timedelta(seconds=merged["RECONCILE_RUN_TIMEOUT_SECONDS"]),
     )
 
 

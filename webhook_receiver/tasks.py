@@ -18,6 +18,7 @@ from .conf import app_settings
 from .services.audit import audit_purge
 from .services.failures import failed_events_purge, failed_events_retry_due
 from .services.faults import connection_discard_if_broken
+from .services.reconciliation import RunInProgress, reconciliation_run, sources_to_reconcile
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
 AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
@@ -79,3 +80,23 @@ def purge_audit_records() -> int:
 def purge_failed_events() -> int:
     """Delete resolved and discarded failed events past ``FAILED_EVENT_RETENTION_DAYS``."""
     return failed_events_purge()
+
+
+@shared_task(
+    name="webhook_receiver.reconcile_sources",
+    soft_time_limit=840,
+    time_limit=900,
+    **AT_LEAST_ONCE,
+)
+@healing
+def reconcile_sources() -> dict[str, str]:
+    """Reconcile every source that has a RECONCILE block; one run per source at a time,
+    enforced by the database (a source already running is skipped). A failed run is
+    logged at ERROR and shown in the admin."""
+    outcomes = {}
+    for slug in sources_to_reconcile():
+        try:
+            outcomes[slug] = reconciliation_run(source_slug=slug).outcome
+        except RunInProgress:
+            outcomes[slug] = "skipped: running elsewhere"
+    return outcomes

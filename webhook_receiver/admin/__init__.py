@@ -4,6 +4,7 @@
 - receipts: WebhookReceipt
 - audit: RequestAudit
 - failed_events: FailedEvent, the one admin with operator actions (replay, discard)
+- reconciliation: ReconciliationRun and RepairItem
 
 Importing the package registers every admin. ReadOnlyAdmin and StoredEventDisplay are
 re-exported here so a host project's admin can build on them
@@ -13,7 +14,7 @@ re-exported here so a host project's admin can build on them
 from __future__ import annotations
 
 # imported for their @admin.register calls, which run on import
-from . import audit, failed_events, receipts  # noqa: F401
+from . import audit, failed_events, receipts, reconciliation  # noqa: F401
 from .base import ReadOnlyAdmin, StoredEventDisplay
 
 __all__ = ["ReadOnlyAdmin", "StoredEventDisplay"]

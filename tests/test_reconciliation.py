@@ -1,0 +1,348 @@
+"""Reconciliation against a sender's record of truth, served by a real local HTTP server
+(the http adapter) or read from a JSON-lines export (the file adapter)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from django.utils import timezone
+
+from project.shop.models import OrderState
+from tests.failing import fail_schema
+from tests.http import post
+from tests.signing import event_body, reserved, standard_headers
+from webhook_receiver.models import ReconciliationRun, RepairItem
+from webhook_receiver.services.reconciliation import RunInProgress, reconciliation_run
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "sender-api-token"
+
+
+class Sender(BaseHTTPRequestHandler):
+    """The http contract: pages of records, a cursor, a bearer token; or misbehaviour."""
+
+    records: list[dict] = []
+    page_size = 2
+    mode = "ok"  # ok | slow | error | garbage
+    requests: list[dict] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        query = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
+        Sender.requests.append({"query": query, "auth": self.headers.get("Authorization")})
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self._send(401, b'{"error": "unauthorized"}')
+        if self.mode == "slow":
+            time.sleep(3)
+        if self.mode == "error":
+            return self._send(500, b"oops")
+        if self.mode == "garbage":
+            return self._send(200, b"<html>not json</html>")
+        gte = datetime.fromisoformat(query["created_gte"])
+        lt = datetime.fromisoformat(query["created_lt"])
+        listed = [r for r in self.records if gte <= datetime.fromisoformat(r["created_at"]) < lt]
+        start = int(query.get("cursor", 0))
+        page = listed[start : start + self.page_size]
+        more = start + self.page_size < len(listed)
+        body = {"data": page, "next_cursor": str(start + self.page_size) if more else None}
+        self._send(200, json.dumps(body).encode())
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def sender(settings) -> Iterator[type[Sender]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sender)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    Sender.records, Sender.requests, Sender.mode = [], [], "ok"
+    options = {
+        "URL": f"http://127.0.0.1:{server.server_port}/events",
+        "TOKEN": TOKEN,
+        "READ_TIMEOUT": 1,
+        "RETRIES": 1,
+        "MAX_RETRY_WAIT": 0.1,
+    }
+    shop = {**settings.WEBHOOK_RECEIVER["SOURCES"]["shop"], "RECONCILE": {"OPTIONS": options}}
+    settings.WEBHOOK_RECEIVER = {
+        **settings.WEBHOOK_RECEIVER,
+        "SOURCES": {**settings.WEBHOOK_RECEIVER["SOURCES"], "shop": shop},
+        "STATE_COMPARISON": "project.shop.reconcile.compare_order_states",
+    }
+    yield Sender
+    server.shutdown()
+    server.server_close()
+
+
+def listed(event_id: str, body: bytes, created_at: datetime) -> dict:
+    """The sender's record of an event it delivered with ``body``."""
+    event = json.loads(body)
+    return {
+        "id": event_id,
+        "type": event["type"],
+        "created_at": created_at.isoformat(),
+        "data": event["data"],
+    }
+
+
+def deliver(client, event_id: str, body: bytes) -> None:
+    assert post(client, "shop", body, standard_headers(body, msg_id=event_id)).status_code in (
+        200,
+        202,
+    )
+
+
+def later() -> datetime:
+    """A moment from which the events just delivered sit inside the default window."""
+    return timezone.now() + timedelta(minutes=15)
+
+
+def items() -> dict[tuple[str, str], RepairItem]:
+    return {(i.kind, i.event_key): i for i in RepairItem.objects.filter(status="open")}
+
+
+def test_every_kind_of_difference_is_found_across_pages(client, sender):
+    # given: what we received, and what the sender says it sent (pages of 2)
+    now = timezone.now()
+    applied = reserved("o1", ("S", 1))
+    paid_v2 = event_body("order.paid", order_id="o2", version=2)
+    paid_v1 = event_body("order.paid", order_id="o3", version=1)
+    for event_id, body in [("e_applied", applied), ("e_paid", paid_v2), ("e_ours", paid_v1)]:
+        deliver(client, event_id, body)
+    fail_schema(client, "e_failed")  # a dead letter
+    never_arrived = event_body("order.paid", order_id="o2", version=3)
+    sender.records = [
+        listed("e_applied", applied, now),
+        listed("e_paid", paid_v2, now),
+        listed("e_failed", reserved("ord_bad", ("SKU-1", 0)), now),
+        listed("e_missing", never_arrived, now),
+    ]
+
+    # when
+    run = reconciliation_run(source_slug="shop", now=later())
+
+    # then
+    assert run.outcome == "needs_repair", run.error
+    assert run.sender_records == 4
+    found = items()
+    assert set(found) == {
+        ("missing", "e_missing"),
+        ("failed", "e_failed"),
+        ("unexpected", "e_ours"),
+        ("state_mismatch", "order:o2"),
+    }
+    assert found[("failed", "e_failed")].we_hold == {"failed_event": "dead"}
+    assert found[("missing", "e_missing")].order_id == "o2"
+    assert found[("state_mismatch", "order:o2")].sender_says == {"status": "paid", "version": 3}
+    assert found[("state_mismatch", "order:o2")].we_hold == {"status": "paid", "version": 2}
+    assert run.counts == {
+        "missing": 1,
+        "failed": 1,
+        "unexpected": 1,
+        "state_mismatch": 1,
+        "resolved": 0,
+    }
+    assert len(sender.requests) == 2  # two pages, the cursor followed
+    assert all(r["auth"] == f"Bearer {TOKEN}" for r in sender.requests)
+    # and nothing of the business state moved
+    assert OrderState.objects.get(order_id="o2").version == 2
+
+
+def test_a_consistent_window_reports_nothing(client, sender):
+    now = timezone.now()
+    body = reserved("o1", ("S", 1))
+    deliver(client, "e1", body)
+    sender.records = [listed("e1", body, now)]
+
+    run = reconciliation_run(source_slug="shop", now=later())
+
+    assert (run.outcome, run.counts) == ("ok", {"resolved": 0})
+    assert not RepairItem.objects.exists()
+
+
+def test_events_at_the_edges_of_the_window_are_not_reported(client, sender):
+    # given: the window [start, end); the sender created one event just before the start
+    # (we received it just after: in flight across the edge), and one just after the end
+    end = timezone.now() - timedelta(seconds=1)
+    start = end - timedelta(hours=1)
+    early = reserved("o1", ("S", 1))
+    deliver(client, "e_early", early)
+    sender.records = [
+        listed("e_early", early, start - timedelta(seconds=30)),
+        listed("e_late", reserved("o2", ("S", 1)), end + timedelta(seconds=30)),
+    ]
+
+    # when: the window holds our receipt of e_early, and neither sender event
+    run = reconciliation_run(source_slug="shop", since=start, until=end + timedelta(seconds=2))
+
+    # then: e_early is listed within the margin, so it is not unexpected; e_late is
+    # outside the window, so it is not missing
+    assert run.outcome == "ok", (run.counts, items())
+
+
+def test_reruns_and_overlapping_windows_never_duplicate_and_a_fixed_item_resolves(client, sender):
+    # given: one missing event, found by a run
+    now = timezone.now()
+    body = reserved("o9", ("S", 1))
+    sender.records = [listed("e_late_delivery", body, now)]
+    first = reconciliation_run(source_slug="shop", now=later())
+    overlapping = reconciliation_run(source_slug="shop", now=later() + timedelta(minutes=5))
+    assert RepairItem.objects.count() == 1
+    item = RepairItem.objects.get()
+    assert (item.first_run, item.last_run) == (first, overlapping)
+
+    # when: the sender's redelivery arrives, and the next run comes
+    deliver(client, "e_late_delivery", body)
+    fixed = reconciliation_run(source_slug="shop", now=later() + timedelta(minutes=10))
+
+    # then
+    item.refresh_from_db()
+    assert (item.status, item.resolution_note) == ("resolved", "resolved: now consistent")
+    assert fixed.outcome == "ok"
+    assert fixed.counts["resolved"] == 1
+
+
+@pytest.mark.parametrize(
+    "mode, error",
+    [("slow", "ReadTimeout"), ("error", "HTTP 500, after 2 attempts"), ("garbage", "not JSON")],
+)
+def test_a_broken_sender_fails_the_run_quickly_with_its_reason(client, sender, mode, error):
+    sender.mode = mode
+    started = time.monotonic()
+
+    run = reconciliation_run(source_slug="shop", now=later())
+
+    assert run.outcome == "failed"
+    assert error in run.error
+    assert time.monotonic() - started < 5
+    assert not RepairItem.objects.exists()
+
+
+def test_a_wrong_token_fails_the_run_without_retrying(client, sender, settings):
+    shop = settings.WEBHOOK_RECEIVER["SOURCES"]["shop"]
+    options = {**shop["RECONCILE"]["OPTIONS"], "TOKEN": "wrong"}
+    sources = {
+        **settings.WEBHOOK_RECEIVER["SOURCES"],
+        "shop": {**shop, "RECONCILE": {"OPTIONS": options}},
+    }
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+
+    run = reconciliation_run(source_slug="shop", now=later())
+
+    assert run.outcome == "failed"
+    assert "HTTP 401" in run.error
+    assert len(sender.requests) == 1
+
+
+def test_one_run_per_source_at_a_time_and_an_abandoned_one_is_closed(sender):
+    now = timezone.now()
+    running = ReconciliationRun.objects.create(
+        source="shop", window_start=now, window_end=now, started_at=now, outcome="running"
+    )
+    with pytest.raises(RunInProgress):
+        reconciliation_run(source_slug="shop", now=now + timedelta(minutes=1))
+
+    # an hour later it was abandoned (its worker was killed): the next start closes it
+    run = reconciliation_run(source_slug="shop", now=now + timedelta(hours=2))
+    running.refresh_from_db()
+    assert running.outcome == "failed"
+    assert running.error.startswith("abandoned")
+    assert run.outcome == "ok"
+
+
+def test_the_file_adapter_reads_a_json_lines_export(client, settings, tmp_path):
+    now = timezone.now()
+    body = reserved("o1", ("S", 1))
+    deliver(client, "e_in_file", body)
+    export = tmp_path / "events.jsonl"
+    export.write_text(
+        json.dumps(listed("e_in_file", body, now))
+        + "\n\n"
+        + json.dumps(listed("e_only_there", body, now))
+        + "\n"
+    )
+    shop = {
+        **settings.WEBHOOK_RECEIVER["SOURCES"]["shop"],
+        "RECONCILE": {"ADAPTER": "file", "OPTIONS": {"PATH": str(export), "PAGE_SIZE": 1}},
+    }
+    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "shop": shop}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+
+    run = reconciliation_run(source_slug="shop", now=later())
+
+    assert set(items()) == {("missing", "e_only_there")}
+    assert run.sender_records == 2
+
+
+def test_the_command_prints_the_repair_list_and_exits_with_what_it_found(client, sender):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    now = timezone.now()
+    body = reserved("o7", ("S", 1))
+    sender.records = [listed("e_cmd_missing", body, now - timedelta(minutes=30))]
+    out = StringIO()
+
+    with pytest.raises(CommandError) as raised:
+        call_command("reconcile", "--source", "shop", stdout=out)
+
+    assert raised.value.returncode == 1
+    text = out.getvalue()
+    assert "needs_repair" in text
+    assert "missing  e_cmd_missing" in text
+    # json, for scripts
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("reconcile", "--source", "shop", "--format", "json", stdout=out)
+    report = json.loads(out.getvalue())
+    assert [item["event_key"] for item in report["items"]] == ["e_cmd_missing"]
+    # a sender that fails: exit status 2
+    sender.mode = "error"
+    with pytest.raises(CommandError) as raised:
+        call_command("reconcile", "--source", "shop", stdout=StringIO())
+    assert raised.value.returncode == 2
+
+
+def test_the_beat_task_runs_every_configured_source(client, sender):
+    from webhook_receiver.tasks import reconcile_sources
+
+    assert reconcile_sources() == {"shop": "ok"}
+    assert ReconciliationRun.objects.get().outcome == "ok"
+
+
+def test_runs_and_items_are_shown_read_only_in_the_admin(client, admin_client, sender):
+    from django.urls import reverse
+
+    sender.records = [listed("e_admin", reserved("o8", ("S", 1)), timezone.now())]
+    reconciliation_run(source_slug="shop", now=later())
+    item = RepairItem.objects.get()
+
+    runs = admin_client.get(reverse("admin:webhook_receiver_reconciliationrun_changelist"))
+    found = admin_client.get(
+        reverse("admin:webhook_receiver_repairitem_changelist"), {"q": "e_admin"}
+    )
+    detail = admin_client.get(reverse("admin:webhook_receiver_repairitem_change", args=[item.pk]))
+
+    assert runs.status_code == found.status_code == detail.status_code == 200
+    assert b"needs_repair" in runs.content or b"Needs repair" in runs.content
+    assert b"e_admin" in found.content
+    assert b"the sender says" in detail.content.lower()
+    add = admin_client.get(reverse("admin:webhook_receiver_repairitem_add"))
+    assert add.status_code == 403

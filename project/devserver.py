@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
     ended = [name for name, child in children.items() if child.poll() is not None]
     if ended and not stop_requested:
-        print(f"\n{', '.join(ended)} stopped by itself; stopping the rest.", flush=True)
+        print(f"\n{' and '.join(ended)} stopped unexpectedly; stopping the rest.", flush=True)
     else:
         print("\nStopping web, worker and beat…", flush=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing

@@ -35,13 +35,17 @@ def check_webhook_receiver_settings(
                         id="webhook_receiver.E002",
                     )
                 )
-        if source.tolerance_seconds <= 0 or source.max_body_bytes <= 0:
-            errors.append(
-                checks.Error(
-                    f"Source {slug!r}: TOLERANCE_SECONDS and MAX_BODY_BYTES must be positive.",
-                    id="webhook_receiver.E003",
+        for name, value in (
+            ("TOLERANCE_SECONDS", source.tolerance_seconds),
+            ("MAX_BODY_BYTES", source.max_body_bytes),
+        ):
+            if value <= 0:
+                errors.append(
+                    checks.Error(
+                        f"Source {slug!r}: {name} must be positive, not {value}.",
+                        id="webhook_receiver.E003",
+                    )
                 )
-            )
     paths = [(f"['HANDLERS'][{t!r}]", p) for t, p in config.handlers.items()]
     paths += [(f"['SOURCES'][{s!r}]['EVENT_KEY']", c.event_key) for s, c in config.sources.items()]
     paths += [

@@ -228,11 +228,17 @@ def app_settings() -> AppSettings:
         raise ImproperlyConfigured(f"WEBHOOK_RECEIVER has unknown keys: {sorted(unknown)}")
     merged = {**DEFAULTS, **user}
     for key in POSITIVE_KEYS:
-        if not float(merged[key]) >= 1:
-            raise ImproperlyConfigured(f"WEBHOOK_RECEIVER[{key!r}] must be >= 1.")
+        try:
+            fits = float(merged[key]) >= 1
+        except (TypeError, ValueError):
+            fits = False
+        if not fits:
+            raise ImproperlyConfigured(
+                f"WEBHOOK_RECEIVER[{key!r}] must be a number of at least 1, not {merged[key]!r}."
+            )
     if merged["DUPLICATE_CHECK"] not in DUPLICATE_CHECKS:
         raise ImproperlyConfigured(
-            f"WEBHOOK_RECEIVER['DUPLICATE_CHECK'] must be one of {DUPLICATE_CHECKS}, "
+            f"WEBHOOK_RECEIVER['DUPLICATE_CHECK'] must be one of {', '.join(DUPLICATE_CHECKS)}, "
             f"not {merged['DUPLICATE_CHECK']!r}."
         )
     return AppSettings(

@@ -70,7 +70,7 @@ class HandlerResult:
     def __post_init__(self) -> None:
         if self.status not in RECEIPT_RESULTS:
             allowed = ", ".join(RECEIPT_RESULTS)
-            raise ValueError(f"A handler's result is one of {allowed}, not {self.status!r}.")
+            raise ValueError(f"A handler's result is one of {allowed}, not {str(self.status)!r}.")
 
 
 Handler = Callable[[WebhookEvent], "HandlerResult | None"]

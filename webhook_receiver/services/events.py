@@ -56,7 +56,9 @@ def _event_key(
         try:
             key = derive(payload=payload, message=message)
         except Exception as exc:  # the same bytes would fail the same way: permanent
-            raise InvalidPayload(f"{source.event_key} could not derive a key: {exc!r}") from exc
+            raise InvalidPayload(
+                f"EVENT_KEY function {source.event_key} raised {type(exc).__name__}: {exc}"
+            ) from exc
     else:
         key = scheme.default_key(payload=payload, message=message)
     if not isinstance(key, str) or not key:

@@ -89,5 +89,5 @@ def log_failure(logger: logging.Logger, what: str, exc: BaseException, **fields:
 def _value(value: Any) -> str:
     if value is None:
         return "-"
-    text = storable.text(str(value), 300)
-    return f'"{text}"' if (" " in text or not text) else text
+    text = storable.text(str(value), 300).replace('"', '\\"')
+    return f'"{text}"' if (" " in text or '"' in text or not text) else text

@@ -74,7 +74,10 @@ TIMESTAMP_MAX_DIGITS = 32
 
 def parse_timestamp(raw: str, header: str) -> int:
     if len(raw) > TIMESTAMP_MAX_DIGITS or not raw.isascii() or not raw.isdigit():
-        raise MalformedSignatureHeaders(f"{header} must be an integer Unix timestamp.")
+        raise MalformedSignatureHeaders(
+            f"{header} must be a Unix timestamp in seconds: digits only, at most "
+            f"{TIMESTAMP_MAX_DIGITS}."
+        )
     return int(raw)
 
 

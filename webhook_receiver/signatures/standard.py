@@ -69,7 +69,7 @@ class StandardWebhooks(Scheme):
         timestamp = parse_timestamp(raw_ts, f"{prefix}-timestamp")
         encoded = _v1_signatures(raw_sigs)
         if not encoded:
-            raise MalformedSignatureHeaders("webhook-signature holds no 'v1,<base64>' entry.")
+            raise MalformedSignatureHeaders(f"{prefix}-signature holds no 'v1,<base64>' entry.")
         presented = [_b64decode_or_empty(sig) for sig in encoded]
         expected = (_digest(secret, msg_id, timestamp, body) for secret in secrets)
         if not any_match(expected, presented):

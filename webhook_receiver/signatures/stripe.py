@@ -30,7 +30,7 @@ class Stripe(Scheme):
         for item in raw.split(","):
             key, _, value = item.strip().partition("=")
             if key == "t":
-                timestamp = parse_timestamp(value, "Stripe-Signature t")
+                timestamp = parse_timestamp(value, "Stripe-Signature's t=")
             elif key == "v1":
                 presented.append(value.encode("utf-8", "replace"))
         if timestamp is None or not presented:

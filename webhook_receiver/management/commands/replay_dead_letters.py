@@ -46,7 +46,8 @@ class Command(BaseCommand):
             "--since",
             metavar="WHEN",
             help="only events first attempted at or after this ISO date or datetime "
-            "(a date means its midnight, a naive time the current time zone)",
+            "(a date means the midnight that starts it; a datetime without a UTC offset is "
+            "read in the project's TIME_ZONE)",
         )
         parser.add_argument(
             "--id",
@@ -75,7 +76,10 @@ class Command(BaseCommand):
         if statuses:
             unknown = set(statuses) - set(STATUSES)
             if unknown:
-                raise CommandError(f"Unknown --status {sorted(unknown)}; choose from {STATUSES}.")
+                raise CommandError(
+                    f"Unknown --status {', '.join(sorted(unknown))}; "
+                    f"choose from {', '.join(STATUSES)}."
+                )
         elif not ids:
             statuses = [FailureStatus.DEAD]
 

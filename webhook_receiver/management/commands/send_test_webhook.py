@@ -29,12 +29,16 @@ def default_url(slug: str) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Sign a test event with the source's configured secret and POST it. "
-        "Repeat with the same --event-id to see the duplicate answer."
+        "Sign a test event with the source's first configured secret and POST it: "
+        '{"type": TYPE, "timestamp": now, "data": {"order_id", "version", and for '
+        'inventory.* types "lines": [{"sku", "quantity"}]}}, the body shape of the demo '
+        "shop's handlers. Repeat with the same --event-id to see the duplicate answer."
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--source", default="shop")
+        parser.add_argument(
+            "--source", default="shop", help="a slug of WEBHOOK_RECEIVER['SOURCES']; default shop"
+        )
         parser.add_argument(
             "--url",
             help="default: http://$HOST:$PORT/webhooks/<source>/, with HOST and PORT read as "
@@ -43,14 +47,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--type",
             default="inventory.reserved",
-            help="inventory.reserved|inventory.released|order.paid|order.cancelled|"
-            "order.fulfilled, or any other type (recorded as ignored)",
+            help="the event type; default inventory.reserved. The demo shop handles "
+            "inventory.reserved, inventory.released, order.paid, order.cancelled and "
+            "order.fulfilled; a type without a handler is recorded as ignored",
         )
         parser.add_argument("--event-id", help="message id; default: a new random one")
-        parser.add_argument("--order-id", default="ord_1042")
-        parser.add_argument("--order-version", type=int, default=1, dest="order_version")
-        parser.add_argument("--sku", default="SKU-RED-M")
-        parser.add_argument("--quantity", type=int, default=1)
+        parser.add_argument("--order-id", default="ord_1042", help="data.order_id")
+        parser.add_argument(
+            "--order-version", type=int, default=1, dest="order_version", help="data.version"
+        )
+        parser.add_argument("--sku", default="SKU-RED-M", help="the line's SKU (inventory.*)")
+        parser.add_argument(
+            "--quantity", type=int, default=1, help="the line's quantity (inventory.*)"
+        )
         parser.add_argument(
             "--print-curl", action="store_true", help="print a curl command instead of sending"
         )
@@ -80,6 +89,8 @@ class Command(BaseCommand):
             timestamp=now,
         )
         headers["Content-Type"] = "application/json"
+        if source.scheme == "github":  # GitHub names the event in a header, not the body
+            headers["X-GitHub-Event"] = options["type"]
 
         if options["print_curl"]:
             parts = ["curl", "-sS", "-X", "POST", url]
@@ -96,6 +107,9 @@ class Command(BaseCommand):
         except urllib.error.HTTPError as exc:
             status, answer = exc.code, exc.read()
         except urllib.error.URLError as exc:
-            raise CommandError(f"Could not reach {url}: {exc.reason}") from exc
+            raise CommandError(
+                f"Could not reach {url}: {exc.reason}. Is the server running (make run), "
+                "on this host and port (--url, or HOST and PORT)?"
+            ) from exc
         self.stdout.write(f"POST {url}  event id {event_id}")
         self.stdout.write(f"{status} {answer.decode(errors='replace')}")

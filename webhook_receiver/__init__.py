@@ -1,3 +1,3 @@
 """Verified, idempotent webhook ingestion for Django."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

@@ -233,9 +233,10 @@ def test_a_broken_sender_fails_the_run_quickly_with_its_reason(client, sender, m
     assert not RepairItem.objects.exists()
 
 
-def test_a_wrong_token_fails_the_run_without_retrying(client, sender, settings):
+@pytest.mark.parametrize("token", ["wrong", ""], ids=["wrong token", "no token"])
+def test_a_refused_token_fails_the_run_without_retrying(client, sender, settings, token):
     shop = settings.WEBHOOK_RECEIVER["SOURCES"]["shop"]
-    options = {**shop["RECONCILE"]["OPTIONS"], "TOKEN": "wrong"}
+    options = {**shop["RECONCILE"]["OPTIONS"], "TOKEN": token}
     sources = {
         **settings.WEBHOOK_RECEIVER["SOURCES"],
         "shop": {**shop, "RECONCILE": {"OPTIONS": options}},

@@ -30,7 +30,9 @@ def list_events(
     timeout = httpx.Timeout(
         float(options.get("READ_TIMEOUT", 20)), connect=float(options.get("CONNECT_TIMEOUT", 5))
     )
-    headers = {"Authorization": f"Bearer {options.get('TOKEN', '')}", "Accept": "application/json"}
+    headers = {"Accept": "application/json"}
+    if options.get("TOKEN"):
+        headers["Authorization"] = f"Bearer {options['TOKEN']}"
     params = {"created_gte": since.isoformat(), "created_lt": until.isoformat()}
     max_pages = int(options.get("MAX_PAGES", 1000))
     with httpx.Client(timeout=timeout, headers=headers, follow_redirects=False) as client:
@@ -51,6 +53,8 @@ def _get(client: httpx.Client, options: Mapping[str, Any], params: dict[str, str
     for attempt in range(retries + 1):
         try:
             response = client.get(options["URL"], params=params)
+        except httpx.LocalProtocolError as exc:  # a request we cannot even send: no retry
+            raise SenderUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:  # refused, reset, timed out
             problem = f"{type(exc).__name__}: {exc}"
             wait = 2.0**attempt

@@ -74,6 +74,9 @@ class Command(BaseCommand):
             f"{run.window_end:%Y-%m-%d %H:%M:%S} UTC: {run.outcome}, "
             f"{run.sender_records} sender events"
         )
+        if run.outcome == RunOutcome.FAILED:
+            self.stdout.write(f"The run failed: {run.error}")
+            return
         if not found:
             resolved = run.counts.get("resolved", 0)
             self.stdout.write(f"Nothing to repair ({resolved} earlier items now consistent).")

@@ -12,7 +12,7 @@ import json
 
 from django.contrib import admin
 
-from ..models import ReconciliationRun, RepairItem
+from ..models import ReconciliationRun, RepairItem, RunOutcome
 from .base import ReadOnlyAdmin, _pre
 
 
@@ -22,14 +22,22 @@ class ReconciliationRunAdmin(ReadOnlyAdmin):
         "started_at",
         "source",
         "outcome",
+        "found",
+        "sender_records",
         "window_start",
         "window_end",
-        "sender_records",
-        "counts",
         "finished_at",
     )
     list_filter = ("source", "outcome", ("started_at", admin.DateFieldListFilter))
     date_hierarchy = "started_at"
+
+    @admin.display(description="found")
+    def found(self, obj: ReconciliationRun) -> str:
+        """What an operator looks for first: why it failed, or what it found."""
+        if obj.outcome == RunOutcome.FAILED:
+            return obj.error[:120]
+        found = ", ".join(f"{n} {kind}" for kind, n in sorted(obj.counts.items()) if n)
+        return found or "nothing"
 
 
 @admin.register(RepairItem)

@@ -267,6 +267,8 @@ class RepairItem(models.Model):
     resolved_by = models.CharField(max_length=150, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolution_note = models.TextField(blank=True)
+    # every repair action taken on it: at, by, action, note, result, detail
+    history = models.JSONField(default=list)
 
     class Meta:
         constraints = [

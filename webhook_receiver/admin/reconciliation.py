@@ -1,19 +1,50 @@
 """Reconciliation runs and repair items: what the comparison with senders found.
 
-Read-only for now: the repair actions (replay, fetch and apply, request redelivery,
-resolve with a note) come with their permissions in a later release; until then an
-item is repaired through the failed events' admin or replay_dead_letters, and closes
-itself when a later run finds it consistent.
+The records are read-only. Repair items have four actions, each behind a permission
+of its own and each through its service (services/repair.py), which keeps the user,
+the time, the note and the result in the item's history: replay a failed item, fetch
+and apply a missing one, ask the sender to redeliver it, or resolve an item with a
+required note.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.auth import get_permission_codename
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils.html import format_html_join
+from django.utils.translation import ngettext
 
 from ..models import ReconciliationRun, RepairItem, RunOutcome
+from ..services import repair
 from .base import ReadOnlyAdmin, _pre
+
+ACTION_TEMPLATE = "admin/webhook_receiver/repairitem/action_confirmation.html"
+
+
+class NoteForm(forms.Form):
+    note = forms.CharField(
+        label="Note",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Why: kept in each item's history, with your name and the time.",
+    )
+
+
+class RequiredNoteForm(NoteForm):
+    note = forms.CharField(
+        label="Note",
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Required: why the item needs no repair, or how it was repaired elsewhere.",
+    )
 
 
 @admin.register(ReconciliationRun)
@@ -54,7 +85,7 @@ class RepairItemAdmin(ReadOnlyAdmin):
     )
     list_filter = ("kind", "status", "source", ("occurred_at", admin.DateFieldListFilter))
     search_fields = ("event_key__exact", "order_id__exact")
-    exclude = ("sender_says", "we_hold")
+    exclude = ("sender_says", "we_hold", "history")
     readonly_fields = (
         "source",
         "kind",
@@ -72,7 +103,162 @@ class RepairItemAdmin(ReadOnlyAdmin):
         "resolved_by",
         "resolved_at",
         "resolution_note",
+        "action_history",
     )
+
+    actions = ["replay_selected", "apply_selected", "redeliver_selected", "resolve_selected"]
+
+    # --- permissions: the four custom ones from RepairItem.Meta.permissions ------------
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(self._perm("replay"))
+
+    def has_apply_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(self._perm("apply"))
+
+    def has_redeliver_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(self._perm("redeliver"))
+
+    def has_resolve_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(self._perm("resolve"))
+
+    def _perm(self, action: str) -> str:
+        return f"{self.opts.app_label}.{get_permission_codename(action, self.opts)}"
+
+    # --- actions -----------------------------------------------------------------------
+
+    @admin.action(description="Replay the failed events of selected items…", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
+        return self._confirm(
+            request,
+            queryset,
+            "replay_selected",
+            repair.repair_item_replay,
+            explanation="Each failed item's event is replayed under its original key, as the "
+            "failed events' admin would; an event applied since answers duplicate.",
+            submit_label="Replay",
+        )
+
+    @admin.action(description="Fetch and apply selected missing events…", permissions=["apply"])
+    def apply_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
+        return self._confirm(
+            request,
+            queryset,
+            "apply_selected",
+            repair.repair_item_fetch_and_apply,
+            explanation="Each missing event is applied as the sender's list gave it, through "
+            "the claim under its own key. No signature vouches for it: the sender's API "
+            "does, and your approval, which the receipt records. Applying twice answers "
+            "duplicate.",
+            submit_label="Fetch and apply",
+        )
+
+    @admin.action(
+        description="Ask the sender to redeliver selected events…", permissions=["redeliver"]
+    )
+    def redeliver_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
+        return self._confirm(
+            request,
+            queryset,
+            "redeliver_selected",
+            repair.repair_item_request_redelivery,
+            explanation="The sender is asked to deliver each missing event again, where the "
+            "source's adapter can ask; the item closes when a later run finds it received.",
+            submit_label="Request redelivery",
+        )
+
+    @admin.action(description="Resolve selected items with a note…", permissions=["resolve"])
+    def resolve_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
+        return self._confirm(
+            request,
+            queryset,
+            "resolve_selected",
+            repair.repair_item_resolve,
+            explanation="Resolving closes an item by hand. Nothing is applied or changed.",
+            submit_label="Resolve",
+            form_class=RequiredNoteForm,
+        )
+
+    def _confirm(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[RepairItem],
+        action_name: str,
+        service: Callable[..., repair.RepairResult],
+        *,
+        explanation: str,
+        submit_label: str,
+        form_class: type[NoteForm] = NoteForm,
+    ) -> TemplateResponse | None:
+        items = list(queryset.order_by("id"))
+        if request.POST.get("post"):
+            form = form_class(request.POST)
+            if form.is_valid():
+                self._run(request, items, service, note=form.cleaned_data["note"])
+                return None  # back to the list
+        else:
+            form = form_class()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": submit_label,
+            "subtitle": None,
+            "opts": self.opts,
+            "items": items,
+            "form": form,
+            "explanation": explanation,
+            "submit_label": f"{submit_label} ({len(items)})",
+            "action_name": action_name,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media + form.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, ACTION_TEMPLATE, context)
+
+    def _run(
+        self,
+        request: HttpRequest,
+        items: list[RepairItem],
+        service: Callable[..., repair.RepairResult],
+        *,
+        note: str,
+    ) -> None:
+        actor = request.user.get_username()
+        results = [service(item_id=item.pk, actor=actor, note=note) for item in items]
+        for item, result in zip(items, results, strict=True):
+            self.log_change(request, item, f"{result.action}: {result.result} {result.detail}")
+        counts = Counter(r.result for r in results)
+        summary = ", ".join(f"{n} {result}" for result, n in sorted(counts.items()))
+        message = ngettext(
+            "%(action)s, %(count)d item: %(summary)s.",
+            "%(action)s, %(count)d items: %(summary)s.",
+            len(results),
+        ) % {"action": results[0].action.capitalize(), "count": len(results), "summary": summary}
+        problems = [r for r in results if not r.ok]
+        if problems:
+            message += " " + "; ".join(f"#{r.item_id}: {r.detail}" for r in problems[:5])
+        level = messages.WARNING if problems else messages.SUCCESS
+        self.message_user(request, message, level)
+
+    @admin.display(description="history, oldest first")
+    def action_history(self, obj: RepairItem) -> str:
+        entries = [e for e in obj.history if isinstance(e, dict)]
+        if not entries:
+            return "-"
+        return format_html_join(
+            "",
+            "<p>{} by {}: <strong>{}</strong>, {} {}<br>{}</p>",
+            (
+                (
+                    e.get("at", ""),
+                    e.get("by", ""),
+                    e.get("action", ""),
+                    e.get("result", ""),
+                    e.get("detail", ""),
+                    e.get("note", ""),
+                )
+                for e in entries
+            ),
+        )
 
     @admin.display(description="the sender says")
     def pretty_sender_says(self, obj: RepairItem) -> str:

@@ -10,7 +10,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/webhook_receiver
 # The test database pytest creates and drops; give each concurrent run its own name.
 TEST_DATABASE_NAME ?= test_webhook_receiver
 
-.PHONY: install run test test-postgres test-sqlite bench lint
+.PHONY: install run test test-postgres test-sqlite bench bench-reconcile lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ test-sqlite: install
 
 bench: install
 	$(BIN)/python -m tests.bench.run
+
+# Reconciliation: 100,000 sender events against 1,000,000 receipts (about a minute)
+bench-reconcile: install
+	$(BIN)/python -m tests.bench.reconcile
 
 lint: install
 	$(BIN)/ruff check .

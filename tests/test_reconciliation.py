@@ -347,3 +347,117 @@ def test_runs_and_items_are_shown_read_only_in_the_admin(client, admin_client, s
     assert b"the sender says" in detail.content.lower()
     add = admin_client.get(reverse("admin:webhook_receiver_repairitem_add"))
     assert add.status_code == 403
+
+
+class StripeEvents(BaseHTTPRequestHandler):
+    """Stripe's Events list, as far as the SDK reads it: created[gte]/[lt], limit,
+    starting_after, has_more."""
+
+    events: list[dict] = []
+    requests: list[dict] = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        query = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
+        StripeEvents.requests.append(query)
+        gte, lt = int(query["created[gte]"]), int(query["created[lt]"])
+        listed = [e for e in self.events if gte <= e["created"] < lt]
+        if "starting_after" in query:
+            ids = [e["id"] for e in listed]
+            listed = listed[ids.index(query["starting_after"]) + 1 :]
+        limit = int(query.get("limit", 10))
+        body = {
+            "object": "list",
+            "url": "/v1/events",
+            "has_more": len(listed) > limit,
+            "data": listed[:limit],
+        }
+        payload = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_stripe_adapter_reads_the_events_list_through_the_sdk(client, settings):
+    from tests.signing import stripe_headers
+
+    # given: a local server speaking Stripe's Events list, 150 events (two pages of 100),
+    # one of which we received
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StripeEvents)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    now = timezone.now()
+    applied = json.dumps(
+        {"id": "evt_0", "type": "order.paid", "data": {"order_id": "s1", "version": 1}}
+    ).encode()
+    assert post(client, "stripe", applied, stripe_headers(applied)).status_code == 200
+    StripeEvents.requests = []
+    StripeEvents.events = [
+        {
+            "id": f"evt_{n}",
+            "object": "event",
+            "type": "customer.updated",
+            "created": int(now.timestamp()),
+            "data": {"object": {"id": f"cus_{n}"}},
+        }
+        for n in range(150)
+    ]
+    options = {"API_KEY": "sk_test_local", "API_BASE": f"http://127.0.0.1:{server.server_port}"}
+    stripe_source = {
+        **settings.WEBHOOK_RECEIVER["SOURCES"]["stripe"],
+        "RECONCILE": {"ADAPTER": "stripe", "OPTIONS": options},
+    }
+    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "stripe": stripe_source}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+
+    # when
+    try:
+        run = reconciliation_run(source_slug="stripe", now=later())
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    # then: 149 missing (keyed by the Stripe event id, as the receive path keys them)
+    assert run.outcome == "needs_repair", run.error
+    assert run.sender_records == 150
+    assert run.counts["missing"] == 149
+    assert not RepairItem.objects.filter(event_key="evt_0").exists()
+    assert [r.get("starting_after") for r in StripeEvents.requests] == [None, "evt_99"]
+
+
+class StripeRefuses(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = (
+            b'{"error": {"message": "Invalid API Key provided", "type": "invalid_request_error"}}'
+        )
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_stripe_key_refused_fails_the_run_with_stripes_reason(settings):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StripeRefuses)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = {"API_KEY": "sk_test_wrong", "API_BASE": f"http://127.0.0.1:{server.server_port}"}
+    stripe_source = {
+        **settings.WEBHOOK_RECEIVER["SOURCES"]["stripe"],
+        "RECONCILE": {"ADAPTER": "stripe", "OPTIONS": options},
+    }
+    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "stripe": stripe_source}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+    try:
+        run = reconciliation_run(source_slug="stripe", now=later())
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert run.outcome == "failed"
+    assert "AuthenticationError" in run.error and "Invalid API Key" in run.error

@@ -8,8 +8,9 @@ An adapter is a callable::
 yielding pages of the events the sender created in ``[since, until)``, oldest first or
 in any order. It raises ``SenderUnavailable`` when the sender cannot be read (the run
 fails, with that reason). Built in: ``http`` (the contract documented in the README),
-``file`` (a JSON-lines export in the same record format); any other adapter is named by
-the dotted path of a callable with this signature.
+``stripe`` (Stripe's Events list, through the official SDK), ``file`` (a JSON-lines
+export in the http contract's record format); any other adapter is named by the dotted
+path of a callable with this signature.
 
 A sender's event is described in the http contract's terms (id, type, created_at, data);
 reconciliation derives our event key from it the way the receive path would.
@@ -44,6 +45,7 @@ Adapter = Callable[..., Iterable[list[SenderEvent]]]
 
 BUILT_IN = {
     "http": "webhook_receiver.senders.http.list_events",
+    "stripe": "webhook_receiver.senders.stripe.list_events",
     "file": "webhook_receiver.senders.file.list_events",
 }
 

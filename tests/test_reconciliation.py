@@ -461,3 +461,51 @@ def test_a_stripe_key_refused_fails_the_run_with_stripes_reason(settings):
 
     assert run.outcome == "failed"
     assert "AuthenticationError" in run.error and "Invalid API Key" in run.error
+
+
+slow_listing_calls: list[float] = []
+
+
+def slow_listing(*, options, since, until):
+    """An adapter whose sender takes a second to answer."""
+    slow_listing_calls.append(time.monotonic())
+    time.sleep(1)
+    yield []
+
+
+@pytest.mark.postgres_only("two sessions at once on one database")
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_starting_the_same_source_at_once_run_it_once(settings):
+    from django.db import connection
+
+    # given: a source whose sender is slow, and two workers starting it together
+    shop = {
+        **settings.WEBHOOK_RECEIVER["SOURCES"]["shop"],
+        "RECONCILE": {"ADAPTER": "tests.test_reconciliation.slow_listing"},
+    }
+    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "shop": shop}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+    slow_listing_calls.clear()
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def worker() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(reconciliation_run(source_slug="shop").outcome)
+        except RunInProgress:
+            outcomes.append("refused: running elsewhere")
+        finally:
+            connection.close()
+
+    # when
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    # then: one ran (its sender was asked once), the database refused the other
+    assert sorted(outcomes) == ["ok", "refused: running elsewhere"]
+    assert len(slow_listing_calls) == 1
+    assert ReconciliationRun.objects.get().outcome == "ok"

@@ -193,7 +193,10 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
             "title": "Discard failed events",
             "subtitle": None,
             "opts": self.opts,
-            "events": events,
+            "selected": events,
+            "note_field": form["reason"],
+            "submit_label": ngettext("Discard %d event", "Discard %d events", len(events))
+            % len(events),
             "closed_statuses": (FailureStatus.RESOLVED, FailureStatus.DISCARDED),
             "form": form,
             "action_name": "discard_selected",

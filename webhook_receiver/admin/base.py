@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.contrib.admin import helpers
+from django.contrib.auth import get_permission_codename
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from ..models import FailedEvent, WebhookReceipt
@@ -26,6 +30,43 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_custom_permission(self, request: HttpRequest, action: str) -> bool:
+        """The model's own permission for ``action`` (its Meta.permissions)."""
+        codename = get_permission_codename(action, self.opts)
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def confirmation_page(
+        self,
+        request: HttpRequest,
+        template: str,
+        *,
+        form: forms.Form,
+        note_field: str,
+        selected: list[Any],
+        action_name: str,
+        title: str,
+        submit_label: str,
+        **extra: Any,
+    ) -> TemplateResponse:
+        """An action's confirmation page (admin/webhook_receiver/action_confirmation.html):
+        the selection, a note, and a form that posts them back to the action."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "opts": self.opts,
+            "selected": selected,
+            "form": form,
+            "note_field": form[note_field],
+            "submit_label": submit_label,
+            "action_name": action_name,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media + form.media,
+            **extra,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, template, context)
 
 
 class StoredEventDisplay:

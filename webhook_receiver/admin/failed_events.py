@@ -10,8 +10,6 @@ from collections import Counter
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
-from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -114,13 +112,10 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
     # --- permissions: the two custom ones from FailedEvent.Meta.permissions ----------
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(self._perm("replay"))
+        return self.has_custom_permission(request, "replay")
 
     def has_discard_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(self._perm("discard"))
-
-    def _perm(self, action: str) -> str:
-        return f"{self.opts.app_label}.{get_permission_codename(action, self.opts)}"
+        return self.has_custom_permission(request, "discard")
 
     # --- list and detail ---------------------------------------------------------------
 
@@ -188,23 +183,18 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
                 return None  # back to the list
         else:
             form = DiscardForm()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Discard failed events",
-            "subtitle": None,
-            "opts": self.opts,
-            "selected": events,
-            "note_field": form["reason"],
-            "submit_label": ngettext("Discard %d event", "Discard %d events", len(events))
+        return self.confirmation_page(
+            request,
+            self.discard_confirmation_template,
+            form=form,
+            note_field="reason",
+            selected=events,
+            action_name="discard_selected",
+            title="Discard failed events",
+            submit_label=ngettext("Discard %d event", "Discard %d events", len(events))
             % len(events),
-            "closed_statuses": (FailureStatus.RESOLVED, FailureStatus.DISCARDED),
-            "form": form,
-            "action_name": "discard_selected",
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "media": self.media + form.media,
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, self.discard_confirmation_template, context)
+            closed_statuses=(FailureStatus.RESOLVED, FailureStatus.DISCARDED),
+        )
 
     def _discard(self, request: HttpRequest, events: list[FailedEvent], *, reason: str) -> None:
         actor = request.user.get_username()

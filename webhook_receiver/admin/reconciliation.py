@@ -15,8 +15,6 @@ from collections.abc import Callable
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
-from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -111,19 +109,16 @@ class RepairItemAdmin(ReadOnlyAdmin):
     # --- permissions: the four custom ones from RepairItem.Meta.permissions ------------
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(self._perm("replay"))
+        return self.has_custom_permission(request, "replay")
 
     def has_apply_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(self._perm("apply"))
+        return self.has_custom_permission(request, "apply")
 
     def has_redeliver_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(self._perm("redeliver"))
+        return self.has_custom_permission(request, "redeliver")
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(self._perm("resolve"))
-
-    def _perm(self, action: str) -> str:
-        return f"{self.opts.app_label}.{get_permission_codename(action, self.opts)}"
+        return self.has_custom_permission(request, "resolve")
 
     # --- actions -----------------------------------------------------------------------
 
@@ -198,22 +193,17 @@ class RepairItemAdmin(ReadOnlyAdmin):
                 return None  # back to the list
         else:
             form = form_class()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": submit_label,
-            "subtitle": None,
-            "opts": self.opts,
-            "selected": items,
-            "form": form,
-            "note_field": form["note"],
-            "explanation": explanation,
-            "submit_label": f"{submit_label} ({len(items)})",
-            "action_name": action_name,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "media": self.media + form.media,
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, ACTION_TEMPLATE, context)
+        return self.confirmation_page(
+            request,
+            ACTION_TEMPLATE,
+            form=form,
+            note_field="note",
+            selected=items,
+            action_name=action_name,
+            title=submit_label,
+            submit_label=f"{submit_label} ({len(items)})",
+            explanation=explanation,
+        )
 
     def _run(
         self,

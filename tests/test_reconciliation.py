@@ -8,7 +8,8 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -17,6 +18,7 @@ from django.utils import timezone
 from project.shop.models import OrderState
 from tests.failing import fail_schema
 from tests.http import post
+from tests.reconciling import reconcile_with, serving
 from tests.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import ReconciliationRun, RepairItem
 from webhook_receiver.services.reconciliation import RunInProgress, reconciliation_run
@@ -65,28 +67,29 @@ class Sender(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def sender(settings) -> Iterator[type[Sender]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Sender)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    Sender.records, Sender.requests, Sender.mode = [], [], "ok"
-    options = {
-        "URL": f"http://127.0.0.1:{server.server_port}/events",
+def http_options(base_url: str, **more: Any) -> dict[str, Any]:
+    """The http adapter's options for the local sender: quick to give up."""
+    return {
+        "URL": f"{base_url}/events",
         "TOKEN": TOKEN,
         "READ_TIMEOUT": 1,
         "RETRIES": 1,
         "MAX_RETRY_WAIT": 0.1,
+        **more,
     }
-    shop = {**settings.WEBHOOK_RECEIVER["SOURCES"]["shop"], "RECONCILE": {"OPTIONS": options}}
-    settings.WEBHOOK_RECEIVER = {
-        **settings.WEBHOOK_RECEIVER,
-        "SOURCES": {**settings.WEBHOOK_RECEIVER["SOURCES"], "shop": shop},
-        "STATE_COMPARISON": "project.shop.reconcile.compare_order_states",
-    }
-    yield Sender
-    server.shutdown()
-    server.server_close()
+
+
+@pytest.fixture
+def sender(settings) -> Iterator[type[Sender]]:
+    Sender.records, Sender.requests, Sender.mode = [], [], "ok"
+    with serving(Sender) as base_url:
+        reconcile_with(settings, "shop", OPTIONS=http_options(base_url))
+        settings.WEBHOOK_RECEIVER = {
+            **settings.WEBHOOK_RECEIVER,
+            "STATE_COMPARISON": "project.shop.reconcile.compare_order_states",
+        }
+        Sender.base_url = base_url
+        yield Sender
 
 
 def listed(event_id: str, body: bytes, created_at: datetime) -> dict:
@@ -235,13 +238,7 @@ def test_a_broken_sender_fails_the_run_quickly_with_its_reason(client, sender, m
 
 @pytest.mark.parametrize("token", ["wrong", ""], ids=["wrong token", "no token"])
 def test_a_refused_token_fails_the_run_without_retrying(client, sender, settings, token):
-    shop = settings.WEBHOOK_RECEIVER["SOURCES"]["shop"]
-    options = {**shop["RECONCILE"]["OPTIONS"], "TOKEN": token}
-    sources = {
-        **settings.WEBHOOK_RECEIVER["SOURCES"],
-        "shop": {**shop, "RECONCILE": {"OPTIONS": options}},
-    }
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+    reconcile_with(settings, "shop", OPTIONS=http_options(sender.base_url, TOKEN=token))
 
     run = reconciliation_run(source_slug="shop", now=later())
 
@@ -277,12 +274,7 @@ def test_the_file_adapter_reads_a_json_lines_export(client, settings, tmp_path):
         + json.dumps(listed("e_only_there", body, now))
         + "\n"
     )
-    shop = {
-        **settings.WEBHOOK_RECEIVER["SOURCES"]["shop"],
-        "RECONCILE": {"ADAPTER": "file", "OPTIONS": {"PATH": str(export), "PAGE_SIZE": 1}},
-    }
-    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "shop": shop}
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+    reconcile_with(settings, "shop", ADAPTER="file", OPTIONS={"PATH": str(export), "PAGE_SIZE": 1})
 
     run = reconciliation_run(source_slug="shop", now=later())
 
@@ -387,8 +379,6 @@ def test_the_stripe_adapter_reads_the_events_list_through_the_sdk(client, settin
 
     # given: a local server speaking Stripe's Events list, 150 events (two pages of 100),
     # one of which we received
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StripeEvents)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     now = timezone.now()
     applied = json.dumps(
         {"id": "evt_0", "type": "order.paid", "data": {"order_id": "s1", "version": 1}}
@@ -405,20 +395,12 @@ def test_the_stripe_adapter_reads_the_events_list_through_the_sdk(client, settin
         }
         for n in range(150)
     ]
-    options = {"API_KEY": "sk_test_local", "API_BASE": f"http://127.0.0.1:{server.server_port}"}
-    stripe_source = {
-        **settings.WEBHOOK_RECEIVER["SOURCES"]["stripe"],
-        "RECONCILE": {"ADAPTER": "stripe", "OPTIONS": options},
-    }
-    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "stripe": stripe_source}
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
 
     # when
-    try:
+    with serving(StripeEvents) as base_url:
+        options = {"API_KEY": "sk_test_local", "API_BASE": base_url}
+        reconcile_with(settings, "stripe", ADAPTER="stripe", OPTIONS=options)
         run = reconciliation_run(source_slug="stripe", now=later())
-    finally:
-        server.shutdown()
-        server.server_close()
 
     # then: 149 missing (keyed by the Stripe event id, as the receive path keys them)
     assert run.outcome == "needs_repair", run.error
@@ -444,20 +426,10 @@ class StripeRefuses(BaseHTTPRequestHandler):
 
 
 def test_a_stripe_key_refused_fails_the_run_with_stripes_reason(settings):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StripeRefuses)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    options = {"API_KEY": "sk_test_wrong", "API_BASE": f"http://127.0.0.1:{server.server_port}"}
-    stripe_source = {
-        **settings.WEBHOOK_RECEIVER["SOURCES"]["stripe"],
-        "RECONCILE": {"ADAPTER": "stripe", "OPTIONS": options},
-    }
-    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "stripe": stripe_source}
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
-    try:
+    with serving(StripeRefuses) as base_url:
+        options = {"API_KEY": "sk_test_wrong", "API_BASE": base_url}
+        reconcile_with(settings, "stripe", ADAPTER="stripe", OPTIONS=options)
         run = reconciliation_run(source_slug="stripe", now=later())
-    finally:
-        server.shutdown()
-        server.server_close()
 
     assert run.outcome == "failed"
     assert "AuthenticationError" in run.error and "Invalid API Key" in run.error
@@ -479,12 +451,7 @@ def test_two_workers_starting_the_same_source_at_once_run_it_once(settings):
     from django.db import connection
 
     # given: a source whose sender is slow, and two workers starting it together
-    shop = {
-        **settings.WEBHOOK_RECEIVER["SOURCES"]["shop"],
-        "RECONCILE": {"ADAPTER": "tests.test_reconciliation.slow_listing"},
-    }
-    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "shop": shop}
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+    reconcile_with(settings, "shop", ADAPTER="tests.test_reconciliation.slow_listing")
     slow_listing_calls.clear()
     barrier = threading.Barrier(2)
     outcomes: list[str] = []

@@ -14,6 +14,7 @@ from django.utils import timezone
 from project.shop.models import InventoryLedgerEntry
 from tests import handlers as test_handlers
 from tests.failing import CRASH, fail_crash
+from tests.reconciling import reconcile_with
 from webhook_receiver.models import RepairItem, WebhookReceipt
 from webhook_receiver.services.reconciliation import reconciliation_run
 
@@ -67,10 +68,9 @@ def items(client, settings, crash_handler) -> dict[str, RepairItem]:
             "data": {"order_id": "ord_crash"},
         },
     ]
-    adapter = {"ADAPTER": "tests.test_repair.listing", "OPTIONS": {"RECORDS": records}}
-    shop = {**settings.WEBHOOK_RECEIVER["SOURCES"]["shop"], "RECONCILE": adapter}
-    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "shop": shop}
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+    reconcile_with(
+        settings, "shop", ADAPTER="tests.test_repair.listing", OPTIONS={"RECORDS": records}
+    )
     run = reconciliation_run(source_slug="shop", now=now + timedelta(minutes=15))
     assert run.outcome == "needs_repair", run.error
     redelivery_requests.clear()

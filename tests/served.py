@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.bench.server import GunicornServer
+from tests.bench.server import GunicornServer, free_port
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 NGINX_SITE = BASE_DIR / "deploy" / "nginx.conf"
@@ -28,21 +28,20 @@ class Served:
     port: int
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
-def _wait_listening(port: int, *, seconds: float = 10) -> None:
+def wait_listening(port: int, *, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port} after {seconds} s")
+    while not listening(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing listens on port {port} after {seconds} s")
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -62,7 +61,7 @@ def nginx(gunicorn: Served) -> Iterator[Served]:
     binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
     if binary is None:
         pytest.skip("needs nginx (apt-get install nginx-light; .ci/run installs it)")
-    port = _free_port()
+    port = free_port()
     site = NGINX_SITE.read_text()
     site = site.replace("server 127.0.0.1:8000;", f"server {gunicorn.host}:{gunicorn.port};")
     site = site.replace("listen 80;", f"listen 127.0.0.1:{port};")
@@ -85,7 +84,7 @@ def nginx(gunicorn: Served) -> Iterator[Served]:
         stderr=subprocess.STDOUT,
     )
     try:
-        _wait_listening(port)
+        wait_listening(port)
         yield Served("127.0.0.1", port)
     finally:
         process.terminate()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,23 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench.server import free_port
+from tests.served import listening, wait_listening
 from tests.settings import SHOP_SECRET
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def descendants(pid: int) -> set[int]:
@@ -80,10 +67,7 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         start_new_session=True,  # a terminal's foreground group, of which it is the leader
     )
     try:
-        deadline = time.monotonic() + 30
-        while not listening(port) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert listening(port), "gunicorn never listened"
+        wait_listening(port, seconds=30)
         time.sleep(3)  # the worker and beat are up too
         started = descendants(launcher.pid)
         assert len(started) >= 5  # 3 programs, gunicorn's 2 workers, the worker's pool

@@ -76,7 +76,7 @@ def floor_tables_create(database_url: str) -> None:
 # --- gunicorn ------------------------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
@@ -89,7 +89,7 @@ class GunicornServer:
         self.env = env
         self.log_path = log_path
         self.host = HOST
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> GunicornServer:

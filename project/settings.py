@@ -100,6 +100,8 @@ WEBHOOK_RECEIVER = {
             "SECRETS": env.list("SHOP_WEBHOOK_SECRETS", default=[]),
             "TOLERANCE_SECONDS": env.int("SHOP_WEBHOOK_TOLERANCE_SECONDS", default=300),
             "MAX_BODY_BYTES": env.int("SHOP_WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024),
+            # no accepted event for this long pages someone (0: never)
+            "SILENCE_AFTER_SECONDS": env.int("SHOP_SILENCE_AFTER_SECONDS", default=1200),
             # the shop's record of truth, through the http contract; off without a URL
             "RECONCILE": (
                 {
@@ -120,7 +122,16 @@ WEBHOOK_RECEIVER = {
     "DUPLICATE_CHECK": env.str("WEBHOOK_DUPLICATE_CHECK", default="adaptive"),
     "LOCK_TIMEOUT_MS": env.int("WEBHOOK_LOCK_TIMEOUT_MS", default=2000),
     "STATEMENT_TIMEOUT_MS": env.int("WEBHOOK_STATEMENT_TIMEOUT_MS", default=5000),
+    # silence alerts: logged at ERROR, mailed to ADMINS, and sent as signals
+    "NOTIFIERS": env.list("WEBHOOK_NOTIFIERS", default=["log", "mail_admins", "signal"]),
+    # /metrics/ needs "Authorization: Bearer <METRICS_TOKEN>"; unset, it is off
+    "METRICS_TOKEN": env("METRICS_TOKEN", default=None),
+    # the trace page lists the shop's ledger lines and order state for an event
+    "TRACE_EFFECTS": "project.shop.trace.shop_effects",
 }
+# who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
+ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]
+EMAIL_BACKEND = env("DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
 
 # --- Celery ------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
@@ -150,6 +161,14 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-webhook-sources": {
         "task": "webhook_receiver.reconcile_sources",
         "schedule": crontab(minute="*/15"),
+    },
+    "check-webhook-silence": {
+        "task": "webhook_receiver.check_silence",
+        "schedule": 60.0,
+    },
+    "beat-heartbeat": {
+        "task": "webhook_receiver.beat_heartbeat",
+        "schedule": 30.0,
     },
     "purge-webhook-audit-records": {
         "task": "webhook_receiver.purge_audit_records",

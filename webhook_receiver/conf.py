@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -57,6 +58,17 @@ DEFAULTS: dict[str, Any] = {
     # a run still "running" after this long was abandoned (a killed worker): the next
     # start closes it as failed
     "RECONCILE_RUN_TIMEOUT_SECONDS": 3600,
+    # who hears of a silence alert opening and resolving: "log" (ERROR), "mail_admins",
+    # "signal" (silence_alert_opened / silence_alert_resolved), or dotted paths of
+    # webhook_receiver.notifiers.Notifier subclasses
+    "NOTIFIERS": ["log", "signal"],
+    # GET /metrics/ answers only with "Authorization: Bearer <token>"; None: off (404)
+    "METRICS_TOKEN": None,
+    # the host's hook for the trace page: fn(*, source, event_key) -> list of
+    # webhook_receiver.services.trace.EffectSection (None: no effects are shown)
+    "TRACE_EFFECTS": None,
+    # /health/ fails when beat's heartbeat task has not run for this long
+    "HEARTBEAT_MAX_AGE_SECONDS": 180,
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -70,6 +82,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 POSITIVE_KEYS = (
+    "HEARTBEAT_MAX_AGE_SECONDS",
     "RECONCILE_RUN_TIMEOUT_SECONDS",
     "AUDIT_RETENTION_DAYS",
     "PURGE_BATCH_SIZE",
@@ -93,7 +106,14 @@ SOURCE_DEFAULTS: dict[str, Any] = {
     "EVENT_KEY": None,
     # reconciliation against the sender's record of truth; None: off for this source
     "RECONCILE": None,
+    # no accepted event for this long opens a silence alert; None or 0: never
+    "SILENCE_AFTER_SECONDS": 1200,
+    # when silence is unexpected: {"DAYS": "mon-fri", "START": "08:00", "END": "20:00",
+    # "TIME_ZONE": "Europe/Berlin"}; None: always. Outside them no alert opens.
+    "ACTIVE_HOURS": None,
 }
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 RECONCILE_DEFAULTS: dict[str, Any] = {
     # "http", "file", or the dotted path of an adapter (webhook_receiver.senders)
@@ -121,6 +141,32 @@ class ReconcileConfig:
 
 
 @dataclass(frozen=True)
+class ActiveHours:
+    """The hours in which a source is expected to send: days of the week (Monday is 0)
+    and a daily span in a time zone. A span whose end is before its start runs past
+    midnight (22:00-06:00)."""
+
+    days: frozenset[int]
+    start: time
+    end: time
+    tz: ZoneInfo
+
+    def contains(self, moment: datetime) -> bool:
+        local = moment.astimezone(self.tz)
+        clock = local.time().replace(tzinfo=None)
+        if self.start <= self.end:
+            return local.weekday() in self.days and self.start <= clock < self.end
+        # past midnight: the span belongs to the day it started on
+        if clock >= self.start:
+            return local.weekday() in self.days
+        return clock < self.end and (local.weekday() - 1) % 7 in self.days
+
+    def __str__(self) -> str:
+        days = ",".join(WEEKDAYS[d] for d in sorted(self.days))
+        return f"{days} {self.start:%H:%M}-{self.end:%H:%M} {self.tz.key}"
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     slug: str
     scheme: str
@@ -129,6 +175,8 @@ class SourceConfig:
     max_body_bytes: int
     event_key: str | None
     reconcile: ReconcileConfig | None = None
+    silence_after: timedelta | None = timedelta(seconds=1200)
+    active_hours: ActiveHours | None = None
 
     def __repr__(self) -> str:  # never show secrets in tracebacks or logs
         return (
@@ -154,6 +202,10 @@ class AppSettings:
     statement_timeout_ms: int
     state_comparison: str | None
     reconcile_run_timeout: timedelta
+    notifiers: tuple[str, ...]
+    metrics_token: str | None
+    trace_effects: str | None
+    heartbeat_max_age: timedelta
 
 
 def _secrets(slug: str, value: Any) -> tuple[str, ...]:
@@ -189,7 +241,51 @@ def _source(slug: str, options: Mapping[str, Any]) -> SourceConfig:
         max_body_bytes=int(merged["MAX_BODY_BYTES"]),
         event_key=merged["EVENT_KEY"],
         reconcile=_reconcile(slug, merged["RECONCILE"]),
+        silence_after=_silence_after(slug, merged["SILENCE_AFTER_SECONDS"]),
+        active_hours=_active_hours(slug, merged["ACTIVE_HOURS"]),
     )
+
+
+def _silence_after(slug: str, value: Any) -> timedelta | None:
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['SILENCE_AFTER_SECONDS'] must be whole "
+            f"seconds (None or 0: no silence alerts), not {value!r}."
+        )
+    return timedelta(seconds=value)
+
+
+def _active_hours(slug: str, options: Mapping[str, Any] | None) -> ActiveHours | None:
+    if not options:
+        return None
+    where = f"WEBHOOK_RECEIVER['SOURCES'][{slug!r}]['ACTIVE_HOURS']"
+    unknown = set(options) - {"DAYS", "START", "END", "TIME_ZONE"}
+    if unknown:
+        raise ImproperlyConfigured(f"{where} has unknown keys: {sorted(unknown)}")
+    try:
+        days = _weekdays(options.get("DAYS", "mon-sun"))
+        start = time.fromisoformat(options.get("START", "00:00"))
+        end = time.fromisoformat(options.get("END", "00:00"))
+        tz = ZoneInfo(options.get("TIME_ZONE", "UTC"))
+    except (ValueError, TypeError, KeyError, ZoneInfoNotFoundError) as exc:
+        raise ImproperlyConfigured(
+            f"{where}: DAYS like 'mon-fri' or 'mon,wed,sat', START and END like '08:00', "
+            f"TIME_ZONE a name like 'Europe/Berlin' ({exc})."
+        ) from exc
+    return ActiveHours(days=days, start=start, end=end, tz=tz)
+
+
+def _weekdays(value: str) -> frozenset[int]:
+    """'mon-fri' or 'mon,wed,sat' (or a list of such names) as weekday numbers."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    days: set[int] = set()
+    for part in (p.strip().lower() for p in parts):
+        first, _, last = part.partition("-")
+        a, b = WEEKDAYS.index(first[:3]), WEEKDAYS.index((last or first)[:3])
+        days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
+    return frozenset(days)
 
 
 def _reconcile(slug: str, options: Mapping[str, Any] | None) -> ReconcileConfig | None:
@@ -257,6 +353,10 @@ def app_settings() -> AppSettings:
         statement_timeout_ms=_milliseconds(merged, "STATEMENT_TIMEOUT_MS"),
         state_comparison=merged["STATE_COMPARISON"],
         reconcile_run_timeout=timedelta(seconds=merged["RECONCILE_RUN_TIMEOUT_SECONDS"]),
+        notifiers=tuple(merged["NOTIFIERS"]),
+        metrics_token=merged["METRICS_TOKEN"] or None,
+        trace_effects=merged["TRACE_EFFECTS"],
+        heartbeat_max_age=timedelta(seconds=merged["HEARTBEAT_MAX_AGE_SECONDS"]),
     )
 
 

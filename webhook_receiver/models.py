@@ -63,8 +63,13 @@ class WebhookReceipt(models.Model):
         # use, and every index is paid for on each insert of the hot path. The admin's
         # search ORs exact matches on event_key and subject: each needs an index, or
         # PostgreSQL scans the table.
+        #
+        # (source, received_at): the last accepted event per source (silence, metrics,
+        # status) and reconciliation's window, each an index range however quiet the
+        # source; received_at alone stays for the admin's unfiltered, newest-first list.
         indexes = [
             models.Index(fields=["received_at"], name="webhook_receipt_received"),
+            models.Index(fields=["source", "received_at"], name="webhook_receipt_source_time"),
             models.Index(fields=["subject"], name="webhook_receipt_subject"),
         ]
         ordering = ["-received_at"]
@@ -172,6 +177,10 @@ class FailedEvent(models.Model):
         indexes = [
             models.Index(fields=["status", "next_attempt_at"], name="webhook_failed_due"),
             models.Index(fields=["status", "updated_at"], name="webhook_failed_updated"),
+            # counts per source and status, and the oldest retry per source (metrics)
+            models.Index(
+                fields=["source", "status", "next_attempt_at"], name="webhook_failed_source"
+            ),
         ]
         ordering = ["-last_attempt_at"]
         permissions = [
@@ -292,3 +301,66 @@ class RepairItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} {self.kind} {self.event_key} ({self.status})"
+
+
+# --- watching: silence, heartbeats, the overview -----------------------------------------
+
+
+class SilenceAlert(models.Model):
+    """A source that has accepted no event for longer than its SILENCE_AFTER_SECONDS.
+
+    One per incident: the database allows one unresolved alert per source, so checks on
+    several workers at once cannot open two. Resolved when accepted traffic returns.
+    """
+
+    source = models.CharField(max_length=100)
+    opened_at = models.DateTimeField()
+    # the last accepted event before the silence (None: this source never had one)
+    last_accepted_at = models.DateTimeField(null=True, blank=True)
+    silence_after_seconds = models.PositiveIntegerField()
+    # requests refused in the silent window, per rejection code: a silence made of
+    # refusals (a rotated secret, a wrong URL) says so
+    rejected_counts = models.JSONField(default=dict)
+    rejected_total = models.PositiveIntegerField(default=0)
+    last_checked_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    # the first accepted event that ended it
+    resolved_by_event_at = models.DateTimeField(null=True, blank=True)
+    opened_notice_sent_at = models.DateTimeField(null=True, blank=True)
+    recovery_notice_sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source"],
+                condition=models.Q(resolved_at__isnull=True),
+                name="webhook_silence_one_open",
+            ),
+        ]
+        indexes = [models.Index(fields=["opened_at"], name="webhook_silence_opened")]
+        ordering = ["-opened_at"]
+
+    def __str__(self) -> str:
+        state = "resolved" if self.resolved_at else "open"
+        return f"{self.source} silent since {self.last_accepted_at or 'ever'} ({state})"
+
+
+class Heartbeat(models.Model):
+    """The last time a periodic process was seen: beat writes "beat" every minute, and
+    /health/ fails once it is older than HEARTBEAT_MAX_AGE_SECONDS."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.seen_at:%Y-%m-%d %H:%M:%S}"
+
+
+class SourceOverview(WebhookReceipt):
+    """No table of its own: the admin's overview page (one row per source) hangs here,
+    so that it is listed on the admin index and guarded by its own view permission."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "overview"
+        verbose_name_plural = "overview"

@@ -18,6 +18,7 @@ from .conf import app_settings
 from .services.audit import audit_purge
 from .services.failures import failed_events_purge, failed_events_retry_due
 from .services.faults import connection_discard_if_broken
+from .services.heartbeat import heartbeat_record
 from .services.reconciliation import RunInProgress, reconciliation_run, sources_to_reconcile
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
@@ -100,3 +101,14 @@ def reconcile_sources() -> dict[str, str]:
         except RunInProgress:
             outcomes[slug] = "skipped: running elsewhere"
     return outcomes
+
+
+@shared_task(
+    name="webhook_receiver.beat_heartbeat", soft_time_limit=20, time_limit=30, ignore_result=True
+)
+@healing
+def beat_heartbeat() -> None:
+    """Schedule this on beat every 30 to 60 seconds: /health/ reports beat as down once
+    its heartbeat is older than HEARTBEAT_MAX_AGE_SECONDS. (Not acks_late: a lost beat is
+    the next one's job.)"""
+    heartbeat_record()

@@ -5,6 +5,8 @@
 - audit: RequestAudit
 - failed_events: FailedEvent, the one admin with operator actions (replay, discard)
 - reconciliation: ReconciliationRun and RepairItem
+- overview: the overview page (overview_page.py) and the trace page (trace.py)
+- silence: SilenceAlert
 
 Importing the package registers every admin. ReadOnlyAdmin and StoredEventDisplay are
 re-exported here so a host project's admin can build on them
@@ -14,7 +16,7 @@ re-exported here so a host project's admin can build on them
 from __future__ import annotations
 
 # imported for their @admin.register calls, which run on import
-from . import audit, failed_events, receipts, reconciliation  # noqa: F401
+from . import audit, failed_events, overview, receipts, reconciliation  # noqa: F401
 from .base import ReadOnlyAdmin, StoredEventDisplay
 
 __all__ = ["ReadOnlyAdmin", "StoredEventDisplay"]

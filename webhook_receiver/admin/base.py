@@ -16,7 +16,9 @@ from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from ..models import FailedEvent, WebhookReceipt
 
@@ -67,6 +69,19 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, template, context)
+
+
+def trace_url(source: str, event_key: str) -> str:
+    """The trace page of one event key: every delivery, the receipt, the effects, the
+    failed-event history."""
+    query = urlencode({"source": source, "key": event_key})
+    return f"{reverse('admin:webhook_receiver_trace')}?{query}"
+
+
+def trace_link(source: str, event_key: str) -> str:
+    if not event_key:
+        return "-"
+    return format_html('<a href="{}">trace</a>', trace_url(source, event_key))
 
 
 class StoredEventDisplay:

@@ -181,6 +181,8 @@ class FailedEvent(models.Model):
             models.Index(
                 fields=["source", "status", "next_attempt_at"], name="webhook_failed_source"
             ),
+            # the last verified event a source sent that was captured (silence)
+            models.Index(fields=["source", "first_attempt_at"], name="webhook_failed_first"),
         ]
         ordering = ["-last_attempt_at"]
         permissions = [

@@ -55,6 +55,10 @@ class Migration(migrations.Migration):
             index=models.Index(fields=['source', 'status', 'next_attempt_at'], name='webhook_failed_source'),
         ),
         migrations.AddIndex(
+            model_name='failedevent',
+            index=models.Index(fields=['source', 'first_attempt_at'], name='webhook_failed_first'),
+        ),
+        migrations.AddIndex(
             model_name='webhookreceipt',
             index=models.Index(fields=['source', 'received_at'], name='webhook_receipt_source_time'),
         ),

@@ -366,3 +366,14 @@ class SourceOverview(WebhookReceipt):
         proxy = True
         verbose_name = "overview"
         verbose_name_plural = "overview"
+
+
+# --- sending: the outbox (its models live in outbox/models.py; importing them here
+# is what registers them with this app) -------------------------------------------------
+
+from .outbox.models import (  # noqa: E402, F401
+    DeliveryAttempt,
+    MessageStatus,
+    OutboxMessage,
+    WebhookDestination,
+)

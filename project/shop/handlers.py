@@ -6,6 +6,8 @@ of applied events, so any order of arrival converges.
 
 ``order.paid`` / ``order.cancelled`` / ``order.fulfilled`` move an order's state forward
 in version only; an older or equal version changes nothing and is recorded as stale.
+A move is forwarded to every destination subscribed to its type, through the outbox and
+in the same transaction: the message exists if and only if the move committed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.utils import timezone
 from webhook_receiver.exceptions import InvalidPayload
 from webhook_receiver.handlers import HandlerResult, WebhookEvent, webhook_handler
 from webhook_receiver.models import Result
+from webhook_receiver.outbox import destinations_for, enqueue_webhook, order_event_key
 from webhook_receiver.services import sql
 
 from .models import InventoryLedgerEntry, OrderState, OrderStatus
@@ -136,7 +139,33 @@ def _order_transition(event: WebhookEvent, status: OrderStatus) -> HandlerResult
     if not moved:
         detail = {"order_id": order_id, "order_status": status.value, "version": version}
         return HandlerResult(status=Result.STALE, detail=detail)
+    order_event_forward(event, order_id=order_id, status=status, version=version)
     return HandlerResult()
+
+
+def order_event_forward(
+    event: WebhookEvent, *, order_id: str, status: OrderStatus, version: int
+) -> None:
+    """Admit the order's move to every subscribed destination, in the claim's transaction.
+    The key names the order, the event and its version: the same for every attempt and
+    every redelivery, so the merchant's end can deduplicate on it."""
+    destinations = destinations_for(event.event_type)
+    if not destinations:
+        return
+    key = order_event_key(order_id, event.event_type.removeprefix("order."), version)
+    payload = {
+        "type": event.event_type,
+        "data": {"order_id": order_id, "status": status.value, "version": version},
+    }
+    for destination in destinations:
+        enqueue_webhook(
+            destination,
+            event.event_type,
+            key,
+            payload,
+            ordering_key=f"order:{order_id}",
+            origin=(event.source, event.event_key),
+        )
 
 
 @webhook_handler("order.paid")

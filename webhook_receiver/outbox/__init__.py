@@ -1,0 +1,9 @@
+"""Sending: this project's own webhooks leave through a transactional outbox.
+
+``enqueue_webhook`` writes a message in the caller's transaction; the relay delivers it
+after commit, at least once, under one stable key that the receiving end deduplicates.
+"""
+
+from .admission import Admission, destinations_for, enqueue_webhook, order_event_key
+
+__all__ = ["Admission", "destinations_for", "enqueue_webhook", "order_event_key"]

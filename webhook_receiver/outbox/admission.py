@@ -1,0 +1,119 @@
+"""Admission: an outbox message is written in the caller's transaction, so it exists if
+and only if that transaction commits (the transactional outbox).
+
+Two guards against a second message for one logical delivery:
+
+- the durable rule, a unique constraint on (destination, key): whenever a second
+  admission comes, it creates nothing;
+- the admission window, a cheap pre-check in Django's cache: a key admitted (and
+  committed) in the last five minutes is answered from the cache without touching the
+  table. It is an optimisation, never the identity: it is written only after commit, so
+  an admission that rolled back never blocks a later one, and once it expires the
+  constraint still holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..services import sql
+from .models import MessageStatus, OutboxMessage, WebhookDestination
+
+logger = logging.getLogger(__name__)
+
+ADMISSION_WINDOW_SECONDS = 5 * 60
+
+# One message per (destination, key), forever: a conflict creates nothing.
+INSERT_MESSAGE = """
+    INSERT INTO webhook_receiver_outboxmessage
+        (destination_id, key, event_type, payload, ordering_key, status, attempts,
+         next_attempt_at, origin_source, origin_event_key, created_at, last_error,
+         discarded_by, discard_reason)
+    VALUES
+        (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(ordering_key)s,
+         %(status)s, 0, %(next_attempt_at)s, %(origin_source)s, %(origin_event_key)s,
+         %(created_at)s, '', '', '')
+    ON CONFLICT (destination_id, key) DO NOTHING
+    RETURNING id
+"""
+
+
+@dataclass(frozen=True)
+class Admission:
+    destination: str
+    key: str
+    # whether this call created the message (else it existed: a dedup hit)
+    created: bool
+    # answered by the admission window, without a statement
+    coalesced: bool = False
+
+
+def order_event_key(order_id: str, event: str, version: int) -> str:
+    """The stable logical key of an order event: the same for every attempt and every
+    re-admission of that event at that version. Never an attempt number, a timestamp or
+    a random id: those describe an attempt, not the effect."""
+    return f"order:{order_id}:{event}:v{version}"
+
+
+def destinations_for(event_type: str) -> list[WebhookDestination]:
+    """The enabled destinations subscribed to ``event_type`` (one small query; the
+    subscription list is filtered here, the same way on every database)."""
+    enabled = WebhookDestination.objects.filter(enabled=True).only("id", "name", "event_types")
+    return [d for d in enabled if event_type in d.event_types]
+
+
+def enqueue_webhook(
+    destination: WebhookDestination | str,
+    event_type: str,
+    key: str,
+    payload: dict[str, Any],
+    *,
+    ordering_key: str | None = None,
+    origin: tuple[str, str] | None = None,
+) -> Admission:
+    """Admit one message for ``destination``, inside the caller's transaction.
+
+    ``key`` is the delivery's logical key (see ``order_event_key``); the receiving end
+    deduplicates on it. Messages sharing an ``ordering_key`` (an order id) are delivered
+    to this destination one after another, in admission order. ``origin`` is the
+    inbound event (source, event key) whose handler admits it, for the trace page.
+    Returns whether a message was created.
+    """
+    if not isinstance(destination, WebhookDestination):
+        destination = WebhookDestination.objects.only("id", "name").get(name=destination)
+    window_key = _window_key(destination.pk, key)
+    if cache.get(window_key):
+        return Admission(destination=destination.name, key=key, created=False, coalesced=True)
+
+    now = timezone.now()
+    row = {
+        "destination_id": destination.pk,
+        "key": key,
+        "event_type": event_type,
+        "payload": payload,
+        "ordering_key": ordering_key or "",
+        "status": MessageStatus.PENDING,
+        "next_attempt_at": now,
+        "origin_source": origin[0] if origin else "",
+        "origin_event_key": origin[1] if origin else "",
+        "created_at": now,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(INSERT_MESSAGE, sql.adapt(row, OutboxMessage))
+        created = cursor.fetchone() is not None
+    # Remembered only once the admission has committed: a rollback leaves no trace.
+    transaction.on_commit(lambda: cache.set(window_key, 1, ADMISSION_WINDOW_SECONDS), robust=True)
+    return Admission(destination=destination.name, key=key, created=created)
+
+
+def _window_key(destination_id: int, key: str) -> str:
+    # keys may hold anything: hashed into a cache key every backend accepts
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"webhook_receiver:admitted:{destination_id}:{digest}"

@@ -1,0 +1,134 @@
+"""The outbox's tables: destinations, messages, and one row per delivery attempt.
+
+Imported by ``webhook_receiver.models`` so that Django finds them; they belong to the
+``webhook_receiver`` app.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class WebhookDestination(models.Model):
+    """An endpoint that receives this project's own webhooks, signed the Standard
+    Webhooks way, under its own limits and retry policy."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    url = models.URLField(max_length=2000)
+    # Standard Webhooks secrets ("whsec_" + base64); the first signs, and during a
+    # rotation every one of them signs (the header carries one signature per secret)
+    secrets = models.JSONField(default=list)
+    # the event types it is sent; empty: none
+    event_types = models.JSONField(default=list, blank=True)
+    # token bucket: rate_count starts per rate_seconds, plus a burst on top
+    rate_count = models.PositiveIntegerField(default=10)
+    rate_seconds = models.FloatField(default=1.0)
+    burst = models.PositiveIntegerField(default=0)
+    # semaphore: requests in flight at once, across every worker
+    max_in_flight = models.PositiveIntegerField(default=4)
+    timeout_seconds = models.FloatField(default=10.0)
+    # retry policy: attempts in all, and full-jitter backoff between base and cap
+    max_attempts = models.PositiveIntegerField(default=12)
+    backoff_base_seconds = models.FloatField(default=2.0)
+    backoff_cap_seconds = models.FloatField(default=3600.0)
+    # longest Retry-After honoured; a longer one is cut to this
+    retry_after_cap_seconds = models.FloatField(default=300.0)
+    # circuit breaker: this many consecutive failures pause the destination for the
+    # cool-down, then one probe decides
+    breaker_threshold = models.PositiveIntegerField(default=10)
+    breaker_cooldown_seconds = models.FloatField(default=60.0)
+    enabled = models.BooleanField(default=True)
+
+    # limiter and breaker state, written under this row's lock
+    tokens = models.FloatField(default=0.0)
+    tokens_at = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    paused_until = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def subscribes_to(self, event_type: str) -> bool:
+        return self.enabled and event_type in self.event_types
+
+
+class MessageStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENDING = "sending", "Sending (claimed by a worker)"
+    DELIVERED = "delivered", "Delivered"
+    FAILED = "failed", "Failed (terminal: for an operator)"
+    DISCARDED = "discarded", "Discarded"
+
+
+class OutboxMessage(models.Model):
+    """One logical delivery to one destination, created in the transaction whose effect
+    it reports: it exists if and only if that transaction committed. Its key never
+    changes, whatever the attempt."""
+
+    destination = models.ForeignKey(WebhookDestination, on_delete=models.PROTECT)
+    key = models.CharField(max_length=255)
+    event_type = models.CharField(max_length=255)
+    payload = models.JSONField()
+    # messages sharing one, to one destination, are delivered one after another
+    ordering_key = models.CharField(max_length=255, blank=True)
+    status = models.CharField(max_length=16, choices=MessageStatus.choices)
+    attempts = models.PositiveIntegerField(default=0)
+    # when it may be claimed; a deferral moves this, never the message's place
+    next_attempt_at = models.DateTimeField()
+    # a claimed message's lease: a worker that dies holds it until then
+    lease_until = models.DateTimeField(null=True, blank=True)
+    # the inbound event whose handler enqueued it, for the trace page
+    origin_source = models.CharField(max_length=100, blank=True)
+    origin_event_key = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    discarded_by = models.CharField(max_length=150, blank=True)
+    discard_reason = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            # the durable identity: one message per logical key and destination, forever
+            models.UniqueConstraint(fields=["destination", "key"], name="webhook_outbox_key"),
+        ]
+        indexes = [
+            # the relay's claim: a destination's open messages in admission order
+            models.Index(fields=["destination", "status", "id"], name="webhook_outbox_claim"),
+            models.Index(fields=["origin_event_key"], name="webhook_outbox_origin"),
+        ]
+        ordering = ["-id"]
+        permissions = [
+            ("retry_outboxmessage", "Can retry outbox messages now"),
+            ("discard_outboxmessage", "Can discard outbox messages"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.destination_id}:{self.key} ({self.status})"
+
+
+class DeliveryAttempt(models.Model):
+    """One HTTP attempt of a message: what was answered, how long it took, and when the
+    message may be tried again."""
+
+    message = models.ForeignKey(OutboxMessage, on_delete=models.CASCADE, related_name="attempt_set")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    duration_ms = models.PositiveIntegerField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    response_excerpt = models.TextField(blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["message", "number"]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.message_id}: {self.status_code or self.error}"

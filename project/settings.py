@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "health_check",  # /health/: the library's view renders its template for HTML probes
     "webhook_receiver",
     "project.shop",  # the demo commerce domain: the host of the receiver's handlers
 ]
@@ -131,7 +132,9 @@ WEBHOOK_RECEIVER = {
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]
-EMAIL_BACKEND = env("DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+# how mail leaves: smtp://user:password@host:587 (django-environ's EMAIL_URL forms);
+# consolemail:// prints it instead
+vars().update(env.email_url("EMAIL_URL", default="smtp://localhost:25"))
 
 # --- Celery ------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
@@ -161,6 +164,11 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-webhook-sources": {
         "task": "webhook_receiver.reconcile_sources",
         "schedule": crontab(minute="*/15"),
+    },
+    # the outbox's safety net: a relay trigger lost with a broker or a worker
+    "sweep-webhook-outbox": {
+        "task": "webhook_receiver.relay_sweep",
+        "schedule": env.float("WEBHOOK_RELAY_SWEEP_SECONDS", default=5.0),
     },
     "check-webhook-silence": {
         "task": "webhook_receiver.check_silence",

@@ -7,6 +7,10 @@ from django.core.servers.basehttp import ThreadedWSGIServer
 from django.db import connection
 from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
+# fixtures kept beside the helpers they use: a real local HTTP receiver (the relay's
+# tests), a headless browser (the admin pages), the Redis broker (a real Celery worker)
+pytest_plugins = ["tests.receiver", "tests.browser", "tests.worker"]
+
 
 def pytest_collection_modifyitems(config, items):
     from django.conf import settings

@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import redis
 from django.conf import settings
 from django.db import connection, connections
 from django.test import override_settings
@@ -23,6 +20,7 @@ from project.shop.models import InventoryLedgerEntry
 from tests import handlers as test_handlers
 from tests.http import post
 from tests.signing import as_meta, event_body, reserved, standard_headers
+from tests.worker import start_worker, wait_for
 from webhook_receiver.exceptions import TransientError
 from webhook_receiver.models import FailedEvent, FailureStatus, RequestAudit, WebhookReceipt
 from webhook_receiver.services.failures import (
@@ -376,44 +374,6 @@ def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
     assert InventoryLedgerEntry.objects.count() == len(keys)
 
 
-@pytest.fixture
-def broker():
-    """The real Redis on this machine, on a database of the tests' own."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-
-
-def _start_worker(marker_dir: Path, log: Path) -> subprocess.Popen:
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "WEBHOOK_TEST_MARKER_DIR": str(marker_dir),
-    }
-    command = [sys.executable, "-m", "celery", "-A", "project", "worker"]
-    command += ["--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO"]
-    return subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: SIGKILL reaches the pool child too
-    )
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.postgres_only("a Celery worker must see the test database (SQLite's is in memory)")
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, tmp_path):
@@ -425,11 +385,11 @@ def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, 
     FailedEvent.objects.update(next_attempt_at=timezone.now())
     marker = tmp_path / "msg_killed"
     log = tmp_path / "worker.log"
-    worker = _start_worker(tmp_path, log)
+    worker = start_worker(log, tmp_path)
     try:
         # when: a real worker picks up the sweep from the real Redis broker ...
         retry_failed_events.delay()
-        _wait_for(marker.exists, 60, f"the worker to reach the handler ({log.read_text()})")
+        wait_for(marker.exists, 60, f"the worker to reach the handler ({log.read_text()})")
         # ... and is killed with SIGKILL while the claim transaction is open
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
@@ -446,7 +406,7 @@ def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, 
             )
             return cursor.fetchone()[0] == 0
 
-    _wait_for(released, 30, "PostgreSQL to end the killed worker's transaction")
+    wait_for(released, 30, "PostgreSQL to end the killed worker's transaction")
     failed = FailedEvent.objects.get()
     assert failed.status == FailureStatus.RETRYING
     assert failed.attempts == 1
@@ -454,10 +414,10 @@ def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, 
     assert not WebhookReceipt.objects.exists()
 
     # when: a new worker comes up and the next sweep runs
-    worker = _start_worker(tmp_path, log)
+    worker = start_worker(log, tmp_path)
     try:
         retry_failed_events.delay()
-        _wait_for(
+        wait_for(
             lambda: FailedEvent.objects.filter(status=FailureStatus.RESOLVED).exists(),
             60,
             f"the retry to resolve the event ({log.read_text()})",

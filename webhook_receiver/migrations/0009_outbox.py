@@ -21,6 +21,7 @@ class Migration(migrations.Migration):
                 ('ordering_key', models.CharField(blank=True, max_length=255)),
                 ('status', models.CharField(choices=[('pending', 'Pending'), ('sending', 'Sending (claimed by a worker)'), ('delivered', 'Delivered'), ('failed', 'Failed (terminal: for an operator)'), ('discarded', 'Discarded')], max_length=16)),
                 ('attempts', models.PositiveIntegerField(default=0)),
+                ('failures', models.PositiveIntegerField(default=0)),
                 ('next_attempt_at', models.DateTimeField()),
                 ('lease_until', models.DateTimeField(blank=True, null=True)),
                 ('origin_source', models.CharField(blank=True, max_length=100)),
@@ -47,7 +48,7 @@ class Migration(migrations.Migration):
                 ('event_types', models.JSONField(blank=True, default=list)),
                 ('rate_count', models.PositiveIntegerField(default=10)),
                 ('rate_seconds', models.FloatField(default=1.0)),
-                ('burst', models.PositiveIntegerField(default=0)),
+                ('burst', models.PositiveIntegerField(default=10)),
                 ('max_in_flight', models.PositiveIntegerField(default=4)),
                 ('timeout_seconds', models.FloatField(default=10.0)),
                 ('max_attempts', models.PositiveIntegerField(default=12)),
@@ -95,6 +96,14 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name='outboxmessage',
             index=models.Index(fields=['destination', 'status', 'id'], name='webhook_outbox_claim'),
+        ),
+        migrations.AddIndex(
+            model_name='outboxmessage',
+            index=models.Index(fields=['destination', 'ordering_key', 'id'], name='webhook_outbox_ordering'),
+        ),
+        migrations.AddIndex(
+            model_name='outboxmessage',
+            index=models.Index(fields=['status', 'next_attempt_at'], name='webhook_outbox_due'),
         ),
         migrations.AddIndex(
             model_name='outboxmessage',

@@ -33,12 +33,12 @@ ADMISSION_WINDOW_SECONDS = 5 * 60
 # One message per (destination, key), forever: a conflict creates nothing.
 INSERT_MESSAGE = """
     INSERT INTO webhook_receiver_outboxmessage
-        (destination_id, key, event_type, payload, ordering_key, status, attempts,
+        (destination_id, key, event_type, payload, ordering_key, status, attempts, failures,
          next_attempt_at, origin_source, origin_event_key, created_at, last_error,
          discarded_by, discard_reason)
     VALUES
         (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(ordering_key)s,
-         %(status)s, 0, %(next_attempt_at)s, %(origin_source)s, %(origin_event_key)s,
+         %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s, %(origin_event_key)s,
          %(created_at)s, '', '', '')
     ON CONFLICT (destination_id, key) DO NOTHING
     RETURNING id
@@ -110,6 +110,9 @@ def enqueue_webhook(
         created = cursor.fetchone() is not None
     # Remembered only once the admission has committed: a rollback leaves no trace.
     transaction.on_commit(lambda: cache.set(window_key, 1, ADMISSION_WINDOW_SECONDS), robust=True)
+    if created:
+        # low latency without polling hard: a relay run as soon as the message exists
+        transaction.on_commit(lambda: _relay_soon(destination.pk), robust=True)
     return Admission(destination=destination.name, key=key, created=created)
 
 
@@ -117,3 +120,11 @@ def _window_key(destination_id: int, key: str) -> str:
     # keys may hold anything: hashed into a cache key every backend accepts
     digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
     return f"webhook_receiver:admitted:{destination_id}:{digest}"
+
+
+def _relay_soon(destination_id: int) -> None:
+    """Queue a relay run for the destination. Not retried when the broker is down: the
+    beat sweep makes a lost trigger good within seconds."""
+    from .tasks import relay_destination
+
+    relay_destination.apply_async((destination_id,), retry=False)

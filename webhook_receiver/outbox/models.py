@@ -20,10 +20,11 @@ class WebhookDestination(models.Model):
     secrets = models.JSONField(default=list)
     # the event types it is sent; empty: none
     event_types = models.JSONField(default=list, blank=True)
-    # token bucket: rate_count starts per rate_seconds, plus a burst on top
+    # token bucket: rate_count starts per rate_seconds, refilled continuously, holding at
+    # most `burst` tokens: in any span of T seconds, at most rate * T + burst starts
     rate_count = models.PositiveIntegerField(default=10)
     rate_seconds = models.FloatField(default=1.0)
-    burst = models.PositiveIntegerField(default=0)
+    burst = models.PositiveIntegerField(default=10)
     # semaphore: requests in flight at once, across every worker
     max_in_flight = models.PositiveIntegerField(default=4)
     timeout_seconds = models.FloatField(default=10.0)
@@ -79,7 +80,10 @@ class OutboxMessage(models.Model):
     # messages sharing one, to one destination, are delivered one after another
     ordering_key = models.CharField(max_length=255, blank=True)
     status = models.CharField(max_length=16, choices=MessageStatus.choices)
+    # every HTTP attempt; `failures` counts those that spend the retry budget (a 429 or
+    # 503 with Retry-After is the destination pacing us, not failing)
     attempts = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
     # when it may be claimed; a deferral moves this, never the message's place
     next_attempt_at = models.DateTimeField()
     # a claimed message's lease: a worker that dies holds it until then
@@ -102,6 +106,12 @@ class OutboxMessage(models.Model):
         indexes = [
             # the relay's claim: a destination's open messages in admission order
             models.Index(fields=["destination", "status", "id"], name="webhook_outbox_claim"),
+            # strict order within an ordering key: is an older one still open?
+            models.Index(
+                fields=["destination", "ordering_key", "id"], name="webhook_outbox_ordering"
+            ),
+            # the sweep: which destinations have something due
+            models.Index(fields=["status", "next_attempt_at"], name="webhook_outbox_due"),
             models.Index(fields=["origin_event_key"], name="webhook_outbox_origin"),
         ]
         ordering = ["-id"]

@@ -1,0 +1,282 @@
+"""The relay against a real HTTP receiver on loopback: keys, signatures, outcomes,
+order, limits and the breaker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.test import TestCase
+from django.utils import timezone
+from standardwebhooks import Webhook
+
+from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
+from webhook_receiver.outbox import enqueue_webhook
+from webhook_receiver.outbox.relay import (
+    parse_retry_after,
+    relay_claim,
+    relay_destination,
+    relay_record,
+    relay_send,
+    retry_delay,
+)
+
+pytestmark = pytest.mark.django_db
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+
+
+def destination(url: str, **fields) -> WebhookDestination:
+    return WebhookDestination.objects.create(
+        name=fields.pop("name", "merchant"),
+        url=url,
+        secrets=fields.pop("secrets", [SECRET]),
+        event_types=["order.paid"],
+        **fields,
+    )
+
+
+def admit(dest, key, ordering_key=None):
+    with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
+        enqueue_webhook(
+            dest,
+            "order.paid",
+            key,
+            {"type": "order.paid", "data": {"key": key}},
+            ordering_key=ordering_key,
+        )
+
+
+def later(seconds: float):
+    return timezone.now() + timedelta(seconds=seconds)
+
+
+def test_a_delivery_carries_the_key_and_a_signature_the_library_verifies(receiver):
+    # given
+    dest = destination(receiver.url, secrets=[OLD_SECRET, SECRET])
+    admit(dest, "order:ord_1:paid:v1")
+
+    # when
+    sent, _ = relay_destination(destination_id=dest.pk)
+
+    # then: delivered, once, with the stable key in both headers
+    assert sent == 1
+    request = receiver.received[0]
+    assert (
+        request.headers["webhook-id"] == request.headers["idempotency-key"] == "order:ord_1:paid:v1"
+    )
+    # each secret of a rotation verifies on its own
+    for secret in (SECRET, OLD_SECRET):
+        assert Webhook(secret).verify(request.body, request.headers) == {
+            "type": "order.paid",
+            "data": {"key": "order:ord_1:paid:v1"},
+        }
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.attempts, message.last_status_code) == ("delivered", 1, 200)
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.number, attempt.status_code) == (1, 200)
+    assert WebhookDestination.objects.get().last_success_at is not None
+
+
+def test_429_with_retry_after_waits_without_losing_its_place_or_its_budget(receiver):
+    # given: three attempts failed already; the fourth is answered 429, Retry-After: 120
+    dest = destination(receiver.url)
+    admit(dest, "first")
+    admit(dest, "second")
+    OutboxMessage.objects.filter(key="first").update(attempts=3, failures=3)
+    receiver.answer(429, {"Retry-After": "120"}, key="first")
+
+    # when: a round claims both, oldest first
+    round_ = relay_claim(destination=dest)
+    relay_record(dest, relay_send(dest, round_.claimed))
+
+    # then: "first" waits about 120 s, as pending, its failures unspent
+    assert [m.key for m in round_.claimed] == ["first", "second"]
+    first = OutboxMessage.objects.get(key="first")
+    assert (first.status, first.attempts, first.failures) == ("pending", 4, 3)
+    assert later(110) < first.next_attempt_at < later(130)
+    # no worker holds it: nothing is in flight, and it is not claimable before then
+    assert relay_claim(destination=dest).claimed == []
+    # once due, it is claimed again before anything newer: its place was kept
+    admit(dest, "third")
+    claimed = relay_claim(destination=dest, now=later(125)).claimed
+    assert [m.key for m in claimed] == ["first", "third"]
+    assert claimed[0].attempt == 5
+
+
+def test_a_server_error_backs_off_and_the_retry_keeps_the_key(receiver):
+    dest = destination(receiver.url, backoff_base_seconds=10, backoff_cap_seconds=60)
+    admit(dest, "order:ord_2:paid:v1")
+    receiver.answer(500)
+
+    relay_destination(destination_id=dest.pk)
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.failures) == ("pending", 1)
+    assert message.next_attempt_at <= later(11)
+
+    # when: due again
+    OutboxMessage.objects.update(next_attempt_at=timezone.now())
+    relay_destination(destination_id=dest.pk)
+
+    # then: delivered, and both requests carried the same key
+    assert receiver.keys() == ["order:ord_2:paid:v1", "order:ord_2:paid:v1"]
+    assert OutboxMessage.objects.get().status == "delivered"
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 422])
+def test_a_refusal_is_terminal_at_once(receiver, status):
+    dest = destination(receiver.url)
+    admit(dest, "k")
+    receiver.answer(status)
+
+    relay_destination(destination_id=dest.pk)
+
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.last_status_code) == ("failed", status)
+    assert len(receiver.received) == 1
+
+
+def test_attempts_exhausted_is_terminal(receiver):
+    dest = destination(receiver.url, max_attempts=2, backoff_base_seconds=60)
+    admit(dest, "k")
+    for _ in range(2):
+        receiver.answer(502)
+        OutboxMessage.objects.update(next_attempt_at=timezone.now())
+        relay_destination(destination_id=dest.pk)
+    assert OutboxMessage.objects.get().status == "failed"
+
+
+def test_messages_of_one_ordering_key_go_strictly_one_after_another(receiver):
+    # given: two updates of one order, and an unrelated message admitted after them
+    dest = destination(receiver.url)
+    admit(dest, "order:o1:paid:v1", ordering_key="order:o1")
+    admit(dest, "order:o1:fulfilled:v2", ordering_key="order:o1")
+    admit(dest, "order:o2:paid:v1", ordering_key="order:o2")
+    receiver.answer(503, {"Retry-After": "60"}, key="order:o1:paid:v1")
+
+    # when: the first of o1 is deferred
+    round_ = relay_claim(destination=dest)
+    relay_record(dest, relay_send(dest, round_.claimed))
+
+    # then: o1's second waited for it; o2 did not
+    assert [m.key for m in round_.claimed] == ["order:o1:paid:v1", "order:o2:paid:v1"]
+    assert relay_claim(destination=dest).claimed == []
+    # when the first is delivered, the second follows
+    first = relay_claim(destination=dest, now=later(61)).claimed
+    assert [m.key for m in first] == ["order:o1:paid:v1"]
+    relay_record(dest, relay_send(dest, first))
+    assert [m.key for m in relay_claim(destination=dest).claimed] == ["order:o1:fulfilled:v2"]
+
+
+def test_a_failing_destination_does_not_delay_another(receiver):
+    down = destination("http://127.0.0.1:9/refused", name="down", timeout_seconds=1)
+    up = destination(receiver.url, name="up")
+    for n in range(3):
+        admit(down, f"down-{n}")
+    admit(up, "up-0")
+
+    relay_destination(destination_id=down.pk)
+    sent, _ = relay_destination(destination_id=up.pk)
+
+    assert sent == 1 and receiver.keys() == ["up-0"]
+    assert set(OutboxMessage.objects.filter(destination=down).values_list("status", flat=True)) == {
+        "pending"
+    }
+
+
+def test_the_concurrency_limit_counts_leases_on_every_worker(receiver):
+    dest = destination(receiver.url, max_in_flight=2, burst=100, rate_count=100)
+    for n in range(5):
+        admit(dest, f"k{n}")
+
+    first = relay_claim(destination=dest)
+    second = relay_claim(destination=dest)
+
+    assert len(first.claimed) == 2 and second.claimed == []
+    # a lease that ran out (a worker that died) frees its slot, and the message returns
+    again = relay_claim(destination=dest, now=later(dest.timeout_seconds + 31))
+    assert [m.key for m in again.claimed] == ["k0", "k1"]
+
+
+def test_the_token_bucket_limits_starts_and_says_when_the_next_is_due(receiver):
+    dest = destination(receiver.url, rate_count=2, rate_seconds=1, burst=2, max_in_flight=10)
+    for n in range(5):
+        admit(dest, f"k{n}")
+    now = timezone.now()
+
+    first = relay_claim(destination=dest, now=now)
+    assert len(first.claimed) == 2
+    empty = relay_claim(destination=dest, now=now)
+    assert empty.claimed == [] and 0.4 < empty.wait <= 0.5
+    assert len(relay_claim(destination=dest, now=now + timedelta(seconds=0.5)).claimed) == 1
+
+
+def test_the_breaker_opens_after_consecutive_failures_and_one_probe_decides(receiver):
+    dest = destination(receiver.url, breaker_threshold=2, breaker_cooldown_seconds=30)
+    for n in range(3):
+        admit(dest, f"k{n}")
+    receiver.answer(500)
+    receiver.answer(500)
+
+    round_ = relay_claim(destination=dest, limit=2)
+    relay_record(dest, relay_send(dest, round_.claimed))
+
+    dest.refresh_from_db()
+    assert dest.consecutive_failures == 2 and dest.paused_until > timezone.now()
+    assert relay_claim(destination=dest).claimed == []
+    # after the cool-down: one probe only
+    probe = relay_claim(destination=dest, now=later(31)).claimed
+    assert len(probe) == 1
+    relay_record(dest, relay_send(dest, probe))
+    dest.refresh_from_db()
+    assert dest.consecutive_failures == 0 and dest.paused_until is None
+
+
+def test_retry_after_reads_seconds_and_http_dates_and_is_capped():
+    now = timezone.now()
+    assert parse_retry_after("12", now=now, cap=300) == 12
+    assert parse_retry_after("9999", now=now, cap=300) == 300
+    date = (now + timedelta(seconds=60)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    assert 58 <= parse_retry_after(date, now=now, cap=300) <= 60
+    assert parse_retry_after("soon", now=now, cap=300) is None
+    assert parse_retry_after(None, now=now, cap=300) is None
+
+
+def test_backoff_is_full_jitter_under_a_cap():
+    import random
+
+    rng = random.Random(7)
+    delays = [retry_delay(4, base=2, cap=300, rng=rng) for _ in range(200)]
+    assert all(0 <= d <= 16 for d in delays) and max(delays) > 8
+    assert all(retry_delay(20, base=2, cap=300, rng=rng) <= 300 for _ in range(50))
+
+
+# --- with a real Celery worker, and a receiver built on this project ---------------------
+
+
+@pytest.mark.postgres_only("a Celery worker must see the test database")
+@pytest.mark.django_db(transaction=True)
+def test_commit_triggers_a_relay_run_on_a_real_worker(broker, receiver, tmp_path):
+    from tests.worker import start_worker, wait_for
+
+    dest = destination(receiver.url)
+    log = tmp_path / "worker.log"
+    worker = start_worker(log)
+    try:
+        wait_for(lambda: "ready" in log.read_text(), 60, "the worker to start")
+        # when: a message is admitted and its transaction commits
+        with transaction.atomic():
+            enqueue_webhook(dest, "order.paid", "order:ord_5:paid:v1", {"type": "order.paid"})
+        admitted = time.monotonic()
+        # then: the on-commit trigger, not a sweep, delivers it at once
+        wait_for(lambda: receiver.received, 30, f"the delivery ({log.read_text()[-2000:]})")
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
+    assert receiver.received[0].at - admitted < 2.0
+    assert receiver.keys() == ["order:ord_5:paid:v1"]
+    wait_for(lambda: OutboxMessage.objects.filter(status="delivered").exists(), 10, "the record")

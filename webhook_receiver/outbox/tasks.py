@@ -1,0 +1,60 @@
+"""The relay's Celery tasks (registered by ``webhook_receiver.tasks``, which imports
+them): one destination's run, and the beat sweep that is the safety net for a lost
+trigger."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db.models import Q
+from django.utils import timezone
+
+from ..services.faults import connection_discard_if_broken
+from .models import MessageStatus, OutboxMessage
+from .relay import relay_destination as relay_run
+
+# a token due sooner than this is waited for by the next run, not a task of its own
+MIN_COUNTDOWN = 0.05
+
+
+@shared_task(
+    name="webhook_receiver.relay_destination",
+    soft_time_limit=60,
+    time_limit=90,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def relay_destination(destination_id: int) -> int:
+    """Relay one destination: queued on commit of each admission, and by the sweep.
+    When its token bucket is empty, the next run is queued for when a token is due;
+    a worker never sleeps for it."""
+    try:
+        sent, wait = relay_run(destination_id=destination_id)
+    except Exception as exc:
+        connection_discard_if_broken(exc)
+        raise
+    if wait is not None:
+        relay_destination.apply_async((destination_id,), countdown=max(wait, MIN_COUNTDOWN))
+    return sent
+
+
+@shared_task(
+    name="webhook_receiver.relay_sweep", soft_time_limit=20, time_limit=30, ignore_result=True
+)
+def relay_sweep() -> int:
+    """Queue a run for every destination with an eligible message: a trigger lost with a
+    broker or a worker is made good within one sweep (every few seconds on beat)."""
+    now = timezone.now()
+    due = Q(status=MessageStatus.PENDING, next_attempt_at__lte=now) | Q(
+        status=MessageStatus.SENDING, lease_until__lte=now
+    )
+    destinations = (
+        OutboxMessage.objects.filter(due, destination__enabled=True)
+        .values_list("destination_id", flat=True)
+        .distinct()
+    )
+    count = 0
+    for destination_id in destinations:
+        relay_destination.delay(destination_id)
+        count += 1
+    return count

@@ -11,6 +11,7 @@ from django.utils.module_loading import import_string
 from . import signatures
 from .conf import app_settings
 from .handlers import registration_conflicts
+from .notifiers import get_notifiers
 from .senders import BUILT_IN
 
 
@@ -57,6 +58,7 @@ def check_webhook_receiver_settings(
         if c.reconcile is not None
     ]
     paths.append(("['STATE_COMPARISON']", config.state_comparison))
+    paths.append(("['TRACE_EFFECTS']", config.trace_effects))
     for where, path in paths:
         if not path:
             continue
@@ -81,6 +83,10 @@ def check_webhook_receiver_settings(
                     id="webhook_receiver.E005",
                 )
             )
+    try:
+        get_notifiers()
+    except ImproperlyConfigured as exc:
+        errors.append(checks.Error(str(exc), id="webhook_receiver.E006"))
     if not config.sources:
         errors.append(
             checks.Warning(

@@ -326,7 +326,7 @@ class SilenceAlert(models.Model):
     rejected_total = models.PositiveIntegerField(default=0)
     last_checked_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
-    # the first accepted event that ended it
+    # the newest accepted event the resolving check found
     resolved_by_event_at = models.DateTimeField(null=True, blank=True)
     opened_notice_sent_at = models.DateTimeField(null=True, blank=True)
     recovery_notice_sent_at = models.DateTimeField(null=True, blank=True)
@@ -344,7 +344,9 @@ class SilenceAlert(models.Model):
 
     def __str__(self) -> str:
         state = "resolved" if self.resolved_at else "open"
-        return f"{self.source} silent since {self.last_accepted_at or 'ever'} ({state})"
+        since = self.last_accepted_at
+        since_text = f"{since:%Y-%m-%d %H:%M} UTC" if since else "its first request"
+        return f"{self.source} silent since {since_text} ({state})"
 
 
 class Heartbeat(models.Model):

@@ -15,11 +15,13 @@ from celery import shared_task
 from django.db import DatabaseError
 
 from .conf import app_settings
+from .outbox.tasks import relay_destination, relay_sweep  # noqa: F401 - registered here
 from .services.audit import audit_purge
 from .services.failures import failed_events_purge, failed_events_retry_due
 from .services.faults import connection_discard_if_broken
 from .services.heartbeat import heartbeat_record
 from .services.reconciliation import RunInProgress, reconciliation_run, sources_to_reconcile
+from .services.silence import silence_check
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
 AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
@@ -112,3 +114,15 @@ def beat_heartbeat() -> None:
     its heartbeat is older than HEARTBEAT_MAX_AGE_SECONDS. (Not acks_late: a lost beat is
     the next one's job.)"""
     heartbeat_record()
+
+
+@shared_task(
+    name="webhook_receiver.check_silence", soft_time_limit=50, time_limit=60, ignore_result=True
+)
+@healing
+def check_silence() -> dict[str, str]:
+    """Schedule this on beat every minute: a source silent for longer than its
+    SILENCE_AFTER_SECONDS opens one alert (and one notice); accepted traffic resolves it
+    (one recovery notice). Safe on several workers at once: the database arbitrates.
+    (Not acks_late: a lost check is the next one's job.)"""
+    return {check.source: check.state for check in silence_check()}

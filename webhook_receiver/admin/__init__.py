@@ -16,7 +16,7 @@ re-exported here so a host project's admin can build on them
 from __future__ import annotations
 
 # imported for their @admin.register calls, which run on import
-from . import audit, failed_events, overview, receipts, reconciliation  # noqa: F401
+from . import audit, failed_events, overview, receipts, reconciliation, silence  # noqa: F401
 from .base import ReadOnlyAdmin, StoredEventDisplay
 
 __all__ = ["ReadOnlyAdmin", "StoredEventDisplay"]

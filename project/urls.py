@@ -1,7 +1,10 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from webhook_receiver.health import health_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhook_receiver.urls")),
+    path("health/", health_view, name="health"),
 ]

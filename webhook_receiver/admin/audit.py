@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from ..models import RequestAudit
-from .base import ReadOnlyAdmin
+from .base import ReadOnlyAdmin, trace_link
 
 
 @admin.register(RequestAudit)
@@ -18,6 +18,7 @@ class RequestAuditAdmin(ReadOnlyAdmin):
         "result",
         "event_key",
         "remote_addr",
+        "trace",
     )
     list_filter = (
         "source",
@@ -28,3 +29,10 @@ class RequestAuditAdmin(ReadOnlyAdmin):
     )
     search_fields = ("event_key__exact",)
     date_hierarchy = "received_at"
+    # the detail page: every field (read-only, as the admin has no change permission) and
+    # the trace link last
+    readonly_fields = ("trace",)
+
+    @admin.display(description="trace")
+    def trace(self, obj: RequestAudit) -> str:
+        return trace_link(obj.source, obj.event_key)

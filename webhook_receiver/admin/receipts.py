@@ -7,12 +7,20 @@ import json
 from django.contrib import admin
 
 from ..models import WebhookReceipt
-from .base import ReadOnlyAdmin, StoredEventDisplay, _pre
+from .base import ReadOnlyAdmin, StoredEventDisplay, _pre, trace_link
 
 
 @admin.register(WebhookReceipt)
 class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
-    list_display = ("received_at", "source", "event_type", "status", "subject", "event_key")
+    list_display = (
+        "received_at",
+        "source",
+        "event_type",
+        "status",
+        "subject",
+        "event_key",
+        "trace",
+    )
     list_filter = ("source", "status", "event_type", ("received_at", admin.DateFieldListFilter))
     search_fields = ("event_key__exact", "subject__exact")
     date_hierarchy = "received_at"
@@ -26,6 +34,7 @@ class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
         "status",
         "subject",
         "received_at",
+        "trace",
         "pretty_outcome",
         "pretty_body",
         "pretty_headers",
@@ -34,3 +43,7 @@ class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
     @admin.display(description="outcome")
     def pretty_outcome(self, obj: WebhookReceipt) -> str:
         return _pre(json.dumps(obj.outcome, indent=2, sort_keys=True))
+
+    @admin.display(description="trace")
+    def trace(self, obj: WebhookReceipt) -> str:
+        return trace_link(obj.source, obj.event_key)

@@ -181,3 +181,18 @@ def test_a_disabled_destination_is_sent_nothing(client, merchant):
     post(client, "shop", body, standard_headers(body, msg_id="msg_9"))
 
     assert not OutboxMessage.objects.exists()
+
+
+def test_the_trace_of_an_order_event_lists_the_messages_it_enqueued(client, merchant):
+    from webhook_receiver.services.trace import event_trace
+
+    body = paid("ord_t", 2)
+    post(client, "shop", body, standard_headers(body, msg_id="msg_t"))
+
+    trace = event_trace(source="shop", event_key="msg_t")
+
+    (section,) = trace.outbox
+    assert section.title == "to merchant"
+    assert [row[:4] for row in section.rows] == [
+        ("order:ord_t:paid:v2", "order.paid", "pending", "0")
+    ]

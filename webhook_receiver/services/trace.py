@@ -19,7 +19,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from ..conf import app_settings
-from ..models import FailedEvent, RepairItem, RequestAudit, WebhookReceipt
+from ..models import FailedEvent, OutboxMessage, RepairItem, RequestAudit, WebhookReceipt
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +124,7 @@ class EventTrace:
     effects_error: str = ""
     failed: FailedHistory | None = None
     repairs: tuple[Repair, ...] = ()
-    # The outbox messages the event enqueued. Always empty for now: the outbox is not
-    # part of the receiver yet. Its messages will appear here as sections, like effects.
+    # the outbox messages its handler enqueued, one section per destination
     outbox: tuple[EffectSection, ...] = ()
 
     @property
@@ -176,7 +175,39 @@ def event_trace(*, source: str, event_key: str, tracebacks: bool = False) -> Eve
         effects_error=effects_error,
         failed=_failed(source, event_key, tracebacks=tracebacks),
         repairs=_repairs(source, event_key),
+        outbox=_outbox(source, event_key),
     )
+
+
+def _outbox(source: str, event_key: str) -> tuple[EffectSection, ...]:
+    """The messages the event's handler admitted (index on origin_event_key), with their
+    delivery state, grouped by destination."""
+    rows = (
+        OutboxMessage.objects.filter(origin_event_key=event_key, origin_source=source)
+        .select_related("destination")
+        .order_by("destination__name", "id")
+    )
+    sections: dict[str, list[tuple[str, ...]]] = {}
+    for m in rows:
+        sections.setdefault(m.destination.name, []).append(
+            (
+                m.key,
+                m.event_type,
+                m.status,
+                str(m.attempts),
+                _moment_text(m.delivered_at or m.next_attempt_at),
+                str(m.last_status_code or m.last_error[:80] or "-"),
+            )
+        )
+    columns = ("key", "type", "status", "attempts", "delivered / next attempt", "last answer")
+    return tuple(
+        EffectSection(title=f"to {name}", columns=columns, rows=rows)
+        for name, rows in sections.items()
+    )
+
+
+def _moment_text(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "-"
 
 
 def ago(moment: datetime, now: datetime) -> str:

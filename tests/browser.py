@@ -75,11 +75,14 @@ def admin_browser(browser, live_server, admin_user) -> object:
     """The browser, logged in as a superuser (pytest-django's admin_user, password
     "password") through the admin's own login form."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(f"{live_server.url}/admin/login/")
     browser.find_element(By.NAME, "username").send_keys(admin_user.username)
     browser.find_element(By.NAME, "password").send_keys("password")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # the click returns before the browser has followed the redirect
+    WebDriverWait(browser, 15).until(lambda d: "/admin/login/" not in d.current_url)
     assert "/admin/login/" not in browser.current_url, "admin login failed"
     return browser
 

@@ -133,8 +133,10 @@ def test_changelist_shows_every_failed_event_with_its_columns(admin_client, fail
     content = response.content.decode()
     for text in ("RuntimeError", "InvalidPayload", "test.crash", "inventory.reserved", "stripe"):
         assert text in content
-    # the short class name is shown, the full one is its tooltip
-    assert 'title="webhook_receiver.exceptions.InvalidPayload">InvalidPayload<' in content
+    # the class's own name and the start of the message are shown; the full class and
+    # message are the tooltip
+    full = f"webhook_receiver.exceptions.InvalidPayload: {failures['schema'].last_error_message}"
+    assert f'title="{html.escape(full)}">InvalidPayload: ' in content
 
 
 FILTERS = [

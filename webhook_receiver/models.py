@@ -232,7 +232,11 @@ class ReconciliationRun(models.Model):
                 name="webhook_reconcile_one_running",
             ),
         ]
-        indexes = [models.Index(fields=["started_at"], name="webhook_reconcile_started")]
+        indexes = [
+            models.Index(fields=["started_at"], name="webhook_reconcile_started"),
+            # a source's last run (the overview, webhook_status)
+            models.Index(fields=["source", "started_at"], name="webhook_reconcile_source"),
+        ]
         ordering = ["-started_at"]
 
     def __str__(self) -> str:

@@ -51,6 +51,10 @@ class Migration(migrations.Migration):
             bases=('webhook_receiver.webhookreceipt',),
         ),
         migrations.AddIndex(
+            model_name='reconciliationrun',
+            index=models.Index(fields=['source', 'started_at'], name='webhook_reconcile_source'),
+        ),
+        migrations.AddIndex(
             model_name='failedevent',
             index=models.Index(fields=['source', 'status', 'next_attempt_at'], name='webhook_failed_source'),
         ),

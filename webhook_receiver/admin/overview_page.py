@@ -1,0 +1,324 @@
+"""The overview page: one row per source, coloured by state, with the reasons and links
+to the records behind each figure, a one-line verdict on top, and a chart of the last
+24 hours.
+
+Everything is server-rendered: the chart is inline SVG built here (no script, no
+external asset), and each bar carries a <title> for hover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.exceptions import NotRegistered
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString, mark_safe
+
+from ..models import (
+    FailedEvent,
+    ReconciliationRun,
+    RepairItem,
+    RequestAudit,
+    SilenceAlert,
+    WebhookReceipt,
+)
+from ..services.status import (
+    LAST_HOUR,
+    ActivityBucket,
+    GapStats,
+    Reason,
+    SourceStatus,
+    State,
+    activity_series,
+    duration_text,
+    observed_gaps,
+    source_statuses,
+    status_verdict,
+)
+
+TEMPLATE = "admin/webhook_receiver/overview.html"
+# a word and a shape for each state, so that colour is never the only signal
+ICONS = {State.OK: "✔", State.ATTENTION: "▲", State.ALERT: "✖"}
+WORDS = {State.OK: "OK", State.ATTENTION: "Attention", State.ALERT: "Alert"}
+
+
+@dataclass(frozen=True)
+class Link:
+    text: str
+    url: str | None  # None: the user may not view that list
+
+    @property
+    def html(self) -> SafeString:
+        """An anchor, or the text alone."""
+        if self.url is None:
+            return format_html("{}", self.text)
+        return format_html('<a href="{}">{}</a>', self.url, self.text)
+
+
+@dataclass(frozen=True)
+class ReasonLine:
+    reason: Reason
+    link: Link | None
+
+
+@dataclass(frozen=True)
+class Row:
+    status: SourceStatus
+    gaps: GapStats | None
+    last_accepted: Link
+    accepted: Link
+    refused: Link
+    retrying: Link
+    dead: Link
+    silence_alert: Link | None
+    last_run: Link | None
+    repairs: Link | None
+    reasons: list[ReasonLine]
+
+    @property
+    def oldest_retry(self) -> str | None:
+        age = self.status.oldest_retry_age
+        return None if age is None else duration_text(age)
+
+    @property
+    def silence_window(self) -> str | None:
+        window = self.status.silence_after
+        return None if window is None else duration_text(window)
+
+    @property
+    def gap_p50(self) -> str:
+        return duration_text(self.gaps.p50) if self.gaps else ""
+
+    @property
+    def gap_p99(self) -> str:
+        return duration_text(self.gaps.p99) if self.gaps else ""
+
+    @property
+    def gap_max(self) -> str:
+        return duration_text(self.gaps.max) if self.gaps else ""
+
+    @property
+    def last_run_age(self) -> str:
+        run = self.status.last_run
+        return f"started {duration_text(self.status.now - run.started_at)} ago" if run else ""
+
+    @property
+    def state(self) -> str:
+        return self.status.state.label
+
+    @property
+    def badge(self) -> SafeString:
+        return badge(self.status.state)
+
+
+def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    now = timezone.now()
+    statuses = source_statuses(now=now)
+    verdict = status_verdict(statuses)
+    links = _Links(request, model_admin.admin_site, now)
+    rows = [links.row(s, observed_gaps(source=s.source, now=now)) for s in statuses]
+    charts = [(key, chart_svg(buckets)) for key, buckets in activity_series(now=now).items()]
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Overview",
+        "subtitle": None,
+        "opts": model_admin.opts,
+        "now": now,
+        "time_zone": timezone.get_current_timezone_name(),
+        "verdict": verdict,
+        "verdict_state": verdict.state.label,
+        "verdict_badge": badge(verdict.state),
+        "rows": rows,
+        "charts": charts,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, TEMPLATE, context)
+
+
+def badge(state: State) -> SafeString:
+    return format_html(
+        '<span class="wr-badge wr-{}">{} {}</span>', state.label, ICONS[state], WORDS[state]
+    )
+
+
+class _Links:
+    """Links to the admin's lists, filtered to what a figure counts; None where the user
+    may not view the list (or it is not registered)."""
+
+    def __init__(self, request: HttpRequest, site: admin.AdminSite, now: datetime) -> None:
+        self.request, self.site, self.now = request, site, now
+
+    def url(self, model: type[Model], **query: Any) -> str | None:
+        try:
+            model_admin = self.site.get_model_admin(model)
+        except NotRegistered:
+            return None
+        if not model_admin.has_view_permission(self.request):
+            return None
+        opts = model._meta
+        path = reverse(f"{self.site.name}:{opts.app_label}_{opts.model_name}_changelist")
+        return f"{path}?{urlencode(query)}" if query else path
+
+    def row(self, s: SourceStatus, gaps: GapStats | None) -> Row:
+        source = s.source
+        age = s.last_accepted_age
+        alert = s.silence_alert
+        run = s.last_run
+        failed = {
+            "retrying": self.url(FailedEvent, source=source, status__exact="retrying"),
+            "dead": self.url(FailedEvent, source=source, status__exact="dead"),
+        }
+        return Row(
+            status=s,
+            gaps=gaps,
+            last_accepted=Link(
+                "never" if age is None else f"{duration_text(age)} ago",
+                self.url(WebhookReceipt, source=source),
+            ),
+            accepted=Link(f"{s.accepted_total} accepted", self.audit_url(source)),
+            refused=Link(f"{s.rejected_total} refused", self.audit_url(source)),
+            retrying=Link(f"{s.retrying} retrying", failed["retrying"]),
+            dead=Link(f"{s.dead} dead", failed["dead"]),
+            silence_alert=None
+            if alert is None
+            else Link(
+                f"alert open {duration_text(self.now - alert.opened_at)}",
+                self.url(SilenceAlert, source=source, resolved_at__isnull="True"),
+            ),
+            last_run=None
+            if run is None
+            else Link(
+                run.get_outcome_display(),
+                self.url(ReconciliationRun, source=source),
+            ),
+            repairs=Link(
+                f"{s.open_repair_total} open repair item{'' if s.open_repair_total == 1 else 's'}",
+                self.url(RepairItem, source=source, status__exact="open"),
+            )
+            if s.open_repair_total
+            else None,
+            reasons=[ReasonLine(r, self.reason_link(r, source, failed)) for r in s.reasons],
+        )
+
+    def audit_url(self, source: str) -> str | None:
+        since = (self.now - LAST_HOUR).replace(microsecond=0)
+        return self.url(RequestAudit, source=source, received_at__gte=since.isoformat())
+
+    def reason_link(self, reason: Reason, source: str, failed: dict[str, str | None]) -> Link:
+        url = {
+            "silent": lambda: self.url(SilenceAlert, source=source, resolved_at__isnull="True"),
+            "repair_needed": lambda: self.url(RepairItem, source=source, status__exact="open"),
+            "dead_letters": lambda: failed["dead"],
+            "old_retry": lambda: failed["retrying"],
+            "retries_stalled": lambda: failed["retrying"],
+            "not_stored": lambda: self.audit_url(source),
+            "rejected": lambda: self.audit_url(source),
+            "reconcile_failed": lambda: self.url(ReconciliationRun, source=source),
+        }.get(reason.code, lambda: None)()
+        return Link("show", url)
+
+
+# --- the chart ---------------------------------------------------------------------------
+
+BAR = 3  # px per bucket, the last one a gap
+LEFT = 46  # room for the scale's labels
+UP = 54  # accepted bars grow up from the axis…
+DOWN = 22  # …rejected ones down from it, each on its own scale
+TOP, LABELS = 6, 16
+
+
+def chart_svg(buckets: list[ActivityBucket]) -> SafeString:
+    """Accepted requests as blue bars above the axis, rejected ones as orange bars below
+    it (position tells them apart as well as colour), one column per bucket, each with
+    a <title>; time labels every 3 hours."""
+    width = LEFT + BAR * len(buckets) + 8
+    base = TOP + UP
+    height = base + DOWN + LABELS + 2
+    most_ok = max((b.accepted for b in buckets), default=0)
+    most_bad = max((b.rejected for b in buckets), default=0)
+    size = buckets[1].start - buckets[0].start if len(buckets) > 1 else timedelta(minutes=5)
+    parts: list[str] = []
+    for i, b in enumerate(buckets):
+        x = LEFT + i * BAR
+        if b.accepted:
+            h = max(1, round(UP * b.accepted / most_ok))
+            parts.append(format_html(_RECT, x, base - h, BAR - 1, h, "wr-ok-bar"))
+        if b.rejected:
+            h = max(1, round(DOWN * b.rejected / most_bad))
+            parts.append(format_html(_RECT, x, base + 1, BAR - 1, h, "wr-bad-bar"))
+        start = timezone.localtime(b.start)
+        if start.minute == 0 and start.hour % 3 == 0:
+            parts.append(
+                format_html(_TICK, x, TOP, x, base + DOWN, x, height - 3, f"{start:%H:%M}")
+            )
+        # the whole column answers hover, not only the (thin, maybe absent) bars
+        parts.append(
+            format_html(
+                '<rect x="{}" y="{}" width="{}" height="{}" class="wr-hover">'
+                "<title>{}–{}: {} accepted, {} rejected</title></rect>",
+                x,
+                TOP,
+                BAR,
+                UP + DOWN + 1,
+                f"{start:%H:%M}",
+                f"{timezone.localtime(b.start + size):%H:%M}",
+                b.accepted,
+                b.rejected,
+            )
+        )
+    scale = format_html(
+        '<text x="{}" y="{}" class="wr-scale">{}</text>'
+        '<text x="{}" y="{}" class="wr-scale">{}</text>'
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" class="wr-axis"/>',
+        LEFT - 4,
+        TOP + 9,
+        f"{most_ok} ▲",
+        LEFT - 4,
+        base + DOWN,
+        f"{most_bad} ▼",
+        LEFT,
+        base + 0.5,
+        width - 8,
+        base + 0.5,
+    )
+    empty = (
+        format_html(
+            '<text x="{}" y="{}" class="wr-empty">no requests in these 24 hours</text>',
+            LEFT + BAR * len(buckets) // 2,
+            base - 12,
+        )
+        if not most_ok and not most_bad
+        else ""
+    )
+    return format_html(
+        '<svg class="wr-chart" width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
+        'aria-label="accepted and rejected requests per {} over the last 24 hours">'
+        "{}{}{}</svg>",
+        width,
+        height,
+        width,
+        height,
+        duration_text(size),
+        scale,
+        mark_safe("".join(parts)),  # each part went through format_html
+        empty,
+    )
+
+
+_RECT = '<rect x="{}" y="{}" width="{}" height="{}" class="{}"/>'
+_TICK = (
+    '<line x1="{}" y1="{}" x2="{}" y2="{}" class="wr-tick"/>'
+    '<text x="{}" y="{}" class="wr-time">{}</text>'
+)

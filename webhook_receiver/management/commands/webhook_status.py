@@ -1,0 +1,150 @@
+"""Is anything wrong? Per source, what the admin's overview shows, for a terminal or a
+monitoring check.
+
+Exit codes, as monitoring plugins (Nagios, Icinga, Sensu) read them: 0 every source is
+ok, 1 something needs attention, 2 an alert is open, 3 the status could not be read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import DatabaseError
+from django.utils import timezone
+
+from webhook_receiver.services.status import (
+    SourceStatus,
+    State,
+    duration_text,
+    source_statuses,
+    status_verdict,
+)
+
+UNKNOWN = 3
+COLUMNS = (
+    "SOURCE",
+    "STATE",
+    "LAST ACCEPTED",
+    "LAST HOUR ok/refused",
+    "RETRYING",
+    "DEAD",
+    "OLDEST RETRY",
+    "SILENCE ALERT",
+    "RECONCILIATION",
+)
+MAX_REASON_CHARS = 160
+
+
+class Command(BaseCommand):
+    help = (
+        "Show each webhook source's state: the last accepted event, requests in the last "
+        "hour, retrying and dead events, an open silence alert, the last reconciliation, "
+        "and why a source is not ok. Exits 0 when all are ok, 1 when something needs "
+        "attention, 2 when an alert is open, 3 when the status cannot be read."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="print one JSON object (its shape is in docs/overview.md) instead of a table",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        now = timezone.now()
+        try:
+            statuses = source_statuses(now=now)
+        except DatabaseError as exc:
+            self.stderr.write(f"webhook_status: the status could not be read: {exc}")
+            raise SystemExit(UNKNOWN) from None
+        verdict = status_verdict(statuses)
+        code = int(verdict.state)  # OK 0, ATTENTION 1, ALERT 2
+
+        if options["json"]:
+            document = {
+                "generated_at": now.isoformat(),
+                "state": verdict.state.label,
+                "verdict": verdict.text,
+                "exit_code": code,
+                "sources": [s.as_dict() for s in statuses],
+            }
+            self.stdout.write(json.dumps(document, indent=2))
+        else:
+            self._report(now, verdict.state, verdict.text, statuses)
+        if code:
+            raise SystemExit(code)
+
+    # --- the table ----------------------------------------------------------------------
+
+    def _report(
+        self, now: datetime, state: State, verdict: str, statuses: Sequence[SourceStatus]
+    ) -> None:
+        self.stdout.write(f"Webhook sources at {timezone.localtime(now):%Y-%m-%d %H:%M:%S %Z}")
+        self.stdout.write(self._styled(state, f"{state.name}: {verdict}"))
+        self.stdout.write("")
+        rows = [_row(s) for s in statuses]
+        widths = [max(len(r[i]) for r in (COLUMNS, *rows)) for i in range(len(COLUMNS))]
+        self.stdout.write(_line(COLUMNS, widths))
+        self.stdout.write("  ".join("-" * w for w in widths))
+        for status, row in zip(statuses, rows, strict=True):
+            # pad first, colour after: escape codes would count as width
+            cells = [v.ljust(w) for v, w in zip(row, widths, strict=True)]
+            cells[1] = self._styled(status.state, cells[1])
+            self.stdout.write("  ".join(cells).rstrip())
+        for status in statuses:
+            if not status.reasons:
+                continue
+            self.stdout.write("")
+            self.stdout.write(self._styled(status.state, f"{status.source}: {status.state.name}"))
+            for reason in status.reasons:
+                text = _shorten(reason.text)
+                self.stdout.write(
+                    f"  {self._styled(reason.state, reason.state.name.ljust(9))}  {text}"
+                )
+
+    def _styled(self, state: State, text: str) -> str:
+        style = {
+            State.OK: self.style.SUCCESS,
+            State.ATTENTION: self.style.WARNING,
+            State.ALERT: self.style.ERROR,
+        }[state]
+        return style(text)
+
+
+def _row(s: SourceStatus) -> tuple[str, ...]:
+    age = s.last_accepted_age
+    alert = s.silence_alert
+    return (
+        s.source if s.configured else f"{s.source} (not configured)",
+        s.state.name,
+        "never" if age is None else f"{duration_text(age)} ago",
+        f"{s.accepted_total} / {s.rejected_total}",
+        str(s.retrying),
+        str(s.dead),
+        "-" if s.oldest_retry_age is None else duration_text(s.oldest_retry_age),
+        "-" if alert is None else f"open {duration_text(s.now - alert.opened_at)}",
+        _reconciliation(s),
+    )
+
+
+def _reconciliation(s: SourceStatus) -> str:
+    if s.last_run is None:
+        text = "-"
+    else:
+        text = f"{s.last_run.outcome} {duration_text(s.now - s.last_run.started_at)} ago"
+    if s.open_repair_total:
+        text += f", {s.open_repair_total} open"
+    return text
+
+
+def _line(values: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
+
+
+def _shorten(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"

@@ -9,6 +9,9 @@ slow sender holds a sync worker as long as it likes (`make run` is for developme
 
 import multiprocessing
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000")
 # The usual rule of thumb: two per core, plus one.
@@ -22,3 +25,38 @@ graceful_timeout = 30
 max_requests = 10000
 max_requests_jitter = 1000
 accesslog = "-"
+
+# --- metrics (webhook_receiver/metrics.py, docs/metrics.md) ----------------------------
+# The workers are separate processes, so prometheus_client runs in multiprocess mode:
+# each worker writes its counters to files in this directory, and a scrape, whichever
+# worker answers it, sums them all. prometheus_client picks its mode when it is first
+# imported, so the variable is set here, in the master, before any worker imports the
+# app. Unset, the server makes a directory of its own and removes it when it stops.
+METRICS_DIR_PREFIX = "webhook-receiver-metrics-"
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix=METRICS_DIR_PREFIX)
+
+
+def on_starting(server):
+    # Counters start at zero with the server: a previous run's files would be summed
+    # again, and a new worker whose pid a dead one had would carry on from its values.
+    directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in directory.glob("*.db"):
+        path.unlink()
+
+
+def child_exit(server, worker):
+    # A dead worker's counters stay (they are part of the totals); its live gauges go.
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    # only a directory made above: one an operator chose stays (emptied at next start)
+    if directory.parent == Path(tempfile.gettempdir()) and directory.name.startswith(
+        METRICS_DIR_PREFIX
+    ):
+        shutil.rmtree(directory, ignore_errors=True)

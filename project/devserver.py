@@ -24,14 +24,19 @@ from pathlib import Path
 from types import FrameType
 
 STOP_SECONDS = 10
+GUNICORN_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "gunicorn.conf.py"
 
 
 def commands(host: str, port: int) -> dict[str, list[str]]:
     bin_dir = Path(sys.executable).parent
     return {
+        # the deployment's gunicorn settings (the command line's win): with them its
+        # metrics set-up, so that /metrics/ counts the requests of both workers
         "web": [
             str(bin_dir / "gunicorn"),
             "project.wsgi",
+            "--config",
+            str(GUNICORN_CONFIG),
             "--bind",
             f"{host}:{port}",
             "--workers",

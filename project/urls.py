@@ -6,5 +6,6 @@ from webhook_receiver.health import health_view
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhook_receiver.urls")),
+    path("metrics/", include("webhook_receiver.metrics")),
     path("health/", health_view, name="health"),
 ]

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from . import metrics
 from .exceptions import NotStored, RejectedRequest
 from .models import Result
 from .services import faults
@@ -45,13 +46,16 @@ class WebhookView(APIView):
     def post(self, request: Request, source: str) -> Response:
         stream, length = _body(request)
         try:
-            result = webhook_receive(
-                source_slug=source,
-                stream=stream,
-                content_length=length,
-                headers=request.headers,
-                remote_addr=request.META.get("REMOTE_ADDR"),
-            )
+            # times the call and counts how it ended, refusals and failures included
+            with metrics.receive_observed(source) as observed:
+                result = webhook_receive(
+                    source_slug=source,
+                    stream=stream,
+                    content_length=length,
+                    headers=request.headers,
+                    remote_addr=request.META.get("REMOTE_ADDR"),
+                )
+                observed.result = result.status
         except RejectedRequest as exc:
             body = {"error": exc.code}
             if exc.show_detail:

@@ -1,0 +1,289 @@
+"""Benchmark of a /metrics/ scrape against 1,000,000 receipts and 100,000 failed events
+(a command, not a timed test).
+
+    python -m tests.bench.metrics [--receipts N] [--failed N] [--scrapes N]
+
+It recreates a ``webhook_receiver_bench_metrics`` database on the local PostgreSQL
+(BENCH_METRICS_DATABASE_URL to change it), fills it with one INSERT … SELECT
+generate_series per table: receipts over 30 days from four sources; failed events, most
+of them resolved or discarded as in a long-running system, some dead and some retrying
+(a few overdue); silence alerts and repair items, most of them resolved. Then VACUUM
+ANALYZE, as autovacuum would have done by then (index-only scans need its visibility
+map), and it times GET /metrics/ through Django's full request path: the token, every
+database read, the counters and the text. It prints the median scrape against a floor
+measured in the same run (the same number of ``SELECT 1`` round trips, one after the
+other: what the statements would cost if the database did no work), and each
+statement's plan nodes, which must all be index scans. Target: under 100 ms a scrape.
+Exits 1 if a scrape is slower or a plan reads a table sequentially.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_metrics"
+SOURCES = ("shop", "stripe", "github", "partner")
+TOKEN = "bench-metrics-token"
+TARGET_MS = 100.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--receipts", type=int, default=1_000_000)
+    parser.add_argument("--failed", type=int, default=100_000)
+    parser.add_argument("--scrapes", type=int, default=20, help="timed scrapes (median)")
+    args = parser.parse_args(argv)
+    url = os.environ.get("BENCH_METRICS_DATABASE_URL", DEFAULT_URL)
+    _recreate(url)
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "project.settings"
+    os.environ.setdefault("SHOP_WEBHOOK_SECRETS", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    # this process's counters: the single-process registry
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    import warnings
+
+    import django
+
+    # whitenoise's, about static files this bench never serves
+    warnings.filterwarnings("ignore", message="No directory at")
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+
+    from webhook_receiver.conf import app_settings
+
+    call_command("migrate", verbosity=0)
+    shop = settings.WEBHOOK_RECEIVER["SOURCES"]["shop"]
+    settings.WEBHOOK_RECEIVER = {
+        **settings.WEBHOOK_RECEIVER,
+        "SOURCES": {slug: {**shop, "RECONCILE": None} for slug in SOURCES},
+        "METRICS_TOKEN": TOKEN,
+    }
+    settings.ALLOWED_HOSTS = ["testserver"]
+    app_settings.cache_clear()
+
+    print(f"filling {args.receipts:,} receipts and {args.failed:,} failed events…", flush=True)
+    started = time.monotonic()
+    shares = _fill(connection, args.receipts, args.failed)
+    print(f"  {time.monotonic() - started:.1f} s; failed events by status: {shares}", flush=True)
+
+    from django.test import Client
+
+    client = Client()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    statements = _statements_of_a_scrape(connection, client, auth)
+    for _ in range(3):  # warm-up: connection, imports, plans
+        _scrape(client, auth)
+    # interleaved, so that both see whatever else the machine is doing at the time
+    scrapes, floors = [], []
+    for _ in range(args.scrapes):
+        scrapes.append(_timed(lambda: _scrape(client, auth)))
+        floors.append(_timed(lambda: _round_trips(connection, len(statements))))
+    scrape_ms = statistics.median(scrapes) * 1000
+    floor_ms = statistics.median(floors) * 1000
+    plans = [_plan(connection, sql, params) for sql, params in statements]
+    sequential = [nodes for _, nodes in plans if any(n.startswith("Seq Scan") for n in nodes)]
+
+    print()
+    print(
+        f"GET /metrics/ with {len(SOURCES)} sources, {args.receipts:,} receipts, "
+        f"{args.failed:,} failed events"
+    )
+    print(f"  scrape      {scrape_ms:7.2f} ms  median of {args.scrapes} (target < {TARGET_MS:.0f})")
+    print(f"  slowest     {max(scrapes) * 1000:7.2f} ms")
+    print(f"  floor       {floor_ms:7.2f} ms  ({len(statements)} SELECT 1 round trips)")
+    print(f"  ratio       {scrape_ms / floor_ms:7.2f}     (scrape / floor)")
+    print(f"  statements  {len(statements):7d}     ({len(statements) / len(SOURCES):.1f} a source)")
+    print("\nplans (EXPLAIN ANALYZE: the time in the database; node, index, rows)")
+    for (sql, _), (ms, nodes) in zip(statements, plans, strict=True):
+        print(f"  {ms:6.2f} ms  {_what(sql)}")
+        for node in nodes:
+            print(f"               {node}")
+    if sequential:
+        print(f"\n!!! {len(sequential)} statements read a table sequentially")
+    return 0 if scrape_ms < TARGET_MS and not sequential else 1
+
+
+def _recreate(url: str) -> None:
+    import environ
+    import psycopg
+    from psycopg import sql
+
+    config = environ.Env.db_url_config(url)
+    with psycopg.connect(
+        host=config["HOST"],
+        port=config.get("PORT") or None,
+        user=config["USER"],
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        name = sql.Identifier(config["NAME"])
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+
+
+# failed events by status, per 100: a long-running system keeps resolved and discarded
+# ones for FAILED_EVENT_RETENTION_DAYS, so most rows are not the ones a scrape counts
+FAILED_MIX = (("resolved", 80), ("discarded", 10), ("dead", 6), ("retrying", 4))
+
+
+def _fill(connection, receipts: int, failed: int) -> dict[str, int]:
+    sources = "ARRAY[" + ", ".join(f"'{s}'" for s in SOURCES) + "]"
+    source = f"({sources})[1 + n % {len(SOURCES)}]"
+    with connection.cursor() as cursor:
+        # receipts: over the last 30 days, the newest a few seconds ago
+        cursor.execute(
+            f"""
+            INSERT INTO webhook_receiver_webhookreceipt (source, event_key, event_type,
+                message_id, status, subject, outcome, body, headers, received_at)
+            SELECT {source}, 'evt_' || n, 'inventory.reserved', 'evt_' || n, 'applied',
+                'ord_' || (n % 50000), '{{}}'::jsonb, '\\x7b7d'::bytea, '{{}}'::jsonb,
+                now() - (n * (interval '30 days' / {receipts}))
+            FROM generate_series(1, {receipts}) AS n
+            """
+        )
+        # failed events: statuses in FAILED_MIX by n % 100; retrying ones due from 30
+        # minutes ago to 2 hours ahead
+        cases, low = [], 0
+        for status, share in FAILED_MIX:
+            cases.append(f"WHEN n % 100 < {low + share} THEN '{status}'")
+            low += share
+        status = "CASE " + " ".join(cases) + " END"
+        cursor.execute(
+            f"""
+            INSERT INTO webhook_receiver_failedevent (source, event_key, event_type,
+                message_id, body, headers, status, attempts, errors, last_error_class,
+                last_error_message, first_attempt_at, last_attempt_at, next_attempt_at,
+                resolution, last_replayed_by, discarded_by, discard_reason, updated_at)
+            SELECT source, key, 'inventory.reserved', key, '\\x7b7d'::bytea, '{{}}'::jsonb,
+                status, 1, '[]'::jsonb, 'RuntimeError', 'bench', at, at,
+                CASE WHEN status = 'retrying'
+                    THEN now() - interval '30 minutes' + (n % 150) * interval '1 minute'
+                END,
+                '', '', '', '', at
+            FROM (
+                SELECT n, {source} AS source, 'failed_' || n AS key, {status} AS status,
+                    now() - (n * (interval '30 days' / {failed})) AS at
+                FROM generate_series(1, {failed}) AS n
+            ) AS rows
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO webhook_receiver_reconciliationrun (source, window_start,
+                window_end, started_at, finished_at, outcome, sender_records, counts, error)
+            VALUES ('shop', now() - interval '2 hours', now() - interval '10 minutes',
+                now(), now(), 'needs_repair', 0, '{}'::jsonb, '')
+            RETURNING id
+            """
+        )
+        run_id = cursor.fetchone()[0]
+        # repair items: 20,000 resolved, 200 open, of every kind
+        cursor.execute(
+            f"""
+            INSERT INTO webhook_receiver_repairitem (source, kind, event_key, order_id,
+                event_type, occurred_at, sender_says, we_hold, status, created_at,
+                updated_at, resolved_by, resolution_note, history, first_run_id,
+                last_run_id)
+            SELECT {source},
+                (ARRAY['missing', 'failed', 'unexpected', 'state_mismatch'])[1 + n / 7 % 4],
+                'repair_' || n, '', '', now(), '{{}}'::jsonb, '{{}}'::jsonb,
+                CASE WHEN n <= 200 THEN 'open' ELSE 'resolved' END, now(), now(), '', '',
+                '[]'::jsonb, {run_id}, {run_id}
+            FROM generate_series(1, 20200) AS n
+            """
+        )
+        # silence alerts: 500 resolved incidents, one open (shop's)
+        cursor.execute(
+            f"""
+            INSERT INTO webhook_receiver_silencealert (source, opened_at,
+                silence_after_seconds, rejected_counts, rejected_total, last_checked_at,
+                resolved_at)
+            SELECT {source}, now() - n * interval '1 hour', 1200, '{{}}'::jsonb, 0, now(),
+                CASE WHEN n > 0 THEN now() - n * interval '1 hour' + interval '30 minutes'
+                END
+            FROM generate_series(0, 500) AS n
+            """
+        )
+        cursor.execute("SELECT status, count(*) FROM webhook_receiver_failedevent GROUP BY status")
+        shares = dict(cursor.fetchall())
+    # outside a transaction: VACUUM cannot run in one
+    for table in ("webhookreceipt", "failedevent", "repairitem", "silencealert"):
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM ANALYZE webhook_receiver_{table}")
+    return shares
+
+
+def _scrape(client, auth: dict[str, str]) -> None:
+    response = client.get("/metrics/", **auth)
+    assert response.status_code == 200, response.content[:200]
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _round_trips(connection, n: int) -> None:
+    with connection.cursor() as cursor:
+        for _ in range(n):
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+
+def _statements_of_a_scrape(connection, client, auth) -> list[tuple[str, Any]]:
+    seen: list[tuple[str, Any]] = []
+
+    def record(execute, sql, params, many, context):
+        seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        _scrape(client, auth)
+    return seen
+
+
+def _plan(connection, sql: str, params: Any) -> tuple[float, list[str]]:
+    """The statement's execution time in the database (ms), and its plan's nodes."""
+    import json
+
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        document = cursor.fetchone()[0]
+    explained = (json.loads(document) if isinstance(document, str) else document)[0]
+    return explained["Execution Time"], list(_nodes(explained["Plan"]))
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[str]:
+    text = plan["Node Type"]
+    if "Index Name" in plan:
+        text += f" using {plan['Index Name']}"
+    if "Actual Rows" in plan:
+        text += f" ({plan['Actual Rows']} rows"
+        if plan.get("Heap Fetches"):
+            text += f", {plan['Heap Fetches']} heap fetches"
+        text += ")"
+    yield text
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def _what(sql: str) -> str:
+    """A statement, short: its table and what follows WHERE."""
+    flat = " ".join(sql.replace('"', "").split())
+    table = flat.split(" FROM ", 1)[1].split(" ", 1)[0] if " FROM " in flat else ""
+    where = flat.split(" WHERE ", 1)[1] if " WHERE " in flat else ""
+    short = table.removeprefix("webhook_receiver_")
+    return f"{short}: {where.replace(table + '.', '')}"[:100]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

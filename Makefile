@@ -10,7 +10,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/webhook_receiver
 # The test database pytest creates and drops; give each concurrent run its own name.
 TEST_DATABASE_NAME ?= test_webhook_receiver
 
-.PHONY: install run test test-postgres test-sqlite bench bench-reconcile lint
+.PHONY: install run test test-postgres test-sqlite bench bench-reconcile bench-metrics lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ bench: install
 # Reconciliation: 100,000 sender events against 1,000,000 receipts (about a minute)
 bench-reconcile: install
 	$(BIN)/python -m tests.bench.reconcile
+
+# A /metrics/ scrape against 1,000,000 receipts and 100,000 failed events (about a minute)
+bench-metrics: install
+	$(BIN)/python -m tests.bench.metrics
 
 lint: install
 	$(BIN)/ruff check .

@@ -12,9 +12,10 @@ ANALYZE, as autovacuum would have done by then (index-only scans need its visibi
 map), and it times GET /metrics/ through Django's full request path: the token, every
 database read, the counters and the text. It prints the median scrape against a floor
 measured in the same run (the same number of ``SELECT 1`` round trips, one after the
-other: what the statements would cost if the database did no work), and each
-statement's plan nodes, which must all be index scans. Target: under 100 ms a scrape.
-Exits 1 if a scrape is slower or a plan reads a table sequentially.
+other: what the statements would cost if the database did no work), against the same
+scrape on the empty tables before the fill (so the ratio is what the tables' size
+adds), and each statement's plan nodes, which must all be index scans. Target: under
+100 ms a scrape; it exits 1 if a scrape is slower or a plan reads a table sequentially.
 """
 
 from __future__ import annotations
@@ -69,15 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     settings.ALLOWED_HOSTS = ["testserver"]
     app_settings.cache_clear()
 
+    from django.test import Client
+
+    client = Client()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    # the same scrape on empty tables: what the sizes below add to it
+    for _ in range(3):
+        _scrape(client, auth)
+    empty_ms = statistics.median(_timed(lambda: _scrape(client, auth)) for _ in range(args.scrapes))
+    empty_ms *= 1000
+    connection.close()  # no statement prepared on the empty tables is kept
+
     print(f"filling {args.receipts:,} receipts and {args.failed:,} failed events…", flush=True)
     started = time.monotonic()
     shares = _fill(connection, args.receipts, args.failed)
     print(f"  {time.monotonic() - started:.1f} s; failed events by status: {shares}", flush=True)
 
-    from django.test import Client
-
-    client = Client()
-    auth = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
     statements = _statements_of_a_scrape(connection, client, auth)
     for _ in range(3):  # warm-up: connection, imports, plans
         _scrape(client, auth)
@@ -100,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  slowest     {max(scrapes) * 1000:7.2f} ms")
     print(f"  floor       {floor_ms:7.2f} ms  ({len(statements)} SELECT 1 round trips)")
     print(f"  ratio       {scrape_ms / floor_ms:7.2f}     (scrape / floor)")
+    print(f"  empty       {empty_ms:7.2f} ms  (the same scrape before the tables were filled)")
+    print(f"  ratio       {scrape_ms / empty_ms:7.2f}     (scrape / empty: what the sizes add)")
     print(f"  statements  {len(statements):7d}     ({len(statements) / len(SOURCES):.1f} a source)")
     print("\nplans (EXPLAIN ANALYZE: the time in the database; node, index, rows)")
     for (sql, _), (ms, nodes) in zip(statements, plans, strict=True):

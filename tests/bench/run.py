@@ -42,6 +42,7 @@ from .server import (
     BASE_DIR,
     GunicornServer,
     bench_env,
+    database_analyze,
     database_migrate,
     database_recreate,
     floor_tables_create,
@@ -128,6 +129,7 @@ def bench(args: argparse.Namespace, server: GunicornServer, errors: ErrorLog) ->
                 server, ENDPOINT_SPECS[name], phase, warmup, "warmup", args.concurrency
             )
             errors.add(f"warm-up {name} {phase}", result)
+    database_analyze(server.env["BENCH_DATABASE_URL"])
 
     rounds: Rounds = {name: {phase: [] for phase in PHASES} for name in ENDPOINTS}
     for number in range(args.rounds):

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +33,8 @@ def bench_env(database_url: str) -> dict[str, str]:
     env.pop("GUNICORN_CMD_ARGS", None)  # nothing outside this file shapes the server
     env["DJANGO_SETTINGS_MODULE"] = "tests.bench.settings"
     env["BENCH_DATABASE_URL"] = database_url
+    # the metrics' multiprocess mode, as deploy/gunicorn.conf.py sets it in production
+    env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="webhook-bench-metrics-")
     return env
 
 
@@ -48,6 +51,13 @@ def _connect(database_url: str, dbname: str | None = None) -> psycopg.Connection
         dbname=dbname or config["NAME"],
         autocommit=True,
     )
+
+
+def database_analyze(database_url: str) -> None:
+    """Statistics, as autovacuum would have gathered them by now (this machine runs
+    PostgreSQL without autovacuum); ANALYZE also invalidates the plans already cached."""
+    with _connect(database_url) as conn:
+        conn.execute("ANALYZE")
 
 
 def database_recreate(database_url: str) -> None:

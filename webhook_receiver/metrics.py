@@ -52,6 +52,7 @@ from .models import (
     SilenceAlert,
     Verification,
 )
+from .outbox.metrics import OutboxCollector
 from .services import faults
 from .services.status import last_accepted_at
 
@@ -333,7 +334,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     try:
         # read first: a database that fails fails the scrape, rather than leaving
         # gaps that absence alerts would take for silence
-        stored = _Families(list(DatabaseCollector(slugs).collect()))
+        stored = _Families([*DatabaseCollector(slugs).collect(), *OutboxCollector().collect()])
     except DatabaseError as exc:
         faults.connection_discard_if_broken(exc)
         faults.log_failure(logger, "metrics scrape failed: the database did not answer", exc)

@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..services import sql
+from .metrics import dedup_hit_count
 from .models import MessageStatus, OutboxMessage, WebhookDestination
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ def enqueue_webhook(
         destination = WebhookDestination.objects.only("id", "name").get(name=destination)
     window_key = _window_key(destination.pk, key)
     if cache.get(window_key):
+        dedup_hit_count(destination.name)
         return Admission(destination=destination.name, key=key, created=False, coalesced=True)
 
     now = timezone.now()
@@ -110,6 +112,8 @@ def enqueue_webhook(
         created = cursor.fetchone() is not None
     # Remembered only once the admission has committed: a rollback leaves no trace.
     transaction.on_commit(lambda: cache.set(window_key, 1, ADMISSION_WINDOW_SECONDS), robust=True)
+    if not created:
+        dedup_hit_count(destination.name)
     if created:
         # low latency without polling hard: a relay run as soon as the message exists
         transaction.on_commit(lambda: _relay_soon(destination.pk), robust=True)

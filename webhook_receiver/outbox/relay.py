@@ -38,6 +38,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..signatures.standard import StandardWebhooks
+from . import metrics
 from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Claimed:
     payload: Any
     attempt: int
     failures: int
+    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -165,11 +167,11 @@ def _claim_rows(
     claimed = OutboxMessage.objects.filter(pk__in=ids)
     claimed.update(status=MessageStatus.SENDING, lease_until=lease_until)
     rows = claimed.order_by("id").values_list(
-        "id", "key", "event_type", "payload", "attempts", "failures"
+        "id", "key", "event_type", "payload", "attempts", "failures", "created_at"
     )
     return [
-        Claimed(id=i, key=k, event_type=t, payload=p, attempt=a + 1, failures=f)
-        for i, k, t, p, a, f in rows
+        Claimed(id=i, key=k, event_type=t, payload=p, attempt=a + 1, failures=f, created_at=c)
+        for i, k, t, p, a, f, c in rows
     ]
 
 
@@ -328,10 +330,11 @@ def relay_record(
     if not results:
         return
     now = now or timezone.now()
-    messages, attempts = [], []
+    messages, attempts, verdicts = [], [], []
     successes = failures = 0
     for sent in results:
         v = verdict(dest, sent, now)
+        verdicts.append(v)
         m = sent.message
         messages.append(
             OutboxMessage(
@@ -375,6 +378,16 @@ def relay_record(
         OutboxMessage.objects.filter(status=MessageStatus.SENDING).bulk_update(messages, fields)
         DeliveryAttempt.objects.bulk_create(attempts)
         _breaker_record(dest, successes=successes, failures=failures, now=now)
+    for sent, v in zip(results, verdicts, strict=True):
+        if v.status == MessageStatus.DELIVERED:
+            metrics.delivery_record(
+                dest.name,
+                created_at=sent.message.created_at,
+                delivered_at=now,
+                attempts=sent.message.attempt,
+            )
+        elif v.status == MessageStatus.FAILED:
+            metrics.terminal_count(dest.name)
 
 
 def _breaker_record(

@@ -1,0 +1,87 @@
+"""The outbox's metrics on /metrics/: stored state read from the database, and what
+admission and the relay counted."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.test import TestCase
+from django.utils import timezone
+
+from tests.test_metrics import TOKEN, scrape, value
+from webhook_receiver.models import OutboxMessage, WebhookDestination
+from webhook_receiver.outbox import enqueue_webhook
+from webhook_receiver.outbox.relay import relay_destination
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _metrics_on(settings):
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "METRICS_TOKEN": TOKEN}
+
+
+def admit(dest, key):
+    with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
+        return enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
+
+
+def test_backlog_failures_in_flight_and_the_breaker_equal_the_tables(client):
+    # given: a destination with two pending messages (one due for 90 s), one terminal,
+    # one in flight of a limit of 4, and its breaker open
+    dest = WebhookDestination.objects.create(
+        name="merchant",
+        url="http://127.0.0.1:9/",
+        max_in_flight=4,
+        paused_until=timezone.now() + timedelta(seconds=60),
+    )
+    for key in ("a", "b", "c", "d"):
+        admit(dest, key)
+    now = timezone.now()
+    OutboxMessage.objects.filter(key="a").update(created_at=now - timedelta(seconds=90))
+    OutboxMessage.objects.filter(key="b").update(next_attempt_at=now + timedelta(seconds=60))
+    OutboxMessage.objects.filter(key="c").update(status="failed")
+    OutboxMessage.objects.filter(key="d").update(
+        status="sending", lease_until=now + timedelta(seconds=30)
+    )
+    WebhookDestination.objects.create(name="idle", url="http://127.0.0.1:9/")
+
+    # when
+    samples = scrape(client)
+
+    # then
+    def gauge(name, destination="merchant"):
+        return value(samples, f"webhook_receiver_outbox_{name}", destination=destination)
+
+    assert gauge("backlog") == 3
+    assert gauge("failed") == 1
+    assert gauge("in_flight") == 1
+    assert gauge("limiter_utilisation") == 0.25
+    assert gauge("breaker_open") == 1
+    assert 89 <= gauge("oldest_eligible_age_seconds") < 120
+    # a destination with nothing still has its series
+    assert (gauge("backlog", "idle"), gauge("breaker_open", "idle")) == (0, 0)
+
+
+def test_dedup_hits_deliveries_and_terminal_failures_are_counted(client, receiver):
+    dest = WebhookDestination.objects.create(name="counted", url=receiver.url)
+    before = scrape(client)
+
+    admit(dest, "k1")
+    admit(dest, "k1")  # a duplicate admission
+    admit(dest, "k2")
+    receiver.answer(410, key="k2")
+    relay_destination(destination_id=dest.pk)
+    after = scrape(client)
+
+    def delta(name):
+        return value(after, name, destination="counted") - value(
+            before, name, destination="counted"
+        )
+
+    assert delta("webhook_receiver_outbox_dedup_hits_total") == 1
+    assert delta("webhook_receiver_outbox_delivery_seconds_count") == 1
+    assert delta("webhook_receiver_outbox_attempts_per_delivery_sum") == 1
+    assert delta("webhook_receiver_outbox_terminal_total") == 1

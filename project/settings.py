@@ -182,6 +182,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "webhook_receiver.purge_audit_records",
         "schedule": crontab(minute=17),
     },
+    "purge-webhook-outbox": {
+        "task": "webhook_receiver.purge_outbox",
+        "schedule": crontab(minute=37, hour=3),
+    },
     "purge-failed-webhook-events": {
         "task": "webhook_receiver.purge_failed_events",
         "schedule": crontab(minute=47),

@@ -85,3 +85,44 @@ def test_dedup_hits_deliveries_and_terminal_failures_are_counted(client, receive
     assert delta("webhook_receiver_outbox_delivery_seconds_count") == 1
     assert delta("webhook_receiver_outbox_attempts_per_delivery_sum") == 1
     assert delta("webhook_receiver_outbox_terminal_total") == 1
+
+
+# --- retention --------------------------------------------------------------------------
+
+
+def test_retention_keeps_terminal_messages_and_respects_the_replay_horizon(settings):
+    from webhook_receiver.outbox.retention import outbox_purge
+
+    # given: two destinations, one whose receiving end remembers keys for 90 days
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "OUTBOX_RETENTION_DAYS": 30}
+    short = WebhookDestination.objects.create(name="short", url="http://127.0.0.1:9/")
+    long = WebhookDestination.objects.create(
+        name="long", url="http://127.0.0.1:9/", replay_horizon_days=90
+    )
+    old = timezone.now() - timedelta(days=45)
+    for dest in (short, long):
+        for key, status in (("delivered", "delivered"), ("failed", "failed"), ("new", "delivered")):
+            admit(dest, key)
+            OutboxMessage.objects.filter(destination=dest, key=key).update(
+                status=status, delivered_at=old if key != "new" else timezone.now()
+            )
+        admit(dest, "discarded")
+        OutboxMessage.objects.filter(destination=dest, key="discarded").update(
+            status="discarded", created_at=old
+        )
+
+    # when
+    deleted = outbox_purge()
+
+    # then: 45-day-old delivered and discarded messages go for the 30-day destination
+    # only; terminal and recent ones stay everywhere
+    assert deleted == 2
+    kept = set(OutboxMessage.objects.values_list("destination__name", "key"))
+    assert kept == {
+        ("short", "failed"),
+        ("short", "new"),
+        ("long", "delivered"),
+        ("long", "failed"),
+        ("long", "new"),
+        ("long", "discarded"),
+    }

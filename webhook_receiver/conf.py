@@ -69,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     "TRACE_EFFECTS": None,
     # /health/ fails when beat's heartbeat task has not run for this long
     "HEARTBEAT_MAX_AGE_SECONDS": 180,
+    # delivered and discarded outbox messages older than this are deleted, never sooner
+    # than their destination's replay_horizon_days; terminal ones wait for an operator
+    "OUTBOX_RETENTION_DAYS": 30,
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -83,6 +86,7 @@ DEFAULTS: dict[str, Any] = {
 
 POSITIVE_KEYS = (
     "HEARTBEAT_MAX_AGE_SECONDS",
+    "OUTBOX_RETENTION_DAYS",
     "RECONCILE_RUN_TIMEOUT_SECONDS",
     "AUDIT_RETENTION_DAYS",
     "PURGE_BATCH_SIZE",
@@ -206,6 +210,7 @@ class AppSettings:
     metrics_token: str | None
     trace_effects: str | None
     heartbeat_max_age: timedelta
+    outbox_retention: timedelta
 
 
 def _secrets(slug: str, value: Any) -> tuple[str, ...]:
@@ -357,6 +362,7 @@ def app_settings() -> AppSettings:
         metrics_token=merged["METRICS_TOKEN"] or None,
         trace_effects=merged["TRACE_EFFECTS"],
         heartbeat_max_age=timedelta(seconds=merged["HEARTBEAT_MAX_AGE_SECONDS"]),
+        outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
     )
 
 

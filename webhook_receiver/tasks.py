@@ -15,7 +15,7 @@ from celery import shared_task
 from django.db import DatabaseError
 
 from .conf import app_settings
-from .outbox.tasks import relay_destination, relay_sweep  # noqa: F401 - registered here
+from .outbox.tasks import purge_outbox, relay_destination, relay_sweep  # noqa: F401 - registered
 from .services.audit import audit_purge
 from .services.failures import failed_events_purge, failed_events_retry_due
 from .services.faults import connection_discard_if_broken

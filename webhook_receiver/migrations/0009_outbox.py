@@ -58,6 +58,7 @@ class Migration(migrations.Migration):
                 ('breaker_threshold', models.PositiveIntegerField(default=10)),
                 ('breaker_cooldown_seconds', models.FloatField(default=60.0)),
                 ('enabled', models.BooleanField(default=True)),
+                ('replay_horizon_days', models.PositiveIntegerField(default=30)),
                 ('tokens', models.FloatField(default=0.0)),
                 ('tokens_at', models.DateTimeField(blank=True, null=True)),
                 ('consecutive_failures', models.PositiveIntegerField(default=0)),

@@ -39,6 +39,9 @@ class WebhookDestination(models.Model):
     breaker_threshold = models.PositiveIntegerField(default=10)
     breaker_cooldown_seconds = models.FloatField(default=60.0)
     enabled = models.BooleanField(default=True)
+    # how long the receiving end remembers a key: a delivered message is kept at least
+    # this long, so that whatever is sent again within it carries its original key
+    replay_horizon_days = models.PositiveIntegerField(default=30)
 
     # limiter and breaker state, written under this row's lock
     tokens = models.FloatField(default=0.0)

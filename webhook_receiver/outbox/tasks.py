@@ -11,6 +11,7 @@ from django.utils import timezone
 from ..services.faults import connection_discard_if_broken
 from .models import MessageStatus, OutboxMessage
 from .relay import relay_destination as relay_run
+from .retention import outbox_purge
 
 # a token due sooner than this is waited for by the next run, not a task of its own
 MIN_COUNTDOWN = 0.05
@@ -58,3 +59,20 @@ def relay_sweep() -> int:
         relay_destination.delay(destination_id)
         count += 1
     return count
+
+
+@shared_task(
+    name="webhook_receiver.purge_outbox",
+    soft_time_limit=540,
+    time_limit=600,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def purge_outbox() -> int:
+    """Delete delivered and discarded messages past their retention (daily on beat)."""
+    try:
+        return outbox_purge()
+    except Exception as exc:
+        connection_discard_if_broken(exc)
+        raise

@@ -599,3 +599,29 @@ def test_the_alert_list_in_a_browser(client, watch, live_server, admin_browser, 
     admin_browser.get(live_server.url + change)
     assert "/admin/webhook_receiver/requestaudit/?source=small" in admin_browser.page_source
     screenshot(admin_browser, "silence_alert")
+
+
+def test_a_silence_alert_is_sent_to_the_ops_destination_once_per_state(
+    client, watch, check, settings
+):
+    # given: shop watched, with the outbox notifier, and an ops destination
+    from webhook_receiver.models import OutboxMessage, WebhookDestination
+
+    watch(notifiers=("outbox",))
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "OPS_DESTINATION": "ops"}
+    ops = WebhookDestination.objects.create(name="ops", url="http://127.0.0.1:9/ops")
+    last = send_event(client)
+
+    # when: silent past the window, checked twice, then traffic returns
+    check(last + 21 * MINUTE)
+    check(last + 30 * MINUTE)
+    send_event(client, order="ord_back")
+    check()
+
+    # then: one message when it opened, one when it resolved
+    messages = list(OutboxMessage.objects.filter(destination=ops).order_by("id"))
+    assert [m.event_type for m in messages] == ["silence.alert_opened", "silence.alert_resolved"]
+    opened = messages[0].payload
+    assert opened["type"] == "silence.alert_opened"
+    assert opened["data"]["source"] == "shop"
+    assert "silent" in opened["data"]["summary"]

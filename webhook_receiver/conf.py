@@ -59,7 +59,8 @@ DEFAULTS: dict[str, Any] = {
     # start closes it as failed
     "RECONCILE_RUN_TIMEOUT_SECONDS": 3600,
     # who hears of a silence alert opening and resolving: "log" (ERROR), "mail_admins",
-    # "signal" (silence_alert_opened / silence_alert_resolved), or dotted paths of
+    # "signal" (silence_alert_opened / silence_alert_resolved), "outbox" (a webhook to
+    # OPS_DESTINATION), or dotted paths of
     # webhook_receiver.notifiers.Notifier subclasses
     "NOTIFIERS": ["log", "signal"],
     # GET /metrics/ answers only with "Authorization: Bearer <token>"; None: off (404)
@@ -72,6 +73,9 @@ DEFAULTS: dict[str, Any] = {
     # delivered and discarded outbox messages older than this are deleted, never sooner
     # than their destination's replay_horizon_days; terminal ones wait for an operator
     "OUTBOX_RETENTION_DAYS": 30,
+    # the name of a WebhookDestination that receives operational notices (terminal
+    # deliveries; silence alerts with the "outbox" notifier); None: none are sent
+    "OPS_DESTINATION": None,
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -211,6 +215,7 @@ class AppSettings:
     trace_effects: str | None
     heartbeat_max_age: timedelta
     outbox_retention: timedelta
+    ops_destination: str | None
 
 
 def _secrets(slug: str, value: Any) -> tuple[str, ...]:
@@ -363,6 +368,7 @@ def app_settings() -> AppSettings:
         trace_effects=merged["TRACE_EFFECTS"],
         heartbeat_max_age=timedelta(seconds=merged["HEARTBEAT_MAX_AGE_SECONDS"]),
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
+        ops_destination=merged["OPS_DESTINATION"] or None,
     )
 
 

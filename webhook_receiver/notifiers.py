@@ -75,10 +75,37 @@ class SignalNotifier(Notifier):
         _send_robust(silence_alert_resolved, alert)
 
 
+class OutboxNotifier(Notifier):
+    """Sends ``silence.alert_opened`` / ``silence.alert_resolved`` as webhooks to the
+    OPS_DESTINATION through the outbox (one message per alert and state)."""
+
+    def alert_opened(self, alert: SilenceAlert) -> None:
+        self._send(alert, "opened", opened_line(alert))
+
+    def alert_resolved(self, alert: SilenceAlert) -> None:
+        self._send(alert, "resolved", resolved_line(alert))
+
+    def _send(self, alert: SilenceAlert, state: str, summary: str) -> None:
+        from .outbox.notices import ops_notice_enqueue
+
+        data = {
+            "source": alert.source,
+            "alert_id": alert.pk,
+            "summary": summary,
+            "last_accepted_at": _iso(alert.last_accepted_at),
+            "rejected": alert.rejected_counts,
+            "opened_at": _iso(alert.opened_at),
+            "resolved_at": _iso(alert.resolved_at),
+        }
+        key = f"silence:{alert.source}:{alert.pk}:{state}"
+        ops_notice_enqueue(event_type=f"silence.alert_{state}", key=key, data=data)
+
+
 BUILT_IN: dict[str, type[Notifier]] = {
     "log": LogNotifier,
     "mail_admins": MailAdminsNotifier,
     "signal": SignalNotifier,
+    "outbox": OutboxNotifier,
 }
 
 

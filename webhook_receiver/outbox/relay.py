@@ -40,6 +40,7 @@ from django.utils import timezone
 from ..signatures.standard import StandardWebhooks
 from . import metrics
 from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from .notices import terminal_notice
 
 logger = logging.getLogger(__name__)
 
@@ -388,6 +389,22 @@ def relay_record(
             )
         elif v.status == MessageStatus.FAILED:
             metrics.terminal_count(dest.name)
+            _terminal_notice(dest, sent)
+
+
+def _terminal_notice(dest: WebhookDestination, sent: Sent) -> None:
+    """Tell the ops destination (if any); a failure here never fails the round."""
+    answer = str(sent.status_code) if sent.status_code is not None else sent.error
+    try:
+        terminal_notice(
+            destination=dest.name,
+            message_id=sent.message.id,
+            key=sent.message.key,
+            event_type=sent.message.event_type,
+            answer=answer,
+        )
+    except Exception:
+        logger.exception("terminal notice for %s not admitted", sent.message.key)
 
 
 def _breaker_record(

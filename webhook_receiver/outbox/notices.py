@@ -1,0 +1,53 @@
+"""Operational notices through the outbox: silence alerts and terminal deliveries sent
+as webhooks to the destination named by OPS_DESTINATION (a chat bridge, an incident
+tool), with the same keys, limits and retries as any message.
+
+Each notice has its own stable key, so a notice admitted twice is one message. A
+failing ops destination never reports its own failures to itself (no loop).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.utils import timezone
+
+from ..conf import app_settings
+from .admission import enqueue_webhook
+from .models import WebhookDestination
+
+logger = logging.getLogger(__name__)
+
+
+def ops_notice_enqueue(*, event_type: str, key: str, data: dict[str, Any]) -> bool:
+    """Admit one notice to the ops destination, in a transaction of its own; False when
+    none is configured or it is missing or disabled (logged once per call)."""
+    name = app_settings().ops_destination
+    if not name:
+        return False
+    destination = WebhookDestination.objects.filter(name=name, enabled=True).first()
+    if destination is None:
+        logger.warning("OPS_DESTINATION %r is missing or disabled: notice %s not sent", name, key)
+        return False
+    payload = {"type": event_type, "timestamp": timezone.now().isoformat(), "data": data}
+    return enqueue_webhook(destination, event_type, key, payload).created
+
+
+def terminal_notice(
+    *, destination: str, message_id: int, key: str, event_type: str, answer: str
+) -> None:
+    """A message became terminal: tell the ops destination, unless it is the one failing."""
+    if destination == app_settings().ops_destination:
+        return
+    ops_notice_enqueue(
+        event_type="outbox.message_failed",
+        key=f"outbox:{destination}:{key}:failed:{message_id}",
+        data={
+            "destination": destination,
+            "message_id": message_id,
+            "key": key,
+            "event_type": event_type,
+            "last_answer": answer,
+        },
+    )

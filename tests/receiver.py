@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,6 +26,8 @@ class Receiver:
     received: list[Received] = field(default_factory=list)
     # answers given in turn, then 200: (key or None for any, status, headers, delay)
     script: list[tuple[str | None, int, dict[str, str], float]] = field(default_factory=list)
+    # called with each request's headers while the request is open (outside the lock)
+    on_request: Callable[[dict[str, str]], None] | None = None
     in_flight: int = 0
     most_in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -64,6 +66,8 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 receiver.received.append(Received(self.path, headers, body, time.monotonic()))
                 status, headers, delay = receiver._next_answer(headers.get("webhook-id", ""))
+            if receiver.on_request is not None:
+                receiver.on_request(headers)
             time.sleep(delay)
             with receiver.lock:
                 receiver.in_flight -= 1

@@ -280,3 +280,34 @@ def test_commit_triggers_a_relay_run_on_a_real_worker(broker, receiver, tmp_path
     assert receiver.received[0].at - admitted < 2.0
     assert receiver.keys() == ["order:ord_5:paid:v1"]
     wait_for(lambda: OutboxMessage.objects.filter(status="delivered").exists(), 10, "the record")
+
+
+@pytest.mark.postgres_only("pg_stat_activity shows which sessions hold a transaction open")
+@pytest.mark.django_db(transaction=True)
+def test_no_transaction_is_open_while_a_request_is_in_flight(receiver):
+    from django.db import connections
+
+    # given: a receiver that looks, during each request, for sessions of this database
+    # holding a transaction open
+    dest = destination(receiver.url, max_in_flight=3)
+    for n in range(3):
+        admit(dest, f"k{n}")
+    open_transactions: list[int] = []
+
+    def look(headers):
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()"
+            )
+            open_transactions.append(cursor.fetchone()[0])
+        connections["default"].close()
+
+    receiver.on_request = look
+
+    # when
+    sent, _ = relay_destination(destination_id=dest.pk)
+
+    # then: three requests, none of them with a transaction open anywhere
+    assert sent == 3
+    assert open_transactions == [0, 0, 0]

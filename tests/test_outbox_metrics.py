@@ -108,7 +108,7 @@ def test_retention_keeps_terminal_messages_and_respects_the_replay_horizon(setti
             )
         admit(dest, "discarded")
         OutboxMessage.objects.filter(destination=dest, key="discarded").update(
-            status="discarded", created_at=old
+            status="discarded", discarded_at=old
         )
 
     # when

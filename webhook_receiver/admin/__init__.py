@@ -7,6 +7,8 @@
 - reconciliation: ReconciliationRun and RepairItem
 - overview: the overview page (overview_page.py) and the trace page (trace.py)
 - silence: SilenceAlert
+- outbox: the outbox's OutboxMessage (retry now, discard) and WebhookDestination (health,
+  recover since)
 
 Importing the package registers every admin. ReadOnlyAdmin and StoredEventDisplay are
 re-exported here so a host project's admin can build on them
@@ -16,7 +18,7 @@ re-exported here so a host project's admin can build on them
 from __future__ import annotations
 
 # imported for their @admin.register calls, which run on import
-from . import audit, failed_events, overview, receipts, reconciliation, silence  # noqa: F401
+from . import audit, failed_events, outbox, overview, receipts, reconciliation, silence  # noqa: F401
 from .base import ReadOnlyAdmin, StoredEventDisplay
 
 __all__ = ["ReadOnlyAdmin", "StoredEventDisplay"]

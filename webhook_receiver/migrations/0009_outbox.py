@@ -31,6 +31,7 @@ class Migration(migrations.Migration):
                 ('last_status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
                 ('last_error', models.TextField(blank=True)),
                 ('discarded_by', models.CharField(blank=True, max_length=150)),
+                ('discarded_at', models.DateTimeField(blank=True, null=True)),
                 ('discard_reason', models.TextField(blank=True)),
             ],
             options={

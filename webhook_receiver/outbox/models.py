@@ -99,6 +99,7 @@ class OutboxMessage(models.Model):
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     discarded_by = models.CharField(max_length=150, blank=True)
+    discarded_at = models.DateTimeField(null=True, blank=True)
     discard_reason = models.TextField(blank=True)
 
     class Meta:

@@ -15,7 +15,7 @@ from .models import MessageStatus, OutboxMessage, WebhookDestination
 
 def outbox_purge(*, now: datetime | None = None) -> int:
     """Delete, per destination, delivered messages delivered before the cut-off and
-    discarded ones created before it (with their attempts). The cut-off is
+    discarded ones discarded before it (with their attempts). The cut-off is
     OUTBOX_RETENTION_DAYS ago, or the destination's replay horizon if that is longer:
     a key the receiving end may still be asked about is never forgotten here first."""
     config = app_settings()
@@ -24,7 +24,7 @@ def outbox_purge(*, now: datetime | None = None) -> int:
     for pk, horizon_days in WebhookDestination.objects.values_list("pk", "replay_horizon_days"):
         cutoff = now - max(config.outbox_retention, timedelta(days=horizon_days))
         old = Q(status=MessageStatus.DELIVERED, delivered_at__lt=cutoff) | Q(
-            status=MessageStatus.DISCARDED, created_at__lt=cutoff
+            status=MessageStatus.DISCARDED, discarded_at__lt=cutoff
         )
         deleted += delete_in_batches(
             OutboxMessage.objects.filter(old, destination_id=pk),

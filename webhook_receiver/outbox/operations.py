@@ -1,0 +1,228 @@
+"""What an operator does to the outbox, from the admin: retry messages now, discard them,
+recover a destination's failed messages once its endpoint is fixed; and the figures the
+destinations page shows.
+
+Each service is one short transaction that records who acted (on the message, in the
+log), and queues a relay run for each destination it touched once that transaction has
+committed. A lost trigger costs nothing: the beat sweep queues the same run within
+seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Count, Exists, FilteredRelation, Min, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from .tasks import relay_destination
+
+logger = logging.getLogger(__name__)
+
+# Retry now: a failed message (terminal, waiting for an operator) or a pending one
+# waiting out its backoff. Not a discarded one: it no longer holds back the messages
+# behind it in its ordering key, so they may have been delivered since, and sending it
+# now would deliver out of order. Not a sending one: a worker holds its lease.
+RETRYABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
+# Discard: what is still to be sent. Delivered and sending messages are left alone.
+DISCARDABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
+# the backlog: what the relay still has to send
+BACKLOG = (MessageStatus.PENDING, MessageStatus.SENDING)
+
+
+def message_retry_now(
+    *, message_ids: Iterable[int], by: str, now: datetime | None = None
+) -> list[int]:
+    """Make the given failed or pending messages eligible now, and queue their
+    destinations' relay runs. Returns the ids of those changed, in order; the others
+    are left as they are.
+
+    Each becomes pending with ``next_attempt_at`` now and no lease, and its ``failures``
+    go back to 0: the retry budget (the destination's ``max_attempts``) starts again, so
+    a message that had spent it gets the whole policy once more. ``attempts`` keeps
+    counting, so the attempt history goes on from where it was. A destination whose
+    breaker is open still waits for its cool-down (``destination_recover_since`` ends
+    it), and a disabled one sends nothing.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        # locked in id order, so two operators' overlapping selections cannot deadlock
+        rows = list(
+            OutboxMessage.objects.select_for_update()
+            .filter(pk__in=list(message_ids), status__in=RETRYABLE)
+            .order_by("id")
+            .values_list("id", "destination_id")
+        )
+        OutboxMessage.objects.filter(pk__in=[i for i, _ in rows]).update(
+            status=MessageStatus.PENDING, next_attempt_at=now, lease_until=None, failures=0
+        )
+        _relay_on_commit({d for _, d in rows})
+    if rows:
+        logger.info(
+            "outbox: %s retried %d message(s) now",
+            by,
+            len(rows),
+            extra={"by": by, "message_ids": [i for i, _ in rows]},
+        )
+    return [i for i, _ in rows]
+
+
+def message_discard(
+    *, message_ids: Iterable[int], by: str, reason: str, now: datetime | None = None
+) -> list[int]:
+    """Give up on the given pending or failed messages, with a reason on record: they are
+    never sent. Returns the ids of those changed, in order; the others (delivered,
+    sending, already discarded) are left as they are.
+
+    Each keeps ``discarded_by``, ``discarded_at`` and ``discard_reason`` (and its
+    ``next_attempt_at`` becomes that moment too, as the relay does for a delivered or
+    failed message). Discarding a failed message frees the
+    messages queued behind it in its ordering key, so their relay run is queued too.
+    """
+    reason = reason.strip()
+    if not reason:
+        raise ValueError("Discarding outbox messages needs a reason.")
+    now = now or timezone.now()
+    with transaction.atomic():
+        rows = list(
+            OutboxMessage.objects.select_for_update()
+            .filter(pk__in=list(message_ids), status__in=DISCARDABLE)
+            .order_by("id")
+            .values_list("id", "destination_id")
+        )
+        OutboxMessage.objects.filter(pk__in=[i for i, _ in rows]).update(
+            status=MessageStatus.DISCARDED,
+            next_attempt_at=now,
+            lease_until=None,
+            discarded_by=by[:150],
+            discarded_at=now,
+            discard_reason=reason,
+        )
+        _relay_on_commit({d for _, d in rows})
+    if rows:
+        logger.info(
+            "outbox: %s discarded %d message(s)",
+            by,
+            len(rows),
+            extra={"by": by, "message_ids": [i for i, _ in rows]},
+        )
+    return [i for i, _ in rows]
+
+
+def destination_recover_since(
+    *,
+    destination: WebhookDestination | int,
+    since: datetime,
+    by: str,
+    now: datetime | None = None,
+) -> int:
+    """After the destination's endpoint is fixed: requeue its failed messages that failed
+    at or after ``since`` (their last attempt started then or later), as
+    ``message_retry_now`` does: pending now, no lease, ``failures`` back to 0, so each
+    gets the whole retry budget again. Failed messages older than ``since`` stay failed.
+
+    An open breaker is ended: the destination goes half-open at once, so its next run
+    sends one probe, and that probe's answer closes the breaker or opens it again.
+    Returns how many messages were requeued.
+    """
+    now = now or timezone.now()
+    destination_id = destination if isinstance(destination, int) else destination.pk
+    attempted_since = DeliveryAttempt.objects.filter(message=OuterRef("pk"), started_at__gte=since)
+    with transaction.atomic():
+        # the destination's row first, then its messages: the order the relay locks them in
+        dest = WebhookDestination.objects.select_for_update().get(pk=destination_id)
+        ids = list(
+            OutboxMessage.objects.select_for_update()
+            .filter(Exists(attempted_since), destination_id=dest.pk, status=MessageStatus.FAILED)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        OutboxMessage.objects.filter(pk__in=ids).update(
+            status=MessageStatus.PENDING, next_attempt_at=now, lease_until=None, failures=0
+        )
+        breaker_ended = dest.paused_until is not None and dest.paused_until > now
+        if breaker_ended:
+            WebhookDestination.objects.filter(pk=dest.pk).update(paused_until=None)
+        _relay_on_commit({dest.pk})
+    logger.info(
+        "outbox: %s recovered %d failed message(s) of %s since %s%s",
+        by,
+        len(ids),
+        dest.name,
+        since.isoformat(),
+        " and ended its breaker's pause" if breaker_ended else "",
+        extra={"by": by, "destination": dest.name, "message_ids": ids},
+    )
+    return len(ids)
+
+
+def _relay_on_commit(destination_ids: set[int]) -> None:
+    """A relay run per destination once the transaction commits. Not retried when the
+    broker is down (robust: the operator's change stands): the beat sweep finds the
+    messages due within seconds."""
+    for dest_id in sorted(destination_ids):
+        transaction.on_commit(
+            lambda dest_id=dest_id: relay_destination.apply_async((dest_id,), retry=False),
+            robust=True,
+        )
+
+
+# --- what the destinations page shows ------------------------------------------------
+
+
+def destinations_with_health(
+    queryset: QuerySet[WebhookDestination], *, now: datetime | None = None
+) -> QuerySet[WebhookDestination]:
+    """Each destination with its figures, from one grouped query however many rows:
+
+    - ``backlog``: pending and sending messages (what the relay still has to send);
+    - ``oldest_eligible_at``: the creation time of the oldest pending message that is due
+      (``next_attempt_at`` passed): how long the oldest sendable message has waited;
+    - ``failed_count``: terminal messages waiting for an operator.
+
+    The join takes only those three statuses (the delivered and discarded history, the
+    bulk of the table, is never read), through the (destination, status, id) index.
+    """
+    now = now or timezone.now()
+    return queryset.annotate(
+        open_message=FilteredRelation(
+            "outboxmessage",
+            condition=Q(outboxmessage__status__in=[*BACKLOG, MessageStatus.FAILED]),
+        ),
+        backlog=Count("open_message", filter=Q(open_message__status__in=BACKLOG)),
+        failed_count=Count("open_message", filter=Q(open_message__status=MessageStatus.FAILED)),
+        oldest_eligible_at=Min(
+            "open_message__created_at",
+            filter=Q(
+                open_message__status=MessageStatus.PENDING,
+                open_message__next_attempt_at__lte=now,
+            ),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Breaker:
+    state: str  # "closed", "open" or "half-open"
+    # open: when the cool-down ends and one probe is let through
+    until: datetime | None = None
+    consecutive_failures: int = 0
+
+
+def destination_breaker(destination: WebhookDestination, *, now: datetime | None = None) -> Breaker:
+    """The circuit breaker as the relay applies it (relay_claim, relay_record): open while
+    paused after ``breaker_threshold`` consecutive failures; half-open once the cool-down
+    has passed and the count is still at the threshold (one probe at a time decides);
+    closed otherwise."""
+    now = now or timezone.now()
+    failures = destination.consecutive_failures
+    if destination.paused_until is not None and destination.paused_until > now:
+        return Breaker("open", destination.paused_until, failures)
+    if failures >= destination.breaker_threshold:
+        return Breaker("half-open", None, failures)
+    return Breaker("closed", None, failures)

@@ -7,16 +7,22 @@ its service, which records who did it and when.
 
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_permission_codename
-from django.http import HttpRequest
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
@@ -71,6 +77,98 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return TemplateResponse(request, template, context)
 
 
+@dataclass(frozen=True)
+class ObjectButton:
+    """A button on one object's page that runs a list action on that object alone."""
+
+    # the list action's method: (request, one-row queryset) -> a confirmation page, or
+    # None once it has acted
+    method: str
+    # the statuses it applies to, and the past participle for "cannot be …"
+    statuses: tuple[str, ...]
+    done: str
+
+
+class ObjectButtons:
+    """Buttons on an object's own page (Replay, Discard, Retry now…) that run the list's
+    own actions on that one object: the same permission (the button's name is the
+    action of a Meta permission), the same confirmation page, the same service.
+
+    The change form's template gets ``<name>_url`` for each button the user may press on
+    this object (None otherwise); ``button_context`` adds more (a trace link).
+    """
+
+    object_buttons: dict[str, ObjectButton] = {}
+    # "event", "message": in the warning for a button pressed on the wrong status
+    object_noun = "object"
+
+    def get_urls(self) -> list[URLPattern]:
+        buttons = [
+            path(
+                f"<path:object_id>/{name}/",
+                self.admin_site.admin_view(functools.partial(self.object_button_view, name=name)),
+                name=self._url_name(name),
+            )
+            for name in self.object_buttons
+        ]
+        return [*buttons, *super().get_urls()]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        obj = self.get_object(request, unquote(object_id))
+        buttons: dict[str, Any] = {}
+        if obj is not None:
+            for name, button in self.object_buttons.items():
+                allowed = obj.status in button.statuses and self.has_custom_permission(
+                    request, name
+                )
+                buttons[f"{name}_url"] = self.object_url(name, obj) if allowed else None
+            buttons.update(self.button_context(request, obj))
+        return super().change_view(
+            request, object_id, form_url, extra_context={**(extra_context or {}), **buttons}
+        )
+
+    def button_context(self, request: HttpRequest, obj: Any) -> dict[str, Any]:
+        return {}
+
+    def object_status_text(self, obj: Any) -> str:
+        return obj.get_status_display()
+
+    def object_url(self, name: str, obj: Any) -> str:
+        return reverse(f"{self.admin_site.name}:{self._url_name(name)}", args=[quote(obj.pk)])
+
+    def _url_name(self, name: str) -> str:
+        return f"{self.opts.app_label}_{self.opts.model_name}_{name}"
+
+    def object_button_view(
+        self, request: HttpRequest, object_id: str, *, name: str
+    ) -> HttpResponse:
+        button = self.object_buttons[name]
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            raise Http404(f"No {self.object_noun} with that id.")
+        if not (
+            self.has_view_permission(request, obj) and self.has_custom_permission(request, name)
+        ):
+            raise PermissionDenied
+        if obj.status not in button.statuses:
+            self.message_user(
+                request,
+                f"A {self.object_status_text(obj).lower()} {self.object_noun} "
+                f"cannot be {button.done}.",
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(self.object_url("change", obj))
+        selection = self.get_queryset(request).filter(pk=obj.pk)
+        response = getattr(self, button.method)(request, selection)
+        return response or HttpResponseRedirect(self.object_url("change", obj))
+
+
 def trace_url(source: str, event_key: str) -> str:
     """The trace page of one event key: every delivery, the receipt, the effects, the
     failed-event history."""
@@ -90,15 +188,15 @@ class StoredEventDisplay:
 
     @admin.display(description="body")
     def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:
-        return _pre(_pretty_json(bytes(obj.body)))
+        return pre(_pretty_json(bytes(obj.body)))
 
     @admin.display(description="headers")
     def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
         headers = obj.headers if isinstance(obj.headers, dict) else {}
-        return _pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
+        return pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
 
 
-def _pre(text: str) -> str:
+def pre(text: str) -> str:
     return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
 
 
@@ -107,3 +205,18 @@ def _pretty_json(raw: bytes) -> str:
         return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
     except ValueError:
         return raw.decode("utf-8", "replace")
+
+
+# --- times, as the lists and detail pages show them ---------------------------------------
+
+
+def full_time(moment: datetime) -> str:
+    return timezone.localtime(moment).isoformat(sep=" ", timespec="seconds")
+
+
+def compact_time(moment: datetime) -> str:
+    """ "14:05:09" today, "Nov 30 14:05" on another day: narrow enough for the list."""
+    local = timezone.localtime(moment)
+    if local.date() == timezone.localdate():
+        return f"{local:%H:%M:%S}"
+    return f"{local:%b %d %H:%M}"

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote, unquote
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.utils import quote
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
-from django.utils import timezone
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
@@ -32,7 +29,16 @@ from ..services.failures import (
     failed_event_discard,
     failed_event_replay,
 )
-from .base import ReadOnlyAdmin, StoredEventDisplay, trace_link, trace_url
+from .base import (
+    ObjectButton,
+    ObjectButtons,
+    ReadOnlyAdmin,
+    StoredEventDisplay,
+    compact_time,
+    full_time,
+    trace_link,
+    trace_url,
+)
 
 MAX_FAILURES_LISTED = 5
 # the list shows the start of the last error; its title holds the whole of it
@@ -63,7 +69,7 @@ class DiscardForm(forms.Form):
 
 
 @admin.register(FailedEvent)
-class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
+class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
     """Dead letters and retrying events: look, replay, or discard with a reason.
 
     The records themselves stay read-only and are never deleted from here: a dead one
@@ -171,16 +177,14 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
         attempts = ngettext("%d attempt", "%d attempts", obj.attempts) % obj.attempts
         lines = [(obj.get_status_display(), "", "")]
         lines.append((attempts, "wr-under", ""))
-        lines.append(
-            (f"last {_compact_time(obj.last_attempt_at)}", "wr-under", obj.last_attempt_at)
-        )
+        lines.append((f"last {compact_time(obj.last_attempt_at)}", "wr-under", obj.last_attempt_at))
         if obj.next_attempt_at is not None:
-            when = f"next {_compact_time(obj.next_attempt_at)}"
+            when = f"next {compact_time(obj.next_attempt_at)}"
             lines.append((when, "wr-under", obj.next_attempt_at))
         return format_html_join(
             "",
             '<span class="wr-line {}" title="{}">{}</span>',
-            ((css, _full_time(moment) if moment else "", text) for text, css, moment in lines),
+            ((css, full_time(moment) if moment else "", text) for text, css, moment in lines),
         )
 
     @admin.display(description="last error", ordering="last_error_class")
@@ -223,98 +227,32 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
             ),
         )
 
-    # --- the detail page's Replay and Discard buttons ------------------------------------
+    # --- the detail page's Replay and Discard buttons (base.ObjectButtons) ---------------
 
-    def get_urls(self) -> list[URLPattern]:
-        info = self.opts.app_label, self.opts.model_name
-        buttons = [
-            path(
-                "<path:object_id>/replay/",
-                self.admin_site.admin_view(self.replay_view),
-                name="{}_{}_replay".format(*info),
-            ),
-            path(
-                "<path:object_id>/discard/",
-                self.admin_site.admin_view(self.discard_view),
-                name="{}_{}_discard".format(*info),
-            ),
-        ]
-        return [*buttons, *super().get_urls()]
+    object_noun = "event"
+    object_buttons = {
+        "replay": ObjectButton("replay_confirmed", REPLAYABLE, "replayed"),
+        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded"),
+    }
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        failed = self.get_object(request, unquote(object_id))
-        buttons = self._buttons(request, failed) if failed is not None else {}
-        return super().change_view(
-            request, object_id, form_url, extra_context={**(extra_context or {}), **buttons}
-        )
-
-    def _buttons(self, request: HttpRequest, failed: FailedEvent) -> dict[str, str | None]:
-        """The buttons' URLs: Replay and Discard for a user with the permission and an
-        event whose status the action applies to; Trace for everyone."""
-        urls: dict[str, str | None] = {
-            "replay_url": None,
-            "discard_url": None,
-            "trace_url": trace_url(failed.source, failed.event_key) if failed.event_key else None,
+    def button_context(self, request: HttpRequest, failed: FailedEvent) -> dict[str, Any]:
+        return {
+            "trace_url": trace_url(failed.source, failed.event_key) if failed.event_key else None
         }
-        for action, statuses in (("replay", REPLAYABLE), ("discard", DISCARDABLE)):
-            if failed.status in statuses and self.has_custom_permission(request, action):
-                urls[f"{action}_url"] = self._url(action, failed)
-        return urls
 
-    def _url(self, name: str, failed: FailedEvent) -> str:
-        info = self.admin_site.name, self.opts.app_label, self.opts.model_name
-        return reverse("{}:{}_{}_".format(*info) + name, args=[quote(failed.pk)])
-
-    def _one(
-        self, request: HttpRequest, object_id: str, action: str, statuses: tuple[str, ...]
-    ) -> tuple[FailedEvent, QuerySet[FailedEvent]] | HttpResponse:
-        """The event a button acts on, as a one-row selection for the action's code; or
-        where to go instead when the action does not apply to it."""
-        failed = self.get_object(request, unquote(object_id))
-        if failed is None:
-            raise Http404("No failed event with that id.")
-        if not (
-            self.has_view_permission(request, failed)
-            and self.has_custom_permission(request, action)
-        ):
-            raise PermissionDenied
-        if failed.status not in statuses:
-            self.message_user(
-                request,
-                f"A {failed.get_status_display().lower()} event cannot be {action}ed.",
-                messages.WARNING,
-            )
-            return HttpResponseRedirect(self._url("change", failed))
-        return failed, self.get_queryset(request).filter(pk=failed.pk)
-
-    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        found = self._one(request, object_id, "replay", REPLAYABLE)
-        if isinstance(found, HttpResponse):
-            return found
-        failed, selection = found
+    def replay_confirmed(
+        self, request: HttpRequest, queryset: QuerySet[FailedEvent]
+    ) -> TemplateResponse | None:
+        """The detail page's Replay: a confirmation page with an optional reason (the
+        list's action replays at once), then the same replay."""
         if request.method == "POST" and request.POST.get("post"):
             form = ReplayForm(request.POST)
             if form.is_valid():
-                self._replay(request, selection, reason=form.cleaned_data["reason"])
-                return HttpResponseRedirect(self._url("change", failed))
+                self._replay(request, queryset, reason=form.cleaned_data["reason"])
+                return None
         else:
             form = ReplayForm()
-        return self._replay_confirmation(request, [failed], form)
-
-    def discard_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        found = self._one(request, object_id, "discard", DISCARDABLE)
-        if isinstance(found, HttpResponse):
-            return found
-        failed, selection = found
-        # the list's action itself: its confirmation page, its form, its messages
-        response = self.discard_selected(request, selection)
-        return response or HttpResponseRedirect(self._url("change", failed))
+        return self._replay_confirmation(request, list(queryset.order_by("id")), form)
 
     def _replay_confirmation(
         self, request: HttpRequest, events: list[FailedEvent], form: ReplayForm
@@ -400,18 +338,6 @@ class FailedEventAdmin(StoredEventDisplay, ReadOnlyAdmin):
                 left,
             ) % {"count": left}
         self.message_user(request, message, messages.WARNING if left else messages.SUCCESS)
-
-
-def _full_time(moment: datetime) -> str:
-    return timezone.localtime(moment).isoformat(sep=" ", timespec="seconds")
-
-
-def _compact_time(moment: datetime) -> str:
-    """ "14:05:09" today, "Nov 30 14:05" on another day: narrow enough for the list."""
-    local = timezone.localtime(moment)
-    if local.date() == timezone.localdate():
-        return f"{local:%H:%M:%S}"
-    return f"{local:%b %d %H:%M}"
 
 
 def _replay_summary(results: list[ReplayResult]) -> tuple[str, int]:

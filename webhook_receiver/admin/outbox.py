@@ -48,8 +48,16 @@ from ..outbox.operations import (
     message_retry_now,
 )
 from ..signatures.standard import secret_key
-from .base import ReadOnlyAdmin, _pre, trace_link, trace_url
-from .failed_events import _compact_time, _full_time
+from .base import (
+    ObjectButton,
+    ObjectButtons,
+    ReadOnlyAdmin,
+    compact_time,
+    full_time,
+    pre,
+    trace_link,
+    trace_url,
+)
 
 # the list shows the start of the last answer; its title holds the whole of it
 LAST_ANSWER_CHARS = 70
@@ -77,7 +85,7 @@ def _moment(moment: datetime | None, empty: str = "-") -> str:
     """A compact time, the full one in its title."""
     if moment is None:
         return empty
-    return format_html('<span title="{}">{}</span>', _full_time(moment), _compact_time(moment))
+    return format_html('<span title="{}">{}</span>', full_time(moment), compact_time(moment))
 
 
 def _wrap_words(text: str) -> str:
@@ -118,7 +126,7 @@ class DiscardForm(forms.Form):
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(ReadOnlyAdmin):
+class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     """The outbox's messages: look, retry now, or discard with a reason."""
 
     # Fits 1400 px beside the admin's sidebar and the filters without sideways scrolling
@@ -222,16 +230,16 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         lines.append((attempts, "wr-under", None))
         if obj.status == MessageStatus.PENDING:
             lines.append(
-                (f"next {_compact_time(obj.next_attempt_at)}", "wr-under", obj.next_attempt_at)
+                (f"next {compact_time(obj.next_attempt_at)}", "wr-under", obj.next_attempt_at)
             )
         elif obj.status == MessageStatus.SENDING and obj.lease_until:
-            lines.append((f"lease {_compact_time(obj.lease_until)}", "wr-under", obj.lease_until))
+            lines.append((f"lease {compact_time(obj.lease_until)}", "wr-under", obj.lease_until))
         elif obj.status == MessageStatus.DELIVERED and obj.delivered_at:
-            lines.append((f"at {_compact_time(obj.delivered_at)}", "wr-under", obj.delivered_at))
+            lines.append((f"at {compact_time(obj.delivered_at)}", "wr-under", obj.delivered_at))
         return format_html_join(
             "",
             '<span class="wr-line {}" title="{}">{}</span>',
-            ((css, _full_time(moment) if moment else "", text) for text, css, moment in lines),
+            ((css, full_time(moment) if moment else "", text) for text, css, moment in lines),
         )
 
     @admin.display(description="last answer", ordering="last_status_code")
@@ -264,22 +272,22 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     def next_attempt(self, obj: OutboxMessage) -> str:
         """What happens next, in words: a closed message's next_attempt_at is when it
         closed, not a time anything will happen."""
-        at = _full_time(obj.next_attempt_at)
+        at = full_time(obj.next_attempt_at)
         if obj.status == MessageStatus.PENDING:
             return f"at {at}, or later if the destination's limits or breaker hold it"
         if obj.status == MessageStatus.SENDING:
-            lease = _full_time(obj.lease_until) if obj.lease_until else "-"
+            lease = full_time(obj.lease_until) if obj.lease_until else "-"
             return f"being sent by a worker; if that worker dies, tried again after {lease}"
         if obj.status == MessageStatus.FAILED:
             return f"none: failed at {at}, waiting for an operator (retry now or discard)"
         if obj.status == MessageStatus.DELIVERED:
-            delivered = _full_time(obj.delivered_at) if obj.delivered_at else at
+            delivered = full_time(obj.delivered_at) if obj.delivered_at else at
             return f"none: delivered at {delivered}"
         return f"none: discarded at {at}"
 
     @admin.display(description="created")
     def created_exactly(self, obj: OutboxMessage) -> str:
-        return _full_time(obj.created_at)
+        return full_time(obj.created_at)
 
     @admin.display(description="retry budget")
     def retry_budget(self, obj: OutboxMessage) -> str:
@@ -302,7 +310,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: OutboxMessage) -> str:
-        return _pre(json.dumps(obj.payload, indent=2, sort_keys=True, ensure_ascii=False))
+        return pre(json.dumps(obj.payload, indent=2, sort_keys=True, ensure_ascii=False))
 
     @admin.display(description="attempts")
     def attempt_history(self, obj: OutboxMessage) -> str:
@@ -317,11 +325,11 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
             (
                 (
                     a.number,
-                    _full_time(a.started_at),
+                    full_time(a.started_at),
                     f"{a.duration_ms} ms",
                     _attempt_answer(a),
                     a.response_excerpt or "-",
-                    _full_time(a.next_attempt_at) if a.next_attempt_at else "-",
+                    full_time(a.next_attempt_at) if a.next_attempt_at else "-",
                 )
                 for a in reversed(newest)
             ),
@@ -342,86 +350,20 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
             rows,
         )
 
-    # --- the detail page's Retry now and Discard buttons -----------------------------------
+    # --- the detail page's Retry now and Discard buttons (base.ObjectButtons) ----------
 
-    def get_urls(self) -> list[URLPattern]:
-        info = self.opts.app_label, self.opts.model_name
-        buttons = [
-            path(
-                "<path:object_id>/retry/",
-                self.admin_site.admin_view(self.retry_view),
-                name="{}_{}_retry".format(*info),
-            ),
-            path(
-                "<path:object_id>/discard/",
-                self.admin_site.admin_view(self.discard_view),
-                name="{}_{}_discard".format(*info),
-            ),
-        ]
-        return [*buttons, *super().get_urls()]
+    object_noun = "message"
+    object_buttons = {
+        "retry": ObjectButton("retry_now_selected", RETRYABLE, "retried"),
+        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded"),
+    }
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        message = self.get_object(request, unquote(object_id))
-        buttons: dict[str, str | None] = {}
-        if message is not None:
-            buttons["trace_url"] = (
-                trace_url(message.origin_source, message.origin_event_key)
-                if message.origin_event_key
-                else None
-            )
-            for action, statuses in (("retry", RETRYABLE), ("discard", DISCARDABLE)):
-                allowed = message.status in statuses and self.has_custom_permission(request, action)
-                buttons[f"{action}_url"] = self._url(action, message) if allowed else None
-        return super().change_view(
-            request, object_id, form_url, extra_context={**(extra_context or {}), **buttons}
-        )
+    def button_context(self, request: HttpRequest, message: OutboxMessage) -> dict[str, Any]:
+        key = message.origin_event_key
+        return {"trace_url": trace_url(message.origin_source, key) if key else None}
 
-    def _url(self, name: str, message: OutboxMessage) -> str:
-        return _admin_url(OutboxMessage, name, quote(message.pk))
-
-    def _one(
-        self, request: HttpRequest, object_id: str, action: str, statuses: tuple[str, ...]
-    ) -> QuerySet[OutboxMessage] | HttpResponse:
-        """The message a button acts on, as a one-row selection for the action's code;
-        or where to go instead when the action does not apply to it."""
-        message = self.get_object(request, unquote(object_id))
-        if message is None:
-            raise Http404("No outbox message with that id.")
-        if not (
-            self.has_view_permission(request, message)
-            and self.has_custom_permission(request, action)
-        ):
-            raise PermissionDenied
-        if message.status not in statuses:
-            verb = "retried" if action == "retry" else "discarded"
-            self.message_user(
-                request,
-                f"A {SHORT_STATUS[message.status].lower()} message cannot be {verb}.",
-                messages.WARNING,
-            )
-            return HttpResponseRedirect(self._url("change", message))
-        return self.get_queryset(request).filter(pk=message.pk)
-
-    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        found = self._one(request, object_id, "retry", RETRYABLE)
-        if isinstance(found, HttpResponse):
-            return found
-        # the list's action itself: its confirmation page, its form, its messages
-        response = self.retry_now_selected(request, found)
-        return response or HttpResponseRedirect(self._url("change", found.get()))
-
-    def discard_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        found = self._one(request, object_id, "discard", DISCARDABLE)
-        if isinstance(found, HttpResponse):
-            return found
-        response = self.discard_selected(request, found)
-        return response or HttpResponseRedirect(self._url("change", found.get()))
+    def object_status_text(self, message: OutboxMessage) -> str:
+        return SHORT_STATUS[message.status]
 
     # --- actions -------------------------------------------------------------------------
 
@@ -566,7 +508,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
                 why = f"{dest.name} is disabled: its messages wait until it is enabled."
             elif breaker.state == "open" and breaker.until is not None:
                 why = (
-                    f"{dest.name}'s breaker is open until {_full_time(breaker.until)}: its "
+                    f"{dest.name}'s breaker is open until {full_time(breaker.until)}: its "
                     "messages go then (Recover since… on the destination ends the pause)."
                 )
             else:
@@ -838,8 +780,8 @@ class WebhookDestinationAdmin(admin.ModelAdmin):
             return format_html(
                 '<span class="wr-line wr-open">open</span>'
                 '<span class="wr-under" title="{}">until {}</span>',
-                _full_time(breaker.until),
-                _compact_time(breaker.until),
+                full_time(breaker.until),
+                compact_time(breaker.until),
             )
         if breaker.state == "half-open":
             return mark_safe(
@@ -868,7 +810,7 @@ class WebhookDestinationAdmin(admin.ModelAdmin):
             return "-"
         return format_html(
             '<span title="waiting since {}">{}</span>',
-            _full_time(obj.oldest_eligible_at),
+            full_time(obj.oldest_eligible_at),
             span(timezone.now() - obj.oldest_eligible_at),
         )
 
@@ -907,7 +849,7 @@ class WebhookDestinationAdmin(admin.ModelAdmin):
         breaker = destination_breaker(obj)
         if breaker.state == "open" and breaker.until is not None:
             return (
-                f"open until {_full_time(breaker.until)}, after {breaker.consecutive_failures} "
+                f"open until {full_time(breaker.until)}, after {breaker.consecutive_failures} "
                 "consecutive failures; then one probe decides"
             )
         if breaker.state == "half-open":
@@ -921,11 +863,11 @@ class WebhookDestinationAdmin(admin.ModelAdmin):
 
     @admin.display(description="last success")
     def last_success_exactly(self, obj: WebhookDestination) -> str:
-        return _full_time(obj.last_success_at) if obj.last_success_at else "never"
+        return full_time(obj.last_success_at) if obj.last_success_at else "never"
 
     @admin.display(description="last failure")
     def last_failure_exactly(self, obj: WebhookDestination) -> str:
-        return _full_time(obj.last_failure_at) if obj.last_failure_at else "never"
+        return full_time(obj.last_failure_at) if obj.last_failure_at else "never"
 
     # --- Recover since… ------------------------------------------------------------------
 
@@ -996,7 +938,7 @@ class WebhookDestinationAdmin(admin.ModelAdmin):
         self, request: HttpRequest, selected: list[WebhookDestination], *, since: datetime
     ) -> None:
         by = request.user.get_username()
-        when = _full_time(since)
+        when = full_time(since)
         for dest in selected:
             count = destination_recover_since(destination=dest, since=since, by=by)
             note = ngettext(

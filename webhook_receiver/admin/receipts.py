@@ -7,7 +7,7 @@ import json
 from django.contrib import admin
 
 from ..models import WebhookReceipt
-from .base import ReadOnlyAdmin, StoredEventDisplay, _pre, trace_link
+from .base import ReadOnlyAdmin, StoredEventDisplay, pre, trace_link
 
 
 @admin.register(WebhookReceipt)
@@ -42,7 +42,7 @@ class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
 
     @admin.display(description="outcome")
     def pretty_outcome(self, obj: WebhookReceipt) -> str:
-        return _pre(json.dumps(obj.outcome, indent=2, sort_keys=True))
+        return pre(json.dumps(obj.outcome, indent=2, sort_keys=True))
 
     @admin.display(description="trace")
     def trace(self, obj: WebhookReceipt) -> str:

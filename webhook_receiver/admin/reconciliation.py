@@ -23,7 +23,7 @@ from django.utils.translation import ngettext
 
 from ..models import ReconciliationRun, RepairItem, RunOutcome
 from ..services import repair
-from .base import ReadOnlyAdmin, _pre
+from .base import ReadOnlyAdmin, pre
 
 ACTION_TEMPLATE = "admin/webhook_receiver/repairitem/action_confirmation.html"
 
@@ -253,8 +253,8 @@ class RepairItemAdmin(ReadOnlyAdmin):
 
     @admin.display(description="the sender says")
     def pretty_sender_says(self, obj: RepairItem) -> str:
-        return _pre(json.dumps(obj.sender_says, indent=2, sort_keys=True))
+        return pre(json.dumps(obj.sender_says, indent=2, sort_keys=True))
 
     @admin.display(description="we hold")
     def pretty_we_hold(self, obj: RepairItem) -> str:
-        return _pre(json.dumps(obj.we_hold, indent=2, sort_keys=True))
+        return pre(json.dumps(obj.we_hold, indent=2, sort_keys=True))

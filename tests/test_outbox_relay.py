@@ -274,12 +274,14 @@ def test_commit_triggers_a_relay_run_on_a_real_worker(broker, receiver, tmp_path
         admitted = time.monotonic()
         # then: the on-commit trigger, not a sweep, delivers it at once
         wait_for(lambda: receiver.received, 30, f"the delivery ({log.read_text()[-2000:]})")
+        # the worker records the answer just after: waited for before it is killed
+        delivered = OutboxMessage.objects.filter(status="delivered")
+        wait_for(delivered.exists, 10, "the record")
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
     assert receiver.received[0].at - admitted < 2.0
     assert receiver.keys() == ["order:ord_5:paid:v1"]
-    wait_for(lambda: OutboxMessage.objects.filter(status="delivered").exists(), 10, "the record")
 
 
 @pytest.mark.postgres_only("pg_stat_activity shows which sessions hold a transaction open")
@@ -311,3 +313,41 @@ def test_no_transaction_is_open_while_a_request_is_in_flight(receiver):
     # then: three requests, none of them with a transaction open anywhere
     assert sent == 3
     assert open_transactions == [0, 0, 0]
+
+
+@pytest.mark.postgres_only("another session holding the destination's row lock")
+@pytest.mark.django_db(transaction=True)
+def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiver):
+    import threading
+
+    from django.db import connections
+
+    dest = destination(receiver.url)
+    admit(dest, "k0")
+    locked, release = threading.Event(), threading.Event()
+
+    def claimer_holding_the_row():
+        try:
+            with transaction.atomic():
+                WebhookDestination.objects.select_for_update().get(pk=dest.pk)
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=claimer_holding_the_row)
+    holder.start()
+    locked.wait(10)
+    try:
+        # when: a trigger's run meets the busy row
+        started = time.monotonic()
+        sent, wait = relay_destination(destination_id=dest.pk)
+        took = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join()
+
+    # then: it left at once, sending nothing; the holder's run (or the next) sends it
+    assert (sent, wait) == (0, None) and took < 1.0
+    assert receiver.received == []
+    assert relay_destination(destination_id=dest.pk)[0] == 1

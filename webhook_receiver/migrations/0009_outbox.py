@@ -93,7 +93,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='outboxmessage',
             name='destination',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to='webhook_receiver.webhookdestination'),
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, to='webhook_receiver.webhookdestination'),
         ),
         migrations.AddIndex(
             model_name='outboxmessage',

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from ..signatures.standard import StandardWebhooks
@@ -54,11 +55,14 @@ EXCERPT_CHARS = 500
 CLAIM_BATCH = 10
 
 # Eligible messages of one destination, oldest first: pending and due, or claimed by a
-# worker whose lease has run out. A message waits while an older one with its ordering
-# key is still open (pending, sending, or failed until an operator acts).
+# worker whose lease has run out (the partial index webhook_outbox_open holds just the
+# open ones, so delivered history costs nothing). A message waits while an older one
+# with its ordering key is still open (pending, sending, or failed until an operator
+# acts).
 _ELIGIBLE = """
     SELECT m.id FROM webhook_receiver_outboxmessage m
     WHERE m.destination_id = %(destination_id)s
+      AND m.status IN ('pending', 'sending')
       AND ((m.status = 'pending' AND m.next_attempt_at <= %(now)s)
            OR (m.status = 'sending' AND m.lease_until <= %(now)s))
       AND (m.ordering_key = '' OR NOT EXISTS (
@@ -107,20 +111,38 @@ class RelayRound:
     claimed: list[Claimed]
     # seconds until this destination may start another request (out of tokens), or None
     wait: float | None = None
+    # another worker was claiming for this destination at that moment
+    busy: bool = False
 
 
 # --- 1. claim ------------------------------------------------------------------------
 
 
 def relay_claim(
-    *, destination: WebhookDestination | int, now: datetime | None = None, limit: int = CLAIM_BATCH
+    *,
+    destination: WebhookDestination | int,
+    now: datetime | None = None,
+    limit: int = CLAIM_BATCH,
+    skip_if_busy: bool = False,
 ) -> RelayRound:
-    """Claim what the destination's limits allow now (see the module's docstring)."""
+    """Claim what the destination's limits allow now (see the module's docstring).
+
+    With ``skip_if_busy``, a destination whose row another worker holds is left to that
+    worker (``busy``): a burst of triggers then costs a statement each, not a queue of
+    runs waiting for one lock."""
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
     with transaction.atomic():
         # the limiter's state lives on this row: one claimer per destination at a time
-        dest = WebhookDestination.objects.select_for_update().get(pk=destination_id)
+        dest = (
+            WebhookDestination.objects.select_for_update(skip_locked=skip_if_busy)
+            .filter(pk=destination_id)
+            .first()
+        )
+        if dest is None:
+            if not WebhookDestination.objects.filter(pk=destination_id).exists():
+                raise WebhookDestination.DoesNotExist(f"no destination {destination_id}")
+            return RelayRound(claimed=[], busy=True)
         if not dest.enabled or (dest.paused_until and dest.paused_until > now):
             return RelayRound(claimed=[])
         # adapted as the ORM stores it (SQLite compares datetimes as text)
@@ -138,7 +160,10 @@ def relay_claim(
         if allowed > 0:
             claimed = _claim_rows(dest, now, params, allowed)
         tokens -= len(claimed)
-        WebhookDestination.objects.filter(pk=dest.pk).update(tokens=tokens, tokens_at=now)
+        # never back in time: `now` may predate the last writer's (read before this lock
+        # was waited for, or on a host whose clock is behind), and a span refills once
+        tokens_at = max(now, dest.tokens_at or now)
+        WebhookDestination.objects.filter(pk=dest.pk).update(tokens=tokens, tokens_at=tokens_at)
     wait = None
     if len(claimed) < limit and slots > len(claimed) and tokens < 1:
         wait = (1 - tokens) * dest.rate_seconds / dest.rate_count
@@ -166,12 +191,15 @@ def _claim_rows(
     if not ids:
         return []
     claimed = OutboxMessage.objects.filter(pk__in=ids)
-    claimed.update(status=MessageStatus.SENDING, lease_until=lease_until)
+    # each claim is an attempt, counted now: its number fences the claim's result
+    claimed.update(
+        status=MessageStatus.SENDING, lease_until=lease_until, attempts=F("attempts") + 1
+    )
     rows = claimed.order_by("id").values_list(
         "id", "key", "event_type", "payload", "attempts", "failures", "created_at"
     )
     return [
-        Claimed(id=i, key=k, event_type=t, payload=p, attempt=a + 1, failures=f, created_at=c)
+        Claimed(id=i, key=k, event_type=t, payload=p, attempt=a, failures=f, created_at=c)
         for i, k, t, p, a, f, c in rows
     ]
 
@@ -218,14 +246,26 @@ def signed_request(
     return body, headers
 
 
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    """One pool of sending threads per process, made on first use (after a Celery
+    worker has forked, so that no thread crosses a fork)."""
+    global _pool
+    with _clients_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=CLAIM_BATCH, thread_name_prefix="relay-send")
+        return _pool
+
+
 def relay_send(dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
     """Send each claimed message once, concurrently; never raises for a message."""
     if not claimed:
         return []
     if len(claimed) == 1:
         return [_send_one(dest, claimed[0])]
-    with ThreadPoolExecutor(max_workers=len(claimed)) as pool:
-        return list(pool.map(lambda m: _send_one(dest, m), claimed))
+    return list(_executor().map(lambda m: _send_one(dest, m), claimed))
 
 
 def _send_one(dest: WebhookDestination, message: Claimed) -> Sent:
@@ -233,7 +273,8 @@ def _send_one(dest: WebhookDestination, message: Claimed) -> Sent:
     began = time.monotonic()
     body, headers = signed_request(dest, message, int(time.time()))
     try:
-        response = _client(dest).post(dest.url, content=body, headers=headers)
+        with _client(dest).stream("POST", dest.url, content=body, headers=headers) as response:
+            excerpt = _excerpt(response, deadline=began + dest.timeout_seconds)
     except httpx.HTTPError as exc:
         return Sent(
             message=message,
@@ -246,9 +287,22 @@ def _send_one(dest: WebhookDestination, message: Claimed) -> Sent:
         started_at=started_at,
         duration_ms=_ms_since(began),
         status_code=response.status_code,
-        excerpt=response.text[:EXCERPT_CHARS],
+        excerpt=excerpt,
         retry_after=response.headers.get("retry-after"),
     )
+
+
+def _excerpt(response: httpx.Response, *, deadline: float) -> str:
+    """The start of the answer's body, read until the request's timeout at most: httpx's
+    timeout bounds each read, not the whole answer (encode/httpx#1450), and a body that
+    trickles (or never ends) must not hold the request past its lease. The status line
+    has arrived already: it decides the verdict; the body is only for an operator."""
+    data = b""
+    for chunk in response.iter_bytes():
+        data += chunk
+        if len(data) >= EXCERPT_CHARS * 4 or time.monotonic() >= deadline:
+            break
+    return data.decode(response.encoding or "utf-8", errors="replace")[:EXCERPT_CHARS]
 
 
 def _ms_since(began: float) -> int:
@@ -375,11 +429,29 @@ def relay_record(
         "last_status_code",
         "last_error",
     ]
+    # One UPDATE per distinct set of values: one a round when every answer is a 2xx (a
+    # bulk_update's CASE per field and row costs more than the requests themselves).
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for message in messages:
+        groups.setdefault(tuple(getattr(message, f) for f in fields), []).append(message.pk)
+    current: set[int] = set()
     with transaction.atomic():
-        OutboxMessage.objects.filter(status=MessageStatus.SENDING).bulk_update(messages, fields)
+        for values, ids in groups.items():
+            row = dict(zip(fields, values, strict=True))
+            # A result lands only on a message that is still this claim's (sending, at
+            # this attempt): a worker whose lease ran out (frozen, or held by a slow
+            # answer) must not undo the claim that took over.
+            still_ours = OutboxMessage.objects.filter(
+                pk__in=ids, status=MessageStatus.SENDING, attempts=row["attempts"]
+            )
+            mine = list(still_ours.select_for_update().values_list("pk", flat=True))
+            OutboxMessage.objects.filter(pk__in=mine).update(**row)
+            current.update(mine)
         DeliveryAttempt.objects.bulk_create(attempts)
         _breaker_record(dest, successes=successes, failures=failures, now=now)
     for sent, v in zip(results, verdicts, strict=True):
+        if sent.message.id not in current:
+            continue
         if v.status == MessageStatus.DELIVERED:
             metrics.delivery_record(
                 dest.name,
@@ -443,7 +515,8 @@ def relay_destination(
     dest = WebhookDestination.objects.get(pk=destination_id)
     sent_count = 0
     while time.monotonic() < deadline:
-        round_ = relay_claim(destination=dest)
+        # a worker already claiming for this destination carries on; this run stops
+        round_ = relay_claim(destination=dest, skip_if_busy=True)
         if not round_.claimed:
             return sent_count, round_.wait
         results = relay_send(dest, round_.claimed)

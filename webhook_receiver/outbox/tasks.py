@@ -5,6 +5,7 @@ trigger."""
 from __future__ import annotations
 
 from celery import shared_task
+from django.core.cache import cache
 from django.db.models import Q
 from django.utils import timezone
 
@@ -15,6 +16,9 @@ from .retention import outbox_purge
 
 # a token due sooner than this is waited for by the next run, not a task of its own
 MIN_COUNTDOWN = 0.05
+# a queued follow-up's marker outlives its countdown by this much: if the follow-up is
+# lost with a worker, the next run after that queues another (the sweep runs meanwhile)
+FOLLOW_UP_SLACK = 5.0
 
 
 @shared_task(
@@ -28,15 +32,28 @@ MIN_COUNTDOWN = 0.05
 def relay_destination(destination_id: int) -> int:
     """Relay one destination: queued on commit of each admission, and by the sweep.
     When its token bucket is empty, the next run is queued for when a token is due;
-    a worker never sleeps for it."""
+    a worker never sleeps for it.
+
+    One follow-up at a time per destination: during a backlog, every admission's
+    trigger finds the bucket empty, and each queuing its own follow-up would grow a
+    herd of runs that fills the queue every destination shares.
+    """
+    cache.delete(_follow_up_key(destination_id))  # this run is the follow-up, if one was due
     try:
         sent, wait = relay_run(destination_id=destination_id)
     except Exception as exc:
         connection_discard_if_broken(exc)
         raise
     if wait is not None:
-        relay_destination.apply_async((destination_id,), countdown=max(wait, MIN_COUNTDOWN))
+        countdown = max(wait, MIN_COUNTDOWN)
+        # cache.add is atomic: only the first run to find the bucket empty queues one
+        if cache.add(_follow_up_key(destination_id), 1, timeout=countdown + FOLLOW_UP_SLACK):
+            relay_destination.apply_async((destination_id,), countdown=countdown)
     return sent
+
+
+def _follow_up_key(destination_id: int) -> str:
+    return f"webhook_receiver:relay-follow-up:{destination_id}"
 
 
 @shared_task(

@@ -1,0 +1,959 @@
+"""Benchmark of the outbox relay: throughput, the limiter's accuracy and the on-commit
+trigger's latency (make bench-relay; a command, not a timed test).
+
+    python -m tests.bench.relay [--messages N] [--rounds N] [--rate R] [--samples N] [--herd]
+
+It recreates a ``webhook_receiver_bench_relay`` database on the local PostgreSQL
+(BENCH_RELAY_DATABASE_URL to change it), migrates it, and starts the receiver: a minimal
+HTTP/1.1 server in a process of its own (asyncio, keep-alive), which answers 200 at once
+and records each arrival's CLOCK_MONOTONIC time and ``webhook-id``. Then:
+
+1. Throughput, in this process: N messages admitted with ``enqueue_webhook`` (500 a
+   transaction), then ``relay_destination`` called until the backlog is empty, for a
+   destination whose limits do not bind (10 in flight). The floor, in the same rounds
+   (which goes first alternates): the same signed requests (the relay's own
+   ``signed_request``: same bodies, same headers) posted by a plain httpx loop, one
+   client, the same 10 requests in flight. Every statement the relay runs is counted
+   (``connection.execute_wrapper``), and its transactions (each a BEGIN and a COMMIT).
+2. The limiter, on a real Celery worker (Redis broker, db 14): 20·R messages for a
+   destination limited to R a second with a burst of R, one trigger
+   (``relay_destination.delay``); the task re-queues itself when out of tokens. Its
+   figures: the rate of arrivals at the receiver once the burst is spent, and the
+   bucket's promise (at most R·T + burst starts in any T seconds) on the recorded starts.
+3. Latency, on the same worker: one message at a time, admitted and committed; its
+   on-commit trigger queues the run (no beat, so no sweep). From the commit to the
+   arrival at the receiver.
+4. With ``--herd`` (no target): the limiter's backlog again, each admission queuing its
+   own trigger, while another destination's messages are timed from commit to arrival.
+
+Targets: relay ≥ 0.5 × floor; ≤ 3 statements a delivery; a steady rate within
+0.95 R … R (1% allowed for the arrivals' jitter); starts within R·T + burst (+1);
+p95 latency under 200 ms. Exits 1 when one is missed or a message went missing.
+Results: bench-results/relay.json (with every arrival and start of the limiter's runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from http.client import HTTPConnection
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+from .common import SHOP_SECRET
+from .server import BASE_DIR
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_relay"
+BROKER_URL = "redis://127.0.0.1:6379/14"
+RESULTS_DIR = BASE_DIR / "bench-results"
+HOST = "127.0.0.1"
+EVENT_TYPE = "order.paid"
+ADMIT_BATCH = 500  # messages admitted per transaction
+IN_FLIGHT = 10  # the throughput destination's max_in_flight, and the floor's concurrency
+WARMUP_MESSAGES = 200
+LATENCY_WARMUP = 5
+LATENCY_SPACING_SECONDS = 0.05
+WAIT_SECONDS = 10.0  # the longest the receiver is asked to wait for one arrival
+WORKER_CONCURRENCY = 2  # prefork children, as on a 2-core host
+
+# targets
+THROUGHPUT_RATIO = 0.5
+STATEMENTS_PER_DELIVERY = 3.0
+RATE_LOW = 0.95
+# arrival times carry the loopback's jitter: 1% over R is measurement, not the limiter
+RATE_HIGH = 1.01
+LATENCY_P95_MS = 200.0
+# a start is timestamped a moment after the claim that spent its token
+BUCKET_SLACK = 1.0
+
+
+# --- the receiver: its own process, so it never competes with the relay for the GIL ----
+
+OK_RESPONSE = (
+    b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"ok": true}'
+)
+
+
+class _Arrivals:
+    def __init__(self) -> None:
+        self.pending: list[tuple[float, str]] = []  # since the last GET /arrivals
+        self.count = 0
+        self.at: dict[str, float] = {}
+        self.waiters: dict[str, asyncio.Future[float]] = {}
+
+    def arrive(self, key: str) -> None:
+        now = time.monotonic()
+        self.pending.append((now, key))
+        self.count += 1
+        self.at[key] = now
+        waiter = self.waiters.pop(key, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(now)
+
+    async def control(self, target: str) -> tuple[int, Any]:
+        url = urlsplit(target)
+        if url.path == "/arrivals":  # what arrived since the last call, and the CPU spent
+            taken, self.pending = self.pending, []
+            return 200, {"arrivals": taken, "cpu_s": time.process_time(), "count": self.count}
+        if url.path == "/wait":  # a long poll: when the message with this key arrived
+            key = parse_qs(url.query)["key"][0]
+            if key not in self.at:
+                waiter = self.waiters.setdefault(key, asyncio.get_running_loop().create_future())
+                try:
+                    await asyncio.wait_for(asyncio.shield(waiter), timeout=WAIT_SECONDS)
+                except TimeoutError:
+                    return 504, {"error": "not arrived"}
+            return 200, {"at": self.at[key]}
+        return 404, {"error": "no such control"}
+
+
+async def _connection(state: _Arrivals, reader: asyncio.StreamReader, writer) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *lines = head[:-4].split(b"\r\n")
+            method, target, _ = request_line.split(b" ", 2)
+            length, key = 0, ""
+            for line in lines:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"webhook-id":
+                    key = value.strip().decode()
+            if length:
+                await reader.readexactly(length)
+            if method == b"POST":
+                state.arrive(key)
+                writer.write(OK_RESPONSE)
+                continue
+            status, document = await state.control(target.decode())
+            body = json.dumps(document).encode()
+            writer.write(
+                f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+def _receiver_main(sock: socket.socket) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner stops it, with SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    state = _Arrivals()
+
+    async def serve() -> None:
+        server = await asyncio.start_server(
+            lambda r, w: _connection(state, r, w), sock=sock, backlog=128
+        )
+        await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+class Receiver:
+    """The receiver process, and a control connection to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind((HOST, 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{HOST}:{self.port}/hooks"
+        self.process = mp.get_context("fork").Process(
+            target=_receiver_main, args=(self.sock,), daemon=True
+        )
+        self._conn: HTTPConnection | None = None
+
+    def start(self) -> None:
+        self.sock.listen(128)
+        self.process.start()
+        self.sock.close()  # the child holds it now
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+
+    def _get(self, target: str) -> dict[str, Any]:
+        if self._conn is None:
+            self._conn = HTTPConnection(HOST, self.port, timeout=30)
+        self._conn.request("GET", target)
+        response = self._conn.getresponse()
+        document = json.loads(response.read())
+        if response.status != 200:
+            raise RuntimeError(f"receiver {target}: {response.status} {document}")
+        return document
+
+    def drain(self) -> tuple[list[tuple[float, str]], float]:
+        """The arrivals since the last drain, and the receiver's CPU seconds so far."""
+        document = self._get("/arrivals")
+        return [tuple(a) for a in document["arrivals"]], document["cpu_s"]
+
+    def arrived_at(self, key: str) -> float | None:
+        """When the message with this key arrived; None if not within WAIT_SECONDS."""
+        if self._conn is None:
+            self._conn = HTTPConnection(HOST, self.port, timeout=30)
+        self._conn.request("GET", f"/wait?key={quote(key)}")
+        response = self._conn.getresponse()
+        document = json.loads(response.read())
+        return document["at"] if response.status == 200 else None
+
+
+# --- the runs ----------------------------------------------------------------------
+
+
+def _payload(tag: str, i: int) -> dict[str, Any]:
+    """What the demo shop sends a destination for an order that moved."""
+    return {
+        "type": EVENT_TYPE,
+        "data": {"order_id": f"ord-{tag}-{i}", "status": "paid", "version": 1},
+    }
+
+
+def admit(dest, count: int, tag: str) -> list[str]:
+    """``count`` messages with distinct ordering keys (one order each), as the shop admits
+    them, ADMIT_BATCH per transaction. Their on-commit triggers reach the broker."""
+    from django.db import transaction
+
+    from webhook_receiver.outbox import enqueue_webhook, order_event_key
+
+    keys = []
+    for first in range(0, count, ADMIT_BATCH):
+        with transaction.atomic():
+            for i in range(first, min(first + ADMIT_BATCH, count)):
+                key = order_event_key(f"ord-{tag}-{i}", "paid", 1)
+                enqueue_webhook(
+                    dest, EVENT_TYPE, key, _payload(tag, i), ordering_key=f"order:ord-{tag}-{i}"
+                )
+                keys.append(key)
+    return keys
+
+
+def destination(name: str, url: str, **limits: Any):
+    from webhook_receiver.models import WebhookDestination
+
+    return WebhookDestination.objects.create(
+        name=name, url=url, secrets=[SHOP_SECRET], event_types=[EVENT_TYPE], **limits
+    )
+
+
+def analyze() -> None:
+    """Statistics, as autovacuum's analyze would have gathered them by now (this machine
+    runs PostgreSQL without autovacuum); outside the timed parts."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE webhook_receiver_outboxmessage")
+        cursor.execute("ANALYZE webhook_receiver_deliveryattempt")
+
+
+@dataclass
+class Counted:
+    statements: int = 0
+    transactions: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+def relay_until_empty(destination_id: int, counted: Counted) -> int:
+    """``relay_destination`` again and again until it sends nothing, counting every
+    statement and every transaction it runs."""
+    from django.db import connection, connections
+
+    from webhook_receiver.outbox.relay import relay_destination
+
+    def count(execute, sql, params, many, context):
+        counted.statements += 1
+        kind = _statement_kind(sql)
+        counted.kinds[kind] = counted.kinds.get(kind, 0) + 1
+        return execute(sql, params, many, context)
+
+    # each COMMIT closes a transaction; its BEGIN is implicit (psycopg sends it)
+    db = connections["default"]
+    commit = db.commit
+
+    def counting_commit() -> None:
+        counted.transactions += 1
+        commit()
+
+    db.commit = counting_commit
+    sent = 0
+    try:
+        with connection.execute_wrapper(count):
+            while True:
+                round_sent, _ = relay_destination(destination_id=destination_id)
+                if not round_sent:
+                    return sent
+                sent += round_sent
+    finally:
+        del db.commit
+
+
+def _statement_kind(sql: str) -> str:
+    """A statement, short: its verb and table (``SELECT count outboxmessage``)."""
+    words = sql.replace('"', "").split()
+    upper = [w.upper() for w in words]
+    table = next(
+        (words[i + 1] for i, w in enumerate(upper[:-1]) if w in ("FROM", "UPDATE", "INTO")), ""
+    )
+    kind = upper[0] + (" count" if "COUNT(*)" in upper[:3] else "")
+    kind += " " + table.removeprefix("webhook_receiver_")
+    return kind + (" for update" if "FOR UPDATE" in " ".join(upper) else "")
+
+
+def floor_requests(dest, keys: Sequence[str]) -> list[tuple[bytes, dict[str, str]]]:
+    """The requests the relay sends for these messages, signed by the relay's own code."""
+    from webhook_receiver.models import OutboxMessage
+    from webhook_receiver.outbox.relay import Claimed, signed_request
+
+    rows = OutboxMessage.objects.filter(destination=dest, key__in=keys).order_by("id")
+    now = int(time.time())
+    return [
+        signed_request(
+            dest,
+            Claimed(
+                id=m.id,
+                key=m.key,
+                event_type=m.event_type,
+                payload=m.payload,
+                attempt=1,
+                failures=0,
+                created_at=m.created_at,
+            ),
+            now,
+        )
+        for m in rows.only("id", "key", "event_type", "payload", "created_at")
+    ]
+
+
+def floor_run(client, url: str, requests: Sequence[tuple[bytes, dict[str, str]]]) -> int:
+    """Post every request once, IN_FLIGHT at a time (a closed loop: each thread takes the
+    next request as soon as its answer is read). Returns the number of errors."""
+    items = iter(requests)
+    lock = threading.Lock()
+
+    def loop() -> int:
+        errors = 0
+        while True:
+            with lock:
+                item = next(items, None)
+            if item is None:
+                return errors
+            body, headers = item
+            response = client.post(url, content=body, headers=headers)
+            response.text  # noqa: B018 - read as the relay reads it
+            errors += response.status_code != 200
+
+    with ThreadPoolExecutor(max_workers=IN_FLIGHT) as pool:
+        return sum(pool.map(lambda _: loop(), range(IN_FLIGHT)))
+
+
+@dataclass
+class Round:
+    relay_per_s: float
+    floor_per_s: float
+    relay_cpu_ms: float  # this process's CPU per delivery (every thread)
+    floor_cpu_ms: float
+    receiver_cpu_ms: float  # the receiver's CPU per request, both runs
+
+    @property
+    def ratio(self) -> float:
+        return self.relay_per_s / self.floor_per_s
+
+
+def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
+    import httpx
+
+    from webhook_receiver.models import OutboxMessage
+
+    dest = destination(
+        "throughput",
+        receiver.url,
+        rate_count=1_000_000,
+        burst=1_000_000,
+        max_in_flight=IN_FLIGHT,
+    )
+    counted = Counted()
+    rounds: list[Round] = []
+    problems: list[str] = []
+    limits = httpx.Limits(max_connections=IN_FLIGHT)
+    # like the relay's: one client for the process, its connections kept open
+    client = httpx.Client(timeout=dest.timeout_seconds, limits=limits)
+    # the warm-up round (figures discarded): connections, imports, prepared statements
+    plan = [("warmup", WARMUP_MESSAGES)] + [(f"r{n}", args.messages) for n in range(args.rounds)]
+    delivered = 0
+    for number, (tag, count) in enumerate(plan):
+        keys = admit(dest, count, tag)
+        analyze()
+        requests = floor_requests(dest, keys)
+        receiver.drain()
+        figures: dict[str, tuple[float, float, float]] = {}
+        # alternate which goes first: neither always gets the machine's quieter seconds
+        for which in ("floor", "relay") if number % 2 else ("relay", "floor"):
+            _, receiver_cpu = receiver.drain()
+            cpu, started = time.process_time(), time.perf_counter()
+            if which == "floor":
+                errors = floor_run(client, receiver.url, requests)
+                if errors:
+                    problems.append(f"{tag} floor: {errors} answers were not 200")
+            else:
+                target = counted if tag != "warmup" else Counted()
+                sent = relay_until_empty(dest.pk, target)
+                if sent != count:
+                    problems.append(f"{tag} relay: sent {sent} of {count}")
+            seconds = time.perf_counter() - started
+            cpu = time.process_time() - cpu
+            arrivals, receiver_cpu_after = receiver.drain()
+            if len(arrivals) != count:
+                problems.append(f"{tag} {which}: {len(arrivals)} arrivals, {count} expected")
+            figures[which] = (count / seconds, cpu, receiver_cpu_after - receiver_cpu)
+        delivered += count
+        stored = OutboxMessage.objects.filter(destination=dest, status="delivered").count()
+        if stored != delivered:
+            problems.append(f"{tag}: {stored} messages delivered in the table, {delivered} sent")
+        if tag == "warmup":
+            continue
+        round_ = Round(
+            relay_per_s=figures["relay"][0],
+            floor_per_s=figures["floor"][0],
+            relay_cpu_ms=figures["relay"][1] * 1000 / count,
+            floor_cpu_ms=figures["floor"][1] * 1000 / count,
+            receiver_cpu_ms=(figures["relay"][2] + figures["floor"][2]) * 1000 / (2 * count),
+        )
+        rounds.append(round_)
+        print(
+            f"  round {len(rounds)}/{args.rounds}  relay {round_.relay_per_s:7.1f}/s  "
+            f"floor {round_.floor_per_s:7.1f}/s  ratio {round_.ratio:.2f}",
+            flush=True,
+        )
+    client.close()
+    deliveries = args.messages * args.rounds
+    return {
+        "rounds": [asdict(r) | {"ratio": r.ratio} for r in rounds],
+        "relay_per_s": statistics.median(r.relay_per_s for r in rounds),
+        "floor_per_s": statistics.median(r.floor_per_s for r in rounds),
+        "ratio": statistics.median(r.ratio for r in rounds),
+        "relay_cpu_ms": statistics.median(r.relay_cpu_ms for r in rounds),
+        "floor_cpu_ms": statistics.median(r.floor_cpu_ms for r in rounds),
+        "receiver_cpu_ms": statistics.median(r.receiver_cpu_ms for r in rounds),
+        "statements": counted.statements,
+        "transactions": counted.transactions,
+        "statements_per_delivery": counted.statements / deliveries,
+        "transactions_per_delivery": counted.transactions / deliveries,
+        "statement_kinds": counted.kinds,
+        "problems": problems,
+    }
+
+
+# --- the Celery worker ------------------------------------------------------------------
+
+
+class Worker:
+    """``celery -A project worker`` on the bench database and broker, in a session of its
+    own; killed (the whole group it started) on exit."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env = env
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Worker:
+        command = [sys.executable, "-m", "celery", "-A", "project", "worker"]
+        command += ["--pool", "prefork", "--concurrency", str(WORKER_CONCURRENCY)]
+        command += ["--loglevel", "INFO", "--without-mingle", "--without-gossip"]
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=BASE_DIR,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the worker exited at start-up:\n{self.tail()}")
+            if " ready." in self.log.read_text(errors="replace"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the worker did not start in 60 s:\n{self.tail()}")
+
+    def task_runs(self) -> int:
+        """relay_destination runs finished so far (the worker logs each at INFO)."""
+        text = self.log.read_text(errors="replace")
+        return sum(
+            1
+            for line in text.splitlines()
+            if "webhook_receiver.relay_destination[" in line and " succeeded in " in line
+        )
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()  # a warm shutdown: the worker stops its own pool
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the group this runner started
+            process.wait()
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def limiter(args: argparse.Namespace, receiver: Receiver, worker: Worker, dest) -> dict[str, Any]:
+    """Trigger the deep backlog once; read the arrivals' rate at the receiver."""
+    from webhook_receiver.outbox.tasks import relay_destination
+
+    count = 20 * args.rate
+    receiver.drain()
+    runs_before = worker.task_runs()
+    relay_destination.delay(dest.pk)
+    arrivals: list[tuple[float, str]] = []
+    deadline = time.monotonic() + count / args.rate + 60
+    while len(arrivals) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+        arrivals += receiver.drain()[0]
+    time.sleep(1.0)  # nothing more may come
+    arrivals += receiver.drain()[0]
+    figures = limited_figures(dest, arrivals, rate=args.rate, burst=args.rate, count=count)
+    return figures | {"task_runs": worker.task_runs() - runs_before}
+
+
+def herd(args: argparse.Namespace, receiver: Receiver, worker: Worker, broker) -> dict[str, Any]:
+    """The same backlog admitted with every trigger its admissions queue (one a message,
+    as when each inbound event admits one), while another destination's messages are
+    timed from commit to arrival, one every half second."""
+    rate, count = args.rate, 20 * args.rate
+    dest = destination("herd", receiver.url, rate_count=rate, burst=rate, max_in_flight=IN_FLIGHT)
+    bystander = destination("bystander", receiver.url, rate_count=1000, burst=1000)
+    receiver.drain()
+    runs_before = worker.task_runs()
+    started = time.monotonic()
+    admit(dest, count, "herd")
+    arrivals: list[tuple[float, str]] = []
+    samples: list[float] = []
+    deadline = time.monotonic() + count / rate + 90
+    while len(arrivals) < count and time.monotonic() < deadline:
+        samples.append(commit_to_arrival(receiver, bystander, "bystander", len(samples)))
+        arrivals += [a for a in receiver.drain()[0] if a[1].startswith("order:ord-herd-")]
+        time.sleep(0.5)
+    delivered_s = time.monotonic() - started
+    queued = broker.llen("celery")  # relay runs still waiting when the backlog is done
+    figures = limited_figures(dest, arrivals, rate=rate, burst=rate, count=count)
+    return figures | {
+        "task_runs": worker.task_runs() - runs_before,
+        "delivered_after_s": delivered_s,
+        "queued_after": queued,
+        "bystander": _latencies(samples),
+    }
+
+
+def limited_figures(
+    dest, arrivals: list[tuple[float, str]], *, rate: int, burst: int, count: int
+) -> dict[str, Any]:
+    """The limited destination's rate at the receiver, and the token bucket's promise
+    checked both at the receiver and at the relay's recorded starts."""
+    from webhook_receiver.models import DeliveryAttempt
+
+    times = sorted(at for at, _ in arrivals)
+    problems = []
+    if len(times) != count:
+        problems.append(f"{dest.name}: {len(times)} arrivals, {count} expected")
+    if len({key for _, key in arrivals}) != len(arrivals):
+        problems.append(f"{dest.name}: a message arrived twice")
+    # the steady part: from the arrival after twice the burst (the burst is spent by then)
+    steady = times[2 * burst :]
+    steady_rate = (len(steady) - 1) / (steady[-1] - steady[0]) if len(steady) > 1 else 0.0
+    # the bucket's promise: in any T seconds, at most rate * T + burst starts. It holds
+    # where the relay keeps it, at each attempt's start; arrivals add the requests' own
+    # spread (the first ones open the connections).
+    starts = sorted(
+        at.timestamp()
+        for at in DeliveryAttempt.objects.filter(message__destination=dest).values_list(
+            "started_at", flat=True
+        )
+    )
+    first_second = sum(1 for t in times if t - times[0] < 1.0) if times else 0
+    return {
+        "rate": rate,
+        "burst": burst,
+        "messages": count,
+        "arrivals": len(times),
+        "duration_s": times[-1] - times[0] if times else 0.0,
+        "steady_rate": steady_rate,
+        "steady_ratio": steady_rate / rate,
+        "first_second": first_second,
+        "worst_1s_window": _worst_window(times, 1.0),
+        "worst_1s_window_after_burst": _worst_window(steady, 1.0),
+        "bucket_excess": _bucket_excess(times, rate, burst),
+        "starts_bucket_excess": _bucket_excess(starts, rate, burst),
+        "starts_worst_1s_window": _worst_window(starts, 1.0),
+        "arrivals_s": [round(t - times[0], 4) for t in times],
+        "starts_s": [round(t - starts[0], 4) for t in starts],
+        "problems": problems,
+    }
+
+
+def _bucket_excess(times: Sequence[float], rate: float, burst: int) -> float:
+    """The most that any window [t_i, t_j] holds beyond rate * (t_j - t_i) + burst:
+    max over j of (j + 1 - rate * t_j) + max over i <= j of (rate * t_i - i)."""
+    worst, best_start = -math.inf, -math.inf
+    for j, t in enumerate(times):
+        best_start = max(best_start, rate * t - j)
+        worst = max(worst, j + 1 - rate * t + best_start)
+    return worst - burst if times else 0.0
+
+
+def _worst_window(times: Sequence[float], span: float) -> int:
+    """The most arrivals in any window of ``span`` seconds."""
+    worst, j = 0, 0
+    for i in range(len(times)):
+        while j < len(times) and times[j] - times[i] < span:
+            j += 1
+        worst = max(worst, j - i)
+    return worst
+
+
+def latency(args: argparse.Namespace, receiver: Receiver, dest) -> dict[str, Any]:
+    """One message at a time: commit, then wait for its arrival; LATENCY_SPACING_SECONDS
+    between samples, so the queue is idle when each is admitted."""
+    samples: list[float] = []
+    for n in range(LATENCY_WARMUP + args.samples):
+        sample = commit_to_arrival(receiver, dest, "latency", n)
+        if n >= LATENCY_WARMUP:
+            samples.append(sample)
+        time.sleep(LATENCY_SPACING_SECONDS)
+    return _latencies(samples)
+
+
+def commit_to_arrival(receiver: Receiver, dest, tag: str, n: int) -> float:
+    """Admit one message and commit; milliseconds until it arrives (inf: not within
+    WAIT_SECONDS)."""
+    from django.db import transaction
+
+    from webhook_receiver.outbox import enqueue_webhook, order_event_key
+
+    key = order_event_key(f"ord-{tag}-{n}", "paid", 1)
+    committed: list[float] = []
+    with transaction.atomic():
+        # registered first, so it runs first after the commit: before the trigger
+        transaction.on_commit(lambda: committed.append(time.monotonic()))
+        enqueue_webhook(dest, EVENT_TYPE, key, _payload(tag, n), ordering_key=f"order:{key}")
+    arrived = receiver.arrived_at(key)
+    return math.inf if arrived is None else (arrived - committed[0]) * 1000
+
+
+def _latencies(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    return {
+        "samples": len(samples),
+        "p50_ms": _percentile(ordered, 0.50),
+        "p95_ms": _percentile(ordered, 0.95),
+        "max_ms": ordered[-1],
+        "all_ms": samples,
+    }
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    """Nearest rank: a latency some message really had."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+# --- the run ------------------------------------------------------------------------
+
+
+def _recreate(url: str) -> None:
+    import environ
+    import psycopg
+    from psycopg import sql
+
+    config = environ.Env.db_url_config(url)
+    with psycopg.connect(
+        host=config["HOST"],
+        port=config.get("PORT") or None,
+        user=config["USER"],
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        name = sql.Identifier(config["NAME"])
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+
+
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # unwinds through the clean-up like a Ctrl-C
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.relay", description=__doc__)
+    parser.add_argument("--messages", type=int, default=2000, help="messages per round")
+    parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (median)")
+    parser.add_argument("--rate", type=int, default=50, help="the limited destination's R/s")
+    parser.add_argument("--samples", type=int, default=100, help="latency samples")
+    parser.add_argument(
+        "--herd",
+        action="store_true",
+        help="also: a throttled backlog with one trigger per admission (no target; ~1 min)",
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "relay.json")
+    args = parser.parse_args(argv)
+    if min(args.messages, args.rounds, args.rate, args.samples) < 1:
+        parser.error("--messages, --rounds, --rate and --samples must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    url = os.environ.get("BENCH_RELAY_DATABASE_URL", DEFAULT_URL)
+    print("preparing the bench database ...", flush=True)
+    _recreate(url)
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.bench.settings",
+        BENCH_DATABASE_URL=url,
+        CELERY_BROKER_URL=BROKER_URL,
+    )
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    os.environ.update(env)
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+    # forked before Django opens any connection
+    receiver = Receiver()
+    receiver.start()
+    try:
+        return _run(args, env, receiver)
+    finally:
+        receiver.stop()
+
+
+def _run(args: argparse.Namespace, env: dict[str, str], receiver: Receiver) -> int:
+    import django
+
+    django.setup()
+    import redis
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    broker = redis.Redis.from_url(BROKER_URL)
+    print(f"receiver on {receiver.url}: asyncio, HTTP/1.1 keep-alive, its own process")
+
+    print(
+        f"\n1. throughput: {args.rounds} rounds of {args.messages} messages "
+        f"(and a warm-up of {WARMUP_MESSAGES}), {IN_FLIGHT} in flight",
+        flush=True,
+    )
+    result: dict[str, Any] = {"throughput": throughput(args, receiver)}
+
+    # the limited destination's backlog, admitted before the worker starts: the triggers
+    # its admissions queued are flushed, so the run starts from one trigger
+    limited = destination(
+        "limited", receiver.url, rate_count=args.rate, burst=args.rate, max_in_flight=IN_FLIGHT
+    )
+    admit(limited, 20 * args.rate, "limited")
+    analyze()
+    broker.flushdb()  # db 14: this bench's own
+    # not the limiter but the trigger is measured: limits that do not bind
+    quick = destination("latency", receiver.url, rate_count=1000, burst=1000, max_in_flight=4)
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    log = RESULTS_DIR / "relay-worker.log"
+    print(f"\nstarting a Celery worker (prefork, {WORKER_CONCURRENCY}; log {log}) ...", flush=True)
+    with Worker(env, log) as worker:
+        print(
+            f"2. limiter: {20 * args.rate} messages at {args.rate}/s, burst {args.rate} ...",
+            flush=True,
+        )
+        result["limiter"] = limiter(args, receiver, worker, limited)
+        print(f"3. latency: {args.samples} messages, one at a time ...", flush=True)
+        result["latency"] = latency(args, receiver, quick)
+        if args.herd:
+            print(f"4. herd: {20 * args.rate} messages, one trigger each ...", flush=True)
+            result["herd"] = herd(args, receiver, worker, broker)
+            broker.flushdb()  # the runs still queued: nothing left for them to do
+    broker.flushdb()
+
+    config = {
+        "commit": _git_commit(),
+        "messages": args.messages,
+        "rounds": args.rounds,
+        "rate": args.rate,
+        "samples": args.samples,
+        "in_flight": IN_FLIGHT,
+        "worker_concurrency": WORKER_CONCURRENCY,
+        "cpu_count": os.cpu_count(),
+        "herd": args.herd,
+    }
+    checks = _checks(result)
+    print()
+    print(_render(result, checks))
+    problems = result["throughput"]["problems"] + result["limiter"]["problems"]
+    problems += result.get("herd", {}).get("problems", [])
+    for problem in problems:
+        print(f"!!! {problem}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    document = {"config": config, "result": result, "checks": checks, "problems": problems}
+    args.output.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\nwrote {args.output}")
+    return 0 if all(c["pass"] for c in checks) and not problems else 1
+
+
+def _checks(result: dict[str, Any]) -> list[dict[str, Any]]:
+    t, lim, lat = result["throughput"], result["limiter"], result["latency"]
+    rate = lim["rate"]
+    return [
+        {
+            "figure": "deliveries/s",
+            "value": t["relay_per_s"],
+            "floor": t["floor_per_s"],
+            "ratio": t["ratio"],
+            "target": f">= {THROUGHPUT_RATIO} x floor",
+            "pass": t["ratio"] >= THROUGHPUT_RATIO,
+        },
+        {
+            "figure": "statements/delivery",
+            "value": t["statements_per_delivery"],
+            "floor": None,
+            "ratio": None,
+            "target": f"<= {STATEMENTS_PER_DELIVERY:g}",
+            "pass": t["statements_per_delivery"] <= STATEMENTS_PER_DELIVERY,
+        },
+        {
+            "figure": "limited rate/s",
+            "value": lim["steady_rate"],
+            "floor": rate,
+            "ratio": lim["steady_ratio"],
+            "target": f"{RATE_LOW} R .. R",
+            "pass": RATE_LOW <= lim["steady_ratio"] <= RATE_HIGH,
+        },
+        {
+            # at the relay's recorded starts: the bucket's promise, R*T + burst in any T s
+            "figure": "starts over bucket",
+            "value": lim["starts_bucket_excess"],
+            "floor": None,
+            "ratio": None,
+            "target": f"<= {BUCKET_SLACK:g}",
+            "pass": lim["starts_bucket_excess"] <= BUCKET_SLACK,
+        },
+        {
+            "figure": "latency p95 ms",
+            "value": lat["p95_ms"],
+            "floor": None,
+            "ratio": None,
+            "target": f"< {LATENCY_P95_MS:g}",
+            "pass": lat["p95_ms"] < LATENCY_P95_MS,
+        },
+    ]
+
+
+def _render(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
+    t, lim, lat = result["throughput"], result["limiter"], result["latency"]
+
+    def cell(value: float | None, digits: int) -> str:
+        return "" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        f"{'figure':<22}{'value':>10}{'floor':>10}{'ratio':>8}  {'target':<22}result",
+        "-" * 80,
+    ]
+    for c in checks:
+        lines.append(
+            f"{c['figure']:<22}{cell(c['value'], 2):>10}{cell(c['floor'], 1):>10}"
+            f"{cell(c['ratio'], 2):>8}  {c['target']:<22}{'pass' if c['pass'] else 'FAIL'}"
+        )
+    lines += [
+        "",
+        f"throughput: median of {len(t['rounds'])} rounds; per-round ratios "
+        + ", ".join(f"{r['ratio']:.2f}" for r in t["rounds"]),
+        f"  CPU per delivery in this process: relay {t['relay_cpu_ms']:.3f} ms, "
+        f"floor {t['floor_cpu_ms']:.3f} ms; receiver {t['receiver_cpu_ms']:.3f} ms a request",
+        f"  statements: {t['statements']}, {t['statements_per_delivery']:.2f} a delivery; "
+        f"transactions: {t['transactions']}, "
+        f"{t['transactions_per_delivery']:.2f} a delivery (each a BEGIN and a COMMIT more)",
+        "  statements by kind: "
+        + ", ".join(
+            f"{k} {v}" for k, v in sorted(t["statement_kinds"].items(), key=lambda x: -x[1])
+        ),
+        _limited_line("limiter", lim),
+        f"latency (commit to arrival, {lat['samples']} samples): p50 {lat['p50_ms']:.1f} ms, "
+        f"p95 {lat['p95_ms']:.1f} ms, max {lat['max_ms']:.1f} ms",
+    ]
+    if "herd" in result:
+        h, b = result["herd"], result["herd"]["bystander"]
+        lines += [
+            _limited_line("herd", h) + f"; steady {h['steady_rate']:.2f}/s, starts over "
+            f"bucket {h['starts_bucket_excess']:.1f}",
+            f"  backlog delivered after {h['delivered_after_s']:.1f} s with "
+            f"{h['queued_after']} relay runs still queued; meanwhile another destination's "
+            f"latency p50 {b['p50_ms']:.0f} ms, max {b['max_ms']:.0f} ms ({b['samples']} "
+            f"samples, inf: over {WAIT_SECONDS:.0f} s)",
+        ]
+    return "\n".join(lines)
+
+
+def _limited_line(name: str, lim: dict[str, Any]) -> str:
+    return (
+        f"{name}: {lim['arrivals']} arrivals in {lim['duration_s']:.1f} s; at the receiver "
+        f"the first second {lim['first_second']}, the busiest {lim['worst_1s_window']} "
+        f"(R + burst = {lim['rate'] + lim['burst']}); {lim['task_runs']} task runs"
+    )
+
+
+def _git_commit() -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=BASE_DIR,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted; the receiver and the worker were stopped", file=sys.stderr)
+        sys.exit(130)

@@ -136,6 +136,12 @@ ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[]
 # consolemail:// prints it instead
 vars().update(env.email_url("EMAIL_URL", default="smtp://localhost:25"))
 
+# Django's cache: the outbox's admission window and its relay triggers. Unset, local
+# memory (one per process); with Redis (CACHE_URL=redis://HOST:6379/1) every process
+# shares it, so the window holds across processes and a burst of admissions queues one
+# relay run.
+CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+
 # --- Celery ------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):

@@ -196,3 +196,34 @@ def test_the_trace_of_an_order_event_lists_the_messages_it_enqueued(client, merc
     assert [row[:4] for row in section.rows] == [
         ("order:ord_t:paid:v2", "order.paid", "pending", "0")
     ]
+
+
+def test_with_a_shared_cache_a_burst_of_admissions_queues_one_relay_run(settings, merchant, broker):
+    from webhook_receiver.outbox.tasks import relay_destination
+
+    # given: Django's cache in Redis, shared by every process
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/12",
+        }
+    }
+    cache.clear()
+
+    # when: five admissions commit, one after another, before any worker runs
+    for n in range(5):
+        admit(merchant, key=f"order:ord_b{n}:paid:v1")
+
+    # then: one run is queued for the destination, not five
+    assert broker.llen("celery") == 1
+    # once that run has started, the next admission queues its own
+    relay_destination.run(merchant.pk)
+    admit(merchant, key="order:ord_b9:paid:v1")
+    assert broker.llen("celery") == 2
+    cache.clear()
+
+
+def test_with_a_per_process_cache_every_admission_queues_a_run(merchant, broker):
+    for n in range(3):
+        admit(merchant, key=f"order:ord_c{n}:paid:v1")
+    assert broker.llen("celery") == 3

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.cache import cache
+from django.core.cache import cache, caches
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -30,6 +30,9 @@ from .models import MessageStatus, OutboxMessage, WebhookDestination
 logger = logging.getLogger(__name__)
 
 ADMISSION_WINDOW_SECONDS = 5 * 60
+# how long "a run is queued" is believed without the run starting (a lost run: the beat
+# sweep queues another meanwhile)
+QUEUED_MARK_SECONDS = 10
 
 # One message per (destination, key), forever: a conflict creates nothing.
 INSERT_MESSAGE = """
@@ -128,7 +131,23 @@ def _window_key(destination_id: int, key: str) -> str:
 
 def _relay_soon(destination_id: int) -> None:
     """Queue a relay run for the destination. Not retried when the broker is down: the
-    beat sweep makes a lost trigger good within seconds."""
-    from .tasks import relay_destination
+    beat sweep makes a lost trigger good within seconds.
 
+    With a cache that every process shares (Redis), a run already queued and not yet
+    started takes this message too, so no second run is queued: a burst of admissions
+    is one run, not a queue of them in front of every other destination's. (A
+    per-process cache cannot tell; then each admission queues a run, and the runs that
+    find another claiming leave at once.)"""
+    from .tasks import queued_key, relay_destination
+
+    if cache_is_shared() and not cache.add(queued_key(destination_id), 1, QUEUED_MARK_SECONDS):
+        return
     relay_destination.apply_async((destination_id,), retry=False)
+
+
+def cache_is_shared() -> bool:
+    """Whether Django's default cache is one for every process (not local memory)."""
+    from django.core.cache.backends.dummy import DummyCache
+    from django.core.cache.backends.locmem import LocMemCache
+
+    return not isinstance(caches["default"], LocMemCache | DummyCache)

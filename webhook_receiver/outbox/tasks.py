@@ -38,7 +38,9 @@ def relay_destination(destination_id: int) -> int:
     trigger finds the bucket empty, and each queuing its own follow-up would grow a
     herd of runs that fills the queue every destination shares.
     """
-    cache.delete(_follow_up_key(destination_id))  # this run is the follow-up, if one was due
+    # this run is the one queued (by a trigger or as a follow-up): later admissions must
+    # queue their own
+    cache.delete_many([queued_key(destination_id), _follow_up_key(destination_id)])
     try:
         sent, wait = relay_run(destination_id=destination_id)
     except Exception as exc:
@@ -50,6 +52,11 @@ def relay_destination(destination_id: int) -> int:
         if cache.add(_follow_up_key(destination_id), 1, timeout=countdown + FOLLOW_UP_SLACK):
             relay_destination.apply_async((destination_id,), countdown=countdown)
     return sent
+
+
+def queued_key(destination_id: int) -> str:
+    """Set (in a shared cache) while a triggered run is queued and has not started."""
+    return f"webhook_receiver:relay-queued:{destination_id}"
 
 
 def _follow_up_key(destination_id: int) -> str:

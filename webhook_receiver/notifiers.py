@@ -25,6 +25,7 @@ from django.utils.module_loading import import_string
 
 from .conf import app_settings
 from .models import SilenceAlert, Verification
+from .services.status import duration_text
 from .signals import silence_alert_opened, silence_alert_resolved
 
 logger = logging.getLogger(__name__)
@@ -171,23 +172,8 @@ HINTS = {
 }
 
 
-def span(delta: timedelta) -> str:
-    """A duration as a person says it: "45 s", "20 min", "2 h 05 min", "3 d 4 h"."""
-    seconds = max(0, int(delta.total_seconds()))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes = seconds // 60
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes:02d} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h"
-
-
 def window(alert: SilenceAlert) -> str:
-    return span(timedelta(seconds=alert.silence_after_seconds))
+    return duration_text(timedelta(seconds=alert.silence_after_seconds))
 
 
 def silent_for(alert: SilenceAlert, *, until: datetime | None = None) -> timedelta | None:
@@ -228,7 +214,7 @@ def _iso(moment: datetime | None) -> str | None:
 
 def _silence(alert: SilenceAlert) -> str:
     silent = silent_for(alert, until=alert.opened_at)
-    return span(silent) if silent is not None else "ever"
+    return duration_text(silent) if silent is not None else "ever"
 
 
 def opened_line(alert: SilenceAlert) -> str:
@@ -244,7 +230,7 @@ def opened_line(alert: SilenceAlert) -> str:
 
 def resolved_line(alert: SilenceAlert) -> str:
     silent = silent_for(alert)
-    after = f" after {span(silent)}" if silent is not None else ""
+    after = f" after {duration_text(silent)}" if silent is not None else ""
     return (
         f"source {alert.source} accepts events again{after} (silent since "
         f"{_when(alert.last_accepted_at)}, event at {_when(alert.resolved_by_event_at)}); "
@@ -260,7 +246,7 @@ def opened_subject(alert: SilenceAlert) -> str:
 
 def resolved_subject(alert: SilenceAlert) -> str:
     silent = silent_for(alert)
-    after = f" after {span(silent)}" if silent is not None else ""
+    after = f" after {duration_text(silent)}" if silent is not None else ""
     return f"[webhook_receiver] {alert.source} receiving again{after}"
 
 
@@ -313,7 +299,7 @@ def resolved_body(alert: SilenceAlert) -> str:
         "",
         f"Silent since:         {_when(alert.last_accepted_at)}",
         f"Accepted again:       {_when(alert.resolved_by_event_at)}",
-        f"Silent for:           {span(silent) if silent is not None else 'unknown'}",
+        f"Silent for:           {duration_text(silent) if silent is not None else 'unknown'}",
         f"Alert opened:         {_when(alert.opened_at)}",
         f"Resolved:             {_when(alert.resolved_at)}",
         "",

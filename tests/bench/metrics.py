@@ -28,6 +28,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .server import database_recreate
+
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_metrics"
 SOURCES = ("shop", "stripe", "github", "partner")
 TOKEN = "bench-metrics-token"
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrapes", type=int, default=20, help="timed scrapes (median)")
     args = parser.parse_args(argv)
     url = os.environ.get("BENCH_METRICS_DATABASE_URL", DEFAULT_URL)
-    _recreate(url)
+    database_recreate(url)
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "project.settings"
     os.environ.setdefault("SHOP_WEBHOOK_SECRETS", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
@@ -119,24 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     if sequential:
         print(f"\n!!! {len(sequential)} statements read a table sequentially")
     return 0 if scrape_ms < TARGET_MS and not sequential else 1
-
-
-def _recreate(url: str) -> None:
-    import environ
-    import psycopg
-    from psycopg import sql
-
-    config = environ.Env.db_url_config(url)
-    with psycopg.connect(
-        host=config["HOST"],
-        port=config.get("PORT") or None,
-        user=config["USER"],
-        dbname="postgres",
-        autocommit=True,
-    ) as conn:
-        name = sql.Identifier(config["NAME"])
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
 
 # failed events by status, per 100: a long-running system keeps resolved and discarded

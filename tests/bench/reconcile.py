@@ -23,6 +23,8 @@ import sys
 import time
 from datetime import datetime, timedelta
 
+from .server import database_recreate
+
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_reconcile"
 PAGE = 1000
 
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--missing", type=int, default=100)
     args = parser.parse_args(argv)
     url = os.environ.get("BENCH_RECONCILE_DATABASE_URL", DEFAULT_URL)
-    _recreate(url)
+    database_recreate(url)
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     os.environ.setdefault("SHOP_WEBHOOK_SECRETS", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
@@ -89,24 +91,6 @@ def _event(key: str, created_at: datetime):
     from webhook_receiver.senders import SenderEvent
 
     return SenderEvent(id=key, type="inventory.reserved", created_at=created_at, data={})
-
-
-def _recreate(url: str) -> None:
-    import environ
-    import psycopg
-    from psycopg import sql
-
-    config = environ.Env.db_url_config(url)
-    with psycopg.connect(
-        host=config["HOST"],
-        port=config.get("PORT") or None,
-        user=config["USER"],
-        dbname="postgres",
-        autocommit=True,
-    ) as conn:
-        name = sql.Identifier(config["NAME"])
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
 
 def _fill(connection, total: int, in_window: int, start: datetime, end: datetime) -> None:

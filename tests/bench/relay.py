@@ -57,7 +57,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from .common import SHOP_SECRET
-from .server import BASE_DIR
+from .server import BASE_DIR, database_recreate
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_relay"
 BROKER_URL = "redis://127.0.0.1:6379/14"
@@ -696,24 +696,6 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 # --- the run ------------------------------------------------------------------------
 
 
-def _recreate(url: str) -> None:
-    import environ
-    import psycopg
-    from psycopg import sql
-
-    config = environ.Env.db_url_config(url)
-    with psycopg.connect(
-        host=config["HOST"],
-        port=config.get("PORT") or None,
-        user=config["USER"],
-        dbname="postgres",
-        autocommit=True,
-    ) as conn:
-        name = sql.Identifier(config["NAME"])
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
-
-
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds through the clean-up like a Ctrl-C
 
@@ -742,7 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     url = os.environ.get("BENCH_RELAY_DATABASE_URL", DEFAULT_URL)
     print("preparing the bench database ...", flush=True)
-    _recreate(url)
+    database_recreate(url)
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="tests.bench.settings",

@@ -37,7 +37,6 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from ..models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
-from ..notifiers import span
 from ..outbox.operations import (
     DISCARDABLE,
     RETRYABLE,
@@ -47,6 +46,7 @@ from ..outbox.operations import (
     message_discard,
     message_retry_now,
 )
+from ..services.status import duration_text
 from ..signatures.standard import secret_key
 from .base import (
     ObjectButton,
@@ -811,7 +811,7 @@ class WebhookDestinationAdmin(admin.ModelAdmin):
         return format_html(
             '<span title="waiting since {}">{}</span>',
             full_time(obj.oldest_eligible_at),
-            span(timezone.now() - obj.oldest_eligible_at),
+            duration_text(timezone.now() - obj.oldest_eligible_at),
         )
 
     @admin.display(description="failed", ordering="failed_count")

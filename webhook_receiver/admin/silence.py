@@ -14,7 +14,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from ..models import SilenceAlert
-from ..notifiers import admin_path, span
+from ..notifiers import admin_path
+from ..services.status import duration_text
 from .base import ReadOnlyAdmin
 
 # a label, and below it a moment that wraps as a whole or not at all
@@ -91,12 +92,14 @@ class SilenceAlertAdmin(ReadOnlyAdmin):
         if obj.last_accepted_at is None:
             return "-"
         end = obj.resolved_by_event_at or obj.resolved_at or timezone.now()
-        text = span(end - obj.last_accepted_at)
+        text = duration_text(end - obj.last_accepted_at)
         return text if obj.resolved_at else f"{text} so far"
 
     @admin.display(description="window")
     def silence_after(self, obj: SilenceAlert) -> str:
-        return f"{span(timedelta(seconds=obj.silence_after_seconds))} (SILENCE_AFTER_SECONDS)"
+        return (
+            f"{duration_text(timedelta(seconds=obj.silence_after_seconds))} (SILENCE_AFTER_SECONDS)"
+        )
 
     @admin.display(description="refused (last window)")
     def rejected(self, obj: SilenceAlert) -> str:

@@ -207,7 +207,9 @@ def test_the_broker_check_on_the_embedded_filesystem_broker(tmp_path):
 def test_the_demo_default_checks_its_filesystem_broker(tmp_path):
     """The demo's settings with no environment: SQLite and the filesystem broker, through
     the library's own command (which runs the /health/ view's checks)."""
-    # given: an embedded default in a fresh folder, never migrated, beat never run
+    # given: an embedded default in a fresh folder, migrated as `make run` does; beat
+    # never run (checking a database that was never migrated races the checks' first
+    # connections for SQLite's switch to WAL: not a state `make run` leaves)
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "project.settings",
@@ -217,21 +219,22 @@ def test_the_demo_default_checks_its_filesystem_broker(tmp_path):
     for name in ("DATABASE_URL", "CELERY_BROKER_URL"):
         env.pop(name, None)
 
-    # when
-    run = subprocess.run(
-        [sys.executable, "manage.py", "health_check", "health", "--no-http"],
-        cwd=BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    def manage(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "manage.py", *args]
+        return subprocess.run(
+            command, cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+        )
 
-    # then: the broker is fine; beat's heartbeat cannot be read (no tables yet): exit 1
+    assert manage("migrate", "--noinput").returncode == 0
+
+    # when
+    run = manage("health_check", "health", "--no-http")
+
+    # then: the database and the broker are fine; beat was never seen: exit 1
     lines = run.stdout.splitlines()
     assert "Broker(transport='filesystem'): OK" in lines, run.stdout + run.stderr
     assert f"{DATABASE}: OK" in lines
-    assert f"{BEAT}: Unavailable: cannot read the heartbeat: database error" in lines
+    assert any(line.startswith(f"{BEAT}: Unavailable: beat never seen") for line in lines), lines
     assert run.returncode == 1
 
 

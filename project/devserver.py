@@ -81,11 +81,18 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
     ended = [name for name, child in children.items() if child.poll() is not None]
     if ended and not stop_requested:
-        print(f"\n{' and '.join(ended)} stopped unexpectedly; stopping the rest.", flush=True)
+        say(f"\n{' and '.join(ended)} stopped unexpectedly; stopping the rest.")
     else:
-        print("\nStopping web, worker and beat…", flush=True)
+        say("\nStopping web, worker and beat…")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
     return stop(children)
+
+
+def say(text: str) -> None:
+    """Print, unless the output is gone (`make run | tee log` loses tee to the same
+    Ctrl-C): the children must be stopped whether or not anyone reads about it."""
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
 
 
 def stop(children: dict[str, subprocess.Popen[bytes]]) -> int:
@@ -97,12 +104,12 @@ def stop(children: dict[str, subprocess.Popen[bytes]]) -> int:
         try:
             child.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            print(f"{name} did not stop in {STOP_SECONDS} s: killed.", flush=True)
+            say(f"{name} did not stop in {STOP_SECONDS} s: killed.")
         # the group: a Celery pool's processes, gunicorn's workers
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-    print("Stopped.", flush=True)
+    say("Stopped.")
     return 0
 
 

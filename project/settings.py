@@ -203,4 +203,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    # Beat schedules a sweep every few seconds: a line for each task sent, received and
+    # succeeded would bury what matters. Failures still log (at ERROR).
+    "loggers": {
+        name: {"level": env("CELERY_TASK_LOG_LEVEL", default="WARNING")}
+        for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+    },
 }

@@ -97,6 +97,10 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='outboxmessage',
+            index=models.Index(condition=models.Q(('status__in', ['pending', 'sending', 'failed'])), fields=['destination', 'id'], name='webhook_outbox_open'),
+        ),
+        migrations.AddIndex(
+            model_name='outboxmessage',
             index=models.Index(fields=['destination', 'status', 'id'], name='webhook_outbox_claim'),
         ),
         migrations.AddIndex(

@@ -109,7 +109,15 @@ class OutboxMessage(models.Model):
             models.UniqueConstraint(fields=["destination", "key"], name="webhook_outbox_key"),
         ]
         indexes = [
-            # the relay's claim: a destination's open messages in admission order
+            # the relay's claim (pending, sending) and the metrics' backlog (with the
+            # terminal ones): a destination's open messages in admission order, however
+            # long its delivered history
+            models.Index(
+                fields=["destination", "id"],
+                condition=models.Q(status__in=["pending", "sending", "failed"]),
+                name="webhook_outbox_open",
+            ),
+            # the admin's lists and counts by destination and status
             models.Index(fields=["destination", "status", "id"], name="webhook_outbox_claim"),
             # strict order within an ordering key: is an older one still open?
             models.Index(

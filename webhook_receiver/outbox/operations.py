@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, Exists, FilteredRelation, Min, OuterRef, Q, QuerySet
@@ -50,26 +51,13 @@ def message_retry_now(
     it), and a disabled one sends nothing.
     """
     now = now or timezone.now()
-    with transaction.atomic():
-        # locked in id order, so two operators' overlapping selections cannot deadlock
-        rows = list(
-            OutboxMessage.objects.select_for_update()
-            .filter(pk__in=list(message_ids), status__in=RETRYABLE)
-            .order_by("id")
-            .values_list("id", "destination_id")
-        )
-        OutboxMessage.objects.filter(pk__in=[i for i, _ in rows]).update(
-            status=MessageStatus.PENDING, next_attempt_at=now, lease_until=None, failures=0
-        )
-        _relay_on_commit({d for _, d in rows})
-    if rows:
-        logger.info(
-            "outbox: %s retried %d message(s) now",
-            by,
-            len(rows),
-            extra={"by": by, "message_ids": [i for i, _ in rows]},
-        )
-    return [i for i, _ in rows]
+    changes = {
+        "status": MessageStatus.PENDING,
+        "next_attempt_at": now,
+        "lease_until": None,
+        "failures": 0,
+    }
+    return _messages_change(message_ids, RETRYABLE, changes, by=by, done="retried")
 
 
 def message_discard(
@@ -88,30 +76,48 @@ def message_discard(
     if not reason:
         raise ValueError("Discarding outbox messages needs a reason.")
     now = now or timezone.now()
+    changes = {
+        "status": MessageStatus.DISCARDED,
+        "next_attempt_at": now,
+        "lease_until": None,
+        "discarded_by": by[:150],
+        "discarded_at": now,
+        "discard_reason": reason,
+    }
+    return _messages_change(message_ids, DISCARDABLE, changes, by=by, done="discarded")
+
+
+def _messages_change(
+    message_ids: Iterable[int],
+    statuses: tuple[str, ...],
+    changes: dict[str, Any],
+    *,
+    by: str,
+    done: str,
+) -> list[int]:
+    """Apply ``changes`` to those of the messages whose status is one of ``statuses``,
+    in one short transaction, and queue their destinations' relay runs on commit.
+    Returns the ids changed, in order."""
     with transaction.atomic():
+        # locked in id order, so two operators' overlapping selections cannot deadlock
         rows = list(
             OutboxMessage.objects.select_for_update()
-            .filter(pk__in=list(message_ids), status__in=DISCARDABLE)
+            .filter(pk__in=list(message_ids), status__in=statuses)
             .order_by("id")
             .values_list("id", "destination_id")
         )
-        OutboxMessage.objects.filter(pk__in=[i for i, _ in rows]).update(
-            status=MessageStatus.DISCARDED,
-            next_attempt_at=now,
-            lease_until=None,
-            discarded_by=by[:150],
-            discarded_at=now,
-            discard_reason=reason,
-        )
+        ids = [i for i, _ in rows]
+        OutboxMessage.objects.filter(pk__in=ids).update(**changes)
         _relay_on_commit({d for _, d in rows})
-    if rows:
+    if ids:
         logger.info(
-            "outbox: %s discarded %d message(s)",
+            "outbox: %s %s %d message(s)",
             by,
-            len(rows),
-            extra={"by": by, "message_ids": [i for i, _ in rows]},
+            done,
+            len(ids),
+            extra={"by": by, "message_ids": ids},
         )
-    return [i for i, _ in rows]
+    return ids
 
 
 def destination_recover_since(

@@ -29,7 +29,7 @@ from types import TracebackType
 
 from django.contrib.auth.decorators import login_not_required
 from django.db import DatabaseError
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.urls import path
 from django.utils import timezone
@@ -205,23 +205,14 @@ class DatabaseCollector:
 
     def _failed_events(self) -> GaugeMetricFamily:
         # one index-only range per (source, status) of webhook_failed_source
-        counts = dict.fromkeys(((s, str(st)) for s in self.slugs for st in OPEN_FAILURES), 0)
-        rows = (
-            FailedEvent.objects.filter(source__in=self.slugs, status__in=OPEN_FAILURES)
-            .values("source", "status")
-            .annotate(n=Count("*"))
-            .values_list("source", "status", "n")
-            .order_by()
-        )
-        counts.update({(source, status): n for source, status, n in rows})
-        family = GaugeMetricFamily(
+        rows = FailedEvent.objects.filter(source__in=self.slugs, status__in=OPEN_FAILURES)
+        return self._counts(
             "webhook_receiver_failed_events",
             "Failed events waiting for a retry (retrying) or for an operator (dead).",
-            labels=["source", "status"],
+            rows,
+            "status",
+            OPEN_FAILURES,
         )
-        for (source, status), n in counts.items():
-            family.add_metric([source, status], n)
-        return family
 
     def _oldest_retry_age(self) -> GaugeMetricFamily:
         family = GaugeMetricFamily(
@@ -273,22 +264,31 @@ class DatabaseCollector:
         return family
 
     def _repair_items(self) -> GaugeMetricFamily:
-        counts = dict.fromkeys(((s, str(k)) for s in self.slugs for k in RepairKind), 0)
-        rows = (
-            RepairItem.objects.filter(status=RepairStatus.OPEN, source__in=self.slugs)
-            .values("source", "kind")
-            .annotate(n=Count("*"))
-            .values_list("source", "kind", "n")
-            .order_by()
-        )
-        counts.update({(source, kind): n for source, kind, n in rows})
-        family = GaugeMetricFamily(
+        rows = RepairItem.objects.filter(status=RepairStatus.OPEN, source__in=self.slugs)
+        return self._counts(
             "webhook_receiver_repair_items_open",
             "Open reconciliation repair items, by kind.",
-            labels=["source", "kind"],
+            rows,
+            "kind",
+            tuple(RepairKind),
         )
-        for (source, kind), n in counts.items():
-            family.add_metric([source, kind], n)
+
+    def _counts(
+        self, name: str, documentation: str, rows: QuerySet, label: str, values: Sequence[str]
+    ) -> GaugeMetricFamily:
+        """``rows`` counted by source and ``label``, with a 0 for every configured source
+        and value that has none (so that an alert on absence can tell 0 from missing)."""
+        counts = dict.fromkeys(((s, str(v)) for s in self.slugs for v in values), 0)
+        grouped = (
+            rows.values("source", label)
+            .annotate(n=Count("*"))
+            .values_list("source", label, "n")
+            .order_by()
+        )
+        counts.update({(source, value): n for source, value, n in grouped})
+        family = GaugeMetricFamily(name, documentation, labels=["source", label])
+        for (source, value), n in counts.items():
+            family.add_metric([source, value], n)
         return family
 
 

@@ -52,12 +52,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from .common import SHOP_SECRET
-from .server import BASE_DIR, database_recreate
+from .server import BASE_DIR, database_recreate, git_commit, raise_on_sigterm
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_relay"
 BROKER_URL = "redis://127.0.0.1:6379/14"
@@ -696,10 +695,6 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 # --- the run ------------------------------------------------------------------------
 
 
-def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # unwinds through the clean-up like a Ctrl-C
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.relay", description=__doc__)
     parser.add_argument("--messages", type=int, default=2000, help="messages per round")
@@ -720,7 +715,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     url = os.environ.get("BENCH_RELAY_DATABASE_URL", DEFAULT_URL)
     print("preparing the bench database ...", flush=True)
@@ -791,7 +786,7 @@ def _run(args: argparse.Namespace, env: dict[str, str], receiver: Receiver) -> i
     broker.flushdb()
 
     config = {
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "messages": args.messages,
         "rounds": args.rounds,
         "rate": args.rate,
@@ -914,23 +909,6 @@ def _limited_line(name: str, lim: dict[str, Any]) -> str:
         f"the first second {lim['first_second']}, the busiest {lim['worst_1s_window']} "
         f"(R + burst = {lim['rate'] + lim['burst']}); {lim['task_runs']} task runs"
     )
-
-
-def _git_commit() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=BASE_DIR,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
 
 
 if __name__ == "__main__":

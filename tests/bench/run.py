@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from .common import BARE_PATH, CLAIM_PATH, DEFAULT_DATABASE_URL, FULL_PATH
 from .load import PhaseResult, event_bodies, run_phase, signed_requests
@@ -46,6 +44,8 @@ from .server import (
     database_migrate,
     database_recreate,
     floor_tables_create,
+    git_commit,
+    raise_on_sigterm,
 )
 
 RESULTS_DIR = BASE_DIR / "bench-results"
@@ -152,13 +152,9 @@ def bench(args: argparse.Namespace, server: GunicornServer, errors: ErrorLog) ->
     return rounds
 
 
-def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # unwinds through the server's clean-up like a Ctrl-C
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
     # even when started in the background, where SIGINT is inherited as ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
@@ -177,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_log = server.log_tail(lines=10) if errors.count else ""
 
     config = {
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "requests": args.requests,
         "concurrency": args.concurrency,
         "rounds": args.rounds,
@@ -203,24 +199,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report_errors(errors, server_log)
         return 1
     return 0
-
-
-def _git_commit() -> str:
-    """The code measured (with "+dirty" if the work tree has changes): figures age."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=BASE_DIR,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
 
 
 def _report_errors(errors: ErrorLog, server_log: str) -> None:

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import environ
 import psycopg
@@ -182,3 +182,28 @@ class GunicornServer:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+# --- the runners' shared odds and ends ------------------------------------------------
+
+
+def git_commit() -> str:
+    """The code measured (with "+dirty" if the work tree has changes): figures age."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=BASE_DIR,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # unwinds through the runner's clean-up like a Ctrl-C

@@ -7,39 +7,19 @@ sweeper claims rows with ``SKIP LOCKED``, and every effect goes through the clai
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
-
 from celery import shared_task
-from django.db import DatabaseError
 
 from .conf import app_settings
 from .outbox.tasks import purge_outbox, relay_destination, relay_sweep  # noqa: F401 - registered
 from .services.audit import audit_purge
 from .services.failures import failed_events_purge, failed_events_retry_due
-from .services.faults import connection_discard_if_broken
+from .services.faults import healing
 from .services.heartbeat import heartbeat_record
 from .services.reconciliation import RunInProgress, reconciliation_run, sources_to_reconcile
 from .services.silence import silence_check
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
 AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
-
-
-def healing(task: Callable[..., Any]) -> Callable[..., Any]:
-    """A database error that leaves the worker's session unusable (read-only, shut down)
-    closes that connection, so that the next run opens a fresh one (services/faults.py)."""
-
-    @functools.wraps(task)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return task(*args, **kwargs)
-        except DatabaseError as exc:
-            connection_discard_if_broken(exc)
-            raise
-
-    return run
 
 
 @shared_task(

@@ -9,7 +9,7 @@ from django.core.cache import cache
 from django.db.models import Q
 from django.utils import timezone
 
-from ..services.faults import connection_discard_if_broken
+from ..services.faults import healing
 from .models import MessageStatus, OutboxMessage
 from .relay import relay_destination as relay_run
 from .retention import outbox_purge
@@ -29,6 +29,7 @@ FOLLOW_UP_SLACK = 5.0
     reject_on_worker_lost=True,
     ignore_result=True,
 )
+@healing
 def relay_destination(destination_id: int) -> int:
     """Relay one destination: queued on commit of each admission, and by the sweep.
     When its token bucket is empty, the next run is queued for when a token is due;
@@ -41,11 +42,7 @@ def relay_destination(destination_id: int) -> int:
     # this run is the one queued (by a trigger or as a follow-up): later admissions must
     # queue their own
     cache.delete_many([queued_key(destination_id), _follow_up_key(destination_id)])
-    try:
-        sent, wait = relay_run(destination_id=destination_id)
-    except Exception as exc:
-        connection_discard_if_broken(exc)
-        raise
+    sent, wait = relay_run(destination_id=destination_id)
     if wait is not None:
         countdown = max(wait, MIN_COUNTDOWN)
         # cache.add is atomic: only the first run to find the bucket empty queues one
@@ -66,6 +63,7 @@ def _follow_up_key(destination_id: int) -> str:
 @shared_task(
     name="webhook_receiver.relay_sweep", soft_time_limit=20, time_limit=30, ignore_result=True
 )
+@healing
 def relay_sweep() -> int:
     """Queue a run for every destination with an eligible message: a trigger lost with a
     broker or a worker is made good within one sweep (every few seconds on beat)."""
@@ -93,10 +91,7 @@ def relay_sweep() -> int:
     reject_on_worker_lost=True,
     ignore_result=True,
 )
+@healing
 def purge_outbox() -> int:
     """Delete delivered and discarded messages past their retention (daily on beat)."""
-    try:
-        return outbox_purge()
-    except Exception as exc:
-        connection_discard_if_broken(exc)
-        raise
+    return outbox_purge()

@@ -13,13 +13,14 @@ in ``TRACEBACK_INTERVAL_SECONDS`` (per process), so an outage cannot flood the l
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from . import storable
 
@@ -91,3 +92,19 @@ def _value(value: Any) -> str:
         return "-"
     text = storable.text(str(value), 300).replace('"', '\\"')
     return f'"{text}"' if (" " in text or '"' in text or not text) else text
+
+
+def healing(task: Callable[..., Any]) -> Callable[..., Any]:
+    """For Celery tasks: a database error that leaves the worker's session unusable
+    (read-only, shut down) closes that connection, so that the next run opens a fresh
+    one (connection_discard_if_broken)."""
+
+    @functools.wraps(task)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return task(*args, **kwargs)
+        except DatabaseError as exc:
+            connection_discard_if_broken(exc)
+            raise
+
+    return run

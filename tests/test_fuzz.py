@@ -686,3 +686,36 @@ def test_a_verified_request_is_applied_or_held_whatever_its_body(
     # then
     assert answer.status_code in {200, 202}, (answer.status_code, answer.content)
     assert_one_new_audit_record(before, answer)
+
+
+# --- /metrics/ and the relay's reading of Retry-After -------------------------------------
+
+
+@pytest.mark.django_db
+@THROUGH_THE_DATABASE
+@given(
+    authorization=st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1"))
+)
+def test_any_authorization_header_on_metrics_is_a_401_or_the_scrape(
+    client, settings, authorization
+):
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "METRICS_TOKEN": "fuzz-token"}
+    response = client.get("/metrics/", HTTP_AUTHORIZATION=authorization)
+    expected = (
+        200
+        if authorization.partition(" ")[2].strip() == "fuzz-token"
+        and (authorization.partition(" ")[0].lower() == "bearer")
+        else 401
+    )
+    assert response.status_code == expected
+
+
+@PURE
+@given(value=st.none() | st.text(max_size=80) | st.integers(-(10**12), 10**12).map(str))
+def test_any_retry_after_reads_as_capped_seconds_or_none(value):
+    from django.utils import timezone
+
+    from webhook_receiver.outbox.relay import parse_retry_after
+
+    seconds = parse_retry_after(value, now=timezone.now(), cap=300)
+    assert seconds is None or 0 <= seconds <= 300

@@ -29,3 +29,21 @@ def test_an_unknown_duplicate_check_is_a_configuration_error():
 
     assert len(errors) == 1
     assert "DUPLICATE_CHECK" in errors[0].msg
+
+
+def test_an_sqlite_without_returning_is_a_configuration_error(monkeypatch):
+    """The relay claims and records with UPDATE … RETURNING (SQLite 3.35)."""
+    import sqlite3
+
+    from webhook_receiver.checks import database_problems
+
+    databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}}
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    old = database_problems(databases)
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 35, 0))
+    new = database_problems(databases)
+
+    assert [e.id for e in old] == ["webhook_receiver.E007"]
+    assert "3.34.1" in old[0].msg and "3.35" in old[0].msg
+    assert new == []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
@@ -87,6 +89,7 @@ def check_webhook_receiver_settings(
         get_notifiers()
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="webhook_receiver.E006"))
+    errors += database_problems(settings.DATABASES)
     if not config.sources:
         errors.append(
             checks.Warning(
@@ -95,3 +98,21 @@ def check_webhook_receiver_settings(
             )
         )
     return errors
+
+
+# the outbox relay claims and records with UPDATE … RETURNING
+SQLITE_MINIMUM = (3, 35)
+
+
+def database_problems(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
+    uses_sqlite = any(db.get("ENGINE", "").endswith("sqlite3") for db in databases.values())
+    if uses_sqlite and sqlite3.sqlite_version_info < SQLITE_MINIMUM:
+        return [
+            checks.Error(
+                f"SQLite {sqlite3.sqlite_version} is too old: the outbox relay needs "
+                f"{'.'.join(map(str, SQLITE_MINIMUM))} or newer (UPDATE … RETURNING).",
+                hint="Use a Python built with a newer SQLite, or PostgreSQL.",
+                id="webhook_receiver.E007",
+            )
+        ]
+    return []

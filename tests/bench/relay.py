@@ -281,9 +281,11 @@ def relay_until_empty(destination_id: int, counted: Counted) -> int:
     from webhook_receiver.outbox.relay import relay_destination
 
     def count(execute, sql, params, many, context):
-        counted.statements += 1
+        # executemany runs its statement once per parameter set
+        n = len(params) if many else 1
+        counted.statements += n
         kind = _statement_kind(sql)
-        counted.kinds[kind] = counted.kinds.get(kind, 0) + 1
+        counted.kinds[kind] = counted.kinds.get(kind, 0) + n
         return execute(sql, params, many, context)
 
     # each COMMIT closes a transaction; its BEGIN is implicit (psycopg sends it)
@@ -308,14 +310,18 @@ def relay_until_empty(destination_id: int, counted: Counted) -> int:
 
 
 def _statement_kind(sql: str) -> str:
-    """A statement, short: its verb and table (``SELECT count outboxmessage``)."""
-    words = sql.replace('"', "").split()
+    """A statement, short: its verb and table (``SELECT webhookdestination for update``),
+    the table read at the statement's own level, not a subquery's."""
+    words = sql.replace('"', "").replace("(", " ( ").replace(")", " ) ").split()
     upper = [w.upper() for w in words]
-    table = next(
-        (words[i + 1] for i, w in enumerate(upper[:-1]) if w in ("FROM", "UPDATE", "INTO")), ""
-    )
-    kind = upper[0] + (" count" if "COUNT(*)" in upper[:3] else "")
-    kind += " " + table.removeprefix("webhook_receiver_")
+    verb, table, depth = "", "", 0
+    for i, word in enumerate(upper[:-1]):
+        depth += (word == "(") - (word == ")")
+        if depth == 0 and not verb and word in ("SELECT", "UPDATE", "INSERT", "DELETE"):
+            verb = word
+        if depth == 0 and not table and word in ("FROM", "UPDATE", "INTO"):
+            table = words[i + 1]
+    kind = f"{verb} {table.removeprefix('webhook_receiver_')}"
     return kind + (" for update" if "FOR UPDATE" in " ".join(upper) else "")
 
 

@@ -3,17 +3,20 @@ open, record what each answer means.
 
 One round for one destination:
 
-1. ``relay_claim`` (one short transaction): lock the destination's row, refill its
-   token bucket, count its unexpired leases (the requests in flight on every worker),
-   and claim as many eligible messages as both limits allow, oldest first, with
-   ``FOR UPDATE SKIP LOCKED`` on PostgreSQL. A message whose ordering key has an older
-   open message waits for it. Each claimed message gets a lease: a worker that dies
-   holds it only until the lease ends, and the message is then claimed again, under
-   the same key.
+1. ``relay_claim``: lock the destination's row and count its unexpired leases (the
+   requests in flight on every worker), refill its token bucket, and claim as many
+   eligible messages as both limits allow, oldest first, with ``FOR UPDATE SKIP
+   LOCKED`` on PostgreSQL. A message whose ordering key has an older open message
+   waits for it. Each claimed message gets a lease: a worker that dies holds it only
+   until the lease ends, and the message is then claimed again, under the same key.
 2. ``relay_send``: the HTTP requests, concurrently up to the claim's size, on a client
    kept per destination (connection reuse). No transaction is open.
-3. ``relay_record`` (one short transaction): delivered, deferred (Retry-After, or
-   backoff with full jitter) or terminal, one attempt row each, and the breaker.
+3. ``relay_record``: delivered, deferred (Retry-After, or backoff with full jitter) or
+   terminal, one attempt row each, and the breaker.
+
+``relay_destination`` records a round and claims the next in one short transaction:
+six statements for up to ten deliveries (see the SQL below). Called alone, each of the
+two runs in a transaction of its own.
 
 No worker ever sleeps: a deferral is the message's ``next_attempt_at``; a destination
 out of tokens is relayed again when its next token is due (``RelayRound.wait``).
@@ -35,12 +38,11 @@ from typing import Any
 
 import httpx
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from ..signatures.standard import StandardWebhooks
 from . import metrics
-from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from .models import MessageStatus, OutboxMessage, WebhookDestination
 from .notices import terminal_notice
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,27 @@ TERMINAL_STATUSES = frozenset({400, 401, 403, 404, 410, 422})
 PACING_STATUSES = frozenset({429, 503})
 EXCERPT_CHARS = 500
 CLAIM_BATCH = 10
+
+# The relay's statements, written out: a round is a handful of them, each read here
+# whole. Datetimes go through connection.ops (SQLite keeps them as text). RETURNING
+# needs SQLite 3.35 or newer (system check webhook_receiver.E007).
+
+# The destination's row, locked (the limiter's state lives on it: one claimer at a
+# time), with its requests in flight on every worker: its unexpired leases.
+_LOCKED_DESTINATION = """
+    SELECT d.*, (
+        SELECT count(*) FROM webhook_receiver_outboxmessage m
+        WHERE m.destination_id = d.id AND m.status = 'sending' AND m.lease_until > %(now)s
+    ) AS in_flight
+    FROM webhook_receiver_webhookdestination d
+    WHERE d.id = %(destination_id)s
+"""
+# keyed by (vendor, skip_if_busy); SQLite serialises writers: its IMMEDIATE transactions
+# do the locking's job
+LOCKED_DESTINATION = {
+    ("postgresql", False): _LOCKED_DESTINATION + " FOR UPDATE OF d",
+    ("postgresql", True): _LOCKED_DESTINATION + " FOR UPDATE OF d SKIP LOCKED",
+}
 
 # Eligible messages of one destination, oldest first: pending and due, or claimed by a
 # worker whose lease has run out (the partial index webhook_outbox_open holds just the
@@ -72,15 +95,47 @@ _ELIGIBLE = """
     ORDER BY m.id
     LIMIT %(limit)s
 """
-# PostgreSQL: rows another worker is claiming are skipped, not waited for. (SQLite
-# serialises writers: its IMMEDIATE transactions do the same job.)
-ELIGIBLE = {"postgresql": _ELIGIBLE + " FOR UPDATE OF m SKIP LOCKED", "sqlite": _ELIGIBLE}
+# PostgreSQL: rows another worker is claiming are skipped, not waited for
+ELIGIBLE = {"postgresql": _ELIGIBLE + " FOR UPDATE OF m SKIP LOCKED"}
 
-# Requests in flight for a destination, on every worker: its unexpired leases.
-IN_FLIGHT = """
-    SELECT count(*) FROM webhook_receiver_outboxmessage
-    WHERE destination_id = %(destination_id)s AND status = 'sending'
-      AND lease_until > %(now)s
+# The claim: the eligible rows (selected once: MATERIALIZED) take a lease and count an
+# attempt, and come back to be sent.
+CLAIM = """
+    WITH claimable AS MATERIALIZED ({eligible})
+    UPDATE webhook_receiver_outboxmessage
+    SET status = 'sending', lease_until = %(lease_until)s, attempts = attempts + 1
+    WHERE id IN (SELECT id FROM claimable)
+    RETURNING id, key, event_type, payload, attempts, failures, created_at
+"""
+
+TOKENS_SPENT = """
+    UPDATE webhook_receiver_webhookdestination SET tokens = %s, tokens_at = %s
+    WHERE id = %s
+"""
+
+# A round's answers, one UPDATE per distinct outcome (one a round when every answer is
+# a 2xx). Only on messages this claim still holds (sending, at this attempt): a worker
+# whose lease ran out (frozen, or held by a slow answer) must not undo the claim that
+# took over. The ones it changed come back.
+RECORD = """
+    UPDATE webhook_receiver_outboxmessage
+    SET status = %s, failures = %s, next_attempt_at = %s, lease_until = NULL,
+        delivered_at = %s, last_status_code = %s, last_error = %s
+    WHERE id IN ({ids}) AND status = 'sending' AND attempts = %s
+    RETURNING id
+"""
+
+# Every attempt of a round, in one statement.
+ATTEMPTS = """
+    INSERT INTO webhook_receiver_deliveryattempt (message_id, number, started_at,
+        duration_ms, status_code, error, response_excerpt, next_attempt_at)
+    VALUES {rows}
+"""
+
+BREAKER_CLOSED = """
+    UPDATE webhook_receiver_webhookdestination
+    SET consecutive_failures = 0, paused_until = NULL, last_success_at = %s
+    WHERE id = %s
 """
 
 
@@ -132,38 +187,35 @@ def relay_claim(
     runs waiting for one lock."""
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
-    with transaction.atomic():
-        # the limiter's state lives on this row: one claimer per destination at a time
-        dest = (
-            WebhookDestination.objects.select_for_update(skip_locked=skip_if_busy)
-            .filter(pk=destination_id)
-            .first()
-        )
+    adapt = connection.ops.adapt_datetimefield_value
+    params = {"destination_id": destination_id, "now": adapt(now)}
+    # no savepoint: relay_destination runs this in the transaction that records the
+    # last round
+    with transaction.atomic(savepoint=False):
+        locked = LOCKED_DESTINATION.get((connection.vendor, skip_if_busy), _LOCKED_DESTINATION)
+        dest = next(iter(WebhookDestination.objects.raw(locked, params)), None)
         if dest is None:
             if not WebhookDestination.objects.filter(pk=destination_id).exists():
                 raise WebhookDestination.DoesNotExist(f"no destination {destination_id}")
             return RelayRound(claimed=[], busy=True)
         if not dest.enabled or (dest.paused_until and dest.paused_until > now):
             return RelayRound(claimed=[])
-        # adapted as the ORM stores it (SQLite compares datetimes as text)
-        params = {"destination_id": dest.pk, "now": connection.ops.adapt_datetimefield_value(now)}
-        with connection.cursor() as cursor:
-            cursor.execute(IN_FLIGHT, params)
-            in_flight = cursor.fetchone()[0]
-        slots = dest.max_in_flight - in_flight
+        slots = dest.max_in_flight - dest.in_flight
         if dest.consecutive_failures >= dest.breaker_threshold:
             # half-open after the cool-down: one probe decides
-            slots = min(slots, 1 if in_flight == 0 else 0)
+            slots = min(slots, 1 if dest.in_flight == 0 else 0)
         tokens = _refilled(dest, now)
         allowed = min(limit, slots, math.floor(tokens))
         claimed: list[Claimed] = []
         if allowed > 0:
-            claimed = _claim_rows(dest, now, params, allowed)
+            lease_until = now + timedelta(seconds=dest.timeout_seconds) + LEASE_MARGIN
+            claimed = _claim_rows({**params, "limit": allowed, "lease_until": adapt(lease_until)})
         tokens -= len(claimed)
         # never back in time: `now` may predate the last writer's (read before this lock
         # was waited for, or on a host whose clock is behind), and a span refills once
         tokens_at = max(now, dest.tokens_at or now)
-        WebhookDestination.objects.filter(pk=dest.pk).update(tokens=tokens, tokens_at=tokens_at)
+        with connection.cursor() as cursor:
+            cursor.execute(TOKENS_SPENT, [tokens, adapt(tokens_at), dest.pk])
     wait = None
     if len(claimed) < limit and slots > len(claimed) and tokens < 1:
         wait = (1 - tokens) * dest.rate_seconds / dest.rate_count
@@ -180,28 +232,26 @@ def _refilled(dest: WebhookDestination, now: datetime) -> float:
     return min(capacity, dest.tokens + elapsed * dest.rate_count / dest.rate_seconds)
 
 
-def _claim_rows(
-    dest: WebhookDestination, now: datetime, params: dict[str, Any], allowed: int
-) -> list[Claimed]:
-    lease_until = now + timedelta(seconds=dest.timeout_seconds) + LEASE_MARGIN
-    with connection.cursor() as cursor:
-        eligible = ELIGIBLE.get(connection.vendor, _ELIGIBLE)
-        cursor.execute(eligible, {**params, "limit": allowed})
-        ids = [row[0] for row in cursor.fetchall()]
-    if not ids:
-        return []
-    claimed = OutboxMessage.objects.filter(pk__in=ids)
-    # each claim is an attempt, counted now: its number fences the claim's result
-    claimed.update(
-        status=MessageStatus.SENDING, lease_until=lease_until, attempts=F("attempts") + 1
-    )
-    rows = claimed.order_by("id").values_list(
-        "id", "key", "event_type", "payload", "attempts", "failures", "created_at"
-    )
-    return [
-        Claimed(id=i, key=k, event_type=t, payload=p, attempt=a, failures=f, created_at=c)
-        for i, k, t, p, a, f, c in rows
+def _claim_rows(params: dict[str, Any]) -> list[Claimed]:
+    """The claim's one statement (each claim is an attempt, counted now: its number
+    fences the claim's result). Read through the ORM's raw(): typed as the model's
+    fields are, on either database."""
+    claim = CLAIM.format(eligible=ELIGIBLE.get(connection.vendor, _ELIGIBLE))
+    rows = OutboxMessage.objects.raw(claim, params)
+    claimed = [
+        Claimed(
+            id=m.id,
+            key=m.key,
+            event_type=m.event_type,
+            payload=m.payload,
+            attempt=m.attempts,
+            failures=m.failures,
+            created_at=m.created_at,
+        )
+        for m in rows
     ]
+    # RETURNING keeps no order: sent (and recorded) oldest first
+    return sorted(claimed, key=lambda c: c.id)
 
 
 # --- 2. send -------------------------------------------------------------------------
@@ -379,78 +429,57 @@ def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
 def relay_record(
     dest: WebhookDestination, results: list[Sent], *, now: datetime | None = None
 ) -> None:
-    """Record every answer of a round in one short transaction: the messages (only those
-    still claimed: a lease that ran out may have been taken over), one attempt row each,
-    and the destination's breaker."""
+    """Record every answer of a round: the messages this claim still holds, one attempt
+    row each, and the destination's breaker. In its own transaction, or in the caller's
+    (relay_destination records a round in the transaction that claims the next)."""
     if not results:
         return
     now = now or timezone.now()
-    messages, attempts, verdicts = [], [], []
-    successes = failures = 0
-    for sent in results:
-        v = verdict(dest, sent, now)
-        verdicts.append(v)
-        m = sent.message
-        messages.append(
-            OutboxMessage(
-                pk=m.id,
-                status=v.status,
-                attempts=m.attempt,
-                failures=m.failures + (1 if v.spends_budget else 0),
-                next_attempt_at=v.next_attempt_at or now,
-                lease_until=None,
-                delivered_at=now if v.status == MessageStatus.DELIVERED else None,
-                last_status_code=sent.status_code,
-                last_error=sent.error
-                or ("" if v.status == MessageStatus.DELIVERED else sent.excerpt),
-            )
-        )
-        attempts.append(
-            DeliveryAttempt(
-                message_id=m.id,
-                number=m.attempt,
-                started_at=sent.started_at,
-                duration_ms=sent.duration_ms,
-                status_code=sent.status_code,
-                error=sent.error,
-                response_excerpt=sent.excerpt,
-                next_attempt_at=v.next_attempt_at,
-            )
-        )
-        successes += v.status == MessageStatus.DELIVERED
-        failures += v.breaker_failure
-    fields = [
-        "status",
-        "attempts",
-        "failures",
-        "next_attempt_at",
-        "lease_until",
-        "delivered_at",
-        "last_status_code",
-        "last_error",
-    ]
-    # One UPDATE per distinct set of values: one a round when every answer is a 2xx (a
-    # bulk_update's CASE per field and row costs more than the requests themselves).
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for message in messages:
-        groups.setdefault(tuple(getattr(message, f) for f in fields), []).append(message.pk)
-    current: set[int] = set()
-    with transaction.atomic():
-        for values, ids in groups.items():
-            row = dict(zip(fields, values, strict=True))
-            # A result lands only on a message that is still this claim's (sending, at
-            # this attempt): a worker whose lease ran out (frozen, or held by a slow
-            # answer) must not undo the claim that took over.
-            still_ours = OutboxMessage.objects.filter(
-                pk__in=ids, status=MessageStatus.SENDING, attempts=row["attempts"]
-            )
-            mine = list(still_ours.select_for_update().values_list("pk", flat=True))
-            OutboxMessage.objects.filter(pk__in=mine).update(**row)
-            current.update(mine)
-        DeliveryAttempt.objects.bulk_create(attempts)
-        _breaker_record(dest, successes=successes, failures=failures, now=now)
+    adapt = connection.ops.adapt_datetimefield_value
+    verdicts = [verdict(dest, sent, now) for sent in results]
+    # (the new values, then the attempt that fences them) -> the messages they go to
+    outcomes: dict[tuple[Any, ...], list[int]] = {}
     for sent, v in zip(results, verdicts, strict=True):
-        if sent.message.id not in current:
+        m = sent.message
+        delivered = v.status == MessageStatus.DELIVERED
+        outcome = (
+            v.status,
+            m.failures + (1 if v.spends_budget else 0),
+            adapt(v.next_attempt_at or now),
+            adapt(now if delivered else None),
+            sent.status_code,
+            sent.error or ("" if delivered else sent.excerpt),
+            m.attempt,
+        )
+        outcomes.setdefault(outcome, []).append(m.id)
+    attempt_rows = [
+        (
+            sent.message.id,
+            sent.message.attempt,
+            adapt(sent.started_at),
+            sent.duration_ms,
+            sent.status_code,
+            sent.error,
+            sent.excerpt,
+            adapt(v.next_attempt_at),
+        )
+        for sent, v in zip(results, verdicts, strict=True)
+    ]
+    recorded: set[int] = set()
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        for (*values, attempt), ids in outcomes.items():
+            cursor.execute(RECORD.format(ids=_placeholders(len(ids))), [*values, *ids, attempt])
+            recorded.update(row[0] for row in cursor.fetchall())
+        rows = ", ".join([f"({_placeholders(len(attempt_rows[0]))})"] * len(attempt_rows))
+        cursor.execute(ATTEMPTS.format(rows=rows), [x for row in attempt_rows for x in row])
+        _breaker_record(
+            dest,
+            successes=sum(v.status == MessageStatus.DELIVERED for v in verdicts),
+            failures=sum(v.breaker_failure for v in verdicts),
+            now=now,
+        )
+    for sent, v in zip(results, verdicts, strict=True):
+        if sent.message.id not in recorded:
             continue
         if v.status == MessageStatus.DELIVERED:
             metrics.delivery_record(
@@ -462,6 +491,10 @@ def relay_record(
         elif v.status == MessageStatus.FAILED:
             metrics.terminal_count(dest.name)
             _terminal_notice(dest, sent)
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
 
 
 def _terminal_notice(dest: WebhookDestination, sent: Sent) -> None:
@@ -484,10 +517,12 @@ def _breaker_record(
 ) -> None:
     """A success closes the breaker; consecutive failures past the threshold open it for
     the cool-down (after which relay_claim lets one probe through)."""
-    row = WebhookDestination.objects.filter(pk=dest.pk)
     if successes:
-        row.update(consecutive_failures=0, paused_until=None, last_success_at=now)
+        with connection.cursor() as cursor:
+            last_success = connection.ops.adapt_datetimefield_value(now)
+            cursor.execute(BREAKER_CLOSED, [last_success, dest.pk])
     elif failures:
+        row = WebhookDestination.objects.filter(pk=dest.pk)
         current = row.select_for_update().values_list("consecutive_failures", flat=True).get()
         count = current + failures
         paused = None
@@ -510,16 +545,25 @@ def relay_destination(
 ) -> tuple[int, float | None]:
     """Relay one destination until it has nothing eligible, its limits stop it, or the
     time budget is spent. Returns (messages sent, seconds until it may send again or
-    None)."""
+    None).
+
+    A round's answers are recorded in the transaction that claims the next round: one
+    transaction a round. If that transaction fails, the answers are lost with it and
+    the messages are sent again, under the same keys, when their leases end."""
     deadline = time.monotonic() + budget_seconds
     dest = WebhookDestination.objects.get(pk=destination_id)
     sent_count = 0
-    while time.monotonic() < deadline:
-        # a worker already claiming for this destination carries on; this run stops
-        round_ = relay_claim(destination=dest, skip_if_busy=True)
+    results: list[Sent] = []
+    while True:
+        more = time.monotonic() < deadline
+        # one transaction a round: the last round's answers, then the next claim
+        with transaction.atomic():
+            relay_record(dest, results)
+            # a worker already claiming for this destination carries on; this run stops
+            round_ = relay_claim(destination=dest, skip_if_busy=True) if more else None
+        if round_ is None:
+            return sent_count, 0.0
         if not round_.claimed:
             return sent_count, round_.wait
         results = relay_send(dest, round_.claimed)
-        relay_record(dest, results)
         sent_count += len(results)
-    return sent_count, 0.0

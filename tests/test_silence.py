@@ -22,12 +22,14 @@ from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from tests import handlers as test_handlers
 from tests.browser import screenshot
 from tests.http import post
 from tests.settings import SHOP_SECRET
-from tests.signing import reserved, standard_headers
-from webhook_receiver.models import RequestAudit, SilenceAlert, WebhookReceipt
+from tests.signing import event_body, reserved, standard_headers
+from webhook_receiver.models import FailedEvent, RequestAudit, SilenceAlert, WebhookReceipt
 from webhook_receiver.notifiers import Notifier
+from webhook_receiver.services.failures import failed_event_replay
 from webhook_receiver.services.silence import silence_check
 from webhook_receiver.services.status import last_accepted_at
 from webhook_receiver.signals import silence_alert_opened, silence_alert_resolved
@@ -293,6 +295,33 @@ def test_an_accepted_event_resolves_the_alert_with_one_recovery_notice(client, w
     # and a later silence is a new incident, with its own alert
     assert check(back + 21 * MINUTE)["shop"].state == "opened"
     assert SilenceAlert.objects.count() == 2
+
+
+def test_a_replayed_dead_letter_is_not_taken_for_traffic(client, watch, settings, heard, check):
+    # given: an event the handler could not apply, held dead since it arrived half an
+    # hour ago; the sender has been quiet since, and the alert is open
+    settings.WEBHOOK_RECEIVER = {
+        **settings.WEBHOOK_RECEIVER,
+        "HANDLERS": {"test.crash": "tests.handlers.fails_after_writing"},
+        "RETRY_MAX_ATTEMPTS": 1,
+    }
+    test_handlers.failures_left["count"] = 1
+    body = event_body("test.crash", order_id="ord_dead")
+    assert post(client, "shop", body, standard_headers(body)).status_code == 202  # held
+    arrived = timezone.now() - 30 * MINUTE
+    FailedEvent.objects.update(first_attempt_at=arrived)
+    assert check()["shop"].state == "opened"
+    alert = SilenceAlert.objects.get()
+
+    # when: an operator replays it, the cause fixed
+    failed = FailedEvent.objects.get(status="dead")
+    assert failed_event_replay(failed_id=failed.pk, actor="alice").result == "applied"
+
+    # then: its receipt keeps the sender's delivery time, and the silence goes on
+    assert WebhookReceipt.objects.get(event_key=failed.event_key).received_at == arrived
+    assert last_accepted_at("shop") == arrived
+    assert check()["shop"].state == "open"
+    assert heard == [("opened", "shop", alert.pk)]
 
 
 # --- the notifiers -----------------------------------------------------------------------------

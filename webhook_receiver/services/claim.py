@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -46,19 +47,24 @@ def event_claim_and_apply(
     body: bytes,
     headers: Mapping[str, str],
     audit: AuditDraft | None = None,
+    received_at: datetime | None = None,
     resolve_failures: bool = True,
 ) -> ReceiveOutcome:
     """Apply ``event`` unless its key was already claimed; answer duplicates from the
     stored outcome. A success also resolves the key's open failed event, if any.
 
     ``audit``: the request's audit record, written by the same statements (retries and
-    replays have none).
+    replays have none). ``received_at``: when a retried or replayed event first arrived,
+    for its receipt (without a request, it is now): a replay of old dead letters is not
+    traffic from the sender, for silence alerts and reconciliation's windows alike.
     """
     handler = get_handler(event.event_type)
     # The receipt goes in with the result most events end with (applied; ignored when no
     # handler exists), so that only a different result costs an UPDATE.
     expected = HandlerResult() if handler else _ignored(event)
-    params = _params(event, body=body, headers=headers, result=expected, audit=audit)
+    params = _params(
+        event, body=body, headers=headers, result=expected, audit=audit, received_at=received_at
+    )
     # A duplicate's audit record may commit without waiting for its WAL flush, but only
     # in a transaction of our own: a caller's keeps its durability. (Without an audit
     # record a duplicate writes nothing, so there is nothing to flush.)
@@ -114,6 +120,7 @@ def _params(
     headers: Mapping[str, str],
     result: HandlerResult,
     audit: AuditDraft | None,
+    received_at: datetime | None,
 ) -> dict[str, Any]:
     """The one dict of named parameters for every statement of this delivery: the
     receipt's columns with the expected result, and the audit record's, adapted once."""
@@ -126,7 +133,7 @@ def _params(
         "body": body,
         "headers": storable_headers(headers),
         # the request's arrival, when there is one: the receipt and audit times agree
-        "received_at": audit.received_at if audit is not None else timezone.now(),
+        "received_at": audit.received_at if audit is not None else received_at or timezone.now(),
         **_result_values(event, result),
         **_bounds(),
     }

@@ -189,6 +189,7 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
                 event=event,
                 body=bytes(failed.body),
                 headers=failed.headers,
+                received_at=failed.first_attempt_at,  # the sender's delivery, not now
                 resolve_failures=False,  # this row is resolved below, under our lock
             )
     except Exception as exc:

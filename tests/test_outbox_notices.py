@@ -53,3 +53,26 @@ def test_without_an_ops_destination_nothing_is_sent(receiver, settings):
     relay_destination(destination_id=merchant.pk)
 
     assert list(OutboxMessage.objects.values_list("key", "status")) == [("k", "failed")]
+
+
+def test_a_notice_for_a_message_with_the_longest_key_is_admitted_and_the_round_recorded(
+    receiver, ops
+):
+    # given: a refused message whose key has the 255 characters a key may have, and a
+    # delivered one in the same round
+    merchant = WebhookDestination.objects.create(name="merchant-" + "m" * 90, url=receiver.url)
+    long_key = "order:" + "o" * 249
+    with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
+        enqueue_webhook(merchant, "order.paid", long_key, {"type": "order.paid"})
+        enqueue_webhook(merchant, "order.paid", "order:o2:paid:v1", {"type": "order.paid"})
+    receiver.answer(410, key=long_key)
+
+    # when
+    relay_destination(destination_id=merchant.pk)
+
+    # then: both answers recorded, and the notice admitted under a key that fits
+    statuses = dict(OutboxMessage.objects.filter(destination=merchant).values_list("key", "status"))
+    assert statuses == {long_key: "failed", "order:o2:paid:v1": "delivered"}
+    notice = OutboxMessage.objects.get(destination=ops)
+    assert len(notice.key) <= 255
+    assert notice.payload["data"]["key"] == long_key

@@ -8,6 +8,7 @@ failing ops destination never reports its own failures to itself (no loop).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -15,7 +16,7 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from .admission import enqueue_webhook
-from .models import WebhookDestination
+from .models import OutboxMessage, WebhookDestination
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,14 @@ def terminal_notice(
     """A message became terminal: tell the ops destination, unless it is the one failing."""
     if destination == app_settings().ops_destination:
         return
+    notice_key = f"outbox:{destination}:{key}:failed:{message_id}"
+    if len(notice_key) > OutboxMessage._meta.get_field("key").max_length:
+        # the failed message's key is named in the payload; here it only has to be unique
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        notice_key = f"outbox:{destination}:sha256:{digest}:failed:{message_id}"
     ops_notice_enqueue(
         event_type="outbox.message_failed",
-        key=f"outbox:{destination}:{key}:failed:{message_id}",
+        key=notice_key,
         data={
             "destination": destination,
             "message_id": message_id,

@@ -498,16 +498,18 @@ def _placeholders(count: int) -> str:
 
 
 def _terminal_notice(dest: WebhookDestination, sent: Sent) -> None:
-    """Tell the ops destination (if any); a failure here never fails the round."""
+    """Tell the ops destination (if any); a failure here never fails the round (a
+    savepoint of its own when the round's transaction is open)."""
     answer = str(sent.status_code) if sent.status_code is not None else sent.error
     try:
-        terminal_notice(
-            destination=dest.name,
-            message_id=sent.message.id,
-            key=sent.message.key,
-            event_type=sent.message.event_type,
-            answer=answer,
-        )
+        with transaction.atomic():
+            terminal_notice(
+                destination=dest.name,
+                message_id=sent.message.id,
+                key=sent.message.key,
+                event_type=sent.message.event_type,
+                answer=answer,
+            )
     except Exception:
         logger.exception("terminal notice for %s not admitted", sent.message.key)
 

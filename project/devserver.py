@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import FrameType
@@ -72,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
+    # One metrics directory for web and worker (one host): /metrics/ then shows the
+    # relay's deliveries beside the requests. gunicorn empties it as it starts.
+    metrics_dir = None
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        metrics_dir = tempfile.mkdtemp(prefix="webhook-receiver-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     children = {
         name: subprocess.Popen(command, start_new_session=True)
         for name, command in commands(args.host, args.port).items()
@@ -85,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         say("\nStopping web, worker and beat…")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
-    return stop(children)
+    stopped = stop(children)
+    if metrics_dir:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    return stopped
 
 
 def say(text: str) -> None:

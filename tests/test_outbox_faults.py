@@ -15,12 +15,10 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,7 +31,7 @@ from project.shop.models import InventoryLedgerEntry
 from tests.proxy import Forwarded, forwarding_proxy
 from tests.receiver import Receiver, _handler
 from tests.settings import SHOP_SECRET
-from tests.worker import start_worker, wait_for
+from tests.worker import Worker, wait_for
 from webhook_receiver.models import (
     DeliveryAttempt,
     OutboxMessage,
@@ -59,46 +57,6 @@ RESERVED = {
 
 
 # --- helpers -----------------------------------------------------------------------------
-
-
-@dataclass
-class Worker:
-    process: subprocess.Popen
-    log: Path
-
-    def kill(self) -> None:
-        """SIGKILL to its whole process group: the pool child dies with it."""
-        with suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-
-@pytest.fixture
-def workers(broker, tmp_path, monkeypatch) -> Iterator[Callable[[int], list[Worker]]]:
-    """Start real Celery workers (concurrency 1 each, each its own process group), named
-    apart, and wait until they are ready; all are killed at the end."""
-    started: list[Worker] = []
-
-    def start(count: int = 1) -> list[Worker]:
-        new = []
-        for _ in range(count):
-            n = len(started) + 1
-            log = tmp_path / f"worker{n}.log"
-            # celery reads its options from CELERY_<COMMAND>_<OPTION>: a node name each
-            monkeypatch.setenv("CELERY_WORKER_HOSTNAME", f"relay{n}@%h")
-            worker = Worker(start_worker(log), log)
-            started.append(worker)
-            new.append(worker)
-        for worker in new:
-            wait_for(lambda w=worker: " ready." in w.log.read_text(), 60, "a worker to start")
-        return new
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 @contextmanager

@@ -3,14 +3,17 @@ admission and the relay counted."""
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.db import transaction
 from django.test import TestCase
 from django.utils import timezone
 
-from tests.test_metrics import TOKEN, scrape, value
+from tests.test_metrics import TOKEN, parse, scrape, value
+from tests.worker import wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbox import enqueue_webhook
 from webhook_receiver.outbox.relay import relay_destination
@@ -126,3 +129,52 @@ def test_retention_keeps_terminal_messages_and_respects_the_replay_horizon(setti
         ("long", "new"),
         ("long", "discarded"),
     }
+
+
+@pytest.mark.postgres_only("a Celery worker in another process must see the test database")
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_serves_the_relays_counters_itself(receiver, workers, tmp_path, monkeypatch):
+    # given: a worker told to serve its metrics, its directory holding a previous run's
+    # file, and a destination that refuses one of three messages
+    port = _free_port()
+    directory = tmp_path / "worker-metrics"
+    directory.mkdir()
+    (directory / "counter_1.db").write_bytes(b"a previous run's")
+    monkeypatch.setenv("CELERY_METRICS_PORT", str(port))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+    dest = WebhookDestination.objects.create(name="merchant", url=receiver.url)
+    receiver.answer(410, key="k3")
+    (worker,) = workers(1)
+
+    # when: three messages commit, and the worker relays them
+    with transaction.atomic():
+        for key in ("k1", "k2", "k3"):
+            enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
+    settled = OutboxMessage.objects.filter(status__in=["delivered", "failed"])
+    wait_for(lambda: settled.count() == 3, 30, f"three answers ({worker.tail()})")
+
+    # then: its port serves what its pool process counted, and the old file is gone
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    samples = parse(response.text)
+    merchant = {"destination": "merchant"}
+    assert value(samples, "webhook_receiver_outbox_delivery_seconds_count", **merchant) == 2
+    assert value(samples, "webhook_receiver_outbox_attempts_per_delivery_sum", **merchant) == 2
+    assert value(samples, "webhook_receiver_outbox_terminal_total", **merchant) == 1
+    assert not (directory / "counter_1.db").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serving_a_workers_metrics_without_a_directory_says_what_to_set(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from webhook_receiver.metrics import worker_metrics_serve
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+    with pytest.raises(ImproperlyConfigured, match="PROMETHEUS_MULTIPROC_DIR"):
+        worker_metrics_serve(_free_port())

@@ -12,6 +12,11 @@ Two kinds of value, each kept where it stays right:
   answers the scrape, after a restart, and for work that Celery workers did. Every read
   is an index range (tests/bench/metrics.py shows the plans and times a scrape).
 
+- What Celery workers count (the relay's delivery time, attempts and terminal messages)
+  exists in the worker's pool processes. ``/metrics/`` sees it when the worker shares
+  the web server's multiprocess directory (one host); anywhere else, the worker serves
+  it itself (``worker_metrics_serve``).
+
 Recording never raises: a metric that cannot be written is logged, and the response it
 was about stands.
 
@@ -25,16 +30,18 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 
 from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db.models import Count, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.urls import path
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -180,6 +187,30 @@ def process_collector() -> Collector:
         else:
             _process_collector = REGISTRY
     return _process_collector
+
+
+def worker_metrics_serve(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve what a Celery worker's pool processes count (the relay's delivery time,
+    attempts and terminal messages) at ``http://addr:port/metrics``, for Prometheus.
+
+    Call it once in the worker's main process, before its pool starts (Celery's
+    ``worker_init`` signal; the demo's project/celery.py does with CELERY_METRICS_PORT).
+    ``PROMETHEUS_MULTIPROC_DIR`` must name a directory of the worker's own, set before
+    the worker starts: each pool process writes its counters there and a scrape sums
+    them. It is emptied here, as a fresh server's must be. Like most exporters it asks
+    for no token: bind it to an address only Prometheus reaches.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        raise ImproperlyConfigured(
+            "Serving a worker's metrics needs PROMETHEUS_MULTIPROC_DIR: set it to an "
+            "empty directory of the worker's own before the worker starts."
+        )
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    for stale in Path(directory).glob("*.db"):
+        stale.unlink()
+    start_http_server(port, addr=addr, registry=process_collector())
+    logger.info("serving the worker's metrics at http://%s:%s/metrics", addr, port)
 
 
 # --- read from the database at scrape time --------------------------------------------

@@ -11,8 +11,9 @@ Counted where they happen, with prometheus-client (multiprocess mode when
 - ``webhook_receiver_outbox_terminal_total{destination}``: messages that became terminal.
 
 The relay's are counted in the Celery worker that delivered: /metrics/ sees them when
-the worker shares the web server's multiprocess directory (one host). The stored state
-below is read from the database at scrape time, so it is right on any topology:
+the worker shares the web server's multiprocess directory (one host); elsewhere the
+worker serves them itself (``webhook_receiver.metrics.worker_metrics_serve``). The stored
+state below is read from the database at scrape time, so it is right on any topology:
 
 - ``webhook_receiver_outbox_backlog{destination}``: pending and sending messages;
 - ``webhook_receiver_outbox_oldest_eligible_age_seconds{destination}``: how long the

@@ -68,7 +68,9 @@ def test_backlog_failures_in_flight_and_the_breaker_equal_the_tables(client):
     assert (gauge("backlog", "idle"), gauge("breaker_open", "idle")) == (0, 0)
 
 
-def test_dedup_hits_deliveries_and_terminal_failures_are_counted(client, receiver):
+def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
+    client, receiver, django_capture_on_commit_callbacks
+):
     dest = WebhookDestination.objects.create(name="counted", url=receiver.url)
     before = scrape(client)
 
@@ -76,18 +78,26 @@ def test_dedup_hits_deliveries_and_terminal_failures_are_counted(client, receive
     admit(dest, "k1")  # a duplicate admission
     admit(dest, "k2")
     receiver.answer(410, key="k2")
-    relay_destination(destination_id=dest.pk)
+    # the test's transaction never commits: the commit is played by hand
+    with django_capture_on_commit_callbacks() as on_commit:
+        relay_destination(destination_id=dest.pk)
+    uncommitted = scrape(client)
+    for callback in on_commit:
+        callback()
     after = scrape(client)
 
-    def delta(name):
-        return value(after, name, destination="counted") - value(
+    def delta(samples, name):
+        return value(samples, name, destination="counted") - value(
             before, name, destination="counted"
         )
 
-    assert delta("webhook_receiver_outbox_dedup_hits_total") == 1
-    assert delta("webhook_receiver_outbox_delivery_seconds_count") == 1
-    assert delta("webhook_receiver_outbox_attempts_per_delivery_sum") == 1
-    assert delta("webhook_receiver_outbox_terminal_total") == 1
+    assert delta(after, "webhook_receiver_outbox_dedup_hits_total") == 1
+    assert delta(after, "webhook_receiver_outbox_delivery_seconds_count") == 1
+    assert delta(after, "webhook_receiver_outbox_attempts_per_delivery_sum") == 1
+    assert delta(after, "webhook_receiver_outbox_terminal_total") == 1
+    # a round's answers are counted once they are committed, not before
+    assert delta(uncommitted, "webhook_receiver_outbox_delivery_seconds_count") == 0
+    assert delta(uncommitted, "webhook_receiver_outbox_terminal_total") == 0
 
 
 # --- retention --------------------------------------------------------------------------

@@ -478,19 +478,32 @@ def relay_record(
             failures=sum(v.breaker_failure for v in verdicts),
             now=now,
         )
-    for sent, v in zip(results, verdicts, strict=True):
-        if sent.message.id not in recorded:
-            continue
-        if v.status == MessageStatus.DELIVERED:
+        counted = []
+        for sent, v in zip(results, verdicts, strict=True):
+            if sent.message.id not in recorded:
+                continue
+            if v.status in (MessageStatus.DELIVERED, MessageStatus.FAILED):
+                counted.append((sent.message, v.status))
+            if v.status == MessageStatus.FAILED:
+                # in the round's transaction: no notice for an answer not recorded
+                _terminal_notice(dest, sent)
+        # counted once the answers are durable: a round that rolls back is sent again
+        transaction.on_commit(lambda: _outcomes_count(dest.name, counted, now))
+
+
+def _outcomes_count(
+    destination: str, counted: list[tuple[Claimed, str]], delivered_at: datetime
+) -> None:
+    for message, status in counted:
+        if status == MessageStatus.DELIVERED:
             metrics.delivery_record(
-                dest.name,
-                created_at=sent.message.created_at,
-                delivered_at=now,
-                attempts=sent.message.attempt,
+                destination,
+                created_at=message.created_at,
+                delivered_at=delivered_at,
+                attempts=message.attempt,
             )
-        elif v.status == MessageStatus.FAILED:
-            metrics.terminal_count(dest.name)
-            _terminal_notice(dest, sent)
+        else:
+            metrics.terminal_count(destination)
 
 
 def _placeholders(count: int) -> str:

@@ -621,7 +621,15 @@ def test_command_json_shape(time_machine_now):
     # then: valid JSON with the documented keys (docs/overview.md)
     document = json.loads(out)
     assert code == 1 == document["exit_code"]
-    assert set(document) == {"generated_at", "state", "verdict", "exit_code", "sources"}
+    assert set(document) == {
+        "generated_at",
+        "state",
+        "verdict",
+        "exit_code",
+        "sources",
+        "destinations",
+    }
+    assert document["destinations"] == []  # no outbox destination here
     assert document["state"] == "attention"
     assert [s["source"] for s in document["sources"]] == SOURCES
     shop = document["sources"][0]

@@ -26,12 +26,15 @@ from django.utils.safestring import SafeString, mark_safe
 
 from ..models import (
     FailedEvent,
+    OutboxMessage,
     ReconciliationRun,
     RepairItem,
     RequestAudit,
     SilenceAlert,
+    WebhookDestination,
     WebhookReceipt,
 )
+from ..outbox.status import DestinationStatus, destination_statuses
 from ..services.status import (
     LAST_HOUR,
     ActivityBucket,
@@ -121,14 +124,50 @@ class Row:
         return badge(self.status.state)
 
 
+@dataclass(frozen=True)
+class DestinationRow:
+    status: DestinationStatus
+    name: Link
+    backlog: Link
+    failed: Link
+    reasons: list[ReasonLine]
+
+    @property
+    def oldest_due(self) -> str | None:
+        age = self.status.oldest_eligible_age
+        return None if age is None else duration_text(age)
+
+    @property
+    def breaker(self) -> str:
+        breaker = self.status.breaker
+        if breaker.state == "open" and breaker.until is not None:
+            return f"open, probe in {duration_text(breaker.until - self.status.now)}"
+        return breaker.state
+
+    @property
+    def last_success(self) -> str:
+        at = self.status.last_success_at
+        return "never" if at is None else f"{duration_text(self.status.now - at)} ago"
+
+    @property
+    def state(self) -> str:
+        return self.status.state.label
+
+    @property
+    def badge(self) -> SafeString:
+        return badge(self.status.state)
+
+
 def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     now = timezone.now()
     statuses = source_statuses(now=now)
-    verdict = status_verdict(statuses)
+    destinations = destination_statuses(now=now)
+    verdict = status_verdict(statuses, destinations)
     links = _Links(request, model_admin.admin_site, now)
     rows = [links.row(s, observed_gaps(source=s.source, now=now)) for s in statuses]
+    destination_rows = [links.destination_row(d) for d in destinations]
     charts = [(key, chart_svg(buckets)) for key, buckets in activity_series(now=now).items()]
     context = {
         **model_admin.admin_site.each_context(request),
@@ -141,6 +180,7 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
         "verdict_state": verdict.state.label,
         "verdict_badge": badge(verdict.state),
         "rows": rows,
+        "destination_rows": destination_rows,
         "charts": charts,
     }
     request.current_app = model_admin.admin_site.name
@@ -211,6 +251,38 @@ class _Links:
             else None,
             reasons=[ReasonLine(r, self.reason_link(r, source, failed)) for r in s.reasons],
         )
+
+    def destination_row(self, d: DestinationStatus) -> DestinationRow:
+        messages = {
+            "backlog": self.url(
+                OutboxMessage, destination__id__exact=d.pk, status__in="pending,sending"
+            ),
+            "failed": self.url(OutboxMessage, destination__id__exact=d.pk, status__exact="failed"),
+        }
+        reason_urls = {
+            "messages_failed": messages["failed"],
+            "breaker_open": self.change_url(WebhookDestination, d.pk),
+            "relay_not_sending": messages["backlog"],
+            "behind": messages["backlog"],
+            "disabled_with_backlog": self.change_url(WebhookDestination, d.pk),
+        }
+        return DestinationRow(
+            status=d,
+            name=Link(d.name, self.change_url(WebhookDestination, d.pk)),
+            backlog=Link(f"{d.backlog} to send", messages["backlog"]),
+            failed=Link(f"{d.failed} failed", messages["failed"]),
+            reasons=[ReasonLine(r, Link("show", reason_urls.get(r.code))) for r in d.reasons],
+        )
+
+    def change_url(self, model: type[Model], pk: int) -> str | None:
+        try:
+            model_admin = self.site.get_model_admin(model)
+        except NotRegistered:
+            return None
+        if not model_admin.has_view_permission(self.request):
+            return None
+        opts = model._meta
+        return reverse(f"{self.site.name}:{opts.app_label}_{opts.model_name}_change", args=[pk])
 
     def audit_url(self, source: str) -> str | None:
         since = (self.now - LAST_HOUR).replace(microsecond=0)

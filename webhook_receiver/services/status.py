@@ -536,34 +536,45 @@ class Verdict:
     text: str
 
 
-def status_verdict(statuses: Sequence[SourceStatus]) -> Verdict:
+def status_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any] = ()) -> Verdict:
     """ "All 3 sources OK", or the sources that are not, each with its first reason:
-    "1 source needs attention: shop — 4 dead letters"."""
-    if not statuses:
+    "1 source needs attention: shop — 4 dead letters". The outbox's destinations
+    (outbox/status.py), when there are any, are judged alike after the sources."""
+    named = [("source", s.source, s) for s in statuses]
+    named += [("destination", d.name, d) for d in destinations]
+    if not named:
         return Verdict(State.OK, "No sources configured")
-    worst = max(s.state for s in statuses)
+    worst = max(item.state for _, _, item in named)
     if worst == State.OK:
-        n = len(statuses)
-        return Verdict(State.OK, f"All {n} source{_s(n)} OK" if n > 1 else "The source is OK")
+        if not destinations:
+            n = len(statuses)
+            return Verdict(State.OK, f"All {n} source{_s(n)} OK" if n > 1 else "The source is OK")
+        counted = [_count(len(statuses), "source"), _count(len(destinations), "destination")]
+        return Verdict(State.OK, "All " + " and ".join(c for c in counted if c) + " OK")
     parts = []
     for level in (State.ALERT, State.ATTENTION):
-        hit = [s for s in statuses if s.state == level]
-        if not hit:
-            continue
-        n = len(hit)
-        head = (
-            f"{n} source{_s(n)} in alert"
-            if level == State.ALERT
-            else f"{n} source{' needs' if n == 1 else 's need'} attention"
-        )
-        parts.append(f"{head}: " + "; ".join(_one_line(s) for s in hit))
+        for kind in ("source", "destination"):
+            hit = [(name, item) for k, name, item in named if k == kind and item.state == level]
+            if not hit:
+                continue
+            n = len(hit)
+            head = (
+                f"{n} {kind}{_s(n)} in alert"
+                if level == State.ALERT
+                else f"{n} {kind}{' needs' if n == 1 else 's need'} attention"
+            )
+            parts.append(f"{head}: " + "; ".join(_one_line(name, item) for name, item in hit))
     return Verdict(worst, ". ".join(parts))
 
 
-def _one_line(status: SourceStatus) -> str:
+def _count(n: int, kind: str) -> str:
+    return f"{n} {kind}{_s(n)}" if n else ""
+
+
+def _one_line(name: str, status: Any) -> str:
     first, *rest = status.reasons
     more = f" (+{len(rest)} more)" if rest else ""
-    return f"{status.source} — {first.summary}{more}"
+    return f"{name} — {first.summary}{more}"
 
 
 # --- observed gaps: to choose a silence window from the traffic -----------------------------

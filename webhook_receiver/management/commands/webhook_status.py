@@ -1,7 +1,7 @@
-"""Is anything wrong? Per source, what the admin's overview shows, for a terminal or a
-monitoring check.
+"""Is anything wrong? Per source (and per outbox destination, when there are any), what
+the admin's overview shows, for a terminal or a monitoring check.
 
-Exit codes, as monitoring plugins (Nagios, Icinga, Sensu) read them: 0 every source is
+Exit codes, as monitoring plugins (Nagios, Icinga, Sensu) read them: 0 everything is
 ok, 1 something needs attention, 2 an alert is open, 3 the status could not be read.
 """
 
@@ -16,7 +16,9 @@ from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 from django.utils import timezone
 
+from webhook_receiver.outbox.status import DestinationStatus, destination_statuses
 from webhook_receiver.services.status import (
+    Reason,
     SourceStatus,
     State,
     duration_text,
@@ -36,6 +38,15 @@ COLUMNS = (
     "SILENCE ALERT",
     "RECONCILIATION",
 )
+DESTINATION_COLUMNS = (
+    "DESTINATION",
+    "STATE",
+    "BACKLOG",
+    "OLDEST DUE",
+    "FAILED",
+    "BREAKER",
+    "LAST SUCCESS",
+)
 MAX_REASON_CHARS = 160
 
 
@@ -43,7 +54,8 @@ class Command(BaseCommand):
     help = (
         "Show each webhook source's state: the last accepted event, requests in the last "
         "hour, retrying and dead events, an open silence alert, the last reconciliation, "
-        "and why a source is not ok. Exits 0 when all are ok, 1 when something needs "
+        "and why a source is not ok; then each outbox destination's backlog, failed "
+        "messages and breaker. Exits 0 when all are ok, 1 when something needs "
         "attention, 2 when an alert is open, 3 when the status cannot be read."
     )
 
@@ -58,10 +70,11 @@ class Command(BaseCommand):
         now = timezone.now()
         try:
             statuses = source_statuses(now=now)
+            destinations = destination_statuses(now=now)
         except DatabaseError as exc:
             self.stderr.write(f"webhook_status: the status could not be read: {exc}")
             raise SystemExit(UNKNOWN) from None
-        verdict = status_verdict(statuses)
+        verdict = status_verdict(statuses, destinations)
         code = int(verdict.state)  # OK 0, ATTENTION 1, ALERT 2
 
         if options["json"]:
@@ -71,10 +84,13 @@ class Command(BaseCommand):
                 "verdict": verdict.text,
                 "exit_code": code,
                 "sources": [s.as_dict() for s in statuses],
+                "destinations": [d.as_dict() for d in destinations],
             }
             self.stdout.write(json.dumps(document, indent=2))
         else:
             self._report(now, verdict.state, verdict.text, statuses)
+            if destinations:
+                self._destinations(destinations)
         if code:
             raise SystemExit(code)
 
@@ -83,24 +99,38 @@ class Command(BaseCommand):
     def _report(
         self, now: datetime, state: State, verdict: str, statuses: Sequence[SourceStatus]
     ) -> None:
-        self.stdout.write(f"Webhook sources at {timezone.localtime(now):%Y-%m-%d %H:%M:%S %Z}")
+        self.stdout.write(f"Webhooks at {timezone.localtime(now):%Y-%m-%d %H:%M:%S %Z}")
         self.stdout.write(self._styled(state, f"{state.name}: {verdict}"))
         self.stdout.write("")
-        rows = [_row(s) for s in statuses]
-        widths = [max(len(r[i]) for r in (COLUMNS, *rows)) for i in range(len(COLUMNS))]
-        self.stdout.write(_line(COLUMNS, widths))
+        self._table(COLUMNS, [(s.state, _row(s)) for s in statuses])
+        self._reasons([(s.source, s.state, s.reasons) for s in statuses])
+
+    def _destinations(self, destinations: Sequence[DestinationStatus]) -> None:
+        self.stdout.write("")
+        self._table(DESTINATION_COLUMNS, [(d.state, _destination_row(d)) for d in destinations])
+        self._reasons([(d.name, d.state, d.reasons) for d in destinations])
+
+    def _table(self, columns: Sequence[str], rows: Sequence[tuple[State, Sequence[str]]]) -> None:
+        """The columns, then a row each, its second cell (the state) coloured."""
+        widths = [
+            max(len(r[i]) for r in (columns, *(r for _, r in rows))) for i in range(len(columns))
+        ]
+        self.stdout.write(_line(columns, widths))
         self.stdout.write("  ".join("-" * w for w in widths))
-        for status, row in zip(statuses, rows, strict=True):
+        for state, row in rows:
             # pad first, colour after: escape codes would count as width
             cells = [v.ljust(w) for v, w in zip(row, widths, strict=True)]
-            cells[1] = self._styled(status.state, cells[1])
+            cells[1] = self._styled(state, cells[1])
             self.stdout.write("  ".join(cells).rstrip())
-        for status in statuses:
-            if not status.reasons:
+
+    def _reasons(self, named: Sequence[tuple[str, State, Sequence[Reason]]]) -> None:
+        """Why each one that is not ok is not, a line a reason."""
+        for name, state, reasons in named:
+            if not reasons:
                 continue
             self.stdout.write("")
-            self.stdout.write(self._styled(status.state, f"{status.source}: {status.state.name}"))
-            for reason in status.reasons:
+            self.stdout.write(self._styled(state, f"{name}: {state.name}"))
+            for reason in reasons:
                 text = _shorten(reason.text)
                 self.stdout.write(
                     f"  {self._styled(reason.state, reason.state.name.ljust(9))}  {text}"
@@ -128,6 +158,23 @@ def _row(s: SourceStatus) -> tuple[str, ...]:
         "-" if s.oldest_retry_age is None else duration_text(s.oldest_retry_age),
         "-" if alert is None else f"open {duration_text(s.now - alert.opened_at)}",
         _reconciliation(s),
+    )
+
+
+def _destination_row(d: DestinationStatus) -> tuple[str, ...]:
+    age = d.oldest_eligible_age
+    breaker = d.breaker.state
+    if d.breaker.until is not None:
+        breaker += f" {duration_text(d.breaker.until - d.now)}"
+    success = d.last_success_at
+    return (
+        d.name if d.enabled else f"{d.name} (disabled)",
+        d.state.name,
+        str(d.backlog),
+        "-" if age is None else duration_text(age),
+        str(d.failed),
+        breaker,
+        "never" if success is None else f"{duration_text(d.now - success)} ago",
     )
 
 

@@ -74,8 +74,22 @@ class ReasonLine:
     link: Link | None
 
 
+class _Stated:
+    """A row's state, as a CSS class's word and as a badge."""
+
+    status: SourceStatus | DestinationStatus
+
+    @property
+    def state(self) -> str:
+        return self.status.state.label
+
+    @property
+    def badge(self) -> SafeString:
+        return badge(self.status.state)
+
+
 @dataclass(frozen=True)
-class Row:
+class Row(_Stated):
     status: SourceStatus
     gaps: GapStats | None
     last_accepted: Link
@@ -115,17 +129,9 @@ class Row:
         run = self.status.last_run
         return f"started {duration_text(self.status.now - run.started_at)} ago" if run else ""
 
-    @property
-    def state(self) -> str:
-        return self.status.state.label
-
-    @property
-    def badge(self) -> SafeString:
-        return badge(self.status.state)
-
 
 @dataclass(frozen=True)
-class DestinationRow:
+class DestinationRow(_Stated):
     status: DestinationStatus
     name: Link
     backlog: Link
@@ -148,14 +154,6 @@ class DestinationRow:
     def last_success(self) -> str:
         at = self.status.last_success_at
         return "never" if at is None else f"{duration_text(self.status.now - at)} ago"
-
-    @property
-    def state(self) -> str:
-        return self.status.state.label
-
-    @property
-    def badge(self) -> SafeString:
-        return badge(self.status.state)
 
 
 def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
@@ -201,6 +199,13 @@ class _Links:
         self.request, self.site, self.now = request, site, now
 
     def url(self, model: type[Model], **query: Any) -> str | None:
+        path = self._admin_url(model, "changelist")
+        return f"{path}?{urlencode(query)}" if path and query else path
+
+    def change_url(self, model: type[Model], pk: int) -> str | None:
+        return self._admin_url(model, "change", pk)
+
+    def _admin_url(self, model: type[Model], view: str, *args: Any) -> str | None:
         try:
             model_admin = self.site.get_model_admin(model)
         except NotRegistered:
@@ -208,8 +213,7 @@ class _Links:
         if not model_admin.has_view_permission(self.request):
             return None
         opts = model._meta
-        path = reverse(f"{self.site.name}:{opts.app_label}_{opts.model_name}_changelist")
-        return f"{path}?{urlencode(query)}" if query else path
+        return reverse(f"{self.site.name}:{opts.app_label}_{opts.model_name}_{view}", args=args)
 
     def row(self, s: SourceStatus, gaps: GapStats | None) -> Row:
         source = s.source
@@ -273,16 +277,6 @@ class _Links:
             failed=Link(f"{d.failed} failed", messages["failed"]),
             reasons=[ReasonLine(r, Link("show", reason_urls.get(r.code))) for r in d.reasons],
         )
-
-    def change_url(self, model: type[Model], pk: int) -> str | None:
-        try:
-            model_admin = self.site.get_model_admin(model)
-        except NotRegistered:
-            return None
-        if not model_admin.has_view_permission(self.request):
-            return None
-        opts = model._meta
-        return reverse(f"{self.site.name}:{opts.app_label}_{opts.model_name}_change", args=[pk])
 
     def audit_url(self, source: str) -> str | None:
         since = (self.now - LAST_HOUR).replace(microsecond=0)

@@ -630,6 +630,9 @@ def test_the_example_alerts_use_only_metrics_that_exist():
         "webhook_receiver_last_event_timestamp_seconds",
         "webhook_receiver_silence_alert_open",
         "webhook_receiver_repair_items_open",
+        "webhook_receiver_outbox_breaker_open",
+        "webhook_receiver_outbox_failed",
+        "webhook_receiver_outbox_oldest_eligible_age_seconds",
     }
     assert used <= exposed, used - exposed
     assert {
@@ -639,6 +642,9 @@ def test_the_example_alerts_use_only_metrics_that_exist():
         "webhook_receiver_oldest_retry_age_seconds",
         "webhook_receiver_repair_items_open",
         "webhook_receiver_rejected_total",
+        "webhook_receiver_outbox_breaker_open",
+        "webhook_receiver_outbox_failed",
+        "webhook_receiver_outbox_oldest_eligible_age_seconds",
     } <= used
 
 
@@ -651,3 +657,20 @@ def test_the_example_alerts_are_valid_yaml():
     assert rules
     for rule in rules:
         assert {"alert", "expr", "labels", "annotations"} <= set(rule)
+
+
+def test_the_outbox_alerts_fire_when_they_should():
+    """deploy/prometheus/alerts_test.yml, with Prometheus' own rule tester."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("needs promtool (Debian's prometheus package)")
+    result = subprocess.run(
+        [promtool, "test", "rules", str(ALERTS.with_name("alerts_test.yml"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -43,7 +43,6 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -56,7 +55,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from .common import SHOP_SECRET
-from .server import BASE_DIR, database_recreate, git_commit, raise_on_sigterm
+from .server import BASE_DIR, LoggedProcess, database_recreate, git_commit, raise_on_sigterm
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_relay"
 BROKER_URL = "redis://127.0.0.1:6379/14"
@@ -472,71 +471,29 @@ def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
 # --- the Celery worker ------------------------------------------------------------------
 
 
-class Worker:
-    """``celery -A project worker`` on the bench database and broker, in a session of its
-    own; killed (the whole group it started) on exit."""
+class Worker(LoggedProcess):
+    """``celery -A project worker`` on the bench database and broker (SIGTERM: a warm
+    shutdown, the worker stops its own pool)."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env = env
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
+    name = "the worker"
+    startup_timeout = 60
 
-    def __enter__(self) -> Worker:
+    def command(self) -> list[str]:
         command = [sys.executable, "-m", "celery", "-A", "project", "worker"]
         command += ["--pool", "prefork", "--concurrency", str(WORKER_CONCURRENCY)]
-        command += ["--loglevel", "INFO", "--without-mingle", "--without-gossip"]
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=BASE_DIR,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return command + ["--loglevel", "INFO", "--without-mingle", "--without-gossip"]
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the worker exited at start-up:\n{self.tail()}")
-            if " ready." in self.log.read_text(errors="replace"):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"the worker did not start in 60 s:\n{self.tail()}")
+    def ready(self) -> bool:
+        return " ready." in self.log_path.read_text(errors="replace")
 
     def task_runs(self) -> int:
         """relay_destination runs finished so far (the worker logs each at INFO)."""
-        text = self.log.read_text(errors="replace")
+        text = self.log_path.read_text(errors="replace")
         return sum(
             1
             for line in text.splitlines()
             if "webhook_receiver.relay_destination[" in line and " succeeded in " in line
         )
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()  # a warm shutdown: the worker stops its own pool
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the group this runner started
-            process.wait()
-
-    def tail(self, lines: int = 20) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
 def limiter(args: argparse.Namespace, receiver: Receiver, worker: Worker, dest) -> dict[str, Any]:

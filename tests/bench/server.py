@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Self
 
 import environ
 import psycopg
@@ -92,35 +93,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class GunicornServer:
-    """``project.wsgi`` under gunicorn; stopped on exit, whatever ended the run."""
+class LoggedProcess:
+    """A command run for a bench in a session of its own (a Ctrl-C reaches the runner,
+    which stops it itself), its output in a log: started on enter and waited for until
+    ``ready()``, stopped on exit whatever ended the run (SIGTERM, then SIGKILL to the
+    group it started if it hangs)."""
+
+    name = "the process"
+    startup_timeout = STARTUP_TIMEOUT_SECONDS
+    stop_timeout = STOP_TIMEOUT_SECONDS
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.env = env
         self.log_path = log_path
-        self.host = HOST
-        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> GunicornServer:
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
-            # its own session: a Ctrl-C reaches the runner, which stops the server itself
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gunicorn",
-                    "project.wsgi",
-                    "--workers",
-                    str(GUNICORN_WORKERS),
-                    "--worker-class",
-                    "sync",
-                    "--bind",
-                    f"{self.host}:{self.port}",
-                    "--log-level",
-                    "warning",
-                ],
+                self.command(),
                 cwd=BASE_DIR,
                 env=self.env,
                 stdout=log,
@@ -143,17 +141,64 @@ class GunicornServer:
         self.stop()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited at start-up:\n{self.log_tail()}")
-            if self._answers():
+                raise RuntimeError(f"{self.name} exited at start-up:\n{self.log_tail()}")
+            if self.ready():
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"gunicorn did not answer in {STARTUP_TIMEOUT_SECONDS}s")
+        raise RuntimeError(
+            f"{self.name} was not ready in {self.startup_timeout} s:\n{self.log_tail()}"
+        )
 
-    def _answers(self) -> bool:
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the group this process started
+            process.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class GunicornServer(LoggedProcess):
+    """``project.wsgi`` under gunicorn (SIGTERM: the master stops its workers)."""
+
+    name = "gunicorn"
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        super().__init__(env, log_path)
+        self.host = HOST
+        self.port = free_port()
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "project.wsgi",
+            "--workers",
+            str(GUNICORN_WORKERS),
+            "--worker-class",
+            "sync",
+            "--bind",
+            f"{self.host}:{self.port}",
+            "--log-level",
+            "warning",
+        ]
+
+    def ready(self) -> bool:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
         try:
             conn.request("GET", BARE_PATH)  # any HTTP answer (a 405 here) means it serves
@@ -163,25 +208,6 @@ class GunicornServer:
             return False
         finally:
             conn.close()
-
-    def stop(self) -> None:
-        """SIGTERM the master (it stops its workers); SIGKILL the group if it hangs."""
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the group this server started
-            process.wait()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 # --- the runners' shared odds and ends ------------------------------------------------

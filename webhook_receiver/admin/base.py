@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,8 +24,9 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 
 from ..models import FailedEvent, WebhookReceipt
 
@@ -205,6 +207,26 @@ def _pretty_json(raw: bytes) -> str:
         return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
     except ValueError:
         return raw.decode("utf-8", "replace")
+
+
+# --- list cells ---------------------------------------------------------------------------
+
+
+def wrap_words(text: str) -> str:
+    """A break allowed after each dot, colon and underscore: event types and keys wrap
+    between their words in a narrow column."""
+    words = re.split(r"(?<=[._:])", text)
+    return format_html_join(mark_safe("<wbr>"), "{}", ((w,) for w in words)) or "-"
+
+
+def stacked_lines(lines: list[tuple[str, str, datetime | None]]) -> str:
+    """(text, CSS class, moment) a line each, stacked in one cell; a moment's full time
+    is the line's title."""
+    return format_html_join(
+        "",
+        '<span class="wr-line {}" title="{}">{}</span>',
+        ((css, full_time(moment) if moment else "", text) for text, css, moment in lines),
+    )
 
 
 # --- times, as the lists and detail pages show them ---------------------------------------

@@ -8,7 +8,6 @@ as the list's actions.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Any
 
@@ -20,7 +19,6 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from ..models import FailedEvent, FailureStatus, Result
@@ -35,9 +33,10 @@ from .base import (
     ReadOnlyAdmin,
     StoredEventDisplay,
     compact_time,
-    full_time,
+    stacked_lines,
     trace_link,
     trace_url,
+    wrap_words,
 )
 
 MAX_FAILURES_LISTED = 5
@@ -166,26 +165,20 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
 
     @admin.display(description="event type", ordering="event_type")
     def type_name(self, obj: FailedEvent) -> str:
-        # a break allowed after each dot and underscore: types wrap between their words
-        words = re.split(r"(?<=[._])", obj.event_type)
-        return format_html_join(mark_safe("<wbr>"), "{}", ((w,) for w in words)) or "-"
+        return wrap_words(obj.event_type)
 
     @admin.display(description="status", ordering="status")
     def state(self, obj: FailedEvent) -> str:
         """The status, then the attempts and when the last one failed, then (retrying)
         when the next one is due."""
         attempts = ngettext("%d attempt", "%d attempts", obj.attempts) % obj.attempts
-        lines = [(obj.get_status_display(), "", "")]
+        lines = [(obj.get_status_display(), "", None)]
         lines.append((attempts, "wr-under", ""))
         lines.append((f"last {compact_time(obj.last_attempt_at)}", "wr-under", obj.last_attempt_at))
         if obj.next_attempt_at is not None:
             when = f"next {compact_time(obj.next_attempt_at)}"
             lines.append((when, "wr-under", obj.next_attempt_at))
-        return format_html_join(
-            "",
-            '<span class="wr-line {}" title="{}">{}</span>',
-            ((css, full_time(moment) if moment else "", text) for text, css, moment in lines),
-        )
+        return stacked_lines(lines)
 
     @admin.display(description="last error", ordering="last_error_class")
     def last_error(self, obj: FailedEvent) -> str:

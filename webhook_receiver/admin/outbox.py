@@ -55,8 +55,10 @@ from .base import (
     compact_time,
     full_time,
     pre,
+    stacked_lines,
     trace_link,
     trace_url,
+    wrap_words,
 )
 
 # the list shows the start of the last answer; its title holds the whole of it
@@ -86,13 +88,6 @@ def _moment(moment: datetime | None, empty: str = "-") -> str:
     if moment is None:
         return empty
     return format_html('<span title="{}">{}</span>', full_time(moment), compact_time(moment))
-
-
-def _wrap_words(text: str) -> str:
-    """A break allowed after each dot, colon and underscore: types and keys wrap between
-    their words."""
-    words = re.split(r"(?<=[._:])", text)
-    return format_html_join(mark_safe("<wbr>"), "{}", ((w,) for w in words)) or "-"
 
 
 def last_answer_text(status_code: int | None, error: str) -> str:
@@ -201,13 +196,13 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     def message(self, obj: OutboxMessage) -> str:
         under = []
         if obj.ordering_key:
-            under.append(format_html("ordering key {}", _wrap_words(obj.ordering_key)))
+            under.append(format_html("ordering key {}", wrap_words(obj.ordering_key)))
         if obj.origin_event_key:
             under.append(trace_link(obj.origin_source, obj.origin_event_key))
         return format_html(
             '<a href="{}" class="wr-key">{}</a>{}',
             _admin_url(OutboxMessage, "change", quote(obj.pk)),
-            _wrap_words(obj.key),
+            wrap_words(obj.key),
             format_html('<span class="wr-under">{}</span>', mark_safe(" · ".join(under)))
             if under
             else "",
@@ -219,7 +214,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
 
     @admin.display(description="event type", ordering="event_type")
     def type_name(self, obj: OutboxMessage) -> str:
-        return _wrap_words(obj.event_type)
+        return wrap_words(obj.event_type)
 
     @admin.display(description="status", ordering="status")
     def state(self, obj: OutboxMessage) -> str:
@@ -236,11 +231,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             lines.append((f"lease {compact_time(obj.lease_until)}", "wr-under", obj.lease_until))
         elif obj.status == MessageStatus.DELIVERED and obj.delivered_at:
             lines.append((f"at {compact_time(obj.delivered_at)}", "wr-under", obj.delivered_at))
-        return format_html_join(
-            "",
-            '<span class="wr-line {}" title="{}">{}</span>',
-            ((css, full_time(moment) if moment else "", text) for text, css, moment in lines),
-        )
+        return stacked_lines(lines)
 
     @admin.display(description="last answer", ordering="last_status_code")
     def last_answer(self, obj: OutboxMessage) -> str:

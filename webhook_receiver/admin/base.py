@@ -86,9 +86,13 @@ class ObjectButton:
     # the list action's method: (request, one-row queryset) -> a confirmation page, or
     # None once it has acted
     method: str
-    # the statuses it applies to, and the past participle for "cannot be …"
-    statuses: tuple[str, ...]
+    # the statuses it applies to (None: an object without one, any object), and the
+    # past participle for "cannot be …"
+    statuses: tuple[str, ...] | None
     done: str
+
+    def applies_to(self, obj: Any) -> bool:
+        return self.statuses is None or obj.status in self.statuses
 
 
 class ObjectButtons:
@@ -126,9 +130,7 @@ class ObjectButtons:
         buttons: dict[str, Any] = {}
         if obj is not None:
             for name, button in self.object_buttons.items():
-                allowed = obj.status in button.statuses and self.has_custom_permission(
-                    request, name
-                )
+                allowed = button.applies_to(obj) and self.has_custom_permission(request, name)
                 buttons[f"{name}_url"] = self.object_url(name, obj) if allowed else None
             buttons.update(self.button_context(request, obj))
         return super().change_view(
@@ -158,7 +160,7 @@ class ObjectButtons:
             self.has_view_permission(request, obj) and self.has_custom_permission(request, name)
         ):
             raise PermissionDenied
-        if obj.status not in button.statuses:
+        if not button.applies_to(obj):
             self.message_user(
                 request,
                 f"A {self.object_status_text(obj).lower()} {self.object_noun} "

@@ -24,12 +24,11 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.admin.utils import quote, unquote
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.utils import quote
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
@@ -667,8 +666,12 @@ CONFIGURATION = (*DestinationForm.Meta.fields, "secrets", "updated_at")
 
 
 @admin.register(WebhookDestination)
-class WebhookDestinationAdmin(admin.ModelAdmin):
+class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     """Destinations with their health; add, change, disable; recover since…"""
+
+    # "Recover since…" on a destination's page: the list action on that one destination
+    object_buttons = {"recover": ObjectButton("recover_since_selected", None, "recovered")}
+    object_noun = "destination"
 
     form = DestinationForm
     list_display = (
@@ -862,38 +865,9 @@ class WebhookDestinationAdmin(admin.ModelAdmin):
 
     # --- Recover since… ------------------------------------------------------------------
 
-    def get_urls(self) -> list[URLPattern]:
-        info = self.opts.app_label, self.opts.model_name
-        recover = path(
-            "<path:object_id>/recover/",
-            self.admin_site.admin_view(self.recover_view),
-            name="{}_{}_recover".format(*info),
-        )
-        return [recover, *super().get_urls()]
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        extra = dict(extra_context or {})
-        if self.has_recover_permission(request):
-            extra["recover_url"] = _admin_url(WebhookDestination, "recover", object_id)
-        return super().change_view(request, object_id, form_url, extra_context=extra)
-
-    def recover_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        dest = self.get_object(request, unquote(object_id))
-        if dest is None:
-            raise Http404("No destination with that id.")
-        if not (self.has_view_permission(request, dest) and self.has_recover_permission(request)):
-            raise PermissionDenied
-        selection = self.get_queryset(request).filter(pk=dest.pk)
-        response = self.recover_since_selected(request, selection)
-        return response or HttpResponseRedirect(
-            _admin_url(WebhookDestination, "change", quote(dest.pk))
-        )
+    def has_custom_permission(self, request: HttpRequest, action: str) -> bool:
+        """ObjectButtons' check: the one button is Recover since…"""
+        return action == "recover" and self.has_recover_permission(request)
 
     @admin.action(description="Recover failed messages since…", permissions=["recover"])
     def recover_since_selected(

@@ -22,6 +22,7 @@ from webhook_receiver.services.trace import EffectSection
 from .models import InventoryLedgerEntry, OrderState
 
 MAX_LINES = 200
+ORDER_ID_MAX_LENGTH = OrderState._meta.get_field("order_id").max_length
 
 
 def shop_effects(*, source: str, event_key: str) -> list[EffectSection]:
@@ -73,10 +74,15 @@ def _order_concerned(source: str, event_key: str) -> str:
         return ""
     try:
         data = json.loads(bytes(body)).get("data")
-    except (ValueError, AttributeError):  # not JSON, or not an object: no order to show
-        return ""
+    except (ValueError, RecursionError, AttributeError):
+        return ""  # not JSON, nested too deep to read, or not an object: no order to show
     order_id = data.get("order_id") if isinstance(data, dict) else None
-    return order_id if isinstance(order_id, str) else ""
+    # An id the handlers refuse (NUL or another control character, longer than the
+    # column) was never stored, so no order holds it; PostgreSQL would refuse even the
+    # lookup of one holding NUL.
+    if not isinstance(order_id, str) or not order_id.isprintable():
+        return ""
+    return order_id if len(order_id) <= ORDER_ID_MAX_LENGTH else ""
 
 
 def _ledger(event_key: str, lines: list[InventoryLedgerEntry], caveat: str) -> EffectSection:

@@ -8,7 +8,6 @@ its service, which records who did it and when.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +20,7 @@ from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
+from django.template.response import SimpleTemplateResponse, TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -29,9 +28,58 @@ from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
 from ..models import FailedEvent, WebhookReceipt
+from ..services import display
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+def visible_response(response: HttpResponse) -> HttpResponse:
+    """``response`` with every invisible character its page shows escaped
+    (display.visible_html), once it is rendered; anything but an HTML page as it is."""
+    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+        response.add_post_render_callback(_visible_content)
+    elif response.get("Content-Type", "").startswith("text/html") and not response.streaming:
+        _visible_content(response)
+    return response
+
+
+def _visible_content(response: HttpResponse) -> None:
+    page = response.content.decode(response.charset)
+    shown = display.visible_html(page)
+    if shown is not page:
+        response.content = shown.encode(response.charset)
+
+
+class VisibleText:
+    """Every page of a model admin (list, actions and their confirmation pages, detail,
+    history, delete) passed through visible_response: what peers sent is shown with its
+    bidirectional controls and invisible characters as escapes, whichever field, filter,
+    title or message carries it."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        return visible_response(super().changelist_view(request, extra_context))
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> HttpResponse:
+        return visible_response(
+            super().changeform_view(request, object_id, form_url, extra_context)
+        )
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        return visible_response(super().history_view(request, object_id, extra_context))
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        return visible_response(super().delete_view(request, object_id, extra_context))
+
+
+class ReadOnlyAdmin(VisibleText, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -170,7 +218,9 @@ class ObjectButtons:
             return HttpResponseRedirect(self.object_url("change", obj))
         selection = self.get_queryset(request).filter(pk=obj.pk)
         response = getattr(self, button.method)(request, selection)
-        return response or HttpResponseRedirect(self.object_url("change", obj))
+        if response is None:
+            return HttpResponseRedirect(self.object_url("change", obj))
+        return visible_response(response)
 
 
 def trace_url(source: str, event_key: str) -> str:
@@ -192,7 +242,7 @@ class StoredEventDisplay:
 
     @admin.display(description="body")
     def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:
-        return pre(_pretty_json(bytes(obj.body)))
+        return pre(display.body_text(bytes(obj.body)))
 
     @admin.display(description="headers")
     def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
@@ -201,14 +251,9 @@ class StoredEventDisplay:
 
 
 def pre(text: str) -> str:
-    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
-
-
-def _pretty_json(raw: bytes) -> str:
-    try:
-        return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
-    except ValueError:
-        return raw.decode("utf-8", "replace")
+    """Stored text as it came, its lines kept; a value of thousands of characters with no
+    space wraps anywhere rather than widen the page."""
+    return format_html('<pre class="wr-pre">{}</pre>', text)
 
 
 # --- list cells ---------------------------------------------------------------------------

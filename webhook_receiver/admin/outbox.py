@@ -16,7 +16,6 @@ The admin only calls the services of ``outbox/operations.py``.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from datetime import datetime
 from typing import Any
@@ -45,6 +44,7 @@ from ..outbox.operations import (
     message_discard,
     message_retry_now,
 )
+from ..services import display
 from ..services.status import duration_text
 from ..signatures.standard import secret_key
 from .base import (
@@ -300,7 +300,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: OutboxMessage) -> str:
-        return pre(json.dumps(obj.payload, indent=2, sort_keys=True, ensure_ascii=False))
+        return pre(display.json_text(obj.payload))
 
     @admin.display(description="attempts")
     def attempt_history(self, obj: OutboxMessage) -> str:

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
 from ..models import SourceOverview
-from .base import ReadOnlyAdmin
+from .base import ReadOnlyAdmin, visible_response
 
 
 @admin.register(SourceOverview)
@@ -25,9 +25,9 @@ class SourceOverviewAdmin(ReadOnlyAdmin):
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
         from .overview_page import overview_page
 
-        return overview_page(self, request)
+        return visible_response(overview_page(self, request))
 
     def trace_view(self, request: HttpRequest) -> HttpResponse:
         from .trace import trace_page
 
-        return trace_page(self, request)
+        return visible_response(trace_page(self, request))

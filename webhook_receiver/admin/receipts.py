@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from django.contrib import admin
 
 from ..models import WebhookReceipt
+from ..services import display
 from .base import ReadOnlyAdmin, StoredEventDisplay, pre, trace_link
 
 
@@ -42,7 +41,7 @@ class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
 
     @admin.display(description="outcome")
     def pretty_outcome(self, obj: WebhookReceipt) -> str:
-        return pre(json.dumps(obj.outcome, indent=2, sort_keys=True))
+        return pre(display.json_text(obj.outcome))
 
     @admin.display(description="trace")
     def trace(self, obj: WebhookReceipt) -> str:

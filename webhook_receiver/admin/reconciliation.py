@@ -9,7 +9,6 @@ required note.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable
 
@@ -22,7 +21,7 @@ from django.utils.html import format_html_join
 from django.utils.translation import ngettext
 
 from ..models import ReconciliationRun, RepairItem, RunOutcome
-from ..services import repair
+from ..services import display, repair
 from .base import ReadOnlyAdmin, pre
 
 ACTION_TEMPLATE = "admin/webhook_receiver/repairitem/action_confirmation.html"
@@ -253,8 +252,8 @@ class RepairItemAdmin(ReadOnlyAdmin):
 
     @admin.display(description="the sender says")
     def pretty_sender_says(self, obj: RepairItem) -> str:
-        return pre(json.dumps(obj.sender_says, indent=2, sort_keys=True))
+        return pre(display.json_text(obj.sender_says))
 
     @admin.display(description="we hold")
     def pretty_we_hold(self, obj: RepairItem) -> str:
-        return pre(json.dumps(obj.we_hold, indent=2, sort_keys=True))
+        return pre(display.json_text(obj.we_hold))

@@ -7,7 +7,6 @@ traced. Guarded by the view permission on the overview (SourceOverview).
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +17,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from ..conf import app_settings
+from ..services import display
 from ..services.trace import EventTrace, ago, event_key_sources, event_trace
 
 TEMPLATE = "admin/webhook_receiver/trace.html"
@@ -75,11 +75,7 @@ def _page_trace(trace: EventTrace, now: datetime) -> dict[str, Any]:
     return {
         "trace": trace,
         "deliveries": [{"d": d, "age": ago(d.received_at, now)} for d in trace.deliveries],
-        "outcome": (
-            json.dumps(receipt.outcome, indent=2, sort_keys=True, ensure_ascii=False)
-            if receipt
-            else ""
-        ),
+        "outcome": display.json_text(receipt.outcome) if receipt else "",
         "ages": {
             "receipt": ago(receipt.received_at, now) if receipt else "",
             "first": ago(failed.first_attempt_at, now) if failed else "",

@@ -19,9 +19,12 @@ DIGEST_PREFIX = "sha256:"
 LATEST_TIMESTAMP = 253402300799
 
 
-def _escape(char: str) -> str:
+def escape(char: str) -> str:
+    """One character in Python's notation: ``\\x00``, ``\\u202e``, ``\\U000e0041``."""
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _unstorable(char: str) -> bool:
@@ -35,7 +38,7 @@ def text(value: str, max_length: int) -> str:
     ``max_length``: for values that are shown and searched, never compared for identity."""
     if value.isprintable() and len(value) <= max_length:  # the usual case, at C speed
         return value
-    return "".join(_escape(c) if _unstorable(c) else c for c in value)[:max_length]
+    return "".join(escape(c) if _unstorable(c) else c for c in value)[:max_length]
 
 
 def key(raw: str) -> str:

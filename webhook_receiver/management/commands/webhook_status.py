@@ -17,6 +17,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from webhook_receiver.outbox.status import DestinationStatus, destination_statuses
+from webhook_receiver.services import display
 from webhook_receiver.services.status import (
     Reason,
     SourceStatus,
@@ -100,7 +101,7 @@ class Command(BaseCommand):
         self, now: datetime, state: State, verdict: str, statuses: Sequence[SourceStatus]
     ) -> None:
         self.stdout.write(f"Webhooks at {timezone.localtime(now):%Y-%m-%d %H:%M:%S %Z}")
-        self.stdout.write(self._styled(state, f"{state.name}: {verdict}"))
+        self.stdout.write(self._styled(state, f"{state.name}: {display.visible(verdict)}"))
         self.stdout.write("")
         self._table(COLUMNS, [(s.state, _row(s)) for s in statuses])
         self._reasons([(s.source, s.state, s.reasons) for s in statuses])
@@ -111,7 +112,9 @@ class Command(BaseCommand):
         self._reasons([(d.name, d.state, d.reasons) for d in destinations])
 
     def _table(self, columns: Sequence[str], rows: Sequence[tuple[State, Sequence[str]]]) -> None:
-        """The columns, then a row each, its second cell (the state) coloured."""
+        """The columns, then a row each, its second cell (the state) coloured. A name may
+        be a peer's (a source seen in the records): shown through display.visible."""
+        rows = [(state, [display.visible(v) for v in row]) for state, row in rows]
         widths = [
             max(len(r[i]) for r in (columns, *(r for _, r in rows))) for i in range(len(columns))
         ]
@@ -129,7 +132,7 @@ class Command(BaseCommand):
             if not reasons:
                 continue
             self.stdout.write("")
-            self.stdout.write(self._styled(state, f"{name}: {state.name}"))
+            self.stdout.write(self._styled(state, f"{display.visible(name)}: {state.name}"))
             for reason in reasons:
                 text = _shorten(reason.text)
                 self.stdout.write(
@@ -193,5 +196,7 @@ def _line(values: Sequence[str], widths: Sequence[int]) -> str:
 
 
 def _shorten(text: str) -> str:
-    text = " ".join(text.split())
+    """One line, its invisible characters (a sender's error text may hold them) shown as
+    escapes, shortened."""
+    text = display.visible(" ".join(text.split()))
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"

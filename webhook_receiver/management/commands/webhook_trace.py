@@ -1,8 +1,11 @@
-"""Print the whole story of one event key: manage.py webhook_trace KEY [--source SLUG]."""
+"""Print the whole story of one event key: manage.py webhook_trace KEY [--source SLUG].
+
+Every value a peer sent is printed through display.visible: a control character or a
+bidirectional override in a stored value is printed as its escape, never sent to the
+terminal (where it could move the cursor or reorder the line)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from webhook_receiver.conf import app_settings
+from webhook_receiver.services import display
 from webhook_receiver.services.trace import (
     EffectSection,
     EventTrace,
@@ -40,7 +44,7 @@ class Command(BaseCommand):
         found = [trace for trace in traces if trace.found]
         if not found:
             where = f"source {options['source']!r}" if options["source"] else "any source"
-            message = f"Nothing in {where} holds the event key {key!r}."
+            message = f"Nothing in {where} holds the event key {display.visible(key)!r}."
             elsewhere = event_key_sources(event_key=key) if options["source"] else []
             if elsewhere:
                 message += f" Sources that do: {', '.join(elsewhere)}."
@@ -55,8 +59,8 @@ class Command(BaseCommand):
         title = f"{trace.source} · {trace.event_key}"
         if trace.event_type:
             title += f" · {trace.event_type}"
-        self.stdout.write(self.style.MIGRATE_HEADING(title))
-        self.stdout.write(trace.summary)
+        self.stdout.write(self.style.MIGRATE_HEADING(display.visible(title)))
+        self.stdout.write(display.visible(trace.summary))
 
         self._heading("Deliveries (oldest first)")
         self._table(
@@ -91,13 +95,13 @@ class Command(BaseCommand):
                     ),
                     ("event type", receipt.event_type or "-"),
                     ("subject", receipt.subject or "-"),
-                    ("outcome", json.dumps(receipt.outcome, sort_keys=True, ensure_ascii=False)),
+                    ("outcome", display.json_text(receipt.outcome, indent=None)),
                 ]
             )
 
         self._heading("Effects")
         if trace.effects_error:
-            self.stdout.write(self.style.ERROR(f"  {trace.effects_error}"))
+            self.stdout.write(self.style.ERROR(f"  {_cell(trace.effects_error, None)}"))
         elif not app_settings().trace_effects:
             self.stdout.write("  not shown: no WEBHOOK_RECEIVER['TRACE_EFFECTS'] hook")
         for section in trace.effects:
@@ -171,10 +175,10 @@ class Command(BaseCommand):
         self.stdout.write(self.style.HTTP_INFO(text))
 
     def _section(self, section: EffectSection) -> None:
-        self.stdout.write(f"  {section.title}")
+        self.stdout.write(f"  {_cell(section.title, None)}")
         self._table(section.columns, section.rows, empty="none", indent="    ")
         if section.note:
-            self.stdout.write(f"    {section.note}")
+            self.stdout.write(f"    {_cell(section.note, None)}")
 
     def _facts(self, facts: Sequence[tuple[str, str]]) -> None:
         width = max(len(name) for name, _ in facts)
@@ -205,7 +209,8 @@ def _when(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _cell(value: Any) -> str:
-    """One line per row whatever a stored value holds; long values shortened."""
-    text = " ".join(str(value).split())
-    return text if len(text) <= MAX_CELL_CHARS else text[: MAX_CELL_CHARS - 1] + "…"
+def _cell(value: Any, limit: int | None = MAX_CELL_CHARS) -> str:
+    """One line per row whatever a stored value holds, its invisible characters shown as
+    escapes; long values shortened to ``limit``."""
+    text = display.visible(" ".join(str(value).split()))
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"

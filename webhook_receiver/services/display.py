@@ -1,0 +1,119 @@
+"""Stored values made fit for showing: the counterpart of storable.py.
+
+A peer's text is shown as it came, except for what would mislead whoever reads it: a
+bidirectional control that reorders the text around it ("refund.\\u202edeunissi\\u202c.ok"
+reads "refund.issinued.ok"), a zero-width character hidden inside a word, a control
+character that moves a terminal's cursor, a lone surrogate that no page can encode. Each
+is shown as its escape (``\\u202e``), the notation storable.py uses for what a column
+cannot hold. Only what is shown changes: stored values, keys and links stay as they came.
+
+The admin applies ``visible_html`` to every page of its records (admin/base.py); the
+terminal commands apply ``visible`` to each value they print. Stored JSON is printed
+through ``body_text`` and ``json_text``, which answer for any bytes and any depth.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from . import storable
+
+# Format characters (Unicode category Cf: the bidirectional controls U+202A-202E,
+# U+2066-2069, U+200E/200F and U+061C among them, the zero-width ones, the tags),
+# control characters (Cc) but newline and tab, the line and paragraph separators (Zl,
+# Zp) and surrogates (Cs), as of Unicode 15.1. tests/test_peer_text_display.py checks
+# the class against the running Python's own tables.
+INVISIBLE = re.compile(
+    "["
+    "\x00-\x08\x0b-\x1f\x7f-\x9f\xad"
+    "\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+    "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
+    "\ud800-\udfff\ufeff\ufff9-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+    "]"
+)
+
+# what a page's forms post back, left as it is so that a form submits the stored value
+# (the trace page's key), not its escape: value attributes (Django quotes every attribute
+# with ", and escapes " in text, so a raw one is always markup) and a textarea's text
+_FORM_VALUES = re.compile(r'(\svalue="[^"]*"|<textarea\b.*?</textarea>)', re.IGNORECASE | re.DOTALL)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return storable.escape(match.group())
+
+
+def visible(text: str) -> str:
+    """``text`` with each invisible character (INVISIBLE) shown as its escape."""
+    if text.isprintable():  # the usual case, at C speed
+        return text
+    return INVISIBLE.sub(_escaped, text)
+
+
+def visible_html(page: str) -> str:
+    """A rendered page with every invisible character it shows escaped: in its text and
+    its attributes (a title), but not in the values its forms post back. The escapes
+    are letters, digits and backslashes, so the markup is unchanged."""
+    if not INVISIBLE.search(page):
+        return page
+    parts = _FORM_VALUES.split(page)
+    # split() puts the form values at the odd positions
+    return "".join(part if n % 2 else visible(part) for n, part in enumerate(parts))
+
+
+def body_text(raw: bytes) -> str:
+    """A stored body: indented when it is JSON, else as it came (bytes that are not
+    UTF-8 replaced by U+FFFD). JSON nested deeper than Python recurses is shown as it
+    came, which needs no parsing."""
+    try:
+        return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return raw.decode("utf-8", "replace")
+
+
+def json_text(value: Any, *, indent: int | None = 2) -> str:
+    """A stored JSON value (an outcome, a payload, what a sender said), indented with its
+    keys sorted. A value nested deeper than the encoder can recur from where it is called
+    (a page renders deep in the stack) is printed on one line without recursion."""
+    try:
+        return json.dumps(value, indent=indent, sort_keys=True, ensure_ascii=False)
+    except RecursionError:
+        return _flat_json(value)
+
+
+class _Markup(str):
+    """A piece of JSON syntax waiting on _flat_json's stack (not a value to encode)."""
+
+
+def _flat_json(value: Any) -> str:
+    """``json.dumps(value, sort_keys=True)`` with an explicit stack instead of recursion:
+    any depth, in time and memory linear in the value's size."""
+    parts: list[str] = []
+    todo: list[Any] = [value]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, _Markup):
+            parts.append(node)
+        elif isinstance(node, dict) and node:
+            # pushed in reverse: the last pushed is the first written
+            items = sorted(node.items(), reverse=True)
+            todo.append(_Markup("}"))
+            for n, (name, item) in enumerate(items):
+                todo.append(item)
+                separator = "" if n == len(items) - 1 else ", "
+                todo.append(_Markup(separator + json.dumps(str(name), ensure_ascii=False) + ": "))
+            todo.append(_Markup("{"))
+        elif isinstance(node, list) and node:
+            todo.append(_Markup("]"))
+            for n, item in enumerate(reversed(node)):
+                todo.append(item)
+                if n != len(node) - 1:
+                    todo.append(_Markup(", "))
+            todo.append(_Markup("["))
+        else:  # a scalar, {} or []
+            parts.append(json.dumps(node, ensure_ascii=False))
+    return "".join(parts)
+

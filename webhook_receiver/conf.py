@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .signatures import get_scheme
+from .signatures import SCHEMES, get_scheme
 
 DUPLICATE_CHECKS = ("adaptive", "read_first", "claim_first")
 
@@ -86,6 +86,12 @@ DEFAULTS: dict[str, Any] = {
         "X-Auth-Token",
         "X-Csrftoken",
     ],
+    # each scheme's signature headers (webhook-signature, stripe-signature,
+    # x-hub-signature-256, …) are stored redacted: what a record needs is that the
+    # signature verified, and a signature without a timestamp (GitHub's) lets whoever
+    # reads it resubmit the delivery. True keeps them, for a host that must show a sender
+    # the signature it received. The admin shows them redacted either way.
+    "KEEP_SIGNATURE_HEADERS": False,
 }
 
 POSITIVE_KEYS = (
@@ -200,6 +206,9 @@ class AppSettings:
     audit_retention: timedelta
     purge_batch_size: int
     redacted_headers: frozenset[str]
+    # the signature headers of every built-in scheme and every configured source's scheme
+    signature_headers: frozenset[str]
+    keep_signature_headers: bool
     retry_max_attempts: int
     retry_base_delay: float
     retry_max_delay: float
@@ -347,12 +356,16 @@ def app_settings() -> AppSettings:
             f"WEBHOOK_RECEIVER['DUPLICATE_CHECK'] must be one of {', '.join(DUPLICATE_CHECKS)}, "
             f"not {merged['DUPLICATE_CHECK']!r}."
         )
+    sources = {slug: _source(slug, opts) for slug, opts in merged["SOURCES"].items()}
+    schemes = [*SCHEMES.values(), *(get_scheme(s.scheme) for s in sources.values())]
     return AppSettings(
-        sources={slug: _source(slug, opts) for slug, opts in merged["SOURCES"].items()},
+        sources=sources,
         handlers=dict(merged["HANDLERS"]),
         audit_retention=timedelta(days=merged["AUDIT_RETENTION_DAYS"]),
         purge_batch_size=int(merged["PURGE_BATCH_SIZE"]),
         redacted_headers=frozenset(h.lower() for h in merged["REDACTED_HEADERS"]),
+        signature_headers=frozenset(h.lower() for s in schemes for h in s.signature_headers),
+        keep_signature_headers=bool(merged["KEEP_SIGNATURE_HEADERS"]),
         retry_max_attempts=int(merged["RETRY_MAX_ATTEMPTS"]),
         retry_base_delay=float(merged["RETRY_BASE_DELAY_SECONDS"]),
         retry_max_delay=float(merged["RETRY_MAX_DELAY_SECONDS"]),

@@ -238,7 +238,8 @@ def trace_link(source: str, event_key: str) -> str:
 
 class StoredEventDisplay:
     """The stored body, pretty-printed when it is JSON, and the headers, one per line.
-    Both are untrusted input: everything goes through format_html."""
+    Both are untrusted input: everything goes through format_html. Signature headers
+    are shown redacted whatever a row stored (REDACTED_HEADERS, KEEP_SIGNATURE_HEADERS)."""
 
     @admin.display(description="body")
     def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:
@@ -247,7 +248,8 @@ class StoredEventDisplay:
     @admin.display(description="headers")
     def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
         headers = obj.headers if isinstance(obj.headers, dict) else {}
-        return pre("\n".join(f"{k}: {v}" for k, v in sorted(headers.items())))
+        shown = display.redacted_headers(headers)
+        return pre("\n".join(f"{k}: {v}" for k, v in sorted(shown.items())))
 
 
 def pre(text: str) -> str:

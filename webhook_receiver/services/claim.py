@@ -283,5 +283,7 @@ duplicate_share = DuplicateShare()
 
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The headers worth keeping with an event: all but credentials (REDACTED_HEADERS),
-    made storable."""
-    return storable.headers(headers, leave_out=app_settings().redacted_headers)
+    signatures redacted (unless KEEP_SIGNATURE_HEADERS), made storable."""
+    config = app_settings()
+    redact = () if config.keep_signature_headers else config.signature_headers
+    return storable.headers(headers, leave_out=config.redacted_headers, redact=redact)

@@ -60,12 +60,19 @@ def moment(timestamp: int | None) -> datetime | None:
     return datetime.fromtimestamp(timestamp, UTC)
 
 
-def headers(received: Mapping[str, str], *, leave_out: Iterable[str]) -> dict[str, str]:
+# what a redacted header's value is stored (and shown) as
+REDACTED = "[redacted]"
+
+
+def headers(
+    received: Mapping[str, str], *, leave_out: Iterable[str], redact: Iterable[str] = ()
+) -> dict[str, str]:
     """The headers worth keeping, names and values made storable, ``leave_out`` (lower
-    case names: credentials) left out."""
-    dropped = frozenset(leave_out)
+    case names: credentials) left out, and the values of ``redact`` (lower case names:
+    signatures) replaced by REDACTED, so that the record says they were there."""
+    dropped, redacted = frozenset(leave_out), frozenset(redact)
     return {
-        text(name, 200): text(value, 8192)
+        text(name, 200): REDACTED if name.lower() in redacted else text(value, 8192)
         for name, value in received.items()
         if name.lower() not in dropped
     }

@@ -32,6 +32,9 @@ class Scheme:
     ``sign``; override the rest where the scheme differs from Standard Webhooks."""
 
     name: str = ""
+    # the request headers that carry its signatures (lower case): redacted before an
+    # event's headers are stored, and whenever stored headers are shown
+    signature_headers: tuple[str, ...] = ()
 
     def verify(
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes

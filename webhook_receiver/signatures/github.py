@@ -20,6 +20,8 @@ def _digest(secret: str, body: bytes) -> str:
 
 class GitHub(Scheme):
     name = "github"
+    # GitHub also sends the older SHA-1 signature whenever a secret is set
+    signature_headers = ("x-hub-signature-256", "x-hub-signature")
 
     def verify(
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes

@@ -58,6 +58,7 @@ def _digest(secret: str, message_id: str, timestamp: int, body: bytes) -> bytes:
 
 class StandardWebhooks(Scheme):
     name = "standard"
+    signature_headers = ("webhook-signature", "svix-signature")
 
     def verify(
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes

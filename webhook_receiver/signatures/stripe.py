@@ -20,6 +20,7 @@ def _digest(secret: str, timestamp: int, body: bytes) -> str:
 
 class Stripe(Scheme):
     name = "stripe"
+    signature_headers = ("stripe-signature",)
 
     def verify(
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes

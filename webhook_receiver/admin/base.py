@@ -255,7 +255,9 @@ class StoredEventDisplay:
 def pre(text: str) -> str:
     """Stored text as it came, its lines kept; a value of thousands of characters with no
     space wraps anywhere rather than widen the page."""
-    return format_html('<pre class="wr-pre">{}</pre>', text)
+    return format_html(
+        '<pre style="white-space: pre-wrap; overflow-wrap: anywhere; margin: 0">{}</pre>', text
+    )
 
 
 # --- list cells ---------------------------------------------------------------------------

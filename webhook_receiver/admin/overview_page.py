@@ -300,6 +300,7 @@ class _Links:
 
 BAR = 3  # px per bucket, the last one a gap
 LEFT = 46  # room for the scale's labels
+RIGHT = 16  # room for half a time label ("21:00") centred on the last column
 UP = 54  # accepted bars grow up from the axis…
 DOWN = 22  # …rejected ones down from it, each on its own scale
 TOP, LABELS = 6, 16
@@ -309,7 +310,7 @@ def chart_svg(buckets: list[ActivityBucket]) -> SafeString:
     """Accepted requests as blue bars above the axis, rejected ones as orange bars below
     it (position tells them apart as well as colour), one column per bucket, each with
     a <title>; time labels every 3 hours."""
-    width = LEFT + BAR * len(buckets) + 8
+    width = LEFT + BAR * len(buckets) + RIGHT
     base = TOP + UP
     height = base + DOWN + LABELS + 2
     most_ok = max((b.accepted for b in buckets), default=0)
@@ -344,19 +345,26 @@ def chart_svg(buckets: list[ActivityBucket]) -> SafeString:
                 b.rejected,
             )
         )
+    # the scale's labels in at most four characters ("24k"), so that they fit the room
+    # left of the axis whatever the counts; the exact count is the label's <title>
+    busiest = f"in the busiest {duration_text(size)}"
     scale = format_html(
-        '<text x="{}" y="{}" class="wr-scale">{}</text>'
-        '<text x="{}" y="{}" class="wr-scale">{}</text>'
+        '<text x="{}" y="{}" class="wr-scale">{} ▲<title>{} accepted {}</title></text>'
+        '<text x="{}" y="{}" class="wr-scale">{} ▼<title>{} rejected {}</title></text>'
         '<line x1="{}" y1="{}" x2="{}" y2="{}" class="wr-axis"/>',
         LEFT - 4,
         TOP + 9,
-        f"{most_ok} ▲",
+        compact_count(most_ok),
+        most_ok,
+        busiest,
         LEFT - 4,
         base + DOWN,
-        f"{most_bad} ▼",
+        compact_count(most_bad),
+        most_bad,
+        busiest,
         LEFT,
         base + 0.5,
-        width - 8,
+        width - RIGHT,
         base + 0.5,
     )
     empty = (
@@ -381,6 +389,17 @@ def chart_svg(buckets: list[ActivityBucket]) -> SafeString:
         mark_safe("".join(parts)),  # each part went through format_html
         empty,
     )
+
+
+def compact_count(count: int) -> str:
+    """ "950", "2.4k", "24k", "1.2M": a count in at most four characters, rounded down
+    (a scale's label: the exact count is beside it, in its title)."""
+    for size, unit in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
+        if count >= size:
+            tenths = count * 10 // size
+            whole, tenth = divmod(tenths, 10)
+            return f"{whole}.{tenth}{unit}" if whole < 10 and tenth else f"{whole}{unit}"
+    return str(count)
 
 
 _RECT = '<rect x="{}" y="{}" width="{}" height="{}" class="{}"/>'

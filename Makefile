@@ -20,12 +20,15 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# A fresh .env with random secrets; never overwrites an existing one.
+# A fresh .env with random secrets (the Django key, the shop's signing secret, the key
+# that encrypts destinations' secrets: a Fernet key is 32 random bytes in url-safe
+# base64); never overwrites an existing one.
 .env:
 	@$(BIN)/python -c "import base64, secrets, pathlib; \
 	text = pathlib.Path('.env.example').read_text(); \
 	text = text.replace('DJANGO_SECRET_KEY=change-me', 'DJANGO_SECRET_KEY=' + secrets.token_urlsafe(50)); \
 	text = text.replace('whsec_change-me', 'whsec_' + base64.b64encode(secrets.token_bytes(24)).decode()); \
+	text = text.replace('fernet-change-me', base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()); \
 	pathlib.Path('.env').write_text(text)"
 	@echo "wrote .env with fresh secrets"
 

@@ -129,6 +129,9 @@ WEBHOOK_RECEIVER = {
     "METRICS_TOKEN": env("METRICS_TOKEN", default=None),
     # the trace page lists the shop's ledger lines and order state for an event
     "TRACE_EFFECTS": "project.shop.trace.shop_effects",
+    # encrypt outbox destinations' signing secrets at rest (comma-separated Fernet keys:
+    # the first encrypts, every one decrypts); `make run` writes one into .env
+    "DESTINATION_SECRET_KEYS": env.list("WEBHOOK_DESTINATION_SECRET_KEYS", default=[]),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]

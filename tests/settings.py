@@ -28,6 +28,8 @@ SHOP_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SHOP_OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 STRIPE_SECRET = "whsec_stripe_test_secret"
 GITHUB_SECRET = "It's a Secret to Everybody"
+# encrypts destinations' secrets at rest (tests/test_destination_secrets.py rotates it)
+DESTINATION_SECRET_KEY = "mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="
 
 WEBHOOK_RECEIVER = {
     "SOURCES": {
@@ -44,6 +46,7 @@ WEBHOOK_RECEIVER = {
     },
     # for the real Celery worker the failure tests start (it cannot see override_settings)
     "HANDLERS": {"test.hang": "tests.handlers.hangs_on_first_attempt"},
+    "DESTINATION_SECRET_KEYS": [DESTINATION_SECRET_KEY],
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/15")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
 from django.utils.module_loading import import_string
 
 from . import signatures
-from .conf import app_settings
+from .conf import NEW_KEY_HINT, app_settings
 from .handlers import registration_conflicts
 from .notifiers import get_notifiers
 from .senders import BUILT_IN
@@ -116,3 +119,67 @@ def database_problems(databases: dict[str, dict[str, Any]]) -> list[checks.Check
             )
         ]
     return []
+
+
+@checks.register(checks.Tags.database)
+def check_destination_secrets(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Whether DESTINATION_SECRET_KEYS can read every destination's secrets. A database
+    check: Django runs it on ``migrate`` and ``check --database``, before migrating, so
+    rows not yet encrypted are a warning (the migration encrypts them) unless no key
+    is set to encrypt them with."""
+    from .outbox.encryption import is_token, secrets_decrypt
+    from .outbox.models import WebhookDestination
+
+    try:
+        keys = app_settings().destination_secret_keys
+    except ImproperlyConfigured:
+        return []  # E001 says why
+    table = WebhookDestination._meta.db_table
+    problems: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        try:
+            with connections[alias].cursor() as cursor:
+                # raw: the model's field would decrypt, and raise, on the first bad row
+                cursor.execute(f"SELECT name, secrets FROM {table} ORDER BY name")
+                rows = cursor.fetchall()
+        except DatabaseError:
+            continue  # not migrated yet
+        for name, stored in rows:
+            values = json.loads(stored) if isinstance(stored, str) else stored
+            values = values if isinstance(values, list) else []
+            tokens = [v for v in values if is_token(v)]
+            if values and not keys:
+                problems.append(
+                    checks.Error(
+                        f"Destination {name!r} has signing secrets, and "
+                        "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] is empty: they are "
+                        "encrypted at rest with its first key.",
+                        hint=f"{NEW_KEY_HINT}, and set it (the demo: "
+                        "WEBHOOK_DESTINATION_SECRET_KEYS in .env).",
+                        id="webhook_receiver.E008",
+                    )
+                )
+                continue
+            try:
+                secrets_decrypt(tokens, keys)
+            except ImproperlyConfigured:
+                problems.append(
+                    checks.Error(
+                        f"No key of WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] decrypts "
+                        f"destination {name!r}'s secrets.",
+                        hint="Put back the key they were encrypted with (keep it after a "
+                        "new one until manage.py webhook_destination reencrypt has run).",
+                        id="webhook_receiver.E009",
+                    )
+                )
+            if len(tokens) < len(values):
+                problems.append(
+                    checks.Warning(
+                        f"Destination {name!r} has signing secrets stored unencrypted.",
+                        hint="manage.py migrate encrypts them (webhook_receiver 0010).",
+                        id="webhook_receiver.W002",
+                    )
+                )
+    return problems

@@ -13,6 +13,7 @@ from datetime import datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cryptography.fernet import Fernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -92,6 +93,11 @@ DEFAULTS: dict[str, Any] = {
     # reads it resubmit the delivery. True keeps them, for a host that must show a sender
     # the signature it received. The admin shows them redacted either way.
     "KEEP_SIGNATURE_HEADERS": False,
+    # Fernet keys (a list, or a comma-separated string) that encrypt outbox
+    # destinations' signing secrets at rest: the first encrypts, every one decrypts.
+    # Required once a destination has secrets; rotate by putting a new key first,
+    # running manage.py webhook_destination reencrypt, then removing the old one.
+    "DESTINATION_SECRET_KEYS": [],
 }
 
 POSITIVE_KEYS = (
@@ -209,6 +215,7 @@ class AppSettings:
     # the signature headers of every built-in scheme and every configured source's scheme
     signature_headers: frozenset[str]
     keep_signature_headers: bool
+    destination_secret_keys: tuple[str, ...]
     retry_max_attempts: int
     retry_base_delay: float
     retry_max_delay: float
@@ -366,6 +373,7 @@ def app_settings() -> AppSettings:
         redacted_headers=frozenset(h.lower() for h in merged["REDACTED_HEADERS"]),
         signature_headers=frozenset(h.lower() for s in schemes for h in s.signature_headers),
         keep_signature_headers=bool(merged["KEEP_SIGNATURE_HEADERS"]),
+        destination_secret_keys=_fernet_keys(merged["DESTINATION_SECRET_KEYS"]),
         retry_max_attempts=int(merged["RETRY_MAX_ATTEMPTS"]),
         retry_base_delay=float(merged["RETRY_BASE_DELAY_SECONDS"]),
         retry_max_delay=float(merged["RETRY_MAX_DELAY_SECONDS"]),
@@ -383,6 +391,30 @@ def app_settings() -> AppSettings:
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
         ops_destination=merged["OPS_DESTINATION"] or None,
     )
+
+
+NEW_KEY_HINT = (
+    'Generate a key with: python -c "from cryptography.fernet import Fernet; '
+    'print(Fernet.generate_key().decode())"'
+)
+
+
+def _fernet_keys(value: Any) -> tuple[str, ...]:
+    """DESTINATION_SECRET_KEYS: a list, or a comma-separated string (an environment
+    variable), of Fernet keys, each checked; a problem names its position, never the
+    key."""
+    if isinstance(value, str):
+        value = value.split(",")
+    keys = tuple(k.strip() for k in value or () if isinstance(k, str) and k.strip())
+    for position, key in enumerate(keys, 1):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError) as exc:
+            raise ImproperlyConfigured(
+                f"WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']: key #{position} is not a "
+                f"Fernet key (32 bytes in url-safe base64). {NEW_KEY_HINT}"
+            ) from exc
+    return keys
 
 
 def _milliseconds(merged: Mapping[str, Any], key: str) -> int:

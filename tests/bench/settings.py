@@ -22,6 +22,8 @@ ROOT_URLCONF = "tests.bench.urls"
 
 WEBHOOK_RECEIVER = {
     **_PROJECT_WEBHOOK_RECEIVER,
+    # the relay's bench signs with destination secrets, encrypted at rest like anywhere
+    "DESTINATION_SECRET_KEYS": ["mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="],
     "SOURCES": {
         SOURCE: {
             "SCHEME": "standard",

@@ -35,6 +35,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from ..models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from ..outbox.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbox.operations import (
     DISCARDABLE,
     RETRYABLE,
@@ -119,6 +120,14 @@ class DiscardForm(forms.Form):
     )
 
 
+class DestinationFilter(admin.RelatedFieldListFilter):
+    """The messages' filter by destination, from the names alone: a destination's secrets
+    are decrypted as it is read, and the filter needs none of them."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list:
+        return list(WebhookDestination.objects.order_by("name").values_list("pk", "name"))
+
+
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     """The outbox's messages: look, retry now, or discard with a reason."""
@@ -128,7 +137,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     # sit under the key, the attempts and the next attempt under the status.
     list_display = ("message", "destination_name", "type_name", "state", "last_answer", "created")
     list_display_links = None
-    list_filter = ("destination", "status", "event_type")
+    list_filter = (("destination", DestinationFilter), "status", "event_type")
     # exact, case-sensitive values: see get_search_results
     search_fields = ("key__exact", "ordering_key__exact")
     search_help_text = "An exact message key or ordering key."
@@ -163,8 +172,10 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
-        # the list needs none of the payload; the detail page loads it on use
-        return super().get_queryset(request).select_related("destination").defer("payload")
+        # the list needs none of the payload (the detail page loads it on use), and no
+        # page of messages needs their destination's secrets, decrypted as they are read
+        queryset = super().get_queryset(request).select_related("destination")
+        return queryset.defer("payload", "destination__secrets")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage], search_term: str
@@ -640,6 +651,10 @@ class DestinationForm(forms.ModelForm):
             raise forms.ValidationError(
                 "A destination needs at least one secret: every request it is sent is signed."
             )
+        try:
+            secrets_encrypt(secrets)  # as saving will: with no key set, say so here
+        except SecretsUnreadable as exc:
+            raise forms.ValidationError(str(exc)) from None
         # not a form field of the model's: set here, saved with the rest
         self.instance.secrets = secrets
         return cleaned

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from .encryption import EncryptedSecretsField
+
 
 class WebhookDestination(models.Model):
     """An endpoint that receives this project's own webhooks, signed the Standard
@@ -16,8 +18,9 @@ class WebhookDestination(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     url = models.URLField(max_length=2000)
     # Standard Webhooks secrets ("whsec_" + base64); the first signs, and during a
-    # rotation every one of them signs (the header carries one signature per secret)
-    secrets = models.JSONField(default=list)
+    # rotation every one of them signs (the header carries one signature per secret).
+    # Stored encrypted (encryption.py): the column holds Fernet tokens, never a secret.
+    secrets = EncryptedSecretsField(default=list)
     # the event types it is sent; empty: none
     event_types = models.JSONField(default=list, blank=True)
     # token bucket: rate_count starts per rate_seconds, refilled continuously, holding at

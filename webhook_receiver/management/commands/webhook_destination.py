@@ -4,6 +4,11 @@
         --secret whsec_... --rate 10/s --concurrency 4 --events order.paid,order.cancelled
     manage.py webhook_destination update merchant-7 --rate 5/s
     manage.py webhook_destination disable merchant-7
+    manage.py webhook_destination reencrypt
+
+``reencrypt`` encrypts every destination's secrets again under the first key of
+DESTINATION_SECRET_KEYS, the step of a key rotation between adding the new key (first)
+and removing the old one (docs/outbox.md).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...models import WebhookDestination
+from ...outbox.encryption import SecretsUnreadable, destinations_reencrypt, secrets_encrypt
 from ...signatures.standard import secret_key
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
@@ -36,11 +42,16 @@ def parse_rate(text: str) -> tuple[int, float]:
 
 
 class Command(BaseCommand):
-    help = "Add, update or disable a destination of the outbox (idempotent)."
+    help = (
+        "Add, update or disable a destination of the outbox (idempotent); reencrypt every "
+        "destination's secrets under the first of DESTINATION_SECRET_KEYS."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["add", "update", "disable", "enable"])
-        parser.add_argument("name", help="the destination's name (a slug)")
+        parser.add_argument("action", choices=["add", "update", "disable", "enable", "reencrypt"])
+        parser.add_argument(
+            "name", nargs="?", help="the destination's name (a slug); reencrypt takes none"
+        )
         parser.add_argument("--url")
         parser.add_argument(
             "--secret",
@@ -56,7 +67,24 @@ class Command(BaseCommand):
         parser.add_argument("--backoff-base", type=float, help="seconds")
         parser.add_argument("--backoff-cap", type=float, help="seconds")
 
-    def handle(self, *, action: str, name: str, **options: Any) -> None:
+    def handle(self, *, action: str, name: str | None, **options: Any) -> None:
+        try:
+            self._act(action, name, options)
+        except SecretsUnreadable as exc:  # no key, or not the one: the message says which
+            raise CommandError(str(exc)) from exc
+
+    def _act(self, action: str, name: str | None, options: dict[str, Any]) -> None:
+        if action == "reencrypt":
+            if name:
+                raise CommandError("reencrypt takes no name: it rewrites every destination.")
+            count = destinations_reencrypt()
+            self.stdout.write(
+                f"re-encrypted the secrets of {count} destination(s) under the first key of "
+                "DESTINATION_SECRET_KEYS; the others may be removed now"
+            )
+            return
+        if not name:
+            raise CommandError(f"{action} needs the destination's name.")
         fields = self._fields(options)
         existing = WebhookDestination.objects.filter(name=name).first()
         if action == "add" and existing is None:
@@ -103,6 +131,7 @@ class Command(BaseCommand):
                         "--secret: a Standard Webhooks secret is 'whsec_' + base64."
                     ) from exc
             fields["secrets"] = list(options["secret"])
+            secrets_encrypt(fields["secrets"])  # as saving will: with no key set, say so now
         if options["events"] is not None:
             fields["event_types"] = [e.strip() for e in options["events"].split(",") if e.strip()]
         if options["rate"]:

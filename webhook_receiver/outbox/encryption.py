@@ -1,0 +1,136 @@
+"""Destination signing secrets, encrypted at rest.
+
+A database dump or a backup must not hand out every merchant's signing secret, so the
+``secrets`` column holds one Fernet token per secret (AES-128-CBC and HMAC-SHA256, from
+``cryptography``) under the keys of ``WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']``:
+the first key encrypts, every key decrypts (MultiFernet), so a key is rotated by putting
+a new one first, re-encrypting (``manage.py webhook_destination reencrypt``), then
+removing the old one.
+
+``EncryptedSecretsField`` does it in the model: it encrypts on the way to the database
+and decrypts in ``from_db_value``, so every reader gets the secrets themselves, the
+relay's raw claim (``SELECT d.* …``) included, and nothing else changes. A value that
+cannot be decrypted (no key set, or none of them the one that encrypted it) raises
+``SecretsUnreadable`` as the row is read: the relay's claim fails before a message is
+claimed, never sending one unsigned.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models, transaction
+
+from ..conf import NEW_KEY_HINT, app_settings
+
+SETTING = "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']"
+# a Fernet token: version byte 0x80, a timestamp, an IV, at least one AES block, an HMAC
+_TOKEN_MIN_BYTES = 1 + 8 + 16 + 16 + 32
+
+
+class SecretsUnreadable(ImproperlyConfigured):
+    """Destination secrets that cannot be encrypted or decrypted with the keys set."""
+
+
+@functools.lru_cache(maxsize=8)
+def _box(keys: tuple[str, ...]) -> MultiFernet:
+    return MultiFernet([Fernet(key) for key in keys])
+
+
+def _keys() -> tuple[str, ...]:
+    return app_settings().destination_secret_keys
+
+
+def is_token(value: Any) -> bool:
+    """Whether ``value`` has a Fernet token's shape (a ``whsec_`` secret never has)."""
+    if not isinstance(value, str) or not value.startswith("gAAAAA"):
+        return False
+    try:
+        raw = base64.urlsafe_b64decode(value.encode("ascii"))
+    except (binascii.Error, ValueError):
+        return False
+    return len(raw) >= _TOKEN_MIN_BYTES and raw[0] == 0x80
+
+
+def secrets_encrypt(secrets: Iterable[str], keys: Sequence[str] | None = None) -> list[str]:
+    """One token per secret, under the first key."""
+    secrets = list(secrets)
+    if not secrets:
+        return []
+    keys = tuple(_keys() if keys is None else keys)
+    if not keys:
+        raise SecretsUnreadable(
+            f"Destination secrets are encrypted at rest, and {SETTING} is empty: set at "
+            f"least one key. {NEW_KEY_HINT}"
+        )
+    box = _box(keys)
+    return [box.encrypt(secret.encode()).decode("ascii") for secret in secrets]
+
+
+def secrets_decrypt(tokens: Iterable[Any], keys: Sequence[str] | None = None) -> list[str]:
+    """The secrets of stored ``tokens``, by whichever key encrypted each."""
+    tokens = list(tokens)
+    if not tokens:
+        return []
+    keys = tuple(_keys() if keys is None else keys)
+    if not keys:
+        raise SecretsUnreadable(
+            f"A destination's secrets are encrypted, and {SETTING} is empty: set the key "
+            "they were encrypted with."
+        )
+    if not all(is_token(token) for token in tokens):
+        raise SecretsUnreadable(
+            "A destination's secrets are stored unencrypted: run manage.py migrate "
+            "(migration webhook_receiver 0010 encrypts them), or set them again."
+        )
+    box = _box(keys)
+    try:
+        return [box.decrypt(token.encode("ascii")).decode() for token in tokens]
+    except InvalidToken:
+        raise SecretsUnreadable(
+            f"A destination's secrets cannot be decrypted: none of the {len(keys)} key(s) "
+            f"of {SETTING} is the one they were encrypted with (a key removed before "
+            "manage.py webhook_destination reencrypt ran?)."
+        ) from None
+
+
+class EncryptedSecretsField(models.JSONField):
+    """A list of secrets, stored as a JSON list of Fernet tokens and read back as the
+    secrets themselves. Serialised (dumpdata) as the tokens, which are stored as they
+    are when loaded back (loaddata)."""
+
+    def get_prep_value(self, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            plain = [item for item in value if not is_token(item)]
+            tokens = iter(secrets_encrypt(plain))
+            value = [item if is_token(item) else next(tokens) for item in value]
+        return super().get_prep_value(value)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        stored = super().from_db_value(value, expression, connection)
+        return secrets_decrypt(stored) if isinstance(stored, list) else stored
+
+    def value_to_string(self, obj: models.Model) -> Any:
+        return self.get_prep_value(self.value_from_object(obj))
+
+
+def destinations_reencrypt() -> int:
+    """Encrypt every destination's secrets again, under the first key: after a new key
+    was put first, so that the old one can be removed. One short transaction per
+    destination, its row locked as the relay's claim locks it; only the secrets column
+    is written. Returns how many destinations it rewrote."""
+    from .models import WebhookDestination  # the model's module imports this one
+
+    done = 0
+    for pk in WebhookDestination.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            dest = WebhookDestination.objects.select_for_update().only("id", "secrets").get(pk=pk)
+            dest.save(update_fields=["secrets"])  # read by any key, written by the first
+        done += 1
+    return done

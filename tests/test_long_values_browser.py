@@ -127,3 +127,27 @@ def test_the_charts_scale_shows_a_burst_of_24000_whole(admin_browser, live_serve
     ]
     page_fits_the_window(admin_browser)
     screenshot(admin_browser, "overview-burst")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_right_to_left_override_reads_as_stored_in_the_receipts_list(
+    admin_browser, live_server, client
+):
+    from selenium.webdriver.common.by import By
+
+    # given: an event type that the override would show as "refund.issinued.ok"
+    spoofed = "refund.\u202edeunissi\u202c.ok"
+    body = event_body(spoofed, order_id="ord_rtl")
+    assert post(client, "shop", body, standard_headers(body)).json()["status"] == "ignored"
+
+    # when
+    admin_browser.get(live_server.url + reverse("admin:webhook_receiver_webhookreceipt_changelist"))
+
+    # then: the cell, and the filter beside the list, show the escapes, not the override
+    cell = admin_browser.find_element(By.CSS_SELECTOR, "#result_list td.field-event_type")
+    assert cell.text == "refund.\\u202edeunissi\\u202c.ok"
+    assert (
+        "refund.\\u202edeunissi\\u202c.ok"
+        in admin_browser.find_element(By.ID, "changelist-filter").text
+    )
+    screenshot(admin_browser, "receipts-override-escaped")

@@ -322,3 +322,8 @@ def test_the_commands_print_escapes_not_controls(spoofed):
         call_command("webhook_status", stdout=out, no_color=True)
     assert "\\u202e" in out.getvalue()
     assert_no_invisible(out.getvalue().replace("\n", ""))
+
+    out = StringIO()
+    call_command("replay_dead_letters", "--dry-run", stdout=out, no_color=True)
+    assert "msg_\\u2067dead" in out.getvalue()
+    assert_no_invisible(out.getvalue().replace("\n", ""))

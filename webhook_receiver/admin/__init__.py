@@ -1,6 +1,8 @@
 """The receiver's admin, one module per model.
 
-- base: ReadOnlyAdmin, StoredEventDisplay and the small display helpers they share
+- base: ReadOnlyAdmin (every page of which shows a peer's invisible characters as
+  escapes, through VisibleText), StoredEventDisplay and the small display helpers they
+  share
 - receipts: WebhookReceipt
 - audit: RequestAudit
 - failed_events: FailedEvent, the one admin with operator actions (replay, discard)

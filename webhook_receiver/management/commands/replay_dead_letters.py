@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from webhook_receiver.models import FailedEvent, FailureStatus, Result
+from webhook_receiver.services import display
 from webhook_receiver.services.failures import failed_event_replay, failed_event_summary
 
 STATUSES = (FailureStatus.DEAD, FailureStatus.RETRYING, FailureStatus.DISCARDED)
@@ -169,7 +170,8 @@ def _dry_run_row(failed: FailedEvent) -> tuple[str, ...]:
 
 
 def _one_line(value: str) -> str:
-    return " ".join(str(value).split())
+    """A stored value on one line, its invisible characters shown as escapes."""
+    return display.visible(" ".join(str(value).split()))
 
 
 def _shorten(value: str) -> str:

@@ -167,8 +167,8 @@ def check_destination_secrets(
             except ImproperlyConfigured:
                 problems.append(
                     checks.Error(
-                        f"No key of WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] decrypts "
-                        f"destination {name!r}'s secrets.",
+                        "No key of WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] decrypts "
+                        f"the secrets of destination {name!r}.",
                         hint="Put back the key they were encrypted with (keep it after a "
                         "new one until manage.py webhook_destination reencrypt has run).",
                         id="webhook_receiver.E009",

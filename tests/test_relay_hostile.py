@@ -373,7 +373,7 @@ def test_a_request_that_got_no_answer_is_one_warning(django_capture_on_commit_ca
 
     # then
     (line,) = [r.getMessage() for r in caplog.records if r.name.endswith("relay")]
-    assert line.startswith("outbox: merchant no answer (RemoteProtocolError: ")
+    assert line.startswith("outbox: merchant gave no answer (RemoteProtocolError: ")
     assert "to k-dropped, attempt 1: retried in" in line
 
 

@@ -597,7 +597,7 @@ def _recorded(
 
 def _answer_words(sent: Sent) -> str:
     if sent.status_code is None:
-        return f"no answer ({sent.error})"
+        return f"gave no answer ({sent.error})"
     return f"answered {sent.status_code}"
 
 

@@ -215,8 +215,6 @@ class RelayRound:
     wait: float | None = None
     # another worker was claiming for this destination at that moment
     busy: bool = False
-    # messages failed by the claim: an unrecorded attempt spent their budget
-    spent: list[Claimed] | None = None
 
 
 @contextmanager
@@ -300,7 +298,7 @@ def relay_claim(
     wait = None
     if len(claimed) < limit and slots > len(claimed) and tokens < 1:
         wait = (1 - tokens) * dest.rate_seconds / dest.rate_count
-    return RelayRound(claimed=claimed, wait=wait, spent=spent)
+    return RelayRound(claimed=claimed, wait=wait)
 
 
 def _spent_by_the_claim(dest: WebhookDestination, spent: list[Claimed]) -> None:
@@ -422,11 +420,12 @@ def _send_one(dest: WebhookDestination, message: Claimed) -> Sent:
     the excerpt, whatever the destination does (a status line, headers or a body that
     trickle): its lease, timeout + LEASE_MARGIN, always outlives it. What is kept of the
     answer is made storable here."""
-    client = _client(dest)
+    # the start is the claim's (its token spent): before a first request builds the client
     started_at = timezone.now()
     began = time.monotonic()
     body, headers = signed_request(dest, message, int(time.time()))
     try:
+        client = _client(dest)
         with (
             request_deadline(dest.timeout_seconds),
             client.stream("POST", dest.url, content=body, headers=headers) as response,

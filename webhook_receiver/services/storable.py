@@ -4,7 +4,8 @@ A verified sender can still send bytes a column refuses: a key longer than 255
 characters, NUL (which PostgreSQL's text types cannot hold), a lone surrogate (which
 UTF-8 cannot encode), a timestamp past year 9999. None of them may cost an event its
 receipt or a request its audit record, so every value a request brings goes through
-one of these functions on its way to the database.
+one of these functions on its way to the database. So does what the app's own peers
+answer: a destination's reply to the relay, a sender's list for reconciliation.
 """
 
 from __future__ import annotations

@@ -129,10 +129,12 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
         "reasons",
         "backlog",
         "failed",
+        "held_back",
         "oldest_eligible_age_seconds",
         "breaker",
         "last_success_at",
         "last_failure_at",
+        "record_failure",
     }
     assert destinations["refused"]["failed"] == 2
     assert destinations["paused"]["breaker"]["state"] == "open"
@@ -200,5 +202,100 @@ def test_destinations_on_the_overview_in_a_browser(admin_browser, live_server): 
     table = admin_browser.find_element(By.ID, "wr-destinations")
     admin_browser.execute_script("arguments[0].scrollIntoView()", table)
     screenshot(admin_browser, "overview-destinations")
+    width = admin_browser.execute_script("return document.documentElement.scrollWidth")
+    assert width <= admin_browser.execute_script("return window.innerWidth")
+
+
+def test_a_failed_message_holding_back_its_ordering_key_reads_as_that_cause(admin_client):
+    # given: a 422 of order ord_1 (terminal) ten minutes ago holds its three later
+    # messages back, as documented; they have been due for 30 min, and nothing was
+    # answered since
+    now = timezone.now()
+    dest = destination("merchant", last_failure_at=now - 40 * MINUTE)
+    failed = message(dest, "order:ord_1:paid:v1", "failed", due_ago=40 * MINUTE)
+    for n in range(2, 5):
+        message(dest, f"order:ord_1:fulfilled:v{n}", due_ago=30 * MINUTE)
+    OutboxMessage.objects.update(ordering_key="order:ord_1")
+    # and one without an ordering key, due a minute ago: sendable, not held back
+    message(dest, "order:ord_2:paid:v1", due_ago=MINUTE)
+
+    # when
+    (status,) = destination_statuses()
+
+    # then: the failed message and what it holds back, not "the relay is not sending"
+    assert [r.code for r in status.reasons] == ["messages_failed", "held_back"]
+    held = status.reasons[1]
+    assert held.summary == "holding back 3"
+    assert held.text == (
+        "failed message order:ord_1:paid:v1 holds back 3 later messages of its ordering key "
+        "order:ord_1: Retry now or Discard it to let them go"
+    )
+    # the oldest due is the sendable one, a minute old
+    assert status.held_back == 3
+    assert MINUTE <= status.oldest_eligible_age < 2 * MINUTE
+    assert status.as_dict()["held_back"] == 3
+
+    # and the overview links the reason to the failed message itself
+    content = admin_client.get(OVERVIEW).content.decode()
+    assert 'data-code="held_back"' in content and 'data-code="relay_not_sending"' not in content
+    link = f"/admin/webhook_receiver/outboxmessage/{failed.pk}/change/"
+    assert link in content
+    assert admin_client.get(link).status_code == 200
+
+
+def test_failed_messages_of_several_ordering_keys_are_counted_together():
+    # given: two failed messages, each holding one later message back
+    dest = destination("merchant")
+    for order in ("ord_1", "ord_2"):
+        message(dest, f"order:{order}:paid:v1", "failed", due_ago=30 * MINUTE)
+        message(dest, f"order:{order}:fulfilled:v2", due_ago=20 * MINUTE)
+        OutboxMessage.objects.filter(key__contains=order).update(ordering_key=f"order:{order}")
+
+    # when
+    (status,) = destination_statuses()
+
+    # then
+    held = next(r for r in status.reasons if r.code == "held_back")
+    assert held.text.startswith(
+        "2 failed messages hold back 2 later messages of their ordering keys (the oldest: "
+        "order:ord_1:paid:v1, ordering key order:ord_1)"
+    )
+    assert status.oldest_eligible_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_held_back_and_unrecorded_destinations_in_a_browser(admin_browser, live_server):  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    # given: one destination held back by a failed message, one whose answers the
+    # database refused to record a minute ago
+    now = timezone.now()
+    held = destination("held", last_failure_at=now - 40 * MINUTE)
+    message(held, "order:ord_1:paid:v1", "failed", due_ago=40 * MINUTE)
+    message(held, "order:ord_1:fulfilled:v2", due_ago=30 * MINUTE)
+    OutboxMessage.objects.update(ordering_key="order:ord_1")
+    destination(
+        "unrecorded",
+        last_success_at=now - 20 * MINUTE,
+        record_failed_at=now - MINUTE,
+        record_error="OperationalError: canceling statement due to lock timeout",
+    )
+
+    # when
+    admin_browser.get(live_server.url + OVERVIEW)
+
+    # then: each reason on its line, the held-back one linking to the failed message
+    reasons = {
+        li.get_attribute("data-code"): li
+        for li in admin_browser.find_elements(By.CSS_SELECTOR, "#wr-destinations li")
+    }
+    assert set(reasons) == {"messages_failed", "held_back", "record_failing"}
+    assert "holds back 1 later message" in reasons["held_back"].text
+    link = reasons["held_back"].find_element(By.TAG_NAME, "a").get_attribute("href")
+    assert link.endswith("/change/")
+    assert "could not record its answers: OperationalError" in reasons["record_failing"].text
+    table = admin_browser.find_element(By.ID, "wr-destinations")
+    admin_browser.execute_script("arguments[0].scrollIntoView()", table)
+    screenshot(admin_browser, "overview-held-back-and-unrecorded")
     width = admin_browser.execute_script("return document.documentElement.scrollWidth")
     assert width <= admin_browser.execute_script("return window.innerWidth")

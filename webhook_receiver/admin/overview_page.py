@@ -269,7 +269,10 @@ class _Links:
             "relay_not_sending": messages["backlog"],
             "behind": messages["backlog"],
             "disabled_with_backlog": self.change_url(WebhookDestination, d.pk),
+            "record_failing": self.change_url(WebhookDestination, d.pk),
         }
+        if d.first_holder is not None:  # the oldest failed message holding others back
+            reason_urls["held_back"] = self.change_url(OutboxMessage, d.first_holder[0])
         return DestinationRow(
             status=d,
             name=Link(d.name, self.change_url(WebhookDestination, d.pk)),

@@ -53,6 +53,10 @@ class WebhookDestination(models.Model):
     paused_until = models.DateTimeField(null=True, blank=True)
     last_success_at = models.DateTimeField(null=True, blank=True)
     last_failure_at = models.DateTimeField(null=True, blank=True)
+    # the last round of answers the relay could not record, and why: the overview names
+    # that cause while it is newer than the last answer recorded
+    record_error = models.TextField(blank=True)
+    record_failed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

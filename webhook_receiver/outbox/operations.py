@@ -17,7 +17,17 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Exists, FilteredRelation, Min, OuterRef, Q, QuerySet
+from django.db.models import (
+    Count,
+    Exists,
+    FilteredRelation,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
@@ -34,6 +44,8 @@ RETRYABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
 DISCARDABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
 # the backlog: what the relay still has to send
 BACKLOG = (MessageStatus.PENDING, MessageStatus.SENDING)
+# open: what holds back the later messages of its ordering key (the relay's rule)
+OPEN = (*BACKLOG, MessageStatus.FAILED)
 
 
 def message_retry_now(
@@ -187,14 +199,34 @@ def destinations_with_health(
     """Each destination with its figures, from one grouped query however many rows:
 
     - ``backlog``: pending and sending messages (what the relay still has to send);
-    - ``oldest_eligible_at``: the creation time of the oldest pending message that is due
-      (``next_attempt_at`` passed): how long the oldest sendable message has waited;
-    - ``failed_count``: terminal messages waiting for an operator.
+    - ``oldest_eligible_at``: the creation time of the oldest pending message that the
+      relay would send now (due, and no older message of its ordering key open): how
+      long the oldest sendable message has waited;
+    - ``failed_count``: terminal messages waiting for an operator;
+    - ``held_back``: pending and sending messages behind a failed one of their ordering
+      key, which wait for an operator as it does.
 
     The join takes only those three statuses (the delivered and discarded history, the
-    bulk of the table, is never read), through the (destination, status, id) index.
+    bulk of the table, is never read), through the (destination, status, id) index; the
+    ordering check, through the (destination, ordering key, id) index.
     """
     now = now or timezone.now()
+    sendable = (
+        OutboxMessage.objects.filter(
+            destination=OuterRef("pk"), status=MessageStatus.PENDING, next_attempt_at__lte=now
+        )
+        .exclude(Exists(_older_in_line(OPEN)))
+        .values("destination")
+        .annotate(oldest=Min("created_at"))
+        .values("oldest")
+    )
+    held_back = (
+        OutboxMessage.objects.filter(destination=OuterRef("pk"), status__in=BACKLOG)
+        .filter(Exists(_older_in_line([MessageStatus.FAILED])))
+        .values("destination")
+        .annotate(count=Count("id"))
+        .values("count")
+    )
     return queryset.annotate(
         open_message=FilteredRelation(
             "outboxmessage",
@@ -202,14 +234,46 @@ def destinations_with_health(
         ),
         backlog=Count("open_message", filter=Q(open_message__status__in=BACKLOG)),
         failed_count=Count("open_message", filter=Q(open_message__status=MessageStatus.FAILED)),
-        oldest_eligible_at=Min(
-            "open_message__created_at",
-            filter=Q(
-                open_message__status=MessageStatus.PENDING,
-                open_message__next_attempt_at__lte=now,
-            ),
-        ),
+        oldest_eligible_at=Subquery(sendable),
+        held_back=Coalesce(Subquery(held_back), 0),
     )
+
+
+def _older_in_line(statuses: Iterable[str]) -> QuerySet[OutboxMessage]:
+    """For a message (the outer query's row): older messages of its destination and
+    ordering key in one of ``statuses``. A message without an ordering key waits for
+    none."""
+    return OutboxMessage.objects.filter(
+        destination_id=OuterRef("destination_id"),
+        ordering_key=OuterRef("ordering_key"),
+        id__lt=OuterRef("id"),
+        status__in=list(statuses),
+    ).exclude(ordering_key="")
+
+
+def failed_holding_back(destination_ids: Iterable[int]) -> dict[int, tuple[int, OutboxMessage]]:
+    """Per destination: how many failed messages hold back later messages of their
+    ordering key, and the oldest of them (to link to)."""
+    later_open = OutboxMessage.objects.filter(
+        destination_id=OuterRef("destination_id"),
+        ordering_key=OuterRef("ordering_key"),
+        id__gt=OuterRef("id"),
+        status__in=BACKLOG,
+    )
+    holders = (
+        OutboxMessage.objects.filter(
+            destination_id__in=list(destination_ids), status=MessageStatus.FAILED
+        )
+        .exclude(ordering_key="")
+        .filter(Exists(later_open))
+        .order_by("id")
+        .only("id", "destination_id", "key", "ordering_key")
+    )
+    found: dict[int, tuple[int, OutboxMessage]] = {}
+    for message in holders:
+        count, oldest = found.get(message.destination_id, (0, message))
+        found[message.destination_id] = (count + 1, oldest)
+    return found
 
 
 @dataclass(frozen=True)

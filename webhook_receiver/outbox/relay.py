@@ -15,8 +15,15 @@ One round for one destination:
    terminal, one attempt row each, and the breaker.
 
 ``relay_destination`` records a round and claims the next in one short transaction:
-six statements for up to ten deliveries (see the SQL below). Called alone, each of the
-two runs in a transaction of its own.
+seven statements for up to ten deliveries (see the SQL below), bounded by the lock and
+statement timeouts. Called alone, each of the two runs in a transaction of its own.
+
+Every answer is recordable, whatever the destination sent: the request ends at the
+destination's timeout from connect to the last byte kept (``services/peer_http.py``),
+and what is stored of it is made fit for its column (``services/storable.py``). A round
+that still cannot be recorded whole is recorded answer by answer; an attempt that was
+never recorded (a worker killed, a database that refused) is counted against the
+message's budget when its lease runs out, so nothing is sent past its budget.
 
 No worker ever sleeps: a deferral is the message's ``next_attempt_at``; a destination
 out of tokens is relayed again when its next token is due (``RelayRound.wait``).
@@ -24,22 +31,29 @@ out of tokens is relayed again when its next token is due (``RelayRound.wait``).
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
 import math
 import random
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from django.db import connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from ..conf import app_settings
+from ..services import faults, storable
+from ..services.peer_http import body_start, charset_of, parse_retry_after, text_of
+from ..services.peer_http import client as peer_client
+from ..services.peer_http import deadline as request_deadline
+from ..services.status import duration_text
 from ..signatures.standard import StandardWebhooks
 from . import metrics
 from .models import MessageStatus, OutboxMessage, WebhookDestination
@@ -54,7 +68,24 @@ TERMINAL_STATUSES = frozenset({400, 401, 403, 404, 410, 422})
 # answers that may carry Retry-After: the destination pacing us
 PACING_STATUSES = frozenset({429, 503})
 EXCERPT_CHARS = 500
+# bytes of an answer's body read for its excerpt
+EXCERPT_BYTES = EXCERPT_CHARS * 4
 CLAIM_BATCH = 10
+# SQLSTATEs of a bound that fired: lock_not_available (lock_timeout), query_canceled
+# (statement_timeout)
+BOUND_STATES = frozenset({"55P03", "57014"})
+# the last error of a message whose unrecorded attempt spent its budget
+UNRECORDED = (
+    "its last attempt was never recorded (the worker stopped, or the database refused "
+    "its answer), and that spent its retry budget"
+)
+
+# The relay's bounds, first in each of its transactions on PostgreSQL: wait at most
+# LOCK_TIMEOUT_MS for a lock and run no statement longer than STATEMENT_TIMEOUT_MS, so
+# that a locked outbox (a migration, VACUUM FULL) ends a round within seconds, to be run
+# again by the next sweep. Local to the transaction (`true`): nothing stays on the
+# session, as PgBouncer's transaction mode requires.
+BOUNDS = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
 
 # The relay's statements, written out: a round is a handful of them, each read here
 # whole. Datetimes go through connection.ops (SQLite keeps them as text). RETURNING
@@ -99,13 +130,22 @@ _ELIGIBLE = """
 ELIGIBLE = {"postgresql": _ELIGIBLE + " FOR UPDATE OF m SKIP LOCKED"}
 
 # The claim: the eligible rows (selected once: MATERIALIZED) take a lease and count an
-# attempt, and come back to be sent.
-CLAIM = """
-    WITH claimable AS MATERIALIZED ({eligible})
+# attempt, and come back to be sent. One still 'sending' had a lease that ran out: its
+# attempt was never recorded (its worker stopped, or the database refused the round), and
+# it spends the retry budget as a failure does. When that spends the last of it, the
+# message is failed here instead of sent again (SPENT; every SET sees the row as it was).
+_SPENT = "(status = 'sending' AND failures + 1 >= %(max_attempts)s)"
+CLAIM = f"""
+    WITH claimable AS MATERIALIZED ({{eligible}})
     UPDATE webhook_receiver_outboxmessage
-    SET status = 'sending', lease_until = %(lease_until)s, attempts = attempts + 1
+    SET status = CASE WHEN {_SPENT} THEN 'failed' ELSE 'sending' END,
+        lease_until = CASE WHEN {_SPENT} THEN NULL ELSE %(lease_until)s END,
+        attempts = attempts + CASE WHEN {_SPENT} THEN 0 ELSE 1 END,
+        next_attempt_at = CASE WHEN {_SPENT} THEN %(now)s ELSE next_attempt_at END,
+        last_error = CASE WHEN {_SPENT} THEN %(unrecorded)s ELSE last_error END,
+        failures = failures + CASE WHEN status = 'sending' THEN 1 ELSE 0 END
     WHERE id IN (SELECT id FROM claimable)
-    RETURNING id, key, event_type, payload, attempts, failures, created_at
+    RETURNING id, key, event_type, payload, attempts, failures, created_at, status
 """
 
 TOKENS_SPENT = """
@@ -135,6 +175,13 @@ ATTEMPTS = """
 BREAKER_CLOSED = """
     UPDATE webhook_receiver_webhookdestination
     SET consecutive_failures = 0, paused_until = NULL, last_success_at = %s
+    WHERE id = %s
+"""
+
+# A round that could not be recorded, for the overview and webhook_status (in a
+# transaction of its own, after the round's rolled back).
+RECORD_FAILED = """
+    UPDATE webhook_receiver_webhookdestination SET record_error = %s, record_failed_at = %s
     WHERE id = %s
 """
 
@@ -170,6 +217,27 @@ class RelayRound:
     busy: bool = False
 
 
+@contextmanager
+def bounded(*, savepoint: bool = False) -> Iterator[None]:
+    """A transaction of the relay's, its statements bounded (BOUNDS). Inside a caller's
+    transaction it joins it (in a savepoint of its own with ``savepoint``) and leaves the
+    bounds to the caller."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(savepoint=savepoint):
+        if outermost and connection.vendor == "postgresql":
+            config = app_settings()
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    BOUNDS, [f"{config.lock_timeout_ms}ms", f"{config.statement_timeout_ms}ms"]
+                )
+        yield
+
+
+def bound_fired(exc: BaseException) -> bool:
+    """``exc`` is a lock or statement timeout of the relay's own bounds."""
+    return faults.sqlstate(exc) in BOUND_STATES
+
+
 # --- 1. claim ------------------------------------------------------------------------
 
 
@@ -191,7 +259,7 @@ def relay_claim(
     params = {"destination_id": destination_id, "now": adapt(now)}
     # no savepoint: relay_destination runs this in the transaction that records the
     # last round
-    with transaction.atomic(savepoint=False):
+    with bounded():
         locked = LOCKED_DESTINATION.get((connection.vendor, skip_if_busy), _LOCKED_DESTINATION)
         dest = next(iter(WebhookDestination.objects.raw(locked, params)), None)
         if dest is None:
@@ -207,9 +275,20 @@ def relay_claim(
         tokens = _refilled(dest, now)
         allowed = min(limit, slots, math.floor(tokens))
         claimed: list[Claimed] = []
+        spent: list[Claimed] = []
         if allowed > 0:
             lease_until = now + timedelta(seconds=dest.timeout_seconds) + LEASE_MARGIN
-            claimed = _claim_rows({**params, "limit": allowed, "lease_until": adapt(lease_until)})
+            claimed, spent = _claim_rows(
+                {
+                    **params,
+                    "limit": allowed,
+                    "lease_until": adapt(lease_until),
+                    "max_attempts": dest.max_attempts,
+                    "unrecorded": UNRECORDED,
+                }
+            )
+        if spent:
+            _spent_by_the_claim(dest, spent)
         tokens -= len(claimed)
         # never back in time: `now` may predate the last writer's (read before this lock
         # was waited for, or on a host whose clock is behind), and a span refills once
@@ -222,6 +301,21 @@ def relay_claim(
     return RelayRound(claimed=claimed, wait=wait)
 
 
+def _spent_by_the_claim(dest: WebhookDestination, spent: list[Claimed]) -> None:
+    """Messages the claim failed (their unrecorded attempt spent the budget): the notice,
+    then, once committed, the log line and the count, as for any terminal answer."""
+    for message in spent:
+        _terminal_notice(dest, message, answer="attempt not recorded")
+
+    def committed() -> None:
+        for message in spent:
+            then = f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
+            _answer_log(dest, message, "gave no recorded answer", then)
+            metrics.terminal_count(dest.name)
+
+    transaction.on_commit(committed)
+
+
 def _refilled(dest: WebhookDestination, now: datetime) -> float:
     """The token bucket at ``now``: refilled at rate_count per rate_seconds since it was
     last written, holding at most ``burst`` (at least one) tokens. A new bucket is full."""
@@ -232,14 +326,16 @@ def _refilled(dest: WebhookDestination, now: datetime) -> float:
     return min(capacity, dest.tokens + elapsed * dest.rate_count / dest.rate_seconds)
 
 
-def _claim_rows(params: dict[str, Any]) -> list[Claimed]:
+def _claim_rows(params: dict[str, Any]) -> tuple[list[Claimed], list[Claimed]]:
     """The claim's one statement (each claim is an attempt, counted now: its number
-    fences the claim's result). Read through the ORM's raw(): typed as the model's
-    fields are, on either database."""
+    fences the claim's result): the messages to send, and those it failed instead.
+    Read through the ORM's raw(): typed as the model's fields are, on either database."""
     claim = CLAIM.format(eligible=ELIGIBLE.get(connection.vendor, _ELIGIBLE))
     rows = OutboxMessage.objects.raw(claim, params)
-    claimed = [
-        Claimed(
+    claimed: list[Claimed] = []
+    spent: list[Claimed] = []
+    for m in rows:
+        message = Claimed(
             id=m.id,
             key=m.key,
             event_type=m.event_type,
@@ -248,10 +344,9 @@ def _claim_rows(params: dict[str, Any]) -> list[Claimed]:
             failures=m.failures,
             created_at=m.created_at,
         )
-        for m in rows
-    ]
+        (spent if m.status == MessageStatus.FAILED else claimed).append(message)
     # RETURNING keeps no order: sent (and recorded) oldest first
-    return sorted(claimed, key=lambda c: c.id)
+    return sorted(claimed, key=lambda c: c.id), spent
 
 
 # --- 2. send -------------------------------------------------------------------------
@@ -267,7 +362,7 @@ def _client(dest: WebhookDestination) -> httpx.Client:
         client = _clients.get(ident)
         if client is None:
             limits = httpx.Limits(max_connections=max(1, dest.max_in_flight))
-            client = httpx.Client(timeout=dest.timeout_seconds, limits=limits)
+            client = peer_client(timeout=dest.timeout_seconds, limits=limits)
             _clients[ident] = client
         return client
 
@@ -286,6 +381,8 @@ def signed_request(
     ]
     headers = {
         "content-type": "application/json",
+        # the excerpt is the answer's first bytes as sent: nothing to inflate
+        "accept-encoding": "identity",
         "user-agent": "webhook-receiver-relay",
         "idempotency-key": message.key,
         "webhook-id": message.key,
@@ -319,40 +416,40 @@ def relay_send(dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
 
 
 def _send_one(dest: WebhookDestination, message: Claimed) -> Sent:
+    """One request, over by the destination's timeout from connect to the last byte of
+    the excerpt, whatever the destination does (a status line, headers or a body that
+    trickle): its lease, timeout + LEASE_MARGIN, always outlives it. What is kept of the
+    answer is made storable here."""
+    # the start is the claim's (its token spent): before a first request builds the client
     started_at = timezone.now()
     began = time.monotonic()
     body, headers = signed_request(dest, message, int(time.time()))
     try:
-        with _client(dest).stream("POST", dest.url, content=body, headers=headers) as response:
-            excerpt = _excerpt(response, deadline=began + dest.timeout_seconds)
-    except httpx.HTTPError as exc:
+        client = _client(dest)
+        with (
+            request_deadline(dest.timeout_seconds),
+            client.stream("POST", dest.url, content=body, headers=headers) as response,
+        ):
+            # the status line decides the verdict; the body is only for an operator
+            data = body_start(response, max_bytes=EXCERPT_BYTES)
+            status_code = response.status_code
+            retry_after = response.headers.get("retry-after")
+            charset = charset_of(response)
+    except Exception as exc:  # no answer: refused, reset, timed out, or a URL httpx refuses
         return Sent(
             message=message,
             started_at=started_at,
             duration_ms=_ms_since(began),
-            error=f"{type(exc).__name__}: {exc}"[:EXCERPT_CHARS],
+            error=storable.text(f"{type(exc).__name__}: {exc}", EXCERPT_CHARS),
         )
     return Sent(
         message=message,
         started_at=started_at,
         duration_ms=_ms_since(began),
-        status_code=response.status_code,
-        excerpt=excerpt,
-        retry_after=response.headers.get("retry-after"),
+        status_code=status_code,
+        excerpt=storable.text(text_of(data, charset), EXCERPT_CHARS),
+        retry_after=retry_after,
     )
-
-
-def _excerpt(response: httpx.Response, *, deadline: float) -> str:
-    """The start of the answer's body, read until the request's timeout at most: httpx's
-    timeout bounds each read, not the whole answer (encode/httpx#1450), and a body that
-    trickles (or never ends) must not hold the request past its lease. The status line
-    has arrived already: it decides the verdict; the body is only for an operator."""
-    data = b""
-    for chunk in response.iter_bytes():
-        data += chunk
-        if len(data) >= EXCERPT_CHARS * 4 or time.monotonic() >= deadline:
-            break
-    return data.decode(response.encoding or "utf-8", errors="replace")[:EXCERPT_CHARS]
 
 
 def _ms_since(began: float) -> int:
@@ -376,25 +473,6 @@ def retry_delay(
     """Exponential backoff with full jitter: a random wait in [0, min(cap, base * 2^(n-1))]."""
     ceiling = min(cap, base * 2 ** max(0, attempt - 1))
     return (rng or random).uniform(0.0, ceiling)
-
-
-def parse_retry_after(value: str | None, *, now: datetime, cap: float) -> float | None:
-    """Retry-After as seconds (``120``) or an HTTP date, capped; None when absent or
-    unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        seconds = float(value[:9])
-    else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = (when - now).total_seconds()
-    return min(max(0.0, seconds), cap)
 
 
 def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
@@ -466,7 +544,7 @@ def relay_record(
         for sent, v in zip(results, verdicts, strict=True)
     ]
     recorded: set[int] = set()
-    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+    with bounded(), connection.cursor() as cursor:
         for (*values, attempt), ids in outcomes.items():
             cursor.execute(RECORD.format(ids=_placeholders(len(ids))), [*values, *ids, attempt])
             recorded.update(row[0] for row in cursor.fetchall())
@@ -478,53 +556,101 @@ def relay_record(
             failures=sum(v.breaker_failure for v in verdicts),
             now=now,
         )
-        counted = []
         for sent, v in zip(results, verdicts, strict=True):
-            if sent.message.id not in recorded:
-                continue
-            if v.status in (MessageStatus.DELIVERED, MessageStatus.FAILED):
-                counted.append((sent.message, v.status))
-            if v.status == MessageStatus.FAILED:
+            if v.status == MessageStatus.FAILED and sent.message.id in recorded:
                 # in the round's transaction: no notice for an answer not recorded
-                _terminal_notice(dest, sent)
-        # counted once the answers are durable: a round that rolls back is sent again
-        transaction.on_commit(lambda: _outcomes_count(dest.name, counted, now))
+                answer = sent.error if sent.status_code is None else str(sent.status_code)
+                _terminal_notice(dest, sent.message, answer=answer)
+        # counted and logged once the answers are durable: a round that rolls back is
+        # sent again
+        transaction.on_commit(
+            lambda: _recorded(dest, list(zip(results, verdicts, strict=True)), recorded, now)
+        )
 
 
-def _outcomes_count(
-    destination: str, counted: list[tuple[Claimed, str]], delivered_at: datetime
+def _recorded(
+    dest: WebhookDestination,
+    answers: list[tuple[Sent, Verdict]],
+    recorded: set[int],
+    now: datetime,
 ) -> None:
-    for message, status in counted:
-        if status == MessageStatus.DELIVERED:
+    """After the round's commit: its counters, and one log line per answer that was not
+    a 2xx (delivered ones are counted, not logged one by one)."""
+    for sent, v in answers:
+        message = sent.message
+        if message.id not in recorded:
+            _answer_log(dest, message, _answer_words(sent), "not recorded: its lease ran out")
+            continue
+        if v.status == MessageStatus.DELIVERED:
             metrics.delivery_record(
-                destination,
+                dest.name,
                 created_at=message.created_at,
-                delivered_at=delivered_at,
+                delivered_at=now,
                 attempts=message.attempt,
             )
-        else:
-            metrics.terminal_count(destination)
+            continue
+        if v.status == MessageStatus.FAILED:
+            metrics.terminal_count(dest.name)
+        _answer_log(dest, message, _answer_words(sent), _what_next(dest, sent, v, now))
+
+
+def _answer_words(sent: Sent) -> str:
+    if sent.status_code is None:
+        return f"gave no answer ({sent.error})"
+    return f"answered {sent.status_code}"
+
+
+def _what_next(dest: WebhookDestination, sent: Sent, v: Verdict, now: datetime) -> str:
+    if v.status == MessageStatus.FAILED:
+        if sent.status_code in TERMINAL_STATUSES:
+            return "failed for good (a terminal answer), waiting for an operator"
+        return f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
+    wait = duration_text((v.next_attempt_at or now) - now)
+    if not v.spends_budget:
+        return f"deferred {wait} as Retry-After asks"
+    return f"retried in {wait} (failure {sent.message.failures + 1} of {dest.max_attempts})"
+
+
+def _answer_log(dest: WebhookDestination, message: Claimed, answer: str, then: str) -> None:
+    """One WARNING line per answer that was not a 2xx, or request that got none."""
+    answer = storable.text(answer, 300)
+    logger.warning(
+        "outbox: %s %s to %s, attempt %d: %s",
+        dest.name,
+        answer,
+        storable.text(message.key, 255),
+        message.attempt,
+        then,
+        extra={
+            "webhook": {
+                "destination": dest.name,
+                "key": message.key,
+                "attempt": message.attempt,
+                "answer": answer,
+                "next": then,
+            }
+        },
+    )
 
 
 def _placeholders(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
-def _terminal_notice(dest: WebhookDestination, sent: Sent) -> None:
+def _terminal_notice(dest: WebhookDestination, message: Claimed, *, answer: str) -> None:
     """Tell the ops destination (if any); a failure here never fails the round (a
     savepoint of its own when the round's transaction is open)."""
-    answer = str(sent.status_code) if sent.status_code is not None else sent.error
     try:
         with transaction.atomic():
             terminal_notice(
                 destination=dest.name,
-                message_id=sent.message.id,
-                key=sent.message.key,
-                event_type=sent.message.event_type,
+                message_id=message.id,
+                key=message.key,
+                event_type=message.event_type,
                 answer=answer,
             )
     except Exception:
-        logger.exception("terminal notice for %s not admitted", sent.message.key)
+        logger.exception("terminal notice for %s not admitted", message.key)
 
 
 def _breaker_record(
@@ -563,22 +689,92 @@ def relay_destination(
     None).
 
     A round's answers are recorded in the transaction that claims the next round: one
-    transaction a round. If that transaction fails, the answers are lost with it and
-    the messages are sent again, under the same keys, when their leases end."""
+    transaction a round. If that transaction fails, the answers are recorded one by one,
+    each in a transaction of its own (``_record_each``), unless the database itself is
+    failing (a bound that fired, a lost connection): then the error is noted on the
+    destination and raised, and the messages are sent again, under the same keys and
+    with the lost attempt counted, when their leases end."""
     deadline = time.monotonic() + budget_seconds
-    dest = WebhookDestination.objects.get(pk=destination_id)
+    dest: WebhookDestination | None = None
     sent_count = 0
     results: list[Sent] = []
     while True:
         more = time.monotonic() < deadline
-        # one transaction a round: the last round's answers, then the next claim
-        with transaction.atomic():
-            relay_record(dest, results)
-            # a worker already claiming for this destination carries on; this run stops
-            round_ = relay_claim(destination=dest, skip_if_busy=True) if more else None
+        try:
+            # one transaction a round: the last round's answers, then the next claim
+            with bounded(savepoint=True):
+                if dest is None:
+                    dest = WebhookDestination.objects.get(pk=destination_id)
+                relay_record(dest, results)
+                # a worker already claiming for this destination carries on; this run stops
+                round_ = relay_claim(destination=dest, skip_if_busy=True) if more else None
+        except (DatabaseError, ValueError, TypeError, ArithmeticError) as exc:
+            if not results or dest is None:
+                raise
+            _record_failed(dest, exc)
+            if isinstance(exc, OperationalError):
+                raise  # the database is failing: one answer at a time would fail as well
+            faults.log_failure(
+                logger,
+                "outbox: a round's answers could not be recorded together; recording them "
+                "one by one",
+                exc,
+                destination=dest.name,
+            )
+            _record_each(dest, results)
+            results = []
+            continue
         if round_ is None:
             return sent_count, 0.0
         if not round_.claimed:
             return sent_count, round_.wait
         results = relay_send(dest, round_.claimed)
         sent_count += len(results)
+
+
+def _record_each(dest: WebhookDestination, results: list[Sent]) -> None:
+    """The answers of a round that could not be recorded together, each in a transaction
+    of its own: one that still fails is recorded without what its answer held (the
+    verdict stands), and one that cannot be recorded at all is left to its lease."""
+    for sent in results:
+        try:
+            with bounded(savepoint=True):
+                relay_record(dest, [sent])
+            continue
+        except Exception as exc:
+            stripped = replace(
+                sent,
+                excerpt="",
+                error=storable.text(f"answer not recordable: {_error_line(exc)}", EXCERPT_CHARS),
+            )
+        try:
+            with bounded(savepoint=True):
+                relay_record(dest, [stripped])
+        except Exception as exc:
+            faults.log_failure(
+                logger,
+                "outbox: an answer not recorded; its lease runs out and it is sent again",
+                exc,
+                destination=dest.name,
+                key=sent.message.key,
+                attempt=sent.message.attempt,
+            )
+
+
+def _record_failed(dest: WebhookDestination, exc: BaseException) -> None:
+    """Note on the destination that a round could not be recorded (the overview and
+    webhook_status say so); never raises."""
+    error = storable.text(_error_line(exc), 500)
+    try:
+        with bounded(savepoint=True), connection.cursor() as cursor:
+            now = connection.ops.adapt_datetimefield_value(timezone.now())
+            cursor.execute(RECORD_FAILED, [error, now, dest.pk])
+    except Exception:
+        logger.warning("outbox: %s: the failure to record could not be noted either", dest.name)
+
+
+def _error_line(exc: BaseException) -> str:
+    """The error's class and first line: PostgreSQL's DETAIL and CONTEXT lines may quote
+    the values (the answer itself) that could not be stored."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"

@@ -2,7 +2,8 @@
 the same levels and reasons as the sources' (services/status.py).
 
 One grouped query for every destination (``destinations_with_health``: only pending,
-sending and failed messages are read, through the (destination, status, id) index).
+sending and failed messages are read, through the (destination, status, id) index), and
+one more when failed messages hold back later ones of their ordering key.
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ from typing import Any
 
 from django.utils import timezone
 
+from ..services import storable
 from ..services.status import Reason, State, duration_text
 from .models import WebhookDestination
-from .operations import Breaker, destination_breaker, destinations_with_health
+from .operations import (
+    Breaker,
+    destination_breaker,
+    destinations_with_health,
+    failed_holding_back,
+)
 
 # a message due this long ago and still not sent: the relay is behind, or not running
 OLD_BACKLOG = timedelta(minutes=10)
@@ -34,6 +41,14 @@ class DestinationStatus:
     # the last answer of either kind: the relay is sending at all
     last_success_at: datetime | None
     last_failure_at: datetime | None
+    # pending messages behind a failed one of their ordering key; the failed messages
+    # holding them back, and the oldest of those (its id, key and ordering key)
+    held_back: int = 0
+    holding_back: int = 0
+    first_holder: tuple[int, str, str] | None = None
+    # the last round of answers the relay could not record, and why
+    record_failed_at: datetime | None = None
+    record_error: str = ""
     reasons: tuple[Reason, ...] = field(default=())
 
     @property
@@ -50,6 +65,13 @@ class DestinationStatus:
         moments = [m for m in (self.last_success_at, self.last_failure_at) if m is not None]
         return max(moments) if moments else None
 
+    @property
+    def record_failing(self) -> bool:
+        """The relay's last round could not be recorded, recently, and no answer has
+        been recorded since."""
+        at, last = self.record_failed_at, self.last_attempt_at
+        return at is not None and self.now - at <= OLD_BACKLOG and (last is None or at > last)
+
     def as_dict(self) -> dict[str, Any]:
         """The stable machine shape (``webhook_status --json``; docs/overview.md)."""
         age = self.oldest_eligible_age
@@ -60,6 +82,7 @@ class DestinationStatus:
             "reasons": [r.as_dict() for r in self.reasons],
             "backlog": self.backlog,
             "failed": self.failed,
+            "held_back": self.held_back,
             "oldest_eligible_age_seconds": None if age is None else age.total_seconds(),
             "breaker": {
                 "state": self.breaker.state,
@@ -68,6 +91,9 @@ class DestinationStatus:
             },
             "last_success_at": _iso(self.last_success_at),
             "last_failure_at": _iso(self.last_failure_at),
+            "record_failure": {"at": _iso(self.record_failed_at), "error": self.record_error}
+            if self.record_failing
+            else None,
         }
 
 
@@ -87,9 +113,35 @@ def _failed(d: DestinationStatus) -> tuple[str, str] | None:
     return summary, f"{summary} for good, waiting for Retry now or Discard"
 
 
+def _held_back(d: DestinationStatus) -> tuple[str, str] | None:
+    if not d.held_back or d.first_holder is None:
+        return None
+    key, ordering_key = (storable.text(value, 255) for value in d.first_holder[1:])
+    behind = f"{d.held_back} later message{_s(d.held_back)}"
+    if d.holding_back == 1:
+        text = f"failed message {key} holds back {behind} of its ordering key {ordering_key}"
+    else:
+        text = (
+            f"{d.holding_back} failed messages hold back {behind} of their ordering keys "
+            f"(the oldest: {key}, ordering key {ordering_key})"
+        )
+    return f"holding back {d.held_back}", f"{text}: Retry now or Discard it to let them go"
+
+
+def _record_failing(d: DestinationStatus) -> tuple[str, str] | None:
+    if not d.record_failing:
+        return None
+    return "answers not recorded", (
+        f"the relay could not record its answers: {d.record_error} (each is sent again, "
+        "under its key, when its lease runs out, and counted against its budget)"
+    )
+
+
 def _stalled(d: DestinationStatus) -> tuple[str, str] | None:
     age = d.oldest_eligible_age
     if not d.enabled or d.breaker.state == "open" or age is None or age <= OLD_BACKLOG:
+        return None
+    if d.record_failing:  # it is sending: _record_failing names the cause
         return None
     last = d.last_attempt_at
     if last is not None and d.now - last <= OLD_BACKLOG:
@@ -133,6 +185,20 @@ DESTINATION_CONDITIONS = (
         _failed,
     ),
     (
+        "held_back",
+        State.ATTENTION,
+        "a failed message holds back the later messages of its ordering key, which are "
+        "delivered in order: retry or discard it",
+        _held_back,
+    ),
+    (
+        "record_failing",
+        State.ATTENTION,
+        "the relay sends, but the database refused to record the answers: they are sent "
+        "again when their leases end",
+        _record_failing,
+    ),
+    (
         "relay_not_sending",
         State.ATTENTION,
         f"messages due for over {duration_text(OLD_BACKLOG)} and no answer for as long: "
@@ -161,9 +227,11 @@ def destination_statuses(*, now: datetime | None = None) -> list[DestinationStat
     # no secrets: they are decrypted as they are read, and a status needs none of them
     # (nor, when the key is wrong, to fail for want of it)
     every = WebhookDestination.objects.order_by("name").defer("secrets")
-    rows = destinations_with_health(every, now=now)
+    rows = list(destinations_with_health(every, now=now))
+    holders = failed_holding_back(d.pk for d in rows if d.held_back)
     statuses = []
     for dest in rows:
+        holding_back, first = holders.get(dest.pk, (0, None))
         status = DestinationStatus(
             name=dest.name,
             pk=dest.pk,
@@ -175,6 +243,11 @@ def destination_statuses(*, now: datetime | None = None) -> list[DestinationStat
             breaker=destination_breaker(dest, now=now),
             last_success_at=dest.last_success_at,
             last_failure_at=dest.last_failure_at,
+            held_back=dest.held_back,
+            holding_back=holding_back,
+            first_holder=None if first is None else (first.pk, first.key, first.ordering_key),
+            record_failed_at=dest.record_failed_at,
+            record_error=dest.record_error,
         )
         reasons = tuple(
             Reason(code, state, *words)

@@ -4,15 +4,23 @@ trigger."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from celery import shared_task
 from django.core.cache import cache
+from django.db import OperationalError
 from django.db.models import Q
 from django.utils import timezone
 
 from ..services.faults import healing
 from .models import MessageStatus, OutboxMessage
+from .relay import bound_fired, bounded
 from .relay import relay_destination as relay_run
 from .retention import outbox_purge
+
+logger = logging.getLogger(__name__)
 
 # a token due sooner than this is waited for by the next run, not a task of its own
 MIN_COUNTDOWN = 0.05
@@ -42,7 +50,9 @@ def relay_destination(destination_id: int) -> int:
     # this run is the one queued (by a trigger or as a follow-up): later admissions must
     # queue their own
     cache.delete_many([queued_key(destination_id), _follow_up_key(destination_id)])
-    sent, wait = relay_run(destination_id=destination_id)
+    sent, wait = 0, None
+    with _later_when_bounded(f"the relay of destination {destination_id}"):
+        sent, wait = relay_run(destination_id=destination_id)
     if wait is not None:
         countdown = max(wait, MIN_COUNTDOWN)
         # cache.add is atomic: only the first run to find the bucket empty queues one
@@ -71,16 +81,36 @@ def relay_sweep() -> int:
     due = Q(status=MessageStatus.PENDING, next_attempt_at__lte=now) | Q(
         status=MessageStatus.SENDING, lease_until__lte=now
     )
-    destinations = (
-        OutboxMessage.objects.filter(due, destination__enabled=True)
-        .values_list("destination_id", flat=True)
-        .distinct()
-    )
-    count = 0
+    destinations: list[int] = []
+    with _later_when_bounded("the relay sweep"), bounded():
+        destinations = list(
+            OutboxMessage.objects.filter(due, destination__enabled=True)
+            .values_list("destination_id", flat=True)
+            .distinct()
+        )
     for destination_id in destinations:
         relay_destination.delay(destination_id)
-        count += 1
-    return count
+    return len(destinations)
+
+
+@contextmanager
+def _later_when_bounded(what: str) -> Iterator[None]:
+    """A lock or statement timeout of the relay's bounds (a locked outbox table) ends
+    the run with one WARNING line: its messages stay due, and the next sweep (every few
+    seconds) queues the run again. Anything else is raised."""
+    try:
+        yield
+    except OperationalError as exc:
+        if not bound_fired(exc):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        logger.warning(
+            "outbox: %s stopped at its database bounds (%s: %s); the next sweep runs it again",
+            what,
+            type(exc).__name__,
+            first,
+            extra={"webhook": {"run": what, "error": type(exc).__name__}},
+        )
 
 
 @shared_task(

@@ -20,13 +20,13 @@ def list_events(
     page_size = int(options.get("PAGE_SIZE", 1000))
     page: list[SenderEvent] = []
     try:
-        with open(options["PATH"], encoding="utf-8") as export:
+        with open(options["PATH"], "rb") as export:
             for number, line in enumerate(export, start=1):
                 if not line.strip():
                     continue
                 try:
                     event = parse_event(json.loads(line))
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, too deep
                     raise SenderUnavailable(f"line {number} is not JSON: {exc}") from exc
                 if since <= event.created_at < until:
                     page.append(event)

@@ -12,6 +12,10 @@ out), in both directions:
   differ from ours. Business state is the host's: it is compared by the host's hook,
   STATE_COMPARISON (the demo shop's is ``project.shop.reconcile``).
 
+A sender is a peer: whatever its records hold (NUL, lone surrogates) is stored made
+fit for its column (``storable``), and a run that fails records why in a form the
+database takes, so that no run is left ``running`` by its own error.
+
 It never changes business state. It records a ``ReconciliationRun`` and ``RepairItem``s:
 one open item per (source, kind, key), updated by later runs, and resolved by the run
 that finds it gone ("resolved: now consistent"). Pages are compared as they arrive,
@@ -24,11 +28,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -108,18 +113,25 @@ def reconciliation_run(
     until = until or now - config.grace
     run = _run_start(source.slug, since=since, until=until, now=now)
     findings = _Findings(run=run)
+    # inside a caller's transaction, a savepoint: a statement that fails must not leave
+    # the run's own record unwritable. (Never a transaction of its own: none may stay
+    # open across the sender's requests.)
+    guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
     try:
-        _compare_sender_events(source, config, findings)
-        _find_unexpected(source, findings)
-        _compare_states(source, findings)
+        with guard:
+            _compare_sender_events(source, config, findings)
+            _find_unexpected(source, findings)
+            _compare_states(source, findings)
+            resolved = _resolve_the_rest(findings)
+            run.finished_at = timezone.now()
+            run.sender_records = findings.records
+            run.counts = {**dict(findings.counts), "resolved": resolved}
+            run.outcome = (
+                RunOutcome.NEEDS_REPAIR if sum(findings.counts.values()) else RunOutcome.OK
+            )
+            run.save()
     except Exception as exc:  # the run failed, not the events: record why
         return _run_failed(run, exc)
-    resolved = _resolve_the_rest(findings)
-    run.finished_at = timezone.now()
-    run.sender_records = findings.records
-    run.counts = {**dict(findings.counts), "resolved": resolved}
-    run.outcome = RunOutcome.NEEDS_REPAIR if sum(findings.counts.values()) else RunOutcome.OK
-    run.save()
     return run
 
 
@@ -148,10 +160,21 @@ def _run_start(slug: str, *, since: datetime, until: datetime, now: datetime) ->
 
 
 def _run_failed(run: ReconciliationRun, exc: BaseException) -> ReconciliationRun:
+    """Record the failed run, with its error as a text column takes it. If even that is
+    refused (the database failing), the run's row is closed without the error's text;
+    failing that too, it is left to RECONCILE_RUN_TIMEOUT_SECONDS, and logged."""
     run.outcome = RunOutcome.FAILED
     run.finished_at = timezone.now()
-    run.error = f"{type(exc).__name__}: {exc}"[:2000]
-    run.save()
+    run.error = storable.text(_error_text(exc), 2000)
+    fields = ["outcome", "finished_at", "error"]
+    try:
+        run.save(update_fields=fields)
+    except DatabaseError:
+        run.error = f"{type(exc).__name__} (its message could not be stored)"
+        try:
+            run.save(update_fields=fields)
+        except DatabaseError:
+            logger.exception("reconciliation run %s of %s not closed", run.pk, run.source)
     logger.error(
         "reconciliation of %s failed: %s",
         run.source,
@@ -159,6 +182,15 @@ def _run_failed(run: ReconciliationRun, exc: BaseException) -> ReconciliationRun
         extra={"webhook": {"source": run.source, "run": run.pk}},
     )
     return run
+
+
+def _error_text(exc: BaseException) -> str:
+    """A run's error as stored: the class and message. A database error keeps its first
+    line only: PostgreSQL's DETAIL and CONTEXT lines quote the record's data."""
+    message = str(exc)
+    if isinstance(exc, DatabaseError):
+        message = message.splitlines()[0] if message else ""
+    return f"{type(exc).__name__}: {message}"
 
 
 def event_key_of(source: SourceConfig, event: SenderEvent) -> str:
@@ -215,6 +247,8 @@ def _track_order(findings: _Findings, key: str, event: SenderEvent) -> None:
     order_id, version = event.data.get("order_id"), event.data.get("version")
     if not isinstance(order_id, str) or not isinstance(version, int) or isinstance(version, bool):
         return
+    # as the host's query can take it (no NUL): such an order cannot be one we hold
+    order_id = storable.text(order_id, len(order_id) * 6)
     known = findings.orders.get(order_id)
     if known is None or version > known.version:
         findings.orders[order_id] = SenderOrder(
@@ -301,8 +335,9 @@ def _item(
         "order_id": storable.text(order_id, 100),
         "event_type": storable.text(event_type, 255),
         "occurred_at": occurred_at,
-        "sender_says": sender_says or {},
-        "we_hold": dict(we_hold),
+        # what a sender (or the host, of it) says, as jsonb takes it
+        "sender_says": storable.json_value(sender_says or {}),
+        "we_hold": storable.json_value(dict(we_hold)),
         "last_run": run,
         "updated_at": now,
     }

@@ -4,14 +4,18 @@ A verified sender can still send bytes a column refuses: a key longer than 255
 characters, NUL (which PostgreSQL's text types cannot hold), a lone surrogate (which
 UTF-8 cannot encode), a timestamp past year 9999. None of them may cost an event its
 receipt or a request its audit record, so every value a request brings goes through
-one of these functions on its way to the database.
+one of these functions on its way to the database. So does what the app's own peers
+answer: a destination's reply to the relay, a sender's list for reconciliation.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 KEY_MAX_LENGTH = 255
 DIGEST_PREFIX = "sha256:"
@@ -76,3 +80,31 @@ def headers(
         for name, value in received.items()
         if name.lower() not in dropped
     }
+
+
+def _json_unstorable(char: str) -> bool:
+    """What PostgreSQL's jsonb refuses in a string: NUL, and lone surrogates."""
+    code = ord(char)
+    return code == 0 or 0xD800 <= code < 0xE000
+
+
+def _json_text(value: str) -> str:
+    if "\x00" not in value and value.isascii():  # the usual case, at C speed
+        return value
+    return "".join(escape(c) if _json_unstorable(c) else c for c in value)
+
+
+def json_value(value: Any) -> Any:
+    """A peer's JSON (a sender's record, what it says of an order) as a JSON column can
+    store it: NUL and lone surrogates escaped (``\\x00``) in every string and key, and
+    the numbers Python's parser takes but JSON has not (``Infinity``, ``NaN``, ``1e999``)
+    as text; everything else kept as it came."""
+    if isinstance(value, str):
+        return _json_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # Infinity, -Infinity, NaN
+    if isinstance(value, dict):
+        return {_json_text(str(k)): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(v) for v in value]
+    return value

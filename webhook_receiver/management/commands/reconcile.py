@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import ngettext
@@ -51,6 +52,11 @@ class Command(BaseCommand):
             run = reconciliation_run(source_slug=slug, since=since, until=until)
         except RunInProgress as exc:
             raise CommandError(str(exc), returncode=RUN_FAILED) from exc
+        except DatabaseError as exc:  # the run could not even be recorded
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise CommandError(
+                f"The run failed: {type(exc).__name__}: {first}", returncode=RUN_FAILED
+            ) from exc
         found = list(
             RepairItem.objects.filter(source=slug, last_run=run, status=RepairStatus.OPEN).order_by(
                 "kind", "event_key"

@@ -1,0 +1,111 @@
+"""A hostile peer on loopback, for the relay's destinations and reconciliation's senders:
+a raw socket server that answers each request with whatever bytes a script gives, each
+chunk after its delay (a header line every few seconds, a body byte at a time, a NUL, a
+charset no codec reads), then closes the connection."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+# an answer: (seconds to wait, bytes to send) in turn
+Chunks = Iterable[tuple[float, bytes]]
+
+
+@dataclass
+class Peer:
+    url: str
+    requests: list[bytes] = field(default_factory=list)
+    # bytes of the answers actually written (a client that stops reading stops them)
+    written: int = 0
+
+
+def answer(status: int, headers: dict[str, str] | list[tuple[str, str]], body: bytes) -> bytes:
+    """A whole HTTP/1.1 answer, its Content-Length counted; header values as given."""
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers)
+    lines = [f"HTTP/1.1 {status} Whatever".encode()]
+    lines += [f"{name}: ".encode() + _raw(value) for name, value in pairs]
+    lines += [f"content-length: {len(body)}".encode(), b"connection: close"]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def _raw(value: str) -> bytes:
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass")
+
+
+@contextmanager
+def hostile_peer(script: Callable[[bytes], Chunks], *, path: str = "/hooks") -> Iterator[Peer]:
+    """Serve ``script(request) -> chunks`` on a loopback port, a thread per request."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    peer = Peer(url=f"http://127.0.0.1:{sock.getsockname()[1]}{path}")
+    stopping = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        with conn, suppress(OSError):
+            request = _read_request(conn)
+            peer.requests.append(request)
+            for delay, data in script(request):
+                if stopping.wait(delay):
+                    return
+                conn.sendall(data)
+                peer.written += len(data)
+
+    def serve() -> None:
+        while not stopping.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield peer
+    finally:
+        stopping.set()
+        sock.close()
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    conn.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def trickled(lines: Iterable[bytes], *, every: float, then: bytes = b"") -> Chunks:
+    """Each of ``lines`` after ``every`` seconds, then ``then``."""
+    for line in lines:
+        yield every, line
+    yield 0.0, then
+
+
+def timed(action: Callable[[], object]) -> tuple[object, float]:
+    began = time.monotonic()
+    result = action()
+    return result, time.monotonic() - began

@@ -257,7 +257,8 @@ def test_a_key_that_is_not_a_fernet_key_is_refused_without_being_shown(settings)
 
 
 def put_plain_row(secrets: list[str]) -> None:
-    """A destination as the release before the encryption stored it."""
+    """A destination as the release before the encryption stored it, at that release's
+    schema (migrated back to 0009_outbox): its own columns, secrets in plain text."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -270,6 +271,18 @@ def put_plain_row(secrets: list[str]) -> None:
                 3600, 300, 10, 60, %s, 30, 0, 0, %s, %s)
             """,
             [json.dumps(secrets), True, "2026-11-01T00:00:00+00:00", "2026-11-01T00:00:00+00:00"],
+        )
+
+
+def plain_row_today(secrets: list[str]) -> None:
+    """A destination of today's schema whose secrets column holds plain text, as a row
+    the encrypting migration never saw would (written through the model, then the
+    column overwritten with raw SQL)."""
+    WebhookDestination.objects.create(name="legacy", url="https://legacy.example/h")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE webhook_receiver_webhookdestination SET secrets = %s WHERE name = 'legacy'",
+            [json.dumps(secrets)],
         )
 
 
@@ -292,7 +305,7 @@ def test_the_check_names_what_is_wrong(receiver, settings):
 
 
 def test_the_check_sees_rows_not_yet_encrypted(settings):
-    put_plain_row([SECRET])
+    plain_row_today([SECRET])
     assert ids(check_destination_secrets(databases=["default"])) == ["webhook_receiver.W002"]
     with_keys(settings)
     assert ids(check_destination_secrets(databases=["default"])) == ["webhook_receiver.E008"]
@@ -301,9 +314,14 @@ def test_the_check_sees_rows_not_yet_encrypted(settings):
 # --- the migration ------------------------------------------------------------------------
 
 
-def migrate(target: str) -> None:
+def migrate(target: str | None = None) -> None:
+    """Migrate the app to ``target``, or to its latest migration."""
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
+    if target is None:
+        (target,) = [
+            name for app, name in executor.loader.graph.leaf_nodes() if app == "webhook_receiver"
+        ]
     executor.migrate([("webhook_receiver", target)])
 
 
@@ -313,17 +331,19 @@ def test_the_migration_encrypts_the_rows_stored_before_and_back():
     migrate("0009_outbox")
     put_plain_row([OLD_SECRET, SECRET])
 
-    # when
-    migrate("0010_destination_secrets_encrypted")
+    try:
+        # when
+        migrate("0010_destination_secrets_encrypted")
 
-    # then: tokens in the column, the secrets through the model
-    column = stored("legacy")
-    assert all(t.startswith("gAAAAA") for t in column) and SECRET not in json.dumps(column)
-    assert WebhookDestination.objects.get(name="legacy").secrets == [OLD_SECRET, SECRET]
-    # and back: the secrets in plain text again, as the release before reads them
-    migrate("0009_outbox")
-    assert stored("legacy") == [OLD_SECRET, SECRET]
-    migrate("0010_destination_secrets_encrypted")
+        # then: tokens in the column
+        column = stored("legacy")
+        assert all(t.startswith("gAAAAA") for t in column) and SECRET not in json.dumps(column)
+        # and back: the secrets in plain text again, as the release before reads them
+        migrate("0009_outbox")
+        assert stored("legacy") == [OLD_SECRET, SECRET]
+    finally:
+        migrate()  # today's schema, for the model and the tests after this one
+    # the secrets through today's model
     assert WebhookDestination.objects.get(name="legacy").secrets == [OLD_SECRET, SECRET]
 
 
@@ -338,4 +358,4 @@ def test_the_migration_stops_when_no_key_is_set(settings):
         assert stored("legacy") == [SECRET]  # nothing half done
     finally:
         with_keys(settings, DESTINATION_SECRET_KEY)
-        migrate("0010_destination_secrets_encrypted")
+        migrate()

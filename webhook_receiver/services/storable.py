@@ -98,13 +98,31 @@ def json_value(value: Any) -> Any:
     """A peer's JSON (a sender's record, what it says of an order) as a JSON column can
     store it: NUL and lone surrogates escaped (``\\x00``) in every string and key, and
     the numbers Python's parser takes but JSON has not (``Infinity``, ``NaN``, ``1e999``)
-    as text; everything else kept as it came."""
+    as text; everything else kept as it came. Walked with a stack of its own, not by
+    recursion: a peer chooses how deep its JSON nests."""
+    if not isinstance(value, dict | list | tuple):
+        return _json_scalar(value)
+    top: dict[str, Any] | list[Any] = {} if isinstance(value, dict) else []
+    pending: list[tuple[Any, dict[str, Any] | list[Any]]] = [(value, top)]
+    while pending:
+        source, copy = pending.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for name, item in items:
+            if isinstance(item, dict | list | tuple):
+                child: Any = {} if isinstance(item, dict) else []
+                pending.append((item, child))  # filled in later; its place is kept now
+            else:
+                child = _json_scalar(item)
+            if isinstance(copy, dict):
+                copy[_json_text(str(name))] = child
+            else:
+                copy.append(child)
+    return top
+
+
+def _json_scalar(value: Any) -> Any:
     if isinstance(value, str):
         return _json_text(value)
     if isinstance(value, float) and not math.isfinite(value):
         return json.dumps(value)  # Infinity, -Infinity, NaN
-    if isinstance(value, dict):
-        return {_json_text(str(k)): json_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_value(v) for v in value]
     return value

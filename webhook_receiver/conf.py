@@ -27,8 +27,12 @@ DEFAULTS: dict[str, Any] = {
     "SOURCES": {},
     # event type -> dotted path of a handler; overrides handlers registered in code
     "HANDLERS": {},
-    # audit records older than this are deleted by the purge task
+    # audit records (and the tallies of refused requests) older than this are deleted by
+    # the purge task
     "AUDIT_RETENTION_DAYS": 30,
+    # refused requests per source and reason whose audit record is written in full, each
+    # minute; beyond it they are only counted, in that minute's RejectionTally (exactly)
+    "REJECTED_AUDIT_PER_MINUTE": 10,
     # rows deleted per statement by the purge tasks
     "PURGE_BATCH_SIZE": 1000,
     # attempts per failed event, the first delivery included, before it is dead
@@ -89,6 +93,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 POSITIVE_KEYS = (
+    "REJECTED_AUDIT_PER_MINUTE",
     "HEARTBEAT_MAX_AGE_SECONDS",
     "OUTBOX_RETENTION_DAYS",
     "RECONCILE_RUN_TIMEOUT_SECONDS",
@@ -198,6 +203,7 @@ class AppSettings:
     sources: Mapping[str, SourceConfig]
     handlers: Mapping[str, str]
     audit_retention: timedelta
+    rejected_audit_per_minute: int
     purge_batch_size: int
     redacted_headers: frozenset[str]
     retry_max_attempts: int
@@ -351,6 +357,7 @@ def app_settings() -> AppSettings:
         sources={slug: _source(slug, opts) for slug, opts in merged["SOURCES"].items()},
         handlers=dict(merged["HANDLERS"]),
         audit_retention=timedelta(days=merged["AUDIT_RETENTION_DAYS"]),
+        rejected_audit_per_minute=int(merged["REJECTED_AUDIT_PER_MINUTE"]),
         purge_batch_size=int(merged["PURGE_BATCH_SIZE"]),
         redacted_headers=frozenset(h.lower() for h in merged["REDACTED_HEADERS"]),
         retry_max_attempts=int(merged["RETRY_MAX_ATTEMPTS"]),

@@ -1,4 +1,11 @@
-"""The audit trail: one record per request, and its retention."""
+"""The audit trail: one record per request, the tallies that bound a flood of refused
+ones, and their retention.
+
+A verified request always gets its record. A refused one is counted in its minute's
+``RejectionTally`` (per source and reason) and gets a record of its own only while that
+tally holds fewer than ``REJECTED_AUDIT_PER_MINUTE`` requests: a flood of bad requests
+costs a row a minute per source and reason, and the counts stay exact.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,15 @@ import hashlib
 import ipaddress
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from .. import metrics
 from ..conf import app_settings
-from ..models import RequestAudit, Verification
+from ..models import RejectionTally, RequestAudit, Verification
 from . import queries, sql, storable
 from .retention import delete_in_batches
 
@@ -43,10 +51,42 @@ class AuditDraft:
         self.body_size = len(body)
 
     def record(self, *, result: str, response_status: int) -> None:
-        """Write the record on its own (a rejection, a failure, a claim on SQLite)."""
+        """Write the record on its own (a captured failure, a 503, a claim on SQLite)."""
         row = self.row(result=result, response_status=response_status)
         with connection.cursor() as cursor:
             cursor.execute(queries.INSERT_AUDIT, sql.adapt(row, RequestAudit))
+
+    def record_refusal(self, *, response_status: int) -> bool:
+        """Count this refused request (``verification`` holds its code) in its minute's
+        tally, and write its record if it is among the first REJECTED_AUDIT_PER_MINUTE
+        of that tally. Returns whether the record was written."""
+        config = app_settings()
+        reason = self.verification
+        row = {
+            **self.row(result=reason, response_status=response_status),
+            "minute": self.received_at.astimezone(UTC).replace(second=0, microsecond=0),
+            # every slug that is not configured shares one tally: any URL makes one
+            "tally_source": self.source if self.source in config.sources else "",
+            "reason": reason,
+            "keep": config.rejected_audit_per_minute,
+        }
+        params = sql.adapt(row, RequestAudit, RejectionTally)
+        if connection.vendor == "postgresql":
+            # relaxed only in a transaction of its own: a caller's keeps its durability
+            relax = not connection.in_atomic_block
+            statement = queries.RECORD_REFUSAL_RELAXED if relax else queries.RECORD_REFUSAL
+            with connection.cursor() as cursor:
+                cursor.execute(statement, params)
+                recorded = cursor.rowcount == 1
+        else:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(queries.TALLY_REFUSAL_SQLITE, params)
+                recorded = bool(cursor.fetchone()[0])
+                if recorded:
+                    cursor.execute(queries.INSERT_AUDIT, params)
+        if not recorded:
+            metrics.refusal_unrecorded(self.source, reason)
+        return recorded
 
     def row(self, *, result: str, response_status: int) -> dict[str, Any]:
         """The audit record's columns, by field name."""
@@ -73,11 +113,14 @@ class AuditDraft:
         }
 
     def record_best_effort(self, *, result: str, response_status: int) -> DatabaseError | None:
-        """Record, but never let a broken database hide the answer being given: return
-        the database's error instead of raising it. The caller logs the record's fields
-        (``log_fields``) in its place."""
+        """Record (a refused request: count, and record within the bound), but never let a
+        broken database hide the answer being given: return the database's error instead
+        of raising it. The caller logs the record's fields (``log_fields``) in its place."""
         try:
-            self.record(result=result, response_status=response_status)
+            if self.verification == Verification.VERIFIED:
+                self.record(result=result, response_status=response_status)
+            else:
+                self.record_refusal(response_status=response_status)
         except DatabaseError as exc:
             return exc
         return None
@@ -107,11 +150,14 @@ def client_address(value: str | None) -> str | None:
 
 
 def audit_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:
-    """Delete audit records older than the retention period, in bounded batches."""
+    """Delete audit records and rejection tallies older than the retention period, in
+    bounded batches; return how many rows went."""
     config = app_settings()
     cutoff = (now or timezone.now()) - config.audit_retention
-    return delete_in_batches(
-        RequestAudit.objects.filter(received_at__lt=cutoff),
-        batch_size=config.purge_batch_size,
-        max_batches=max_batches,
+    return sum(
+        delete_in_batches(rows, batch_size=config.purge_batch_size, max_batches=max_batches)
+        for rows in (
+            RequestAudit.objects.filter(received_at__lt=cutoff),
+            RejectionTally.objects.filter(minute__lt=cutoff),
+        )
     )

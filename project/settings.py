@@ -129,6 +129,8 @@ WEBHOOK_RECEIVER = {
     "METRICS_TOKEN": env("METRICS_TOKEN", default=None),
     # the trace page lists the shop's ledger lines and order state for an event
     "TRACE_EFFECTS": "project.shop.trace.shop_effects",
+    # behind deploy/nginx.conf: 1 (the client's address is read from X-Forwarded-For)
+    "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]

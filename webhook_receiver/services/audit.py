@@ -1,5 +1,5 @@
 """The audit trail: one record per request, the tallies that bound a flood of refused
-ones, and their retention.
+ones, the client's address, and their retention.
 
 A verified request always gets its record. A refused one is counted in its minute's
 ``RejectionTally`` (per source and reason) and gets a record of its own only while that
@@ -13,6 +13,7 @@ import functools
 import hashlib
 import ipaddress
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +22,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from .. import metrics
-from ..conf import app_settings
+from ..conf import TrustedProxies, app_settings
 from ..models import RejectionTally, RequestAudit, Verification
 from . import queries, sql, storable
 from .retention import delete_in_batches
@@ -147,6 +148,58 @@ def client_address(value: str | None) -> str | None:
         return str(ipaddress.ip_address(value.split("%", 1)[0]))
     except ValueError:
         return None
+
+
+# X-Forwarded-For entries read at most, from the right: more proxies than any deployment
+# has, so that a header of thousands of entries costs no more than this
+MAX_FORWARDED_HOPS = 16
+
+
+def request_client_address(meta: Mapping[str, Any]) -> str | None:
+    """The client's address of a request (its WSGI environ), for its audit record:
+    ``REMOTE_ADDR``, or behind ``TRUSTED_PROXIES``, what they say in X-Forwarded-For."""
+    proxies = app_settings().trusted_proxies
+    remote_addr = meta.get("REMOTE_ADDR")
+    if proxies is None:  # the header is anyone's to write: never read it
+        return client_address(remote_addr)
+    return forwarded_client_address(remote_addr, meta.get("HTTP_X_FORWARDED_FOR"), proxies)
+
+
+def forwarded_client_address(
+    remote_addr: str | None, forwarded_for: str | None, proxies: TrustedProxies
+) -> str | None:
+    """The rightmost hop that is not a trusted proxy.
+
+    The chain is read from the nearest peer (``REMOTE_ADDR``) outwards, through
+    X-Forwarded-For from its right end: each trusted proxy vouches for the address it
+    appended, the next hop's. The first hop that is not trusted is the client, and
+    nothing to its left is read (the client wrote it). An entry missing or malformed
+    where a trusted proxy should have written one ends the chain at the last address
+    known: a header never costs the request its record, nor lets a client choose the
+    address recorded.
+    """
+    address = client_address(remote_addr)
+    if address is None or not forwarded_for:
+        return address
+    entries = forwarded_for.rsplit(",", MAX_FORWARDED_HOPS)[::-1][:MAX_FORWARDED_HOPS]
+    for hop, entry in enumerate(entries):
+        if not proxies.trusts(hop, address):
+            break
+        forwarded = client_address(_without_port(entry.strip()))
+        if forwarded is None:
+            break
+        address = forwarded
+    return address
+
+
+def _without_port(entry: str) -> str:
+    """'203.0.113.7:4711' and '[2001:db8::1]:4711' as their addresses (some proxies add
+    the port); anything else as it is."""
+    if entry.startswith("["):
+        return entry[1:].partition("]")[0]
+    if entry.count(":") == 1:
+        return entry.partition(":")[0]
+    return entry
 
 
 def audit_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:

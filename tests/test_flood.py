@@ -12,6 +12,7 @@ against PostgreSQL.
 from __future__ import annotations
 
 import io
+import re
 import secrets
 import threading
 from collections import Counter
@@ -334,3 +335,89 @@ def test_tallies_are_purged_with_the_audit_records():
     assert kept == [now - timedelta(days=29), now - timedelta(days=1)]
     assert deleted == 2 * BOUND + 2
     assert RequestAudit.objects.count() == 2 * BOUND
+
+
+# --- the overview page ----------------------------------------------------------------------
+
+
+def a_flood(now: datetime) -> None:
+    """Unsigned requests to shop at 600 a minute for 3 hours, and 300 a minute to made-up
+    slugs in the last hour, stored as the bound stores them: BOUND records a minute, the
+    rest counted in the minute's tally. The minutes at the last hour's edge are left out
+    (so that its figures hold whatever the second), which makes 58 minutes in the last
+    hour and 120 before it."""
+    start = now.replace(second=0, microsecond=0)
+    records = []
+    for back in [*range(1, 59), *range(62, 182)]:
+        minute = start - timedelta(minutes=back)
+        floods = [("shop", "shop", "missing_signature_headers", 400, 600)]
+        if back < 60:
+            floods.append(("", f"probe-{back}", "unknown_source", 404, 300))
+        for tally_source, slug, reason, status, n in floods:
+            RejectionTally.objects.create(
+                minute=minute, source=tally_source, reason=reason, requests=n, unrecorded=n - BOUND
+            )
+            records += [
+                RequestAudit(
+                    source=slug,
+                    verification=reason,
+                    result=reason,
+                    response_status=status,
+                    received_at=minute + timedelta(seconds=i),
+                )
+                for i in range(BOUND)
+            ]
+    RequestAudit.objects.bulk_create(records)
+
+
+OVERVIEW = "/admin/webhook_receiver/sourceoverview/"
+
+
+@pytest.mark.django_db
+def test_the_overview_shows_a_flood_by_its_counts(admin_client):
+    # given: the last hour of a flood, and its last 3 hours
+    a_flood(timezone.now())
+
+    # when
+    page = admin_client.get(OVERVIEW).content.decode()
+
+    # then: shop's hour counts every refusal, and says most were only counted; the
+    # charts' totals count the 3 hours, and the made-up slugs' hour under one name
+    assert "34800 refused" in page
+    assert "a flood: 34220 counted only" in page
+    charts = re.findall(r'wr-chart-name">([^<]+)(.*?)</div>', page)
+    totals = {name: re.findall(r">(\d+) (accepted|rejected)<", rest) for name, rest in charts}
+    assert totals["shop"] == [("0", "accepted"), ("106800", "rejected")]
+    assert totals["(not configured)"] == [("0", "accepted"), ("17400", "rejected")]
+    assert page.count('data-source="(not configured)"') == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_overview_of_a_flood_in_a_browser(admin_browser, live_server):
+    from selenium.webdriver.common.by import By
+
+    from tests.browser import screenshot
+
+    # given
+    a_flood(timezone.now())
+
+    # when
+    admin_browser.get(live_server.url + OVERVIEW)
+
+    # then: shop needs attention, for a flood, which its row and the reasons say
+    shop = admin_browser.find_element(By.CSS_SELECTOR, 'tr.wr-source-row[data-source="shop"]')
+    assert shop.get_attribute("data-state") == "attention"
+    assert "a flood: 34220 counted only" in shop.text
+    reasons = admin_browser.find_element(By.CSS_SELECTOR, 'tr.wr-reasons[data-source="shop"]')
+    assert "34800 requests refused in the last hour" in reasons.text
+    assert "a flood" in reasons.text
+    screenshot(admin_browser, "overview-flood")
+    # the made-up slugs: one chart row, its totals beside it, no sideways scrolling
+    unconfigured = admin_browser.find_element(
+        By.CSS_SELECTOR, '.wr-chart-row[data-source="(not configured)"]'
+    )
+    assert "17400 rejected" in unconfigured.text
+    width = admin_browser.execute_script("return document.documentElement.scrollWidth")
+    assert width <= admin_browser.execute_script("return window.innerWidth")
+    admin_browser.execute_script("document.getElementById('wr-charts').scrollIntoView()")
+    screenshot(admin_browser, "overview-flood-charts")

@@ -60,9 +60,12 @@ PRIVATE = TrustedProxies(
         (PRIVATE, NGINX, "10.0.0.9, 10.0.0.5", "10.0.0.9"),
         (PRIVATE, "203.0.113.9", "6.6.6.6", "203.0.113.9"),  # not from a proxy: not read
         (PRIVATE, NGINX, "10.0.0.5, bogus", NGINX),
-        # no usable REMOTE_ADDR (a Unix socket): nothing to anchor the chain to
-        (ONE, "", "203.0.113.9", None),
-        (ONE, None, "203.0.113.9", None),
+        # no REMOTE_ADDR (nginx on a Unix socket): a count trusts the nearest peer by
+        # position; networks cannot tell it is one of theirs
+        (ONE, "", "203.0.113.9", "203.0.113.9"),
+        (ONE, None, "6.6.6.6, 203.0.113.9", "203.0.113.9"),
+        (ONE, None, "garbage", None),
+        (PRIVATE, "", "203.0.113.9", None),
     ],
 )
 def test_the_client_is_the_rightmost_hop_no_trusted_proxy_is(
@@ -165,7 +168,7 @@ def test_any_header_gives_an_address_of_the_chain_or_none(proxies, remote_addr, 
     client = forwarded_client_address(remote_addr, forwarded_for, proxies)
 
     # an address the database accepts, taken from the chain (never made up), or None
-    # when REMOTE_ADDR itself is none
+    # when REMOTE_ADDR itself is none and the header gave none either
     if client is None:
         assert forwarded_client_address(remote_addr, None, proxies) is None
         return

@@ -192,11 +192,14 @@ class TrustedProxies:
     count: int = 0
     networks: tuple[IPv4Network | IPv6Network, ...] = ()
 
-    def trusts(self, hop: int, address: str) -> bool:
-        """Whether the ``hop``-th nearest peer (0: REMOTE_ADDR), at ``address``, is one of
-        them, so that the address it appended to X-Forwarded-For can be believed."""
+    def trusts(self, hop: int, address: str | None) -> bool:
+        """Whether the ``hop``-th nearest peer (0: REMOTE_ADDR), at ``address`` (None: not
+        known, as on a Unix socket), is one of them, so that the address it appended to
+        X-Forwarded-For can be believed. A count trusts by position alone."""
         if self.count:
             return hop < self.count
+        if address is None:
+            return False
         ip = ip_address(address)
         return any(ip in network for network in self.networks)
 

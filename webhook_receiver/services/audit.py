@@ -176,10 +176,11 @@ def forwarded_client_address(
     nothing to its left is read (the client wrote it). An entry missing or malformed
     where a trusted proxy should have written one ends the chain at the last address
     known: a header never costs the request its record, nor lets a client choose the
-    address recorded.
+    address recorded. Behind a Unix socket there is no REMOTE_ADDR: a count of proxies
+    still reads the header (the socket's peer is the nearest proxy), networks cannot.
     """
     address = client_address(remote_addr)
-    if address is None or not forwarded_for:
+    if not forwarded_for:
         return address
     entries = forwarded_for.rsplit(",", MAX_FORWARDED_HOPS)[::-1][:MAX_FORWARDED_HOPS]
     for hop, entry in enumerate(entries):

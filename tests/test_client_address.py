@@ -10,7 +10,8 @@ import ipaddress
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from hypothesis import given, settings
+from django.test import override_settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.http import post
@@ -177,3 +178,25 @@ def test_any_header_gives_an_address_of_the_chain_or_none(proxies, remote_addr, 
     for entry in forwarded_for.split(","):
         chain.add(forwarded_client_address(NGINX, entry, TrustedProxies(count=1)))
     assert client in chain
+
+
+@pytest.mark.django_db
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(header=st.text(max_size=300) | st.lists(ENTRIES, max_size=20).map(",".join))
+def test_any_forwarded_header_leaves_a_delivery_applied_and_recorded(client, header):
+    # given: nginx in front, trusted, and whatever the header says
+    body = reserved(f"ord_{abs(hash(header))}", ("SKU-1", 1))
+    meta = {"REMOTE_ADDR": NGINX, "HTTP_X_FORWARDED_FOR": header}
+    before = RequestAudit.objects.count()
+
+    # when
+    with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "TRUSTED_PROXIES": 1}):
+        answer = post(client, "shop", body, standard_headers(body), **meta)
+
+    # then: applied (or a duplicate of an earlier example), with one record that holds
+    # the header's rightmost entry when it is an address, else nginx's
+    assert answer.status_code == 200, answer.content
+    assert RequestAudit.objects.count() == before + 1
+    recorded = RequestAudit.objects.latest("id").remote_addr
+    assert recorded == forwarded_client_address(NGINX, header, ONE)
+    assert str(ipaddress.ip_address(recorded)) == recorded

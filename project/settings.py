@@ -132,6 +132,8 @@ WEBHOOK_RECEIVER = {
     # encrypt outbox destinations' signing secrets at rest (comma-separated Fernet keys:
     # the first encrypts, every one decrypts); `make run` writes one into .env
     "DESTINATION_SECRET_KEYS": env.list("WEBHOOK_DESTINATION_SECRET_KEYS", default=[]),
+    # behind deploy/nginx.conf: 1 (the client's address is read from X-Forwarded-For)
+    "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]

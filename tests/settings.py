@@ -47,6 +47,8 @@ WEBHOOK_RECEIVER = {
     # for the real Celery worker the failure tests start (it cannot see override_settings)
     "HANDLERS": {"test.hang": "tests.handlers.hangs_on_first_attempt"},
     "DESTINATION_SECRET_KEYS": [DESTINATION_SECRET_KEY],
+    # for a served instance behind nginx (tests/served.py); unset, no proxy is trusted
+    "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/15")

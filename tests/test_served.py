@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
+from collections import Counter
 
 import pytest
 
-from tests.served import Served, gunicorn, nginx  # noqa: F401 (fixtures)
+from tests.served import NGINX_SITE, Served, SlowBodyFlood, gunicorn, nginx  # noqa: F401 (fixtures)
 from tests.settings import SHOP_SECRET
 from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.models import RequestAudit, WebhookReceipt
@@ -34,8 +36,15 @@ def send(
     headers: dict[str, str],
     *,
     chunked: bool = False,
+    timeout: float = 15,
+    source_address: str | None = None,
 ) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=15)
+    conn = http.client.HTTPConnection(
+        server.host,
+        server.port,
+        timeout=timeout,
+        source_address=(source_address, 0) if source_address else None,
+    )
     try:
         if chunked:
             conn.request(
@@ -92,6 +101,113 @@ def test_without_nginx_three_slow_senders_hold_both_sync_workers(gunicorn):  # n
     # Why deploy/nginx.conf exists: straight to gunicorn, the normal request waits for a
     # worker until a slow sender has finished (make run serves this way: development only).
     assert a_normal_request_takes(gunicorn) > SLOW_SECONDS / 2
+
+
+def shipped_seconds(directive: str) -> float:
+    """A timeout of the shipped deploy/nginx.conf, as it stands."""
+    found = re.search(rf"^\s*{directive}\s+(\d+)s;", NGINX_SITE.read_text(), re.MULTILINE)
+    assert found, f"deploy/nginx.conf sets no {directive}"
+    return float(found.group(1))
+
+
+def deliveries_during(server: Served, seconds: float) -> list[tuple[int | str, float]]:
+    """One ordinary signed delivery every half second: (status or error, seconds)."""
+    answers: list[tuple[int | str, float]] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        body = reserved(f"ord_during_{len(answers)}", ("SKU-N", 1))
+        started = time.monotonic()
+        try:
+            status, _ = send(server, "/webhooks/shop/", body, standard_headers(body), timeout=5)
+        except OSError as exc:
+            status = type(exc).__name__
+        answers.append((status, round(time.monotonic() - started, 2)))
+        time.sleep(0.5)
+    return answers
+
+
+def test_behind_nginx_800_slow_bodies_from_one_address_leave_other_senders_served(nginx):  # noqa: F811
+    # given: one address keeps 800 connections open, more than Debian's 768 worker
+    # connections, each sending a body byte just within the shipped body timeout (with
+    # the config before limits, no other sender got through at all)
+    interval = shipped_seconds("client_body_timeout") * 0.8
+    with SlowBodyFlood(nginx, connections=800, interval=interval) as flood:
+        time.sleep(2)  # connected, their headers sent, their bodies started
+        # when: another sender delivers, every half second for 15 s
+        answers = deliveries_during(nginx, 15)
+
+    # then: every one of its deliveries was served, promptly
+    assert [a for a in answers if a[0] != 200 or a[1] > 2.0] == []
+    assert WebhookReceipt.objects.count() == len(answers)
+    # and the flooding address got its share and 429s for the rest
+    assert flood.answers[429] > 800 - 32
+
+
+def test_behind_nginx_a_sender_bursting_its_backlog_is_paced_not_refused(nginx):  # noqa: F811
+    # given: a sender redelivering its backlog as fast as its 32 connections go
+    bodies = [reserved(f"ord_backlog_{n}", ("SKU-B", 1)) for n in range(320)]
+    answers: list[int] = []
+
+    def sender(part: list[bytes]) -> None:
+        for body in part:
+            answers.append(send(nginx, "/webhooks/shop/", body, standard_headers(body))[0])
+
+    # when
+    threads = [threading.Thread(target=sender, args=(bodies[i::32],)) for i in range(32)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    took = time.monotonic() - started
+
+    # then: nothing refused, every event applied; paced, to at most 200 a second
+    assert Counter(answers) == {200: 320}
+    assert WebhookReceipt.objects.count() == 320
+    assert took >= (320 - 64) / 200
+
+
+# --- the client's address -----------------------------------------------------------
+
+SENDER = "127.0.0.3"  # a sender's own address on loopback, not nginx's 127.0.0.1
+
+
+@pytest.mark.parametrize(
+    "forwarded_for",
+    [None, "203.0.113.9", "203.0.113.9, 198.51.100.1", "not an address, [", ",,,", "x" * 4000],
+)
+def test_behind_nginx_each_record_has_the_senders_address_whatever_it_claims(
+    nginx,  # noqa: F811
+    forwarded_for,
+):
+    # given: a sender that puts its own X-Forwarded-For on its request, or none
+    body = reserved("ord_addr", ("SKU-A", 1))
+    headers = standard_headers(body)
+    refused_headers: dict[str, str] = {}
+    if forwarded_for is not None:
+        headers["X-Forwarded-For"] = refused_headers["X-Forwarded-For"] = forwarded_for
+
+    # when: a delivery and a refused request, both through nginx
+    delivered = send(nginx, "/webhooks/shop/", body, headers, source_address=SENDER)
+    refused = send(nginx, "/webhooks/shop/", body, refused_headers, source_address=SENDER)
+
+    # then: both recorded with the address nginx saw, never the proxy's or the claim
+    assert (delivered[0], refused[0]) == (200, 400)
+    recorded = list(RequestAudit.objects.order_by("id").values_list("result", "remote_addr"))
+    assert recorded == [("applied", SENDER), ("missing_signature_headers", SENDER)]
+
+
+def test_straight_to_gunicorn_a_claimed_address_is_not_believed(gunicorn):  # noqa: F811
+    # given: no proxy in front, none trusted (the setting's default)
+    body = reserved("ord_claim", ("SKU-A", 1))
+    headers = {**standard_headers(body), "X-Forwarded-For": "203.0.113.9"}
+
+    # when
+    status, _ = send(gunicorn, "/webhooks/shop/", body, headers, source_address=SENDER)
+
+    # then: the peer's own address is recorded
+    assert status == 200
+    assert RequestAudit.objects.get().remote_addr == SENDER
 
 
 APPLIED_OR_HELD = {200, 202}

@@ -537,7 +537,8 @@ def test_every_status_query_can_use_an_index(settings):
         observed_gaps(source="shop", now=NOW)
         activity_series(now=NOW)
     statements = [q["sql"] for q in captured.captured_queries]
-    assert len(statements) == 4 + 2 * len(SOURCES) + 1 + 2
+    # … and the rejection tallies' ranges, for the last hour and for the activity
+    assert len(statements) == 4 + 2 * len(SOURCES) + 1 + 2 + 2
 
     # when: sequential scans are priced out, the planner must find an index for each
     plans = []
@@ -659,6 +660,7 @@ def test_command_json_shape(time_machine_now):
         "rejected": 1,
         "accepted_by_result": {"applied": 1},
         "rejected_by_reason": {"invalid_signature": 1},
+        "rejected_unrecorded": 0,
     }
     assert shop["failed_events"]["retrying"] == 1
     assert shop["failed_events"]["dead"] == 1

@@ -10,6 +10,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
+from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -28,8 +29,16 @@ DEFAULTS: dict[str, Any] = {
     "SOURCES": {},
     # event type -> dotted path of a handler; overrides handlers registered in code
     "HANDLERS": {},
-    # audit records older than this are deleted by the purge task
+    # audit records (and the tallies of refused requests) older than this are deleted by
+    # the purge task
     "AUDIT_RETENTION_DAYS": 30,
+    # refused requests per source and reason whose audit record is written in full, each
+    # minute; beyond it they are only counted, in that minute's RejectionTally (exactly)
+    "REJECTED_AUDIT_PER_MINUTE": 10,
+    # the proxies in front of the app, through which X-Forwarded-For is read for the
+    # client's address: how many there are (nginx alone: 1), or their addresses and
+    # networks ("10.0.0.0/8"); None: the header is ignored, and REMOTE_ADDR is the client
+    "TRUSTED_PROXIES": None,
     # rows deleted per statement by the purge tasks
     "PURGE_BATCH_SIZE": 1000,
     # attempts per failed event, the first delivery included, before it is dead
@@ -101,6 +110,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 POSITIVE_KEYS = (
+    "REJECTED_AUDIT_PER_MINUTE",
     "HEARTBEAT_MAX_AGE_SECONDS",
     "OUTBOX_RETENTION_DAYS",
     "RECONCILE_RUN_TIMEOUT_SECONDS",
@@ -187,6 +197,26 @@ class ActiveHours:
 
 
 @dataclass(frozen=True)
+class TrustedProxies:
+    """The proxies in front of the app: the nearest ``count`` hops, or the hops whose
+    address is in ``networks`` (exactly one of the two is set)."""
+
+    count: int = 0
+    networks: tuple[IPv4Network | IPv6Network, ...] = ()
+
+    def trusts(self, hop: int, address: str | None) -> bool:
+        """Whether the ``hop``-th nearest peer (0: REMOTE_ADDR), at ``address`` (None: not
+        known, as on a Unix socket), is one of them, so that the address it appended to
+        X-Forwarded-For can be believed. A count trusts by position alone."""
+        if self.count:
+            return hop < self.count
+        if address is None:
+            return False
+        ip = ip_address(address)
+        return any(ip in network for network in self.networks)
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     slug: str
     scheme: str
@@ -210,6 +240,8 @@ class AppSettings:
     sources: Mapping[str, SourceConfig]
     handlers: Mapping[str, str]
     audit_retention: timedelta
+    rejected_audit_per_minute: int
+    trusted_proxies: TrustedProxies | None
     purge_batch_size: int
     redacted_headers: frozenset[str]
     # the signature headers of every built-in scheme and every configured source's scheme
@@ -369,6 +401,8 @@ def app_settings() -> AppSettings:
         sources=sources,
         handlers=dict(merged["HANDLERS"]),
         audit_retention=timedelta(days=merged["AUDIT_RETENTION_DAYS"]),
+        rejected_audit_per_minute=int(merged["REJECTED_AUDIT_PER_MINUTE"]),
+        trusted_proxies=_trusted_proxies(merged["TRUSTED_PROXIES"]),
         purge_batch_size=int(merged["PURGE_BATCH_SIZE"]),
         redacted_headers=frozenset(h.lower() for h in merged["REDACTED_HEADERS"]),
         signature_headers=frozenset(h.lower() for s in schemes for h in s.signature_headers),
@@ -415,6 +449,31 @@ def _fernet_keys(value: Any) -> tuple[str, ...]:
                 f"Fernet key (32 bytes in url-safe base64). {NEW_KEY_HINT}"
             ) from exc
     return keys
+
+
+def _trusted_proxies(value: Any) -> TrustedProxies | None:
+    """None, 0 or "": none. A whole number (or its digits, as an environment variable
+    gives them): that many proxies. Otherwise addresses and networks, as a list or one
+    comma-separated string."""
+    where = "WEBHOOK_RECEIVER['TRUSTED_PROXIES']"
+    if value is None or value == 0 or value == "":
+        return None
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ImproperlyConfigured(f"{where} must not be negative, not {value!r}.")
+        return TrustedProxies(count=value) if value else None
+    if isinstance(value, str):
+        value = value.split(",")
+    try:
+        networks = tuple(ip_network(str(v).strip(), strict=False) for v in value if str(v).strip())
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(
+            f"{where}: the number of proxies in front of the app (1 for nginx alone), or "
+            f"their addresses and networks, like ['127.0.0.1', '10.0.0.0/8'] ({exc})."
+        ) from exc
+    return TrustedProxies(networks=networks) if networks else None
 
 
 def _milliseconds(merged: Mapping[str, Any], key: str) -> int:

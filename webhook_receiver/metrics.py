@@ -99,6 +99,12 @@ REJECTED = Counter(
     "for a 503 (nothing stored; the sender retries).",
     ["source", "reason"],
 )
+UNRECORDED = Counter(
+    "webhook_receiver_rejected_unrecorded",
+    "Refused webhook requests beyond REJECTED_AUDIT_PER_MINUTE (per source and reason in a "
+    "minute): counted in the minute's rejection tally, with no audit record of their own.",
+    ["source", "reason"],
+)
 RECEIVE_SECONDS = Histogram(
     "webhook_receiver_receive_seconds",
     "Time to receive a webhook request that was not refused, from reading its body to its commit.",
@@ -147,8 +153,20 @@ def receive_observed(source: str) -> ReceiveObservation:
     return ReceiveObservation(source)
 
 
+def refusal_unrecorded(source: str, reason: str) -> None:
+    """Count a refused request that the audit bound left without a record of its own."""
+    try:
+        UNRECORDED.labels(_source_label(source), reason).inc()
+    except Exception as error:  # a metric never changes the answer
+        faults.log_failure(logger, "webhook metrics not recorded", error)
+
+
+def _source_label(source: str) -> str:
+    return source if source in app_settings().sources else UNKNOWN_SOURCE
+
+
 def _record(source: str, result: str | None, exc: BaseException | None, seconds: float) -> None:
-    label = source if source in app_settings().sources else UNKNOWN_SOURCE
+    label = _source_label(source)
     if isinstance(exc, RejectedRequest):
         # refusals are counted, not timed: a flood of bad requests must not hide the
         # time real deliveries take
@@ -168,8 +186,11 @@ def _counters_zero_fill(slugs: Iterable[str]) -> None:
             EVENTS.labels(slug, str(result))
         for reason in SOURCE_REJECTIONS:
             REJECTED.labels(slug, reason)
+            if reason != NOT_STORED:  # a 503 always has its record
+                UNRECORDED.labels(slug, reason)
         RECEIVE_SECONDS.labels(slug)
     REJECTED.labels(UNKNOWN_SOURCE, Verification.UNKNOWN_SOURCE.value)
+    UNRECORDED.labels(UNKNOWN_SOURCE, Verification.UNKNOWN_SOURCE.value)
 
 
 _process_collector: Collector | None = None

@@ -128,6 +128,39 @@ class RequestAudit(models.Model):
         return f"{self.source} {self.response_status} {self.verification}"
 
 
+class RejectionTally(models.Model):
+    """Refused requests per (minute, source, reason), every one of them counted.
+
+    The first ``REJECTED_AUDIT_PER_MINUTE`` of each have a ``RequestAudit`` record of
+    their own; the rest (``unrecorded``) are counted here only, so that a flood of bad
+    requests writes a row a minute per source and reason rather than one per request.
+    Refused requests in a minute = their audit records + ``unrecorded``, exactly.
+    """
+
+    # the start of the minute (UTC) the requests arrived in
+    minute = models.DateTimeField()
+    # a configured source's slug, or "" for every slug that is not configured: any URL
+    # under the endpoint makes one, and they must not make a row each
+    source = models.CharField(max_length=100, blank=True)
+    # the rejection's code (a Verification other than verified)
+    reason = models.CharField(max_length=32, choices=Verification.choices)
+    requests = models.PositiveIntegerField()
+    unrecorded = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            # the upsert's ON CONFLICT target; minute first, so that it is also the index
+            # of retention's and the overview's time ranges (nothing else is indexed)
+            models.UniqueConstraint(
+                fields=["minute", "source", "reason"], name="webhook_tally_minute_key"
+            ),
+        ]
+        ordering = ["-minute"]
+
+    def __str__(self) -> str:
+        return f"{self.source or '(not configured)'} {self.reason} {self.minute:%Y-%m-%d %H:%M}"
+
+
 class FailureStatus(models.TextChoices):
     RETRYING = "retrying", "Retrying"
     DEAD = "dead", "Dead"

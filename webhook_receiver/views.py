@@ -18,6 +18,7 @@ from . import metrics
 from .exceptions import NotStored, RejectedRequest
 from .models import Result
 from .services import faults
+from .services.audit import request_client_address
 from .services.inbound import webhook_receive
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ class WebhookView(APIView):
                     stream=stream,
                     content_length=length,
                     headers=request.headers,
-                    remote_addr=request.META.get("REMOTE_ADDR"),
+                    # REMOTE_ADDR, or the client's through TRUSTED_PROXIES
+                    remote_addr=request_client_address(request.META),
                 )
                 observed.result = result.status
         except RejectedRequest as exc:

@@ -39,7 +39,8 @@ ClientResult = tuple[float, float, list[float], int, list[str]]
 class PreparedRequest:
     path: str
     wire: bytes  # the whole HTTP/1.1 request, ready to send
-    expected_status: str  # the "status" the JSON answer must carry
+    expected_status: str  # the "status" (or, for a refusal, the "error") the answer carries
+    expected_code: bytes = b"200"  # the HTTP status
 
 
 @dataclass
@@ -228,7 +229,10 @@ def _send(host: str, port: int, request: PreparedRequest) -> str | None:
         return f"{request.path}: {type(exc).__name__}: {exc}"
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     status_line = head.split(b"\r\n", 1)[0]
-    if status_line[9:12] != b"200" or _answer_status(body) != request.expected_status:
+    if (
+        status_line[9:12] != request.expected_code
+        or _answer_status(body) != request.expected_status
+    ):
         return (
             f"{request.path}: {status_line.decode('latin-1')!r}, expected status "
             f"{request.expected_status!r}, got {body[:200]!r}"
@@ -241,4 +245,6 @@ def _answer_status(data: bytes) -> Any:
         answer = json.loads(data)
     except ValueError:
         return None
-    return answer.get("status") if isinstance(answer, dict) else None
+    if not isinstance(answer, dict):
+        return None
+    return answer.get("status", answer.get("error"))

@@ -24,6 +24,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
+from ..conf import app_settings
 from ..models import (
     FailedEvent,
     OutboxMessage,
@@ -166,7 +167,12 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
     links = _Links(request, model_admin.admin_site, now)
     rows = [links.row(s, observed_gaps(source=s.source, now=now)) for s in statuses]
     destination_rows = [links.destination_row(d) for d in destinations]
-    charts = [(key, chart_svg(buckets)) for key, buckets in activity_series(now=now).items()]
+    # each chart with its 24 hours' totals: a flood of refusals (one that made up its
+    # slugs too, under "(not configured)") reads at a glance, whatever its bars' scale
+    charts = [
+        (key, chart_svg(b), sum(x.accepted for x in b), sum(x.rejected for x in b))
+        for key, b in activity_series(now=now).items()
+    ]
     context = {
         **model_admin.admin_site.each_context(request),
         "title": "Overview",
@@ -180,6 +186,7 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
         "rows": rows,
         "destination_rows": destination_rows,
         "charts": charts,
+        "audit_per_minute": app_settings().rejected_audit_per_minute,
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, TEMPLATE, context)

@@ -10,7 +10,8 @@
 5. If 3 or 4 fails, the claim has rolled back: capture the verified event as a failed
    event, in a transaction of its own, for retry or replay (services/failures.py).
 
-Every request leaves a ``RequestAudit`` record whatever its fate.
+Every request leaves a ``RequestAudit`` record whatever its fate, but for refused ones
+beyond the audit bound, which their minute's ``RejectionTally`` counts (services/audit.py).
 """
 
 from __future__ import annotations

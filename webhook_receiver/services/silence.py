@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from ..conf import SourceConfig, app_settings
 from ..models import RequestAudit, SilenceAlert, Verification
 from ..notifiers import Notifier, get_notifiers
-from .status import last_accepted_at
+from .status import last_accepted_at, unrecorded_refusals
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,10 @@ def _check(
 
 
 def rejected_counts(source: str, *, since: datetime, until: datetime) -> dict[str, int]:
-    """Requests for ``source`` refused in ``(since, until]``, per verification code.
-    (An index range on received_at: audit rows are many, but the window is short.)"""
+    """Requests for ``source`` refused in ``(since, until]``, per verification code:
+    their audit records, and those beyond the audit bound that only their minute's
+    tally counts. (Index ranges on received_at and on the tallies' minute: audit rows
+    are many, but the window is short.)"""
     rows = (
         RequestAudit.objects.filter(source=source, received_at__gt=since, received_at__lte=until)
         .exclude(verification=Verification.VERIFIED)
@@ -115,7 +117,17 @@ def rejected_counts(source: str, *, since: datetime, until: datetime) -> dict[st
         .annotate(n=Count("id"))
         .order_by()
     )
-    return dict(rows)
+    counts = dict(rows)
+    tallied = (
+        unrecorded_refusals(since=since, until=until)
+        .filter(source=source)
+        .values_list("reason")
+        .annotate(n=Sum("unrecorded"))
+        .order_by()
+    )
+    for reason, n in tallied:
+        counts[reason] = counts.get(reason, 0) + n
+    return counts
 
 
 def _window_start(last: datetime | None, now: datetime, after: timedelta) -> datetime:

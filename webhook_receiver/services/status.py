@@ -8,7 +8,9 @@ What each read costs (n: the rows in the range it reads):
 - ``last_accepted_at``: two index lookups per source, (source, received_at) on receipts
   and (source, first_attempt_at) on failed events; O(1).
 - requests in the last hour: one range of ``webhook_audit_received`` (received_at),
-  grouped in SQL; O(requests in the hour).
+  grouped in SQL; O(requests in the hour), which the audit bound keeps at most
+  REJECTED_AUDIT_PER_MINUTE × 60 refused ones per source and reason; and one range of
+  the rejection tallies' (minute, source, reason) key for the refusals beyond it.
 - retrying and dead counts, with the oldest and most overdue retry: one range of a
   status-first index (``webhook_failed_due``, ``webhook_failed_updated``) over the two
   statuses, grouped by source; O(retrying + dead).
@@ -23,8 +25,9 @@ What each read costs (n: the rows in the range it reads):
 - ``observed_gaps``: one range of ``webhook_receipt_source_time``, capped at
   MAX_GAP_EVENTS rows; O(min(events in the days, cap)).
 - ``activity_series``: one range of ``webhook_audit_received`` over the hours, grouped
-  per minute in SQL and folded into buckets here; O(requests in the hours). At high
-  volume (millions of requests a day) this is the costly read of the overview page.
+  per minute in SQL and folded into buckets here; O(requests in the hours), plus the
+  tallies' range. At high volume (millions of accepted requests a day) this is the
+  costly read of the overview page.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -46,6 +49,7 @@ from ..models import (
     FailedEvent,
     FailureStatus,
     ReconciliationRun,
+    RejectionTally,
     RepairItem,
     RepairStatus,
     RequestAudit,
@@ -84,6 +88,14 @@ def duration_text(delta: timedelta) -> str:
         return f"{hours} h {minutes:02d} min"
     days, hours = divmod(hours, 24)
     return f"{days} d {hours} h"
+
+
+def unrecorded_refusals(*, since: datetime, until: datetime) -> QuerySet[RejectionTally]:
+    """The rejection tallies of minutes that start in [since, until] and hold refused
+    requests with no audit record (beyond REJECTED_AUDIT_PER_MINUTE): what every count
+    of refusals adds to the records it counts. A minute counts where it starts, so such
+    a window is exact to the minute for a flood, and to the microsecond below it."""
+    return RejectionTally.objects.filter(minute__gte=since, minute__lte=until, unrecorded__gt=0)
 
 
 def last_accepted_at(source: str) -> datetime | None:
@@ -159,6 +171,9 @@ class SourceStatus:
     accepted_last_hour: Mapping[str, int]
     # refused requests in the last hour by rejection code, and NOT_STORED for 503s
     rejected_last_hour: Mapping[str, int]
+    # of those, how many have no audit record of their own: beyond the audit bound,
+    # counted in the rejection tallies only (a flood)
+    unrecorded_last_hour: int
     retrying: int
     dead: int
     # the retrying event that has failed longest: its first attempt
@@ -220,6 +235,7 @@ class SourceStatus:
                 "rejected": self.rejected_total,
                 "accepted_by_result": dict(sorted(self.accepted_last_hour.items())),
                 "rejected_by_reason": dict(sorted(self.rejected_last_hour.items())),
+                "rejected_unrecorded": self.unrecorded_last_hour,
             },
             "failed_events": {
                 "retrying": self.retrying,
@@ -322,7 +338,14 @@ def _rejected(s: SourceStatus) -> tuple[str, str] | None:
     if not n:
         return None
     summary = f"{n} request{_s(n)} refused"
-    return summary, f"{summary} in the last hour ({_top(refused)})"
+    text = f"{summary} in the last hour ({_top(refused)})"
+    if s.unrecorded_last_hour:
+        text += (
+            f"; a flood: {s.unrecorded_last_hour} of them beyond "
+            f"{app_settings().rejected_audit_per_minute} a minute per reason are counted, "
+            "not recorded one by one"
+        )
+    return summary, text
 
 
 def _not_stored(s: SourceStatus) -> tuple[str, str] | None:
@@ -423,7 +446,7 @@ def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
     now = now or timezone.now()
     configured = app_settings().sources
 
-    accepted, rejected = _last_hour(now)
+    accepted, rejected, unrecorded = _last_hour(now)
     failed = _failed_figures()
     alerts = {a.source: a for a in SilenceAlert.objects.filter(resolved_at__isnull=True)}
     repairs: dict[str, dict[str, int]] = defaultdict(dict)
@@ -453,6 +476,7 @@ def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
             last_accepted_at=last_accepted_at(slug),
             accepted_last_hour=accepted.get(slug, {}),
             rejected_last_hour=rejected.get(slug, {}),
+            unrecorded_last_hour=unrecorded.get(slug, 0),
             retrying=figures.get("retrying", 0),
             dead=figures.get("dead", 0),
             oldest_retry_at=figures.get("oldest_retry_at"),
@@ -469,13 +493,27 @@ def _with_reasons(status: SourceStatus) -> SourceStatus:
     return replace(status, reasons=status_reasons(status))
 
 
-def _last_hour(now: datetime) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+def _last_hour(
+    now: datetime,
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, int]]:
     """Requests per source in (now - 1 h, now]: accepted ones by result, refused ones by
-    rejection code (503s as NOT_STORED)."""
+    rejection code (503s as NOT_STORED), and how many refused ones have no record."""
     accepted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     rejected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    unrecorded: dict[str, int] = defaultdict(int)
+    since = now - LAST_HOUR
+    tallies = (
+        unrecorded_refusals(since=since, until=now)
+        .values("source", "reason")
+        .annotate(n=Sum("unrecorded"))
+        .values_list("source", "reason", "n")
+        .order_by()
+    )
+    for source, reason, n in tallies:
+        rejected[source][reason] += n
+        unrecorded[source] += n
     rows = (
-        RequestAudit.objects.filter(received_at__gt=now - LAST_HOUR, received_at__lte=now)
+        RequestAudit.objects.filter(received_at__gt=since, received_at__lte=now)
         .values("source", "verification", "result", "response_status")
         .annotate(n=Count("*"))
         .values_list("source", "verification", "result", "response_status", "n")
@@ -491,6 +529,7 @@ def _last_hour(now: datetime) -> tuple[dict[str, dict[str, int]], dict[str, dict
     return (
         {s: dict(v) for s, v in accepted.items()},
         {s: dict(v) for s, v in rejected.items()},
+        dict(unrecorded),
     )
 
 
@@ -697,7 +736,17 @@ def activity_series(
         .values_list("source", "minute", "ok", "refused")
         .order_by()
     )
-    for source, minute, ok, refused in rows:
+    # refusals beyond the audit bound: counted per minute only (the slugs that are not
+    # configured share the source "", which lands under UNCONFIGURED)
+    tallies = (
+        unrecorded_refusals(since=start, until=now)
+        .values("source", "minute")
+        .annotate(refused=Sum("unrecorded"))
+        .values_list("source", "minute", "refused")
+        .order_by()
+    )
+    counted = [*rows, *((source, minute, 0, n) for source, minute, n in tallies)]
+    for source, minute, ok, refused in counted:
         key = source if source in accepted else UNCONFIGURED
         if key not in accepted:
             accepted[key], rejected[key] = [0] * count, [0] * count

@@ -1,5 +1,12 @@
-"""When the database fails: discard a session that cannot heal, and log each failed
-request on one line.
+"""When the database fails: bound every wait, discard a session that cannot heal, and
+log each failed request on one line.
+
+A statement waits at most ``lock_timeout`` for a lock and runs at most
+``statement_timeout``. PostgreSQL takes a statement's table locks before it runs any of
+it, so bounds set inside a statement come too late for that statement's own locks: they
+are set by a statement of their own, sent with the statement they bound in one round
+trip (``execute_bounded``). They are local to the transaction (``set_config(…, true)``),
+so nothing outlives it on a connection that a pooler hands to someone else next.
 
 A connection whose session went read-only (a failover, ``default_transaction_read_only``)
 still answers Django's ``SELECT 1`` health check, so it would be kept and fail every
@@ -17,10 +24,11 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from django.db import DatabaseError, connection
+from django.db.backends.utils import CursorWrapper
 
 from . import storable
 
@@ -30,6 +38,48 @@ BROKEN_SESSION_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
 TRACEBACK_INTERVAL_SECONDS = 300.0
 
 _traceback_shown_at: dict[str, float] = {}
+
+# The bounds of the current transaction (or, outside one, of the statement sent with it),
+# from the parameters ``lock_timeout`` and ``statement_timeout`` (bounds_params); the
+# values set are returned only to be ignored.
+BOUND = """
+    SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+           set_config('statement_timeout', %(statement_timeout)s, true)
+"""
+
+
+def bounds_params(*, lock_timeout_ms: int, statement_timeout_ms: int) -> dict[str, str]:
+    """BOUND's parameters, as set_config takes them (0: no limit)."""
+    return {
+        "lock_timeout": f"{lock_timeout_ms}ms",
+        "statement_timeout": f"{statement_timeout_ms}ms",
+    }
+
+
+def execute_bounded(
+    cursor: CursorWrapper, statement: str, params: Mapping[str, Any], *, bound: str = BOUND
+) -> None:
+    """Execute ``statement`` under the bounds ``bound`` sets (from the same ``params``),
+    in one round trip on PostgreSQL; the results are ``statement``'s, as after
+    ``cursor.execute``. Elsewhere ``statement`` alone (SQLite has its busy timeout).
+
+    psycopg's pipeline mode sends both and one Sync together. Inside a transaction the
+    bounds last until it ends (a savepoint that rolls back undoes them); outside one,
+    the two statements form one implicit transaction, which ends at the Sync, bounds
+    and all. Where libpq cannot pipeline (before 14), the bounds cost a round trip.
+    """
+    if connection.vendor != "postgresql":
+        cursor.execute(statement, params)
+        return
+    if not _pipeline_supported():
+        cursor.execute(bound, params)
+        cursor.execute(statement, params)
+        return
+    # the errors come out of the pipeline's end (its Sync), where Django's cursor does
+    # not translate them: its wrapper does it here
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        cursor.execute(bound, params)
+        cursor.execute(statement, params)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -59,6 +109,13 @@ def connection_discard_if_broken(exc: BaseException) -> bool:
         connection.close()
         return True
     return False
+
+
+@functools.cache
+def _pipeline_supported() -> bool:
+    import psycopg  # PostgreSQL only: SQLite needs no driver of ours
+
+    return psycopg.Pipeline.is_supported()
 
 
 def error_name(exc: BaseException) -> str:

@@ -68,10 +68,13 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN,
-    # so concurrent claims queue instead of failing with "database is locked".
+    # so concurrent claims queue instead of failing with "database is locked". The busy
+    # timeout (``timeout``, seconds) is SQLite's only bound on that wait: a writer that
+    # holds the database (a migration) fails a delivery after it, and its capture after
+    # as long again (a 503, and the sender retries), within a sender's own 10 s.
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
+        "timeout": 4,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 elif env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):
@@ -141,6 +144,12 @@ vars().update(env.email_url("EMAIL_URL", default="smtp://localhost:25"))
 # shares it, so the window holds across processes and a burst of admissions queues one
 # relay run.
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+    # The cache is asked inside the claim's transaction: a Redis that hangs must cost a
+    # bounded wait (the admission then goes on without it), never hold the claim.
+    CACHES["default"].setdefault("OPTIONS", {}).update(
+        socket_connect_timeout=0.5, socket_timeout=0.5
+    )
 
 # --- Celery ------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")

@@ -52,6 +52,10 @@ DEFAULTS: dict[str, Any] = {
     # an answer well within their own timeout (10 s for GitHub) and workers stay free.
     "LOCK_TIMEOUT_MS": 2000,
     "STATEMENT_TIMEOUT_MS": 5000,
+    # PostgreSQL: the outbox admission's insert waits at most this long for a lock on the
+    # outbox table (it never waits in normal work): an order event whose outbox is locked
+    # is deferred fast rather than hold a web worker for LOCK_TIMEOUT_MS; 0: no limit
+    "ADMISSION_LOCK_TIMEOUT_MS": 200,
     # reconciliation: the host's comparison of business state with what senders list,
     # fn(*, source, orders) -> iterable of StateMismatch (None: no state is compared)
     "STATE_COMPARISON": None,
@@ -208,6 +212,7 @@ class AppSettings:
     duplicate_check: str
     lock_timeout_ms: int
     statement_timeout_ms: int
+    admission_lock_timeout_ms: int
     state_comparison: str | None
     reconcile_run_timeout: timedelta
     notifiers: tuple[str, ...]
@@ -361,6 +366,7 @@ def app_settings() -> AppSettings:
         duplicate_check=merged["DUPLICATE_CHECK"],
         lock_timeout_ms=_milliseconds(merged, "LOCK_TIMEOUT_MS"),
         statement_timeout_ms=_milliseconds(merged, "STATEMENT_TIMEOUT_MS"),
+        admission_lock_timeout_ms=_milliseconds(merged, "ADMISSION_LOCK_TIMEOUT_MS"),
         state_comparison=merged["STATE_COMPARISON"],
         reconcile_run_timeout=timedelta(seconds=merged["RECONCILE_RUN_TIMEOUT_SECONDS"]),
         notifiers=tuple(merged["NOTIFIERS"]),

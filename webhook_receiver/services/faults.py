@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection
 from django.db.backends.utils import CursorWrapper
@@ -38,6 +38,8 @@ BROKEN_SESSION_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
 TRACEBACK_INTERVAL_SECONDS = 300.0
 
 _traceback_shown_at: dict[str, float] = {}
+
+T = TypeVar("T")
 
 # The bounds of the current transaction (or, outside one, of the statement sent with it),
 # from the parameters ``lock_timeout`` and ``statement_timeout`` (bounds_params); the
@@ -57,29 +59,57 @@ def bounds_params(*, lock_timeout_ms: int, statement_timeout_ms: int) -> dict[st
 
 
 def execute_bounded(
-    cursor: CursorWrapper, statement: str, params: Mapping[str, Any], *, bound: str = BOUND
+    cursor: CursorWrapper,
+    statement: str,
+    params: Mapping[str, Any],
+    *,
+    bound: str = BOUND,
+    restore: str | None = None,
 ) -> None:
     """Execute ``statement`` under the bounds ``bound`` sets (from the same ``params``),
-    in one round trip on PostgreSQL; the results are ``statement``'s, as after
-    ``cursor.execute``. Elsewhere ``statement`` alone (SQLite has its busy timeout).
+    then ``restore``, if given, in one round trip on PostgreSQL; the results are
+    ``statement``'s, as after ``cursor.execute``. Elsewhere ``statement`` alone (SQLite
+    has its busy timeout instead).
 
-    psycopg's pipeline mode sends both and one Sync together. Inside a transaction the
-    bounds last until it ends (a savepoint that rolls back undoes them); outside one,
-    the two statements form one implicit transaction, which ends at the Sync, bounds
-    and all. Where libpq cannot pipeline (before 14), the bounds cost a round trip.
+    psycopg's pipeline mode sends them and one Sync together. Inside a transaction the
+    bounds last until it ends, or until ``restore`` (a savepoint that rolls back undoes
+    them); outside one, the statements form one implicit transaction, which ends at the
+    Sync, bounds and all. Where libpq cannot pipeline (before 14), each statement costs
+    a round trip.
     """
     if connection.vendor != "postgresql":
         cursor.execute(statement, params)
         return
     if not _pipeline_supported():
-        cursor.execute(bound, params)
-        cursor.execute(statement, params)
+        _bounded(cursor, statement, params, bound, restore)
         return
-    # the errors come out of the pipeline's end (its Sync), where Django's cursor does
-    # not translate them: its wrapper does it here
+    # the errors come out of the pipeline's end (its Sync), where Django's cursor does not
+    # translate them: its wrapper does it here
     with connection.wrap_database_errors, connection.connection.pipeline():
-        cursor.execute(bound, params)
-        cursor.execute(statement, params)
+        _bounded(cursor, statement, params, bound, restore)
+
+
+def _bounded(
+    cursor: CursorWrapper,
+    statement: str,
+    params: Mapping[str, Any],
+    bound: str,
+    restore: str | None,
+) -> None:
+    # A cursor's results are its last statement's: the bounds go first on the same one
+    # (a cursor is not free on the hot path), and ``restore`` on a cursor of its own.
+    cursor.execute(bound, params)
+    cursor.execute(statement, params)
+    if restore is not None:
+        with connection.cursor() as settings:
+            settings.execute(restore, params)
+
+
+@functools.cache
+def _pipeline_supported() -> bool:
+    import psycopg  # PostgreSQL only: SQLite needs no driver of ours
+
+    return psycopg.Pipeline.is_supported()
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -111,13 +141,6 @@ def connection_discard_if_broken(exc: BaseException) -> bool:
     return False
 
 
-@functools.cache
-def _pipeline_supported() -> bool:
-    import psycopg  # PostgreSQL only: SQLite needs no driver of ours
-
-    return psycopg.Pipeline.is_supported()
-
-
 def error_name(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
@@ -142,6 +165,59 @@ def log_failure(logger: logging.Logger, what: str, exc: BaseException, **fields:
         exc_info=exc if show else None,
         extra={"webhook": {**fields, "error": name}},
     )
+
+
+class Outage:
+    """A dependency that the app can do without for a while (a cache, a broker): its
+    failures are survived, and logged once an outage, not once a call.
+
+    ``call(fn, default)`` returns ``fn()``, or ``default`` when it raises. The first
+    failure logs one WARNING (``what``, the error, and what happens meanwhile); then,
+    for ``RETRY_SECONDS``, calls return ``default`` without trying, so that a server
+    that hangs rather than refuses costs one timeout a while, not one per call. The
+    first call that works again logs one INFO line, with the outage's length and the
+    calls done without it. Per process, without a lock: a race only doubles a line.
+    """
+
+    RETRY_SECONDS = 5.0
+
+    def __init__(self, logger: logging.Logger, what: str, meanwhile: str) -> None:
+        self.logger = logger
+        self.what = what
+        self.meanwhile = meanwhile
+        self.since: float | None = None
+        self.retry_at = 0.0
+        self.missed = 0
+
+    def call(self, fn: Callable[[], T], default: T) -> T:
+        now = time.monotonic()
+        if self.since is not None and now < self.retry_at:
+            self.missed += 1
+            return default
+        try:
+            result = fn()
+        except Exception as exc:
+            if self.since is None:
+                self.since, self.missed = now, 0
+                self.logger.warning(
+                    "%s: %s: %s; %s",
+                    self.what,
+                    error_name(exc),
+                    _value(str(exc).splitlines()[0] if str(exc) else ""),
+                    self.meanwhile,
+                )
+            self.missed += 1
+            self.retry_at = now + self.RETRY_SECONDS
+            return default
+        if self.since is not None:
+            self.logger.info(
+                "%s: answers again after %.1f s (%d calls done without it)",
+                self.what,
+                now - self.since,
+                self.missed,
+            )
+            self.since = None
+        return result
 
 
 def _value(value: Any) -> str:

@@ -147,6 +147,24 @@ def test_a_locked_receipts_table_defers_within_the_bound(
     assert InventoryLedgerEntry.objects.filter(event_key="msg_receipts").count() == 1
 
 
+def test_locked_receipts_and_failed_events_answer_503_within_the_bound(
+    client, other_session, short_bounds
+):
+    # given: the receipts and the failed events both locked, for 10 s at most
+    body = reserved("o_both", ("S-B", 1))
+    tables = "webhook_receiver_webhookreceipt, webhook_receiver_failedevent"
+
+    # when
+    with table_locked(other_session, tables, for_seconds=10):
+        answer, took = timed_post(client, body, "msg_both")
+
+    # then: neither applied nor captured, within twice the bound: the sender retries
+    assert took < 3
+    assert answer.status_code == 503
+    assert not FailedEvent.objects.exists()
+    assert RequestAudit.objects.get().response_status == 503
+
+
 def test_a_statement_that_runs_too_long_is_cancelled_and_deferred(client, short_bounds):
     answer, took = timed_post(client, event_body("test.slow"), "msg_slow")
 

@@ -35,7 +35,7 @@ from ..exceptions import PermanentError
 from ..handlers import WebhookEvent
 from ..models import FailedEvent, FailureStatus, Result
 from ..signatures import VerifiedMessage
-from . import storable
+from . import faults, storable
 from .claim import event_claim_and_apply
 from .events import parse_event
 from .retention import delete_in_batches
@@ -204,6 +204,15 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
     return outcome.status
 
 
+def _bound() -> None:
+    """A retry's or a replay's transaction waits no longer than a delivery's: a locked
+    table fails the attempt (it stays due) instead of holding the worker or the page."""
+    config = app_settings()
+    faults.transaction_bound(
+        lock_timeout_ms=config.lock_timeout_ms, statement_timeout_ms=config.statement_timeout_ms
+    )
+
+
 def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = None) -> int:
     """Retry the events whose ``next_attempt_at`` has come; return how many were tried.
 
@@ -216,6 +225,7 @@ def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = 
     while tried < limit:
         moment = now or timezone.now()
         with transaction.atomic():
+            _bound()
             failed = (
                 FailedEvent.objects.select_for_update(skip_locked=True)
                 .filter(status=FailureStatus.RETRYING, next_attempt_at__lte=moment)
@@ -250,6 +260,7 @@ def failed_event_replay(*, failed_id: int, actor: str, now: datetime | None = No
     """
     now = now or timezone.now()
     with transaction.atomic():
+        _bound()
         failed = (
             FailedEvent.objects.select_for_update(skip_locked=True).filter(pk=failed_id).first()
         )

@@ -58,6 +58,17 @@ def bounds_params(*, lock_timeout_ms: int, statement_timeout_ms: int) -> dict[st
     }
 
 
+def transaction_bound(*, lock_timeout_ms: int, statement_timeout_ms: int) -> None:
+    """Bound the rest of the current transaction, by a statement of its own (PostgreSQL;
+    off the hot path, where a round trip more does not matter)."""
+    if connection.vendor == "postgresql":
+        params = bounds_params(
+            lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(BOUND, params)
+
+
 def execute_bounded(
     cursor: CursorWrapper,
     statement: str,

@@ -74,6 +74,10 @@ DEFAULTS: dict[str, Any] = {
     "TRACE_EFFECTS": None,
     # /health/ fails when beat's heartbeat task has not run for this long
     "HEARTBEAT_MAX_AGE_SECONDS": 180,
+    # webhook_status and /health/: no statement of theirs waits for a lock or runs longer,
+    # and none starts after this long; past it they answer "database not answering"
+    # (exit 3; 503), never OK
+    "STATUS_TIMEOUT_SECONDS": 3,
     # delivered and discarded outbox messages older than this are deleted, never sooner
     # than their destination's replay_horizon_days; terminal ones wait for an operator
     "OUTBOX_RETENTION_DAYS": 30,
@@ -94,6 +98,7 @@ DEFAULTS: dict[str, Any] = {
 
 POSITIVE_KEYS = (
     "HEARTBEAT_MAX_AGE_SECONDS",
+    "STATUS_TIMEOUT_SECONDS",
     "OUTBOX_RETENTION_DAYS",
     "RECONCILE_RUN_TIMEOUT_SECONDS",
     "AUDIT_RETENTION_DAYS",
@@ -219,6 +224,7 @@ class AppSettings:
     metrics_token: str | None
     trace_effects: str | None
     heartbeat_max_age: timedelta
+    status_timeout_seconds: float
     outbox_retention: timedelta
     ops_destination: str | None
 
@@ -373,6 +379,7 @@ def app_settings() -> AppSettings:
         metrics_token=merged["METRICS_TOKEN"] or None,
         trace_effects=merged["TRACE_EFFECTS"],
         heartbeat_max_age=timedelta(seconds=merged["HEARTBEAT_MAX_AGE_SECONDS"]),
+        status_timeout_seconds=float(merged["STATUS_TIMEOUT_SECONDS"]),
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
         ops_destination=merged["OPS_DESTINATION"] or None,
     )

@@ -20,6 +20,7 @@ in ``TRACEBACK_INTERVAL_SECONDS`` (per process), so an outage cannot flood the l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from . import storable
@@ -67,6 +68,45 @@ def transaction_bound(*, lock_timeout_ms: int, statement_timeout_ms: int) -> Non
         )
         with connection.cursor() as cursor:
             cursor.execute(BOUND, params)
+
+
+class NotAnswering(DatabaseError):
+    """The database did not answer within a status tool's bound: a lock it waited for,
+    a statement that ran too long, or the bound spent before the next statement."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(f"database not answering within {seconds:g} s")
+
+
+# lock_not_available, query_canceled (statement_timeout)
+TIMEOUT_STATES = frozenset({"55P03", "57014"})
+
+
+@contextlib.contextmanager
+def database_deadline(seconds: float) -> Iterator[None]:
+    """Run the block's reads in one transaction in which no statement waits for a lock
+    or runs longer than ``seconds``, and none starts once ``seconds`` have passed, for a
+    tool that must answer within seconds, if only to say that it could not look
+    (webhook_status, /health/). A timeout raises NotAnswering."""
+    deadline = time.monotonic() + seconds
+
+    def before_each(execute: Callable[..., Any], *args: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise NotAnswering(seconds)
+        return execute(*args)
+
+    milliseconds = max(1, int(seconds * 1000))
+    try:
+        with transaction.atomic(), connection.execute_wrapper(before_each):
+            transaction_bound(lock_timeout_ms=milliseconds, statement_timeout_ms=milliseconds)
+            yield
+    except NotAnswering:
+        raise
+    except DatabaseError as exc:
+        if sqlstate(exc) in TIMEOUT_STATES:
+            raise NotAnswering(seconds) from exc
+        raise
 
 
 def execute_bounded(

@@ -10,6 +10,8 @@ from pathlib import Path
 import environ
 from celery.schedules import crontab
 
+from project import logs
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -207,15 +209,27 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# One timeline for every process (project/logs.py): time, level, logger, process.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"timeline": {"format": logs.LINE}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "timeline"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-    # Beat schedules a sweep every few seconds: a line for each task sent, received and
-    # succeeded would bury what matters. Failures still log (at ERROR).
     "loggers": {
-        name: {"level": env("CELERY_TASK_LOG_LEVEL", default="WARNING")}
-        for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        # Beat schedules a sweep every few seconds: a line for each task sent, received
+        # and succeeded would bury what matters. Failures still log (at ERROR).
+        **{
+            name: {"level": env("CELERY_TASK_LOG_LEVEL", default="WARNING")}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        },
+        # libraries' line per routine call; LIBRARY_LOG_LEVEL=INFO brings them back
+        **{
+            name: {"level": env("LIBRARY_LOG_LEVEL", default=level)}
+            for name, level in logs.QUIET_LIBRARIES.items()
+        },
     },
 }
+# Celery replaces the root logger's handler in its worker and beat: the same lines there
+CELERY_WORKER_LOG_FORMAT = logs.LINE
+CELERY_WORKER_TASK_LOG_FORMAT = logs.TASK_LINE

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,10 +47,13 @@ from health_check.exceptions import ServiceUnavailable
 from health_check.views import HealthCheckView
 
 from .conf import app_settings
+from .services import faults
 from .services.faults import NotAnswering, database_deadline
 from .services.heartbeat import BEAT, heartbeat_seen_at
 
 __all__ = ["BeatHeartbeat", "Broker", "Database", "HealthView", "health_view"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -161,8 +165,18 @@ class HealthView(HealthCheckView):
 
     async def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         response = await super().get(request, *args, **kwargs)
-        if response.status_code == 500 and any(result.error for result in self.results):
+        failed = [result for result in self.results if result.error]
+        if response.status_code == 500 and failed:
             response.status_code = 503
+        if response.status_code == 503:
+            # One line a failing probe, with every reason and no traceback (a probe fails
+            # every few seconds for as long as the outage lasts); Django's own
+            # "Service Unavailable: /health/" would only repeat it.
+            logger.warning(
+                "health check failing: %s",
+                "; ".join(f"{result.check!r}: {result.error}" for result in failed),
+            )
+            faults.logged_already(response)
         return response
 
 

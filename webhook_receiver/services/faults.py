@@ -26,12 +26,15 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from . import storable
+
+if TYPE_CHECKING:
+    from django.http.response import HttpResponseBase
 
 # SQLSTATEs after which the session itself is no good: read_only_sql_transaction,
 # admin_shutdown, crash_shutdown, cannot_connect_now; and class 08, connection exceptions
@@ -41,6 +44,7 @@ TRACEBACK_INTERVAL_SECONDS = 300.0
 _traceback_shown_at: dict[str, float] = {}
 
 T = TypeVar("T")
+R = TypeVar("R", bound="HttpResponseBase")
 
 # The bounds of the current transaction (or, outside one, of the statement sent with it),
 # from the parameters ``lock_timeout`` and ``statement_timeout`` (bounds_params); the
@@ -216,6 +220,20 @@ def log_failure(logger: logging.Logger, what: str, exc: BaseException, **fields:
         exc_info=exc if show else None,
         extra={"webhook": {**fields, "error": name}},
     )
+
+
+def log_line(logger: logging.Logger, level: int, what: str, **fields: Any) -> None:
+    """Log one line: ``what: key=value …``, the values escaped as log_failure's."""
+    pairs = " ".join(f"{key}={_value(value)}" for key, value in fields.items())
+    logger.log(level, "%s: %s", what, pairs, extra={"webhook": fields})
+
+
+def logged_already(response: R) -> R:
+    """``response``, marked as logged: Django's ``django.request`` logger would log every
+    4xx and 5xx again, a bare "Service Unavailable: /webhooks/shop/" without the event's
+    key, after the app's own line that has it."""
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's own mark
+    return response
 
 
 class Outage:

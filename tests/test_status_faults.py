@@ -125,6 +125,18 @@ def test_health_under_locks_on_receipts_and_outbox_answers_at_once(client, one_s
     assert (status, set(body.values())) == (200, {"OK"})
 
 
+def test_a_metrics_scrape_under_a_receipts_lock_answers_503_within_the_bound(
+    client, settings, one_second
+):
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "METRICS_TOKEN": "t0ken"}
+    with locked(RECEIPTS):
+        started = time.monotonic()
+        response = client.get("/metrics/", HTTP_AUTHORIZATION="Bearer t0ken")
+        took = time.monotonic() - started
+    assert took < 3
+    assert response.status_code == 503
+
+
 # --- served: deliveries meet the lock, and the probe still gets a worker -----------------
 
 

@@ -155,7 +155,13 @@ if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
 
 # --- Celery ------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
-if CELERY_BROKER_URL.startswith("filesystem://"):
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Sending a task (the relay trigger after an admission's commit, beat's schedule)
+    # tries once more at once, then gives up, rather than kombu's ~6 s of retries: a
+    # web request must not wait for a broker that is down (the beat sweep makes up for
+    # a lost trigger). The worker's own connection keeps Celery's retries.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 1, "interval_start": 0}
+elif CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     for _folder in (_broker_dir, VAR_DIR / "broker-control"):
         _folder.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,13 @@ import http.client
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -21,6 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
+from tests.bench.server import free_port
 from tests.http import post
 from tests.private_servers import PrivateRedis, private_redis  # noqa: F401 (fixture)
 from tests.served import Served, gunicorn  # noqa: F401 (fixture)
@@ -30,6 +34,7 @@ from webhook_receiver.outbox import admission, enqueue_webhook
 from webhook_receiver.services.failures import failed_events_retry_due
 
 ADMISSION = "webhook_receiver.outbox.admission"
+BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -140,6 +145,49 @@ def test_a_frozen_cache_costs_one_timeout_not_one_per_event(
     assert took < 2.5
     (line,) = admission_lines(caplog)
     assert "TimeoutError" in line.getMessage()
+
+
+ADMIT_THREE = """
+import time
+from django.db import transaction
+from webhook_receiver.outbox import enqueue_webhook
+started = time.monotonic()
+for n in range(3):
+    with transaction.atomic():
+        enqueue_webhook("merchant", "order.paid", f"order:o{n}:paid:v1", {})
+print(f"took {time.monotonic() - started:.2f}")
+"""
+
+
+@pytest.mark.postgres_only("another process admits on the test database")
+def test_a_broker_that_refuses_the_relay_trigger_costs_no_wait_and_one_line(merchant):
+    # given: a process whose broker is a closed port (Redis down), the demo's settings
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CELERY_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "SHOP_WEBHOOK_SECRETS": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    }
+
+    # when: it admits three messages, each in a transaction of its own
+    run = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", ADMIT_THREE],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    # then: all admitted, at once; the lost triggers are one line, with no traceback
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout.split()[-1]) < 2
+    assert OutboxMessage.objects.count() == 3
+    lines = [line for line in run.stderr.splitlines() if "relay runs not triggered" in line]
+    assert len(lines) == 1, run.stderr
+    assert "Traceback" not in run.stderr
 
 
 # --- the outbox table locked, under a served receiver ----------------------------------

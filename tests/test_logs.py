@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 from django.utils import timezone
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.bench.server import GunicornServer
 from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
@@ -210,3 +212,49 @@ def test_a_deferred_event_is_one_line_with_its_key_its_attempt_and_what_comes_ne
     assert due is not None, text
     assert timezone.datetime.fromisoformat(due.group(1)) >= started
     assert line.webhook["event_key"] == "msg_line"  # the same fields, structured
+
+
+# --- a sender's text in a key=value line --------------------------------------------------
+
+PAIR = re.compile(r'([a-z_0-9]+)=("(?:[^"\\]|\\.)*"|[^ "]+)')
+
+
+def parsed(pairs: str) -> list[tuple[str, str]]:
+    """``key=value`` pairs as a log reader splits them: values quoted when they hold a
+    space, with backslash escapes; nothing else between the pairs than one space."""
+    found, at = [], 0
+    while at < len(pairs):
+        match = PAIR.match(pairs, at)
+        assert match is not None, (pairs, at)
+        found.append(match.groups())
+        at = match.end()
+        if at < len(pairs):
+            assert pairs[at] == " ", (pairs, at)
+            at += 1
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=4))
+def test_a_senders_text_stays_one_line_and_cannot_add_a_field(values):
+    # given: values a sender chose (an event key, an event type), as the fields of a line
+    fields = {f"field{n}": value for n, value in enumerate(values)}
+    logger = logging.getLogger("tests.fuzz.log_line")
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    try:
+        # when
+        faults.log_line(logger, logging.WARNING, "webhook event deferred", **fields)
+    finally:
+        logger.removeHandler(handler)
+
+    # then: one line, whose pairs are exactly the fields given, in order
+    (record,) = seen
+    message = record.getMessage()
+    assert len(message.splitlines()) == 1
+    assert message.isprintable()
+    what, pairs = message.split(": ", 1)
+    assert what == "webhook event deferred"
+    assert [key for key, _ in parsed(pairs)] == list(fields)

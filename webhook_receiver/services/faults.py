@@ -290,9 +290,14 @@ class Outage:
 
 
 def _value(value: Any) -> str:
+    """A value for a ``key=value`` line: control characters escaped (storable.text), then
+    backslashes and quotes, then whatever else could break or fake a line (U+2028, a
+    no-break space); quoted when it holds a space or a quote, or is empty."""
     if value is None:
         return "-"
-    text = storable.text(str(value), 300).replace('"', '\\"')
+    text = storable.text(str(value), 300).replace("\\", "\\\\").replace('"', '\\"')
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
     return f'"{text}"' if (" " in text or '"' in text or not text) else text
 
 

@@ -7,17 +7,23 @@ from __future__ import annotations
 import http.client
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
 from tests.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import WebhookDestination
@@ -28,6 +34,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
+BASE_DIR = Path(__file__).resolve().parent.parent
 RECEIPTS = "webhook_receiver_webhookreceipt"
 OUTBOX = "webhook_receiver_outboxmessage"
 HEARTBEAT = "webhook_receiver_heartbeat"
@@ -194,3 +201,40 @@ def test_served_health_answers_within_seconds_while_deliveries_meet_a_lock(
     assert status == 200, content
     assert set(json.loads(content).values()) == {"OK"}
     assert {status for status, _, _ in answers} == {202}
+
+
+# --- a database that accepts connections and never answers -------------------------------
+
+
+def test_webhook_status_against_a_frozen_database_exits_3_within_seconds(
+    private_postgres: PrivatePostgres,  # noqa: F811
+):
+    # given: the server frozen (SIGSTOP): the kernel still accepts the connection, and
+    # nothing ever answers it
+    pid = int((private_postgres.data / "postmaster.pid").read_text().split()[0])
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DATABASE_URL": private_postgres.url,
+        "SHOP_WEBHOOK_SECRETS": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    }
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # when
+        started = time.monotonic()
+        run = subprocess.run(
+            [sys.executable, "manage.py", "webhook_status"],
+            cwd=BASE_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    # then: the connection attempt gave up within the demo's connect_timeout (5 s)
+    assert run.returncode == 3, run.stderr
+    assert "the status could not be read" in run.stderr
+    assert took < 15

@@ -70,14 +70,15 @@ RESTORE_LOCK_BOUND = """
 # table, and the beat sweep queues the relay runs that were not triggered.
 cache_outage = faults.Outage(
     logger,
-    "outbox cache not answering",
+    "outbox cache",
     "admissions rely on the unique constraint alone, and relay runs are queued without "
     "their marks, until it answers",
 )
 broker_outage = faults.Outage(
     logger,
-    "relay runs not triggered: the broker is not answering",
-    "new messages wait for the beat sweep (every few seconds) once it answers",
+    "broker",
+    "relay runs not triggered: new messages wait for the beat sweep (every few seconds) "
+    "once it answers",
 )
 
 

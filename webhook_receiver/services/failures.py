@@ -96,10 +96,12 @@ def failure_capture(
     """Record a failed delivery in its own transaction; return the failed-event row.
 
     A key already held as failed (the sender redelivered it, and it failed again)
-    gets the new error appended to the same row.
+    gets the new error appended to the same row. Bounded like the claim: if the failed
+    events are locked too, an error (a 503) within the bound beats holding the sender.
     """
     now = now or timezone.now()
     with transaction.atomic():
+        _bound()
         failed, _ = FailedEvent.objects.select_for_update().get_or_create(
             source=captured.source,
             event_key=captured.event_key,
@@ -241,8 +243,9 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
 
 
 def _bound() -> None:
-    """A retry's or a replay's transaction waits no longer than a delivery's: a locked
-    table fails the attempt (it stays due) instead of holding the worker or the page."""
+    """A capture's, a retry's or a replay's transaction waits no longer than a
+    delivery's: a locked table fails it (a retry stays due) instead of holding the
+    sender, the worker or the page."""
     config = app_settings()
     faults.transaction_bound(
         lock_timeout_ms=config.lock_timeout_ms, statement_timeout_ms=config.statement_timeout_ms

@@ -241,7 +241,8 @@ class Outage:
     failures are survived, and logged once an outage, not once a call.
 
     ``call(fn, default)`` returns ``fn()``, or ``default`` when it raises. The first
-    failure logs one WARNING (``what``, the error, and what happens meanwhile); then,
+    failure logs one WARNING ("<name> not answering", the error, and what happens
+    meanwhile); then,
     for ``RETRY_SECONDS``, calls return ``default`` without trying, so that a server
     that hangs rather than refuses costs one timeout a while, not one per call. The
     first call that works again logs one INFO line, with the outage's length and the
@@ -250,9 +251,9 @@ class Outage:
 
     RETRY_SECONDS = 5.0
 
-    def __init__(self, logger: logging.Logger, what: str, meanwhile: str) -> None:
+    def __init__(self, logger: logging.Logger, name: str, meanwhile: str) -> None:
         self.logger = logger
-        self.what = what
+        self.name = name
         self.meanwhile = meanwhile
         self.since: float | None = None
         self.retry_at = 0.0
@@ -269,8 +270,8 @@ class Outage:
             if self.since is None:
                 self.since, self.missed = now, 0
                 self.logger.warning(
-                    "%s: %s: %s; %s",
-                    self.what,
+                    "%s not answering: %s: %s; %s",
+                    self.name,
                     error_name(exc),
                     _value(str(exc).splitlines()[0] if str(exc) else ""),
                     self.meanwhile,
@@ -280,8 +281,8 @@ class Outage:
             return default
         if self.since is not None:
             self.logger.info(
-                "%s: answers again after %.1f s (%d calls done without it)",
-                self.what,
+                "%s answers again after %.1f s (%d calls done without it)",
+                self.name,
                 now - self.since,
                 self.missed,
             )

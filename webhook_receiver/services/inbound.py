@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from .. import signatures
-from ..conf import app_settings, get_source
+from ..conf import get_source
 from ..exceptions import (
     NotStored,
     PayloadTooLarge,
@@ -117,13 +117,6 @@ def webhook_receive(
         audit.event_key = captured.event_key
         try:
             with transaction.atomic():
-                # bounded like the claim: if the failed events are locked too, a 503
-                # within the bound beats holding the sender
-                config = app_settings()
-                faults.transaction_bound(
-                    lock_timeout_ms=config.lock_timeout_ms,
-                    statement_timeout_ms=config.statement_timeout_ms,
-                )
                 failed = failure_capture(captured=captured, exc=exc)
                 dead = failed.status == FailureStatus.DEAD
                 status = Result.DEAD_LETTERED if dead else Result.DEFERRED

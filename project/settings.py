@@ -72,11 +72,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN,
     # so concurrent claims queue instead of failing with "database is locked". The busy
     # timeout (``timeout``, seconds) is SQLite's only bound on that wait: a writer that
-    # holds the database (a migration) fails a delivery after it, and its capture after
-    # as long again (a 503, and the sender retries), within a sender's own 10 s.
+    # holds the database (a migration) fails a delivery after it, then its capture and
+    # the 503's audit record after as long each: a 503 within a sender's own 10 s.
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
-        "timeout": 4,
+        "timeout": 3,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 elif env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):

@@ -237,8 +237,10 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
         "attempt": failed.attempts + 1,
         "result": outcome.status,
     }
-    line = functools.partial(faults.log_line, logger, logging.INFO, "webhook event resolved")
-    transaction.on_commit(functools.partial(line, **fields), robust=True)
+    line = functools.partial(
+        faults.log_line, logger, logging.INFO, "webhook event resolved", **fields
+    )
+    transaction.on_commit(line, robust=True)
     return outcome.status
 
 

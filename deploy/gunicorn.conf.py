@@ -13,6 +13,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gunicorn.glogging import Logger
+
+from project import logs
+
 bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000")
 # The usual rule of thumb: two per core, plus one.
 workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count() * 2 + 1))
@@ -25,6 +29,22 @@ graceful_timeout = 30
 max_requests = 10000
 max_requests_jitter = 1000
 accesslog = "-"
+
+
+class TimelineLogger(Logger):
+    """gunicorn's lines in the app's format (project/logs.py): its own (a worker booted,
+    or timed out) and the access log's, so that they interleave with the app's as one
+    timeline. Only the format changes: --log-level, --access-logfile and --error-logfile
+    work as ever."""
+
+    error_fmt = logs.LINE
+    datefmt = None  # logging's own, as the app's lines have it
+    access_fmt = logs.LINE
+
+
+logger_class = TimelineLogger
+# the request, its answer and how long it took (the line's own time comes first)
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms "%(a)s"'
 
 # --- metrics (webhook_receiver/metrics.py, docs/metrics.md) ----------------------------
 # The workers are separate processes, so prometheus_client runs in multiprocess mode:

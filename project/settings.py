@@ -10,6 +10,8 @@ from pathlib import Path
 import environ
 from celery.schedules import crontab
 
+from project import logs
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -68,10 +70,13 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock at BEGIN,
-    # so concurrent claims queue instead of failing with "database is locked".
+    # so concurrent claims queue instead of failing with "database is locked". The busy
+    # timeout (``timeout``, seconds) is SQLite's only bound on that wait: a writer that
+    # holds the database (a migration) fails a delivery after it, then its capture and
+    # the 503's audit record after as long each: a 503 within a sender's own 10 s.
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
+        "timeout": 3,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 elif env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):
@@ -81,6 +86,13 @@ elif env.bool("DATABASE_SERVER_SIDE_BINDING", default=True):
     # transaction mode before 1.21).
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         server_side_binding=True, prepare_threshold=env.int("DATABASE_PREPARE_THRESHOLD", default=5)
+    )
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A database host that does not answer (a partition, a server frozen) fails a new
+    # connection within seconds, not the system's two minutes: a request answers 503,
+    # webhook_status exits 3, /health/ says so.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5)
     )
 # Persistent connections, checked before reuse: no per-request connection set-up.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
@@ -146,10 +158,22 @@ vars().update(env.email_url("EMAIL_URL", default="smtp://localhost:25"))
 # shares it, so the window holds across processes and a burst of admissions queues one
 # relay run.
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+    # The cache is asked inside the claim's transaction: a Redis that hangs must cost a
+    # bounded wait (the admission then goes on without it), never hold the claim.
+    CACHES["default"].setdefault("OPTIONS", {}).update(
+        socket_connect_timeout=0.5, socket_timeout=0.5
+    )
 
 # --- Celery ------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
-if CELERY_BROKER_URL.startswith("filesystem://"):
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Sending a task (the relay trigger after an admission's commit, beat's schedule)
+    # tries once more at once, then gives up, rather than kombu's ~6 s of retries: a
+    # web request must not wait for a broker that is down (the beat sweep makes up for
+    # a lost trigger). The worker's own connection keeps Celery's retries.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 1, "interval_start": 0}
+elif CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     for _folder in (_broker_dir, VAR_DIR / "broker-control"):
         _folder.mkdir(parents=True, exist_ok=True)
@@ -203,15 +227,27 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# One timeline for every process (project/logs.py): time, level, logger, process.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"timeline": {"format": logs.LINE}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "timeline"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-    # Beat schedules a sweep every few seconds: a line for each task sent, received and
-    # succeeded would bury what matters. Failures still log (at ERROR).
     "loggers": {
-        name: {"level": env("CELERY_TASK_LOG_LEVEL", default="WARNING")}
-        for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        # Beat schedules a sweep every few seconds: a line for each task sent, received
+        # and succeeded would bury what matters. Failures still log (at ERROR).
+        **{
+            name: {"level": env("CELERY_TASK_LOG_LEVEL", default="WARNING")}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        },
+        # libraries' line per routine call; LIBRARY_LOG_LEVEL=INFO brings them back
+        **{
+            name: {"level": env("LIBRARY_LOG_LEVEL", default=level)}
+            for name, level in logs.QUIET_LIBRARIES.items()
+        },
     },
 }
+# Celery replaces the root logger's handler in its worker and beat: the same lines there
+CELERY_WORKER_LOG_FORMAT = logs.LINE
+CELERY_WORKER_TASK_LOG_FORMAT = logs.TASK_LINE

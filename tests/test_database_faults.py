@@ -6,8 +6,10 @@ lost, and the app recovers with no restart."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -103,6 +105,64 @@ def test_a_locked_ledger_defers_fast_and_leaves_other_events_alone(
     assert failed_events_retry_due(now=timezone.now() + timezone.timedelta(days=1)) == 1
     assert InventoryLedgerEntry.objects.filter(event_key="msg_lock").count() == 1
     assert OrderState.objects.get(order_id="o_lock").version == 1
+
+
+@contextmanager
+def table_locked(session: psycopg.Connection, table: str, *, for_seconds: float) -> Iterator[None]:
+    """``table`` locked ACCESS EXCLUSIVE by ``session`` (a migration, VACUUM FULL, a REINDEX
+    without CONCURRENTLY), released after ``for_seconds`` at the latest: a statement
+    that waits for it unbounded is answered late instead of hanging the suite."""
+    session.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    release = threading.Timer(for_seconds, session.rollback)
+    release.start()
+    try:
+        yield
+    finally:
+        release.cancel()
+        session.rollback()
+
+
+@pytest.mark.parametrize("first", ["claim_first", "read_first"])
+def test_a_locked_receipts_table_defers_within_the_bound(
+    client, other_session, short_bounds, settings, first
+):
+    # given: the receipts table locked for 10 s; the claim (or, reading first, the read
+    # before it) is the delivery's first statement on that table
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DUPLICATE_CHECK": first}
+    body = reserved("o_receipts", ("S-R", 1))
+
+    # when
+    with table_locked(other_session, "webhook_receiver_webhookreceipt", for_seconds=10):
+        answer, took = timed_post(client, body, "msg_receipts")
+
+    # then: captured for retry within the lock bound (300 ms here), not after the lock
+    assert took < 3
+    assert answer.json() == {"status": "deferred", "event_key": "msg_receipts"}
+    failed = FailedEvent.objects.get(event_key="msg_receipts")
+    assert "lock timeout" in failed.last_error_message
+    assert RequestAudit.objects.get().result == "deferred"
+
+    # and once the lock is gone, the retry applies it, once
+    assert failed_events_retry_due(now=timezone.now() + timezone.timedelta(days=1)) == 1
+    assert InventoryLedgerEntry.objects.filter(event_key="msg_receipts").count() == 1
+
+
+def test_locked_receipts_and_failed_events_answer_503_within_the_bound(
+    client, other_session, short_bounds
+):
+    # given: the receipts and the failed events both locked, for 10 s at most
+    body = reserved("o_both", ("S-B", 1))
+    tables = "webhook_receiver_webhookreceipt, webhook_receiver_failedevent"
+
+    # when
+    with table_locked(other_session, tables, for_seconds=10):
+        answer, took = timed_post(client, body, "msg_both")
+
+    # then: neither applied nor captured, within twice the bound: the sender retries
+    assert took < 3
+    assert answer.status_code == 503
+    assert not FailedEvent.objects.exists()
+    assert RequestAudit.objects.get().response_status == 503
 
 
 def test_a_statement_that_runs_too_long_is_cancelled_and_deferred(client, short_bounds):

@@ -62,6 +62,10 @@ DEFAULTS: dict[str, Any] = {
     # an answer well within their own timeout (10 s for GitHub) and workers stay free.
     "LOCK_TIMEOUT_MS": 2000,
     "STATEMENT_TIMEOUT_MS": 5000,
+    # PostgreSQL: the outbox admission's insert waits at most this long for a lock on the
+    # outbox table (it never waits in normal work): an order event whose outbox is locked
+    # is deferred fast rather than hold a web worker for LOCK_TIMEOUT_MS; 0: no limit
+    "ADMISSION_LOCK_TIMEOUT_MS": 200,
     # reconciliation: the host's comparison of business state with what senders list,
     # fn(*, source, orders) -> iterable of StateMismatch (None: no state is compared)
     "STATE_COMPARISON": None,
@@ -80,6 +84,10 @@ DEFAULTS: dict[str, Any] = {
     "TRACE_EFFECTS": None,
     # /health/ fails when beat's heartbeat task has not run for this long
     "HEARTBEAT_MAX_AGE_SECONDS": 180,
+    # webhook_status and /health/: no statement of theirs waits for a lock or runs longer,
+    # and none starts after this long; past it they answer "database not answering"
+    # (exit 3; 503), never OK
+    "STATUS_TIMEOUT_SECONDS": 3,
     # delivered and discarded outbox messages older than this are deleted, never sooner
     # than their destination's replay_horizon_days; terminal ones wait for an operator
     "OUTBOX_RETENTION_DAYS": 30,
@@ -112,6 +120,7 @@ DEFAULTS: dict[str, Any] = {
 POSITIVE_KEYS = (
     "REJECTED_AUDIT_PER_MINUTE",
     "HEARTBEAT_MAX_AGE_SECONDS",
+    "STATUS_TIMEOUT_SECONDS",
     "OUTBOX_RETENTION_DAYS",
     "RECONCILE_RUN_TIMEOUT_SECONDS",
     "AUDIT_RETENTION_DAYS",
@@ -256,12 +265,14 @@ class AppSettings:
     duplicate_check: str
     lock_timeout_ms: int
     statement_timeout_ms: int
+    admission_lock_timeout_ms: int
     state_comparison: str | None
     reconcile_run_timeout: timedelta
     notifiers: tuple[str, ...]
     metrics_token: str | None
     trace_effects: str | None
     heartbeat_max_age: timedelta
+    status_timeout_seconds: float
     outbox_retention: timedelta
     ops_destination: str | None
 
@@ -416,12 +427,14 @@ def app_settings() -> AppSettings:
         duplicate_check=merged["DUPLICATE_CHECK"],
         lock_timeout_ms=_milliseconds(merged, "LOCK_TIMEOUT_MS"),
         statement_timeout_ms=_milliseconds(merged, "STATEMENT_TIMEOUT_MS"),
+        admission_lock_timeout_ms=_milliseconds(merged, "ADMISSION_LOCK_TIMEOUT_MS"),
         state_comparison=merged["STATE_COMPARISON"],
         reconcile_run_timeout=timedelta(seconds=merged["RECONCILE_RUN_TIMEOUT_SECONDS"]),
         notifiers=tuple(merged["NOTIFIERS"]),
         metrics_token=merged["METRICS_TOKEN"] or None,
         trace_effects=merged["TRACE_EFFECTS"],
         heartbeat_max_age=timedelta(seconds=merged["HEARTBEAT_MAX_AGE_SECONDS"]),
+        status_timeout_seconds=float(merged["STATUS_TIMEOUT_SECONDS"]),
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
         ops_destination=merged["OPS_DESTINATION"] or None,
     )

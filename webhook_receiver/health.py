@@ -9,6 +9,8 @@ Three checks, on django-health-check's view:
 - ``BeatHeartbeat``: beat's heartbeat task ran within HEARTBEAT_MAX_AGE_SECONDS. Beat
   sends it and a worker runs it, so a fresh heartbeat means beat, broker and at least one
   worker all work: without them failed events are never retried and silence never noticed.
+  Its read waits at most STATUS_TIMEOUT_SECONDS (a lock, a slow database): past that the
+  answer is 503, "database not answering within N s", never a probe that times out.
 
 A host includes ``health_view`` in its urls (``path("health/", health_view)``), or
 composes its own ``HealthView.as_view(checks=[...])`` from these classes and the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,9 +47,13 @@ from health_check.exceptions import ServiceUnavailable
 from health_check.views import HealthCheckView
 
 from .conf import app_settings
+from .services import faults
+from .services.faults import NotAnswering, database_deadline
 from .services.heartbeat import BEAT, heartbeat_seen_at
 
 __all__ = ["BeatHeartbeat", "Broker", "Database", "HealthView", "health_view"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -118,7 +125,9 @@ class BeatHeartbeat(HealthCheck):
         try:
             # thread_sensitive: the request's own thread and database connection, which
             # stays persistent, rather than a new connection per probe in a pool thread
-            seen_at = await sync_to_async(heartbeat_seen_at, thread_sensitive=True)(self.name)
+            seen_at = await sync_to_async(_seen_at, thread_sensitive=True)(self.name)
+        except NotAnswering as exc:  # a lock, or a database too slow to tell
+            raise ServiceUnavailable(f"cannot read the heartbeat: {exc}") from exc
         except DatabaseError as exc:
             raise ServiceUnavailable("cannot read the heartbeat: database error") from exc
         max_age = self.max_age or app_settings().heartbeat_max_age
@@ -136,6 +145,13 @@ class BeatHeartbeat(HealthCheck):
             )
 
 
+def _seen_at(name: str) -> datetime.datetime | None:
+    """The heartbeat, read within STATUS_TIMEOUT_SECONDS: in the request's own thread, a
+    read that hung would hold the whole probe (the library's timeout cannot cut it)."""
+    with database_deadline(app_settings().status_timeout_seconds):
+        return heartbeat_seen_at(name)
+
+
 CHECKS = (Database, Broker, BeatHeartbeat)
 
 
@@ -149,8 +165,18 @@ class HealthView(HealthCheckView):
 
     async def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         response = await super().get(request, *args, **kwargs)
-        if response.status_code == 500 and any(result.error for result in self.results):
+        failed = [result for result in self.results if result.error]
+        if response.status_code == 500 and failed:
             response.status_code = 503
+        if response.status_code == 503:
+            # One line a failing probe, with every reason and no traceback (a probe fails
+            # every few seconds for as long as the outage lasts); Django's own
+            # "Service Unavailable: /health/" would only repeat it.
+            logger.warning(
+                "health check failing: %s",
+                "; ".join(f"{result.check!r}: {result.error}" for result in failed),
+            )
+            faults.logged_already(response)
         return response
 
 

@@ -385,14 +385,18 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     slugs = list(app_settings().sources)
     try:
         # read first: a database that fails fails the scrape, rather than leaving
-        # gaps that absence alerts would take for silence
-        stored = _Families([*DatabaseCollector(slugs).collect(), *OutboxCollector().collect()])
+        # gaps that absence alerts would take for silence; one that does not answer
+        # (a locked table) fails it within STATUS_TIMEOUT_SECONDS
+        with faults.database_deadline(app_settings().status_timeout_seconds):
+            collected = [*DatabaseCollector(slugs).collect(), *OutboxCollector().collect()]
+        stored = _Families(collected)
     except DatabaseError as exc:
         faults.connection_discard_if_broken(exc)
         faults.log_failure(logger, "metrics scrape failed: the database did not answer", exc)
-        return HttpResponse(
+        response = HttpResponse(
             "The database did not answer.\n", status=503, content_type="text/plain; charset=utf-8"
         )
+        return faults.logged_already(response)
     _counters_zero_fill(slugs)
     output = generate_latest(_Exposition(process_collector(), stored))  # type: ignore[arg-type]
     return HttpResponse(output, content_type=CONTENT_TYPE_PLAIN_0_0_4)

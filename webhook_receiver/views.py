@@ -84,11 +84,13 @@ class WebhookView(APIView):
 
 
 def _retry_later() -> Response:
-    return Response(
+    # every 503 here was logged where it happened, with its event's key: once is enough
+    response = Response(
         {"error": "temporarily_unavailable", "detail": "Retry later."},
         status=503,
         headers={"Retry-After": RETRY_AFTER_SECONDS},
     )
+    return faults.logged_already(response)
 
 
 def _body(request: Request) -> tuple[IO[bytes] | None, int | None]:

@@ -9,7 +9,13 @@ Two guards against a second message for one logical delivery:
   committed) in the last five minutes is answered from the cache without touching the
   table. It is an optimisation, never the identity: it is written only after commit, so
   an admission that rolled back never blocks a later one, and once it expires the
-  constraint still holds.
+  constraint still holds. A cache that does not answer is a window that is empty: the
+  admission goes on to the table (faults.Outage says so once an outage).
+
+The insert waits for a lock on the outbox table at most ADMISSION_LOCK_TIMEOUT_MS (on
+PostgreSQL), far less than the claim's LOCK_TIMEOUT_MS: an insert into the outbox never
+waits in normal work, so a wait means the table is held (a migration, a VACUUM FULL), and
+an order event is better deferred fast than holding a web worker for the whole bound.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from django.core.cache import cache, caches
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ..services import sql
+from ..conf import app_settings
+from ..services import faults, sql
 from .metrics import dedup_hit_count
 from .models import MessageStatus, OutboxMessage, WebhookDestination
 
@@ -47,6 +54,32 @@ INSERT_MESSAGE = """
     ON CONFLICT (destination_id, key) DO NOTHING
     RETURNING id
 """
+# The insert's own lock bound, sent with it (faults.execute_bounded): the transaction's
+# bound is kept aside (evaluated in WHERE, before the new one is set) and put back after,
+# so that the rest of the caller's transaction keeps its own.
+SHORTEN_LOCK_BOUND = """
+    SELECT set_config('lock_timeout', %(admission_lock_timeout)s, true)
+    WHERE set_config('webhook_receiver.lock_timeout', current_setting('lock_timeout'), true)
+          IS NOT NULL
+"""
+RESTORE_LOCK_BOUND = """
+    SELECT set_config('lock_timeout', current_setting('webhook_receiver.lock_timeout'), true)
+"""
+
+# The cache and the broker are optimisations here: without them, admissions go on to the
+# table, and the beat sweep queues the relay runs that were not triggered.
+cache_outage = faults.Outage(
+    logger,
+    "outbox cache",
+    "admissions rely on the unique constraint alone, and relay runs are queued without "
+    "their marks, until it answers",
+)
+broker_outage = faults.Outage(
+    logger,
+    "broker",
+    "relay runs not triggered: new messages wait for the beat sweep (every few seconds) "
+    "once it answers",
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +126,7 @@ def enqueue_webhook(
     if not isinstance(destination, WebhookDestination):
         destination = WebhookDestination.objects.only("id", "name").get(name=destination)
     window_key = _window_key(destination.pk, key)
-    if cache.get(window_key):
+    if cache_outage.call(lambda: cache.get(window_key), None):
         dedup_hit_count(destination.name)
         return Admission(destination=destination.name, key=key, created=False, coalesced=True)
 
@@ -110,17 +143,25 @@ def enqueue_webhook(
         "origin_event_key": origin[1] if origin else "",
         "created_at": now,
     }
+    params = sql.adapt(row, OutboxMessage)
+    params["admission_lock_timeout"] = f"{app_settings().admission_lock_timeout_ms}ms"
     with connection.cursor() as cursor:
-        cursor.execute(INSERT_MESSAGE, sql.adapt(row, OutboxMessage))
+        faults.execute_bounded(
+            cursor, INSERT_MESSAGE, params, bound=SHORTEN_LOCK_BOUND, restore=RESTORE_LOCK_BOUND
+        )
         created = cursor.fetchone() is not None
     # Remembered only once the admission has committed: a rollback leaves no trace.
-    transaction.on_commit(lambda: cache.set(window_key, 1, ADMISSION_WINDOW_SECONDS), robust=True)
+    transaction.on_commit(lambda: _remember(window_key), robust=True)
     if not created:
         dedup_hit_count(destination.name)
     if created:
         # low latency without polling hard: a relay run as soon as the message exists
         transaction.on_commit(lambda: _relay_soon(destination.pk), robust=True)
     return Admission(destination=destination.name, key=key, created=created)
+
+
+def _remember(window_key: str) -> None:
+    cache_outage.call(lambda: cache.set(window_key, 1, ADMISSION_WINDOW_SECONDS), None)
 
 
 def _window_key(destination_id: int, key: str) -> str:
@@ -140,9 +181,13 @@ def _relay_soon(destination_id: int) -> None:
     find another claiming leave at once.)"""
     from .tasks import queued_key, relay_destination
 
-    if cache_is_shared() and not cache.add(queued_key(destination_id), 1, QUEUED_MARK_SECONDS):
+    def mark() -> bool:
+        return cache.add(queued_key(destination_id), 1, QUEUED_MARK_SECONDS)
+
+    # without the cache, a run too many is better than none
+    if cache_is_shared() and not cache_outage.call(mark, True):
         return
-    relay_destination.apply_async((destination_id,), retry=False)
+    broker_outage.call(lambda: relay_destination.apply_async((destination_id,), retry=False), None)
 
 
 def cache_is_shared() -> bool:

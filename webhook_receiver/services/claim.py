@@ -9,6 +9,10 @@ effect committed. On PostgreSQL the claim statement also writes the delivery's a
 record (``WITH … INSERT``), so a new event costs no extra round trip for it. Every
 statement is in ``queries.py``; they all take their parameters from one dict.
 
+Every wait is bounded (LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS), from the delivery's first
+statement on: the bounds travel with it in the same round trip (faults.execute_bounded),
+so a locked receipts table fails the delivery fast, to be captured as deferred.
+
 A duplicate can be answered two ways, equally correct: by a read before the claim (one
 statement, no transaction, but a wasted round trip for every new event), or by the
 claim itself, which then finds the key taken. ``DuplicateShare`` picks the cheaper
@@ -29,7 +33,7 @@ from django.utils import timezone
 from ..conf import app_settings
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from ..models import FailedEvent, FailureStatus, RequestAudit, Result, WebhookReceipt
-from . import queries, sql, storable
+from . import faults, queries, sql, storable
 from .audit import AuditDraft
 
 
@@ -92,7 +96,7 @@ def event_claim_and_apply(
                 if relax:
                     cursor.execute(queries.RELAX_COMMIT)
                 stored = claim.stored_outcome
-                if stored is None:
+                if stored is None:  # (a rare read: its bounds are set again, in its trip)
                     unrecorded = audit is not None and claim.audit_id is None
                     stored = _read_duplicate(cursor, params, audited=unrecorded) or {}
                 return _duplicate(event, stored)
@@ -143,13 +147,12 @@ def _params(
 
 
 def _bounds() -> dict[str, str]:
-    """The claim transaction's lock and statement timeouts (LOCK_TIMEOUT_MS,
-    STATEMENT_TIMEOUT_MS), as PostgreSQL's set_config takes them."""
+    """The delivery's lock and statement timeouts (LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS),
+    for faults.BOUND: they bound its first statement, and the claim's whole transaction."""
     config = app_settings()
-    return {
-        "lock_timeout": f"{config.lock_timeout_ms}ms",
-        "statement_timeout": f"{config.statement_timeout_ms}ms",
-    }
+    return faults.bounds_params(
+        lock_timeout_ms=config.lock_timeout_ms, statement_timeout_ms=config.statement_timeout_ms
+    )
 
 
 def _result_values(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
@@ -188,7 +191,7 @@ def _read_duplicate(
         statement = queries.READ_OUTCOME
     else:
         statement = queries.RECORD_DUPLICATE_RELAXED if relax else queries.RECORD_DUPLICATE
-    cursor.execute(statement, params)
+    faults.execute_bounded(cursor, statement, params)
     found = cursor.fetchone()
     return None if found is None else _stored_outcome(found[0])
 
@@ -214,12 +217,14 @@ def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -
         cursor.execute(queries.CLAIM_SQLITE, params)
         receipt_id, has_open_failure = cursor.fetchone() or (None, False)
         return _Claim(receipt_id, bool(has_open_failure))
+    # the bounds go first, in the same round trip: they bound the claim's own wait for
+    # the receipts table, then the rest of its transaction
     if not audited:
-        cursor.execute(queries.CLAIM, params)
-        receipt_id, has_open_failure, *_ = cursor.fetchone()
+        faults.execute_bounded(cursor, queries.CLAIM, params)
+        receipt_id, has_open_failure = cursor.fetchone()
         return _Claim(receipt_id, has_open_failure)
-    cursor.execute(queries.CLAIM_AUDITED, params)
-    receipt_id, has_open_failure, audit_id, stored, *_ = cursor.fetchone()
+    faults.execute_bounded(cursor, queries.CLAIM_AUDITED, params)
+    receipt_id, has_open_failure, audit_id, stored = cursor.fetchone()
     stored = _stored_outcome(stored) if stored is not None else None
     return _Claim(receipt_id, has_open_failure, audit_id, stored)
 

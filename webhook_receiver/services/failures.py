@@ -19,9 +19,11 @@ Lock order, everywhere: the failed-event row first, then the receipt key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +37,7 @@ from ..exceptions import PermanentError
 from ..handlers import WebhookEvent
 from ..models import FailedEvent, FailureStatus, Result
 from ..signatures import VerifiedMessage
-from . import storable
+from . import faults, storable
 from .claim import event_claim_and_apply
 from .events import parse_event
 from .retention import delete_in_batches
@@ -94,10 +96,12 @@ def failure_capture(
     """Record a failed delivery in its own transaction; return the failed-event row.
 
     A key already held as failed (the sender redelivered it, and it failed again)
-    gets the new error appended to the same row.
+    gets the new error appended to the same row. Bounded like the claim: if the failed
+    events are locked too, an error (a 503) within the bound beats holding the sender.
     """
     now = now or timezone.now()
     with transaction.atomic():
+        _bound()
         failed, _ = FailedEvent.objects.select_for_update().get_or_create(
             source=captured.source,
             event_key=captured.event_key,
@@ -116,14 +120,6 @@ def failure_capture(
             # a new delivery failed, so no receipt holds this key any more: retry it
             failed.status = FailureStatus.RETRYING
         _record_failure(failed, exc, trigger="delivery", now=now)
-    logger.warning(
-        "webhook event %s:%s failed (%s), now %s",
-        failed.source,
-        failed.event_key,
-        failed.last_error_class,
-        failed.status,
-        extra={"source": failed.source, "event_key": failed.event_key},
-    )
     return failed
 
 
@@ -133,6 +129,7 @@ def _record_failure(
     """Append the error and decide what comes next. The caller holds the row lock."""
     kind = classify(exc)
     error_class = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    was = failed.status
     failed.attempts += 1
     failed.errors = [
         *failed.errors,
@@ -158,6 +155,37 @@ def _record_failure(
     # dead, discarded and resolved events keep their status: a failed replay adds its
     # error to the history, and only an operator's action moves them
     failed.save()
+    line = _failure_line(failed, exc, trigger=trigger, now=now, was=was)
+    # said once it is so: the caller's transaction may still roll back
+    transaction.on_commit(line, robust=True)
+
+
+def _failure_line(
+    failed: FailedEvent, exc: BaseException, *, trigger: str, now: datetime, was: str
+) -> Callable[[], None]:
+    """The failed attempt's log line: the event, the attempt, the error, and what
+    happens next (a retry and when, or a person's decision)."""
+    if failed.status == FailureStatus.RETRYING and failed.next_attempt_at is not None:
+        wait = max(0, round((failed.next_attempt_at - now).total_seconds()))
+        what, level = "webhook event deferred", logging.WARNING
+        then = f"retry at {failed.next_attempt_at.isoformat()} (in {wait} s)"
+    elif failed.status == FailureStatus.DEAD and was != FailureStatus.DEAD:
+        what, level = "webhook event dead-lettered", logging.ERROR
+        then = "none: a person replays or discards it (admin, or replay_dead_letters)"
+    else:  # a dead, discarded or resolved event failed again: it stays as it was
+        what, level = "webhook event failed again", logging.WARNING
+        then = f"none: it stays {failed.status}"
+    fields = {
+        "source": failed.source,
+        "event_key": failed.event_key,
+        "event_type": failed.event_type,
+        "trigger": trigger,
+        "attempt": f"{failed.attempts}/{app_settings().retry_max_attempts}",
+        "error": faults.error_name(exc),
+        "message": str(exc).splitlines()[0] if str(exc) else "",
+        "next": then,
+    }
+    return functools.partial(faults.log_line, logger, level, what, **fields)
 
 
 def _stored_event(failed: FailedEvent) -> WebhookEvent:
@@ -201,7 +229,29 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
         failed.resolved_at = now
         failed.next_attempt_at = None
     failed.save()
+    fields = {
+        "source": failed.source,
+        "event_key": failed.event_key,
+        "event_type": failed.event_type,
+        "trigger": trigger,
+        "attempt": failed.attempts + 1,
+        "result": outcome.status,
+    }
+    line = functools.partial(
+        faults.log_line, logger, logging.INFO, "webhook event resolved", **fields
+    )
+    transaction.on_commit(line, robust=True)
     return outcome.status
+
+
+def _bound() -> None:
+    """A capture's, a retry's or a replay's transaction waits no longer than a
+    delivery's: a locked table fails it (a retry stays due) instead of holding the
+    sender, the worker or the page."""
+    config = app_settings()
+    faults.transaction_bound(
+        lock_timeout_ms=config.lock_timeout_ms, statement_timeout_ms=config.statement_timeout_ms
+    )
 
 
 def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = None) -> int:
@@ -216,6 +266,7 @@ def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = 
     while tried < limit:
         moment = now or timezone.now()
         with transaction.atomic():
+            _bound()
             failed = (
                 FailedEvent.objects.select_for_update(skip_locked=True)
                 .filter(status=FailureStatus.RETRYING, next_attempt_at__lte=moment)
@@ -250,6 +301,7 @@ def failed_event_replay(*, failed_id: int, actor: str, now: datetime | None = No
     """
     now = now or timezone.now()
     with transaction.atomic():
+        _bound()
         failed = (
             FailedEvent.objects.select_for_update(skip_locked=True).filter(pk=failed_id).first()
         )

@@ -1,5 +1,12 @@
-"""When the database fails: discard a session that cannot heal, and log each failed
-request on one line.
+"""When the database fails: bound every wait, discard a session that cannot heal, and
+log each failed request on one line.
+
+A statement waits at most ``lock_timeout`` for a lock and runs at most
+``statement_timeout``. PostgreSQL takes a statement's table locks before it runs any of
+it, so bounds set inside a statement come too late for that statement's own locks: they
+are set by a statement of their own, sent with the statement they bound in one round
+trip (``execute_bounded``). They are local to the transaction (``set_config(…, true)``),
+so nothing outlives it on a connection that a pooler hands to someone else next.
 
 A connection whose session went read-only (a failover, ``default_transaction_read_only``)
 still answers Django's ``SELECT 1`` health check, so it would be kept and fail every
@@ -13,16 +20,21 @@ in ``TRACEBACK_INTERVAL_SECONDS`` (per process), so an outage cannot flood the l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from . import storable
+
+if TYPE_CHECKING:
+    from django.http.response import HttpResponseBase
 
 # SQLSTATEs after which the session itself is no good: read_only_sql_transaction,
 # admin_shutdown, crash_shutdown, cannot_connect_now; and class 08, connection exceptions
@@ -30,6 +42,129 @@ BROKEN_SESSION_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
 TRACEBACK_INTERVAL_SECONDS = 300.0
 
 _traceback_shown_at: dict[str, float] = {}
+
+T = TypeVar("T")
+R = TypeVar("R", bound="HttpResponseBase")
+
+# The bounds of the current transaction (or, outside one, of the statement sent with it),
+# from the parameters ``lock_timeout`` and ``statement_timeout`` (bounds_params); the
+# values set are returned only to be ignored.
+BOUND = """
+    SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+           set_config('statement_timeout', %(statement_timeout)s, true)
+"""
+
+
+def bounds_params(*, lock_timeout_ms: int, statement_timeout_ms: int) -> dict[str, str]:
+    """BOUND's parameters, as set_config takes them (0: no limit)."""
+    return {
+        "lock_timeout": f"{lock_timeout_ms}ms",
+        "statement_timeout": f"{statement_timeout_ms}ms",
+    }
+
+
+def transaction_bound(*, lock_timeout_ms: int, statement_timeout_ms: int) -> None:
+    """Bound the rest of the current transaction, by a statement of its own (PostgreSQL;
+    off the hot path, where a round trip more does not matter)."""
+    if connection.vendor == "postgresql":
+        params = bounds_params(
+            lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(BOUND, params)
+
+
+class NotAnswering(DatabaseError):
+    """The database did not answer within a status tool's bound: a lock it waited for,
+    a statement that ran too long, or the bound spent before the next statement."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(f"database not answering within {seconds:g} s")
+
+
+# lock_not_available, query_canceled (statement_timeout)
+TIMEOUT_STATES = frozenset({"55P03", "57014"})
+
+
+@contextlib.contextmanager
+def database_deadline(seconds: float) -> Iterator[None]:
+    """Run the block's reads in one transaction in which no statement waits for a lock
+    or runs longer than ``seconds``, and none starts once ``seconds`` have passed, for a
+    tool that must answer within seconds, if only to say that it could not look
+    (webhook_status, /health/). A timeout raises NotAnswering."""
+    deadline = time.monotonic() + seconds
+
+    def before_each(execute: Callable[..., Any], *args: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise NotAnswering(seconds)
+        return execute(*args)
+
+    milliseconds = max(1, int(seconds * 1000))
+    try:
+        with transaction.atomic(), connection.execute_wrapper(before_each):
+            transaction_bound(lock_timeout_ms=milliseconds, statement_timeout_ms=milliseconds)
+            yield
+    except NotAnswering:
+        raise
+    except DatabaseError as exc:
+        if sqlstate(exc) in TIMEOUT_STATES:
+            raise NotAnswering(seconds) from exc
+        raise
+
+
+def execute_bounded(
+    cursor: CursorWrapper,
+    statement: str,
+    params: Mapping[str, Any],
+    *,
+    bound: str = BOUND,
+    restore: str | None = None,
+) -> None:
+    """Execute ``statement`` under the bounds ``bound`` sets (from the same ``params``),
+    then ``restore``, if given, in one round trip on PostgreSQL; the results are
+    ``statement``'s, as after ``cursor.execute``. Elsewhere ``statement`` alone (SQLite
+    has its busy timeout instead).
+
+    psycopg's pipeline mode sends them and one Sync together. Inside a transaction the
+    bounds last until it ends, or until ``restore`` (a savepoint that rolls back undoes
+    them); outside one, the statements form one implicit transaction, which ends at the
+    Sync, bounds and all. Where libpq cannot pipeline (before 14), each statement costs
+    a round trip.
+    """
+    if connection.vendor != "postgresql":
+        cursor.execute(statement, params)
+        return
+    if not _pipeline_supported():
+        _bounded(cursor, statement, params, bound, restore)
+        return
+    # the errors come out of the pipeline's end (its Sync), where Django's cursor does not
+    # translate them: its wrapper does it here
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        _bounded(cursor, statement, params, bound, restore)
+
+
+def _bounded(
+    cursor: CursorWrapper,
+    statement: str,
+    params: Mapping[str, Any],
+    bound: str,
+    restore: str | None,
+) -> None:
+    # A cursor's results are its last statement's: the bounds go first on the same one
+    # (a cursor is not free on the hot path), and ``restore`` on a cursor of its own.
+    cursor.execute(bound, params)
+    cursor.execute(statement, params)
+    if restore is not None:
+        with connection.cursor() as settings:
+            settings.execute(restore, params)
+
+
+@functools.cache
+def _pipeline_supported() -> bool:
+    import psycopg  # PostgreSQL only: SQLite needs no driver of ours
+
+    return psycopg.Pipeline.is_supported()
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -87,10 +222,83 @@ def log_failure(logger: logging.Logger, what: str, exc: BaseException, **fields:
     )
 
 
+def log_line(logger: logging.Logger, level: int, what: str, **fields: Any) -> None:
+    """Log one line: ``what: key=value …``, the values escaped as log_failure's."""
+    pairs = " ".join(f"{key}={_value(value)}" for key, value in fields.items())
+    logger.log(level, "%s: %s", what, pairs, extra={"webhook": fields})
+
+
+def logged_already(response: R) -> R:
+    """``response``, marked as logged: Django's ``django.request`` logger would log every
+    4xx and 5xx again, a bare "Service Unavailable: /webhooks/shop/" without the event's
+    key, after the app's own line that has it."""
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's own mark
+    return response
+
+
+class Outage:
+    """A dependency that the app can do without for a while (a cache, a broker): its
+    failures are survived, and logged once an outage, not once a call.
+
+    ``call(fn, default)`` returns ``fn()``, or ``default`` when it raises. The first
+    failure logs one WARNING ("<name> not answering", the error, and what happens
+    meanwhile); then,
+    for ``RETRY_SECONDS``, calls return ``default`` without trying, so that a server
+    that hangs rather than refuses costs one timeout a while, not one per call. The
+    first call that works again logs one INFO line, with the outage's length and the
+    calls done without it. Per process, without a lock: a race only doubles a line.
+    """
+
+    RETRY_SECONDS = 5.0
+
+    def __init__(self, logger: logging.Logger, name: str, meanwhile: str) -> None:
+        self.logger = logger
+        self.name = name
+        self.meanwhile = meanwhile
+        self.since: float | None = None
+        self.retry_at = 0.0
+        self.missed = 0
+
+    def call(self, fn: Callable[[], T], default: T) -> T:
+        now = time.monotonic()
+        if self.since is not None and now < self.retry_at:
+            self.missed += 1
+            return default
+        try:
+            result = fn()
+        except Exception as exc:
+            if self.since is None:
+                self.since, self.missed = now, 0
+                self.logger.warning(
+                    "%s not answering: %s: %s; %s",
+                    self.name,
+                    error_name(exc),
+                    _value(str(exc).splitlines()[0] if str(exc) else ""),
+                    self.meanwhile,
+                )
+            self.missed += 1
+            self.retry_at = now + self.RETRY_SECONDS
+            return default
+        if self.since is not None:
+            self.logger.info(
+                "%s answers again after %.1f s (%d calls done without it)",
+                self.name,
+                now - self.since,
+                self.missed,
+            )
+            self.since = None
+        return result
+
+
 def _value(value: Any) -> str:
+    """A value for a ``key=value`` line: control characters escaped (storable.text), then
+    backslashes and quotes, then whatever else could break or fake a line (U+2028, a
+    no-break space); quoted when it holds a space or a quote, or is empty."""
     if value is None:
         return "-"
-    text = storable.text(str(value), 300).replace('"', '\\"')
+    text = storable.text(str(value), 300).replace("\\", "\\\\").replace('"', '\\"')
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
     return f'"{text}"' if (" " in text or '"' in text or not text) else text
 
 

@@ -2,10 +2,13 @@
 
 Parameters are named, and one dict per delivery holds them all (``claim._params``): the
 receipt's columns, the audit record's (the two share source, event key, message id,
-signature timestamp and receipt time, which are the same values), and the ids and
-results that the later statements need. Table names are the models' ``db_table`` (a
-test checks them). Statements run on PostgreSQL and SQLite alike unless their comment
-says otherwise: only PostgreSQL lets one statement insert into two tables.
+signature timestamp and receipt time, which are the same values), the ids and results
+that the later statements need, and the bounds. On PostgreSQL a delivery's first
+statement (the read, or the claim) is sent after ``faults.BOUND``, in the same round
+trip: its lock and statement timeouts bound that statement and the claim's transaction.
+Table names are the models' ``db_table`` (a test checks them). Statements run on
+PostgreSQL and SQLite alike unless their comment says otherwise: only PostgreSQL lets
+one statement insert into two tables.
 
 Why raw SQL here: the ORM cannot say ``INSERT … ON CONFLICT DO NOTHING RETURNING``,
 which is how the claim learns whether it won; and for statements this small its
@@ -34,14 +37,6 @@ _INSERT_RECEIPT = """
         %(status)s, %(subject)s, %(outcome)s, %(body)s, %(headers)s, %(received_at)s
     )
     ON CONFLICT (source, event_key) DO NOTHING
-"""
-# For the rest of the claim's transaction (the handler's statements, the outcome's update):
-# wait at most this long for a lock, and run no statement longer, so that a locked or
-# slow table makes a delivery fail fast (and be captured as deferred) instead of holding
-# the sender and the worker. Local to the transaction, and returned only to be ignored.
-_BOUND_THE_TRANSACTION = """
-    set_config('lock_timeout', %(lock_timeout)s, true),
-    set_config('statement_timeout', %(statement_timeout)s, true)
 """
 _HAS_OPEN_FAILURE = f"""
     EXISTS (
@@ -86,8 +81,7 @@ RECORD_DUPLICATE_RELAXED = RECORD_DUPLICATE.replace(
 # write the delivery's audit record, with the expected result or as a duplicate. Returns
 # the receipt's id (NULL: the key was taken), whether the key is held as a failed event,
 # the audit record's id, and a duplicate's stored outcome (NULL when the receipt was
-# committed by a concurrent claim after this statement's snapshot: read it again); then
-# bounds the rest of the transaction.
+# committed by a concurrent claim after this statement's snapshot: read it again).
 CLAIM_AUDITED = f"""
     WITH claimed AS ({_INSERT_RECEIPT} RETURNING id),
     audited AS (
@@ -107,16 +101,14 @@ CLAIM_AUDITED = f"""
         (SELECT id FROM audited),
         (SELECT outcome FROM webhook_receiver_webhookreceipt
          WHERE NOT EXISTS (SELECT 1 FROM claimed)
-           AND source = %(source)s AND event_key = %(event_key)s),
-        {_BOUND_THE_TRANSACTION}
+           AND source = %(source)s AND event_key = %(event_key)s)
 """
 
 # The claim (PostgreSQL) for retries and replays: the receipt alone. Returns the
-# receipt's id (NULL: the key was taken) and whether the key is held as a failed event;
-# then bounds the rest of the transaction.
+# receipt's id (NULL: the key was taken) and whether the key is held as a failed event.
 CLAIM = f"""
     WITH claimed AS ({_INSERT_RECEIPT} RETURNING id)
-    SELECT (SELECT id FROM claimed), {_HAS_OPEN_FAILURE}, {_BOUND_THE_TRANSACTION}
+    SELECT (SELECT id FROM claimed), {_HAS_OPEN_FAILURE}
 """
 
 # The claim (SQLite), with or without a request: as CLAIM, but no row at all when the

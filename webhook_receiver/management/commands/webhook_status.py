@@ -2,7 +2,8 @@
 the admin's overview shows, for a terminal or a monitoring check.
 
 Exit codes, as monitoring plugins (Nagios, Icinga, Sensu) read them: 0 everything is
-ok, 1 something needs attention, 2 an alert is open, 3 the status could not be read.
+ok, 1 something needs attention, 2 an alert is open, 3 the status could not be read
+(a database error, or no answer within STATUS_TIMEOUT_SECONDS).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 from django.utils import timezone
 
+from webhook_receiver.conf import app_settings
 from webhook_receiver.outbox.status import DestinationStatus, destination_statuses
 from webhook_receiver.services import display
+from webhook_receiver.services.faults import database_deadline
 from webhook_receiver.services.status import (
     Reason,
     SourceStatus,
@@ -70,9 +73,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()
         try:
-            statuses = source_statuses(now=now)
-            destinations = destination_statuses(now=now)
-        except DatabaseError as exc:
+            # a locked table or a database that hangs is an answer too, in seconds
+            with database_deadline(app_settings().status_timeout_seconds):
+                statuses = source_statuses(now=now)
+                destinations = destination_statuses(now=now)
+        except DatabaseError as exc:  # NotAnswering too: "database not answering within 3 s"
             self.stderr.write(f"webhook_status: the status could not be read: {exc}")
             raise SystemExit(UNKNOWN) from None
         verdict = status_verdict(statuses, destinations)

@@ -1,0 +1,148 @@
+"""Servers of a test's own, to stop and start mid-test: a Redis and a PostgreSQL cluster
+on free loopback ports, in a temporary directory. The shared servers of this machine are
+never stopped; a fault that stops a server stops one of these.
+
+PostgreSQL refuses to run as root: under root, its commands run as the ``postgres``
+user (Debian's), and the cluster's directory is given to that user.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from tests.bench.server import free_port
+
+STARTUP_SECONDS = 30
+
+
+def _wait(condition, what: str, seconds: float = STARTUP_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {seconds} s")
+        time.sleep(0.05)
+
+
+class PrivateRedis:
+    """``redis-server`` on a port of its own, nothing persisted."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("needs redis-server (apt-get install redis-server)")
+        command = [binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
+        with (self.directory / "redis.log").open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        _wait(self._answers, "redis-server")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            process.wait(timeout=10)
+
+    def _answers(self) -> bool:
+        try:
+            return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of its own (initdb), on a port of its own; ``database`` is
+    created once it first starts. Stopped with ``pg_ctl stop -m fast``, as an operator
+    or a failover would stop it: sessions are terminated and new ones refused."""
+
+    def __init__(self, directory: Path, database: str = "webhook_receiver") -> None:
+        self.directory = directory
+        self.data = directory / "data"
+        self.port = free_port()
+        self.database = database
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *command: str) -> None:
+        binary = shutil.which(command[0]) or shutil.which(
+            command[0], path="/usr/lib/postgresql/15/bin:/usr/local/bin"
+        )
+        if binary is None:
+            pytest.skip(f"needs PostgreSQL's {command[0]}")
+        run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(
+            [*run_as, binary, *command[1:]],
+            check=True,
+            capture_output=True,
+            timeout=STARTUP_SECONDS * 2,
+        )
+
+    def create(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.directory, "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-N")
+        self.start()
+        with psycopg.connect(self._dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.database}"')
+
+    def start(self) -> None:
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.directory} -c fsync=off"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.directory / "pg.log"),
+                  "-o", options, "-w", "start")  # fmt: skip
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def _dsn(self, database: str) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={database}"
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(self._dsn(self.database))
+
+
+@contextmanager
+def _directory(prefix: str) -> Iterator[Path]:
+    # not pytest's tmp_path: PostgreSQL's user must reach it, and a socket path must be short
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    with _directory("wr-redis-") as directory:
+        server = PrivateRedis(directory)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    with _directory("wr-pg-") as directory:
+        server = PrivatePostgres(directory)
+        server.create()
+        try:
+            yield server
+        finally:
+            with suppress(subprocess.CalledProcessError):  # stopped by the test already
+                server.stop()

@@ -71,21 +71,11 @@ EXCERPT_CHARS = 500
 # bytes of an answer's body read for its excerpt
 EXCERPT_BYTES = EXCERPT_CHARS * 4
 CLAIM_BATCH = 10
-# SQLSTATEs of a bound that fired: lock_not_available (lock_timeout), query_canceled
-# (statement_timeout)
-BOUND_STATES = frozenset({"55P03", "57014"})
 # the last error of a message whose unrecorded attempt spent its budget
 UNRECORDED = (
     "its last attempt was never recorded (the worker stopped, or the database refused "
     "its answer), and that spent its retry budget"
 )
-
-# The relay's bounds, first in each of its transactions on PostgreSQL: wait at most
-# LOCK_TIMEOUT_MS for a lock and run no statement longer than STATEMENT_TIMEOUT_MS, so
-# that a locked outbox (a migration, VACUUM FULL) ends a round within seconds, to be run
-# again by the next sweep. Local to the transaction (`true`): nothing stays on the
-# session, as PgBouncer's transaction mode requires.
-BOUNDS = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
 
 # The relay's statements, written out: a round is a handful of them, each read here
 # whole. Datetimes go through connection.ops (SQLite keeps them as text). RETURNING
@@ -219,23 +209,27 @@ class RelayRound:
 
 @contextmanager
 def bounded(*, savepoint: bool = False) -> Iterator[None]:
-    """A transaction of the relay's, its statements bounded (BOUNDS). Inside a caller's
+    """A transaction of the relay's, its statements bounded on PostgreSQL: none waits
+    longer than LOCK_TIMEOUT_MS for a lock or runs longer than STATEMENT_TIMEOUT_MS, so
+    that a locked outbox (a migration, VACUUM FULL) ends a round within seconds, to be
+    run again by the next sweep. The bounds are local to the transaction (nothing stays
+    on the session, as PgBouncer's transaction mode requires). Inside a caller's
     transaction it joins it (in a savepoint of its own with ``savepoint``) and leaves the
     bounds to the caller."""
     outermost = not connection.in_atomic_block
     with transaction.atomic(savepoint=savepoint):
-        if outermost and connection.vendor == "postgresql":
+        if outermost:
             config = app_settings()
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    BOUNDS, [f"{config.lock_timeout_ms}ms", f"{config.statement_timeout_ms}ms"]
-                )
+            faults.transaction_bound(
+                lock_timeout_ms=config.lock_timeout_ms,
+                statement_timeout_ms=config.statement_timeout_ms,
+            )
         yield
 
 
 def bound_fired(exc: BaseException) -> bool:
     """``exc`` is a lock or statement timeout of the relay's own bounds."""
-    return faults.sqlstate(exc) in BOUND_STATES
+    return faults.sqlstate(exc) in faults.TIMEOUT_STATES
 
 
 # --- 1. claim ------------------------------------------------------------------------

@@ -286,3 +286,26 @@ def test_a_worker_whose_session_went_read_only_reconnects_on_its_next_run(
     # then: the second run had a fresh, writable session
     assert purged == 1
     assert not RequestAudit.objects.exists()
+
+
+def test_a_refusal_meets_a_locked_audit_table_within_the_bound(
+    client, other_session, short_bounds, caplog
+):
+    # given: the tallies locked for 10 s at most (a migration, VACUUM FULL): a flood's
+    # refusals must not each hold a worker for as long as the lock
+    tables = "webhook_receiver_rejectiontally, webhook_receiver_requestaudit"
+    unsigned = reserved("o_refused", ("S-X", 1))
+
+    # when
+    with table_locked(other_session, tables, for_seconds=10):
+        started = time.monotonic()
+        answer = post(client, "shop", unsigned, {})
+        took = time.monotonic() - started
+
+    # then: refused as always, within the lock bound (300 ms here), with a line in place
+    # of the record that could not be written
+    assert answer.status_code == 400
+    assert took < 3
+    assert not RequestAudit.objects.exists()
+    [line] = [r for r in caplog.records if "audit record not written" in r.getMessage()]
+    assert "lock timeout" in line.getMessage()

@@ -12,10 +12,12 @@ against PostgreSQL.
 from __future__ import annotations
 
 import io
+import logging
 import re
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -32,6 +34,7 @@ from tests.test_metrics import AUTH, labels, metrics_on, scrape, series, value  
 from webhook_receiver.conf import app_settings
 from webhook_receiver.exceptions import MissingSignatureHeaders
 from webhook_receiver.models import RejectionTally, RequestAudit, WebhookReceipt
+from webhook_receiver.services import inbound
 from webhook_receiver.services.audit import AuditDraft, audit_purge
 from webhook_receiver.services.inbound import webhook_receive
 from webhook_receiver.services.silence import rejected_counts
@@ -39,6 +42,15 @@ from webhook_receiver.services.status import activity_series, source_statuses
 
 BOUND = 10  # REJECTED_AUDIT_PER_MINUTE's default
 UNSIGNED = b'{"type": "inventory.reserved", "data": {"order_id": "ord_flood", "version": 1}}'
+
+
+@pytest.fixture(autouse=True)
+def _fresh_bound_memory() -> Iterator[None]:
+    """Each test's minute says that it went past the bound, whatever the test before it
+    said in the same minute (the memory is per process)."""
+    inbound._past_bound_said.clear()
+    yield
+    inbound._past_bound_said.clear()
 
 
 def refused(client, count: int, *, slug: str = "shop") -> None:
@@ -155,6 +167,34 @@ def test_every_authentic_request_keeps_its_record_during_a_flood(client):
 
 
 @pytest.mark.django_db
+def test_a_flood_logs_a_line_per_record_and_one_a_minute_for_the_rest(client, caplog):
+    # when: 300 unsigned requests, and one signed that applies
+    with caplog.at_level(logging.INFO):
+        refused(client, 300)
+        body = reserved("ord_logged", ("SKU-L", 1))
+        answer = post(client, "shop", body, standard_headers(body, msg_id="msg_logged"))
+        assert answer.status_code == 200
+
+    # then: the log is as bounded as the table: one line per refusal recorded, one line
+    # for each minute that went past the bound, and no line of Django's per refusal
+    lines = [r.getMessage() for r in caplog.records]
+    refusals = [line for line in lines if line.startswith("webhook refused:")]
+    reason = "missing_signature_headers"
+    assert len(refusals) == RequestAudit.objects.filter(verification=reason).count()
+    assert all(f"source=shop reason={reason} status=400" in line for line in refusals)
+    past = [line for line in lines if line.startswith("webhook refusals past the audit bound")]
+    assert len(past) == RejectionTally.objects.filter(unrecorded__gt=0).count() >= 1
+    assert not [r for r in caplog.records if r.name == "django.request"]
+
+
+@pytest.mark.django_db
+def test_other_methods_log_no_line_per_request(client, caplog):
+    for _ in range(20):
+        assert client.get("/webhooks/shop/").status_code == 405
+    assert not [r for r in caplog.records if r.name == "django.request"]
+
+
+@pytest.mark.django_db
 def test_the_bound_comes_from_the_settings(client, settings):
     settings.WEBHOOK_RECEIVER = {**WEBHOOK_RECEIVER, "REJECTED_AUDIT_PER_MINUTE": 3}
 
@@ -251,11 +291,15 @@ def test_a_refusal_relaxes_only_a_commit_of_its_own():
             cursor.execute("SELECT current_setting('synchronous_commit')")
             setting = cursor.fetchone()[0]
 
-    # then: each of its own is one statement that commits without waiting for its flush;
-    # the caller's transaction keeps its durability
-    assert len(own.captured_queries) == BOUND + 2
-    assert all("'synchronous_commit', 'off'" in q["sql"] for q in own.captured_queries)
-    assert not any("synchronous_commit" in q["sql"] for q in callers.captured_queries[:1])
+    # then: each of its own is one statement (after its bounds, sent in the same round
+    # trip) that commits without waiting for its flush; the caller's transaction keeps
+    # its durability
+    bounds = "set_config('lock_timeout'"
+    statements = [q["sql"] for q in own.captured_queries if bounds not in q["sql"]]
+    assert len(statements) == BOUND + 2
+    assert len(own.captured_queries) == 2 * (BOUND + 2)
+    assert all("'synchronous_commit', 'off'" in sql for sql in statements)
+    assert not any("synchronous_commit" in q["sql"] for q in callers.captured_queries[:2])
     assert setting == "on"
 
 

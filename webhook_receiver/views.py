@@ -9,6 +9,7 @@ from django.contrib.auth.decorators import login_not_required
 from django.db import transaction
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework.exceptions import MethodNotAllowed
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -44,6 +45,14 @@ class WebhookView(APIView):
     # an audit record): no DRF metadata for OPTIONS, no database.
     http_method_names = ["post"]
 
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(exc)
+        if isinstance(exc, MethodNotAllowed):
+            # not a delivery: no line of Django's per request either (a flood of GETs
+            # would be a line each); the server's access log has them
+            faults.logged_already(response)
+        return response
+
     def post(self, request: Request, source: str) -> Response:
         stream, length = _body(request)
         try:
@@ -62,7 +71,9 @@ class WebhookView(APIView):
             body = {"error": exc.code}
             if exc.show_detail:
                 body["detail"] = str(exc)
-            return Response(body, status=exc.status_code)
+            # the service logged it (within the audit bound): Django's bare line would
+            # log every refusal of a flood again
+            return faults.logged_already(Response(body, status=exc.status_code))
         except NotStored:  # logged where it happened
             return _retry_later()
         except Exception as exc:

@@ -24,7 +24,7 @@ from django.utils import timezone
 from .. import metrics
 from ..conf import TrustedProxies, app_settings
 from ..models import RejectionTally, RequestAudit, Verification
-from . import queries, sql, storable
+from . import faults, queries, sql, storable
 from .retention import delete_in_batches
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,14 @@ class AuditDraft:
             # relaxed only in a transaction of its own: a caller's keeps its durability
             relax = not connection.in_atomic_block
             statement = queries.RECORD_REFUSAL_RELAXED if relax else queries.RECORD_REFUSAL
+            # bounded as a delivery's first statement is: a locked audit table must not
+            # hold a worker for every refusal of a flood
+            params |= faults.bounds_params(
+                lock_timeout_ms=config.lock_timeout_ms,
+                statement_timeout_ms=config.statement_timeout_ms,
+            )
             with connection.cursor() as cursor:
-                cursor.execute(statement, params)
+                faults.execute_bounded(cursor, statement, params)
                 recorded = cursor.rowcount == 1
         else:
             with transaction.atomic(), connection.cursor() as cursor:
@@ -113,18 +119,20 @@ class AuditDraft:
             "received_at": self.received_at,
         }
 
-    def record_best_effort(self, *, result: str, response_status: int) -> DatabaseError | None:
+    def record_best_effort(
+        self, *, result: str, response_status: int
+    ) -> tuple[bool, DatabaseError | None]:
         """Record (a refused request: count, and record within the bound), but never let a
-        broken database hide the answer being given: return the database's error instead
-        of raising it. The caller logs the record's fields (``log_fields``) in its place."""
+        broken database hide the answer being given. Returns whether a record was written,
+        and the database's error instead of raising it: the caller logs the record's
+        fields (``log_fields``) in its place."""
         try:
             if self.verification == Verification.VERIFIED:
                 self.record(result=result, response_status=response_status)
-            else:
-                self.record_refusal(response_status=response_status)
+                return True, None
+            return self.record_refusal(response_status=response_status), None
         except DatabaseError as exc:
-            return exc
-        return None
+            return False, exc
 
     def log_fields(self, *, result: str, response_status: int) -> dict[str, Any]:
         """The record's fields for a log line that stands in for it."""

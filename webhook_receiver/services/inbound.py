@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import IO
 
 from django.db import transaction
@@ -26,7 +27,7 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from .. import signatures
-from ..conf import get_source
+from ..conf import app_settings, get_source
 from ..exceptions import (
     NotStored,
     PayloadTooLarge,
@@ -90,11 +91,13 @@ def webhook_receive(
         audit.verification = exc.code
         # The refusal stands whether or not its record can be written: an unauthenticated
         # request never turns into a 5xx. A log line stands in for a record not written.
-        error = audit.record_best_effort(result=exc.code, response_status=exc.status_code)
+        written, error = audit.record_best_effort(result=exc.code, response_status=exc.status_code)
         if error is not None:
             faults.connection_discard_if_broken(error)
             fields = audit.log_fields(result=exc.code, response_status=exc.status_code)
             faults.log_failure(logger, "audit record not written", error, **fields)
+        else:
+            _refusal_log(audit, exc, written=written)
         raise
     audit.message_id = message.message_id or ""
     audit.signature_timestamp = message.timestamp
@@ -126,7 +129,7 @@ def webhook_receive(
             # Nothing was stored: the sender keeps the event and retries. One log line,
             # with the audit record's fields when even that could not be written.
             result = type(exc).__name__
-            unwritten = audit.record_best_effort(result=result, response_status=503)
+            _, unwritten = audit.record_best_effort(result=result, response_status=503)
             faults.connection_discard_if_broken(capture_error)
             faults.log_failure(
                 logger,
@@ -138,6 +141,43 @@ def webhook_receive(
             )
             raise NotStored() from None
         return ReceiveOutcome(status=status, event_key=captured.event_key)
+
+
+# per process: the minute in which each (tallied source, reason) last said that its
+# refusals went past the audit bound (configured sources and a fixed set of reasons)
+_past_bound_said: dict[tuple[str, str], datetime] = {}
+
+
+def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> None:
+    """One line per refusal that the audit records; beyond the audit bound (a flood), one
+    line a minute per source and reason (and process) says that the rest are counted
+    only: the log stays as bounded as the table."""
+    if written:
+        faults.log_line(
+            logger,
+            logging.WARNING,
+            "webhook refused",
+            source=audit.source,
+            reason=exc.code,
+            status=exc.status_code,
+            message_id=audit.message_id or None,
+            remote_addr=audit.remote_addr,
+            body_sha256=audit.body_sha256 or None,
+        )
+        return
+    source = audit.source if get_source(audit.source) is not None else ""
+    minute = audit.received_at.replace(second=0, microsecond=0)
+    if _past_bound_said.get((source, exc.code)) == minute:
+        return
+    _past_bound_said[(source, exc.code)] = minute
+    faults.log_line(
+        logger,
+        logging.WARNING,
+        "webhook refusals past the audit bound: counted, not recorded, this minute",
+        source=source or "(not configured)",
+        reason=exc.code,
+        recorded_per_minute=app_settings().rejected_audit_per_minute,
+    )
 
 
 def _fallback_key(message: signatures.VerifiedMessage, body: bytes) -> str:

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.urls import reverse
 
 from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
 from tests.served import Served, gunicorn  # noqa: F401 (fixture)
@@ -161,6 +162,31 @@ def request(server: Served, method: str, path: str, body: bytes = b"", headers=N
 def deliver(server: Served, body: bytes, msg_id: str):
     headers = {"Content-Type": "application/json", **standard_headers(body, msg_id=msg_id)}
     return request(server, "POST", "/webhooks/shop/", body, headers)
+
+
+@pytest.mark.parametrize("table", [RECEIPTS, OUTBOX])
+def test_the_overview_under_a_lock_says_it_could_not_look_within_its_bound(
+    admin_client, one_second, table
+):
+    # given: a destination, so that the outbox's figures are read too
+    WebhookDestination.objects.create(name="merchant", url="http://127.0.0.1:9/")
+    url = reverse("admin:webhook_receiver_sourceoverview_changelist")
+
+    # when: the page is asked for while the table is locked
+    with locked(table):
+        started = time.monotonic()
+        answer = admin_client.get(url)
+        took = time.monotonic() - started
+
+    # then: within the bound, 503, and no verdict but that it could not look
+    page = answer.content.decode()
+    assert took < 4
+    assert answer.status_code == 503
+    assert "database not answering within 1 s" in page
+    assert "? Unknown" in page and "All " not in page
+    # and once the lock is gone, the figures again
+    answer = admin_client.get(url)
+    assert answer.status_code == 200 and "merchant" in answer.content.decode()
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.exceptions import NotRegistered
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -36,6 +37,7 @@ from ..models import (
     WebhookReceipt,
 )
 from ..outbox.status import DestinationStatus, destination_statuses
+from ..services.faults import database_deadline
 from ..services.status import (
     LAST_HOUR,
     ActivityBucket,
@@ -161,6 +163,28 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     now = timezone.now()
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Overview",
+        "subtitle": None,
+        "opts": model_admin.opts,
+        "now": now,
+        "time_zone": timezone.get_current_timezone_name(),
+    }
+    request.current_app = model_admin.admin_site.name
+    try:
+        # bounded as webhook_status is: a locked table (a migration, VACUUM FULL) makes
+        # the page say so within seconds, rather than hold a web worker and then say OK
+        with database_deadline(app_settings().status_timeout_seconds):
+            context |= _figures(model_admin, request, now)
+    except DatabaseError as exc:  # NotAnswering too: "database not answering within 3 s"
+        context["unreadable"] = f"The status could not be read: {exc}"
+        return TemplateResponse(request, TEMPLATE, context, status=503)
+    return TemplateResponse(request, TEMPLATE, context)
+
+
+def _figures(model_admin: admin.ModelAdmin, request: HttpRequest, now: datetime) -> dict:
+    """Everything the page shows, read from the database."""
     statuses = source_statuses(now=now)
     destinations = destination_statuses(now=now)
     verdict = status_verdict(statuses, destinations)
@@ -173,13 +197,7 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
         (key, chart_svg(b), sum(x.accepted for x in b), sum(x.rejected for x in b))
         for key, b in activity_series(now=now).items()
     ]
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "title": "Overview",
-        "subtitle": None,
-        "opts": model_admin.opts,
-        "now": now,
-        "time_zone": timezone.get_current_timezone_name(),
+    return {
         "verdict": verdict,
         "verdict_state": verdict.state.label,
         "verdict_badge": badge(verdict.state),
@@ -188,8 +206,6 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
         "charts": charts,
         "audit_per_minute": app_settings().rejected_audit_per_minute,
     }
-    request.current_app = model_admin.admin_site.name
-    return TemplateResponse(request, TEMPLATE, context)
 
 
 def badge(state: State) -> SafeString:

@@ -303,9 +303,12 @@ def _value(value: Any) -> str:
 
 
 def healing(task: Callable[..., Any]) -> Callable[..., Any]:
-    """For Celery tasks: a database error that leaves the worker's session unusable
-    (read-only, shut down) closes that connection, so that the next run opens a fresh
-    one (connection_discard_if_broken)."""
+    """For Celery tasks: a database error is one line (its traceback once in a while,
+    log_failure), not Celery's traceback for every run of a periodic task through an
+    outage; the next run (beat's, or a sweep's) tries again. A session the error left
+    unusable (read-only, shut down) is closed, so that the next run opens a fresh one
+    (connection_discard_if_broken)."""
+    logger = logging.getLogger(task.__module__)
 
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -313,6 +316,7 @@ def healing(task: Callable[..., Any]) -> Callable[..., Any]:
             return task(*args, **kwargs)
         except DatabaseError as exc:
             connection_discard_if_broken(exc)
-            raise
+            log_failure(logger, f"task {task.__name__} failed; its next run tries again", exc)
+            return None
 
     return run

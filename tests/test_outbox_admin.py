@@ -34,12 +34,12 @@ from webhook_receiver.models import (
     WebhookDestination,
 )
 from webhook_receiver.outbox.operations import (
-    destination_breaker,
     destination_recover_since,
     message_discard,
     message_retry_now,
 )
 from webhook_receiver.outbox.relay import relay_claim, relay_record, relay_send
+from webhook_receiver.outbox.selectors import destination_breaker
 
 pytestmark = pytest.mark.django_db
 

@@ -68,6 +68,32 @@ def test_backlog_failures_in_flight_and_the_breaker_equal_the_tables(client):
     assert (gauge("backlog", "idle"), gauge("breaker_open", "idle")) == (0, 0)
 
 
+def test_messages_held_back_by_a_failed_one_are_counted_apart_from_the_oldest_due(client):
+    # given: one order's first message failed (terminal) 20 minutes ago; its later two
+    # wait behind it, due for as long; another order's message is due for 30 s
+    dest = WebhookDestination.objects.create(name="merchant", url="http://127.0.0.1:9/")
+    for key in ("o1:paid", "o1:cancelled", "o1:fulfilled"):
+        with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
+            enqueue_webhook(dest, "order.paid", key, {"k": key}, ordering_key="o1")
+    admit(dest, "o2:paid")
+    now = timezone.now()
+    OutboxMessage.objects.filter(ordering_key="o1").update(created_at=now - timedelta(minutes=20))
+    OutboxMessage.objects.filter(key="o1:paid").update(status="failed")
+    OutboxMessage.objects.filter(key="o2:paid").update(created_at=now - timedelta(seconds=30))
+
+    # when
+    samples = scrape(client)
+
+    # then: the held-back two have a gauge of their own; the oldest due is the one the
+    # relay would send now, not the ones waiting for an operator
+    def gauge(name):
+        return value(samples, f"webhook_receiver_outbox_{name}", destination="merchant")
+
+    assert gauge("held_back") == 2
+    assert (gauge("backlog"), gauge("failed")) == (3, 1)
+    assert 29 <= gauge("oldest_eligible_age_seconds") < 120
+
+
 def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
     client, receiver, django_capture_on_commit_callbacks
 ):

@@ -39,12 +39,11 @@ from ..outbox.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbox.operations import (
     DISCARDABLE,
     RETRYABLE,
-    destination_breaker,
     destination_recover_since,
-    destinations_with_health,
     message_discard,
     message_retry_now,
 )
+from ..outbox.selectors import destination_breaker, destinations_with_health
 from ..services import display
 from ..services.status import duration_text
 from ..signatures.standard import secret_key

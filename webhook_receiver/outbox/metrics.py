@@ -17,7 +17,10 @@ state below is read from the database at scrape time, so it is right on any topo
 
 - ``webhook_receiver_outbox_backlog{destination}``: pending and sending messages;
 - ``webhook_receiver_outbox_oldest_eligible_age_seconds{destination}``: how long the
-  oldest message that may be sent now has existed (0: none);
+  oldest message that may be sent now (due, and not behind an open message of its
+  ordering key) has existed (0: none);
+- ``webhook_receiver_outbox_held_back{destination}``: messages waiting behind a failed
+  one of their ordering key (for an operator, as the failed one is);
 - ``webhook_receiver_outbox_failed{destination}``: terminal messages awaiting an operator;
 - ``webhook_receiver_outbox_in_flight{destination}`` and
   ``webhook_receiver_outbox_limiter_utilisation{destination}``: requests in flight, and
@@ -31,12 +34,12 @@ import logging
 from collections.abc import Iterator
 from datetime import datetime
 
-from django.db.models import Count, Min, Q
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .models import MessageStatus, OutboxMessage, WebhookDestination
+from .models import WebhookDestination
+from .selectors import destinations_with_health
 
 logger = logging.getLogger(__name__)
 
@@ -90,34 +93,16 @@ def _safely(record) -> None:
 
 
 class OutboxCollector:
-    """The outbox's stored state per destination, read at scrape time: two grouped
-    queries (messages by destination, served by webhook_outbox_due and the claim index)
-    and the destinations themselves."""
+    """The outbox's stored state per destination, read at scrape time: the figures the
+    destinations page, the overview and webhook_status read (selectors.py), from one
+    grouped query, so that they never disagree."""
 
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
-        destinations = list(
-            WebhookDestination.objects.values_list("id", "name", "max_in_flight", "paused_until")
+        # no secrets: a scrape needs none of them (nor, when the key is wrong, to fail)
+        destinations = destinations_with_health(
+            WebhookDestination.objects.defer("secrets").order_by("name"), now=now
         )
-        queued = (MessageStatus.PENDING, MessageStatus.SENDING)
-        open_statuses = (*queued, MessageStatus.FAILED)
-        rows = (
-            OutboxMessage.objects.filter(status__in=open_statuses)
-            .values("destination_id")
-            .annotate(
-                backlog=Count(
-                    "id", filter=Q(status__in=(MessageStatus.PENDING, MessageStatus.SENDING))
-                ),
-                failed=Count("id", filter=Q(status=MessageStatus.FAILED)),
-                in_flight=Count("id", filter=Q(status=MessageStatus.SENDING, lease_until__gt=now)),
-                oldest=Min(
-                    "created_at",
-                    filter=Q(status=MessageStatus.PENDING, next_attempt_at__lte=now),
-                ),
-            )
-            .order_by()
-        )
-        stats = {row["destination_id"]: row for row in rows}
         families = {
             "backlog": GaugeMetricFamily(
                 "webhook_receiver_outbox_backlog",
@@ -126,7 +111,13 @@ class OutboxCollector:
             ),
             "oldest": GaugeMetricFamily(
                 "webhook_receiver_outbox_oldest_eligible_age_seconds",
-                "Age of the oldest message that may be sent now (0: none).",
+                "Age of the oldest message that may be sent now: due, and not behind an "
+                "open message of its ordering key (0: none).",
+                labels=["destination"],
+            ),
+            "held_back": GaugeMetricFamily(
+                "webhook_receiver_outbox_held_back",
+                "Messages waiting behind a failed one of their ordering key.",
                 labels=["destination"],
             ),
             "failed": GaugeMetricFamily(
@@ -150,16 +141,16 @@ class OutboxCollector:
                 labels=["destination"],
             ),
         }
-        for pk, name, max_in_flight, paused_until in destinations:
-            row = stats.get(pk, {})
-            oldest = row.get("oldest")
-            in_flight = row.get("in_flight", 0)
-            families["backlog"].add_metric([name], row.get("backlog", 0))
+        for dest in destinations:
+            name, oldest = [dest.name], dest.oldest_eligible_at
+            families["backlog"].add_metric(name, dest.backlog)
             families["oldest"].add_metric(
-                [name], max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
+                name, max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
             )
-            families["failed"].add_metric([name], row.get("failed", 0))
-            families["in_flight"].add_metric([name], in_flight)
-            families["utilisation"].add_metric([name], in_flight / max(1, max_in_flight))
-            families["breaker"].add_metric([name], 1 if paused_until and paused_until > now else 0)
+            families["held_back"].add_metric(name, dest.held_back)
+            families["failed"].add_metric(name, dest.failed_count)
+            families["in_flight"].add_metric(name, dest.in_flight)
+            families["utilisation"].add_metric(name, dest.in_flight / max(1, dest.max_in_flight))
+            paused = dest.paused_until is not None and dest.paused_until > now
+            families["breaker"].add_metric(name, 1 if paused else 0)
         yield from families.values()

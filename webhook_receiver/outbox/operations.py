@@ -1,6 +1,6 @@
 """What an operator does to the outbox, from the admin: retry messages now, discard them,
-recover a destination's failed messages once its endpoint is fixed; and the figures the
-destinations page shows.
+recover a destination's failed messages once its endpoint is fixed (the figures the
+destinations page shows are read by outbox/selectors.py).
 
 Each service is one short transaction that records who acted (on the message, in the
 log), and queues a relay run for each destination it touched once that transaction has
@@ -12,22 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.db.models import (
-    Count,
     Exists,
-    FilteredRelation,
-    Min,
     OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
 )
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
@@ -42,10 +34,6 @@ logger = logging.getLogger(__name__)
 RETRYABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
 # Discard: what is still to be sent. Delivered and sending messages are left alone.
 DISCARDABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
-# the backlog: what the relay still has to send
-BACKLOG = (MessageStatus.PENDING, MessageStatus.SENDING)
-# open: what holds back the later messages of its ordering key (the relay's rule)
-OPEN = (*BACKLOG, MessageStatus.FAILED)
 
 
 def message_retry_now(
@@ -188,111 +176,3 @@ def _relay_on_commit(destination_ids: set[int]) -> None:
             lambda dest_id=dest_id: relay_destination.apply_async((dest_id,), retry=False),
             robust=True,
         )
-
-
-# --- what the destinations page shows ------------------------------------------------
-
-
-def destinations_with_health(
-    queryset: QuerySet[WebhookDestination], *, now: datetime | None = None
-) -> QuerySet[WebhookDestination]:
-    """Each destination with its figures, from one grouped query however many rows:
-
-    - ``backlog``: pending and sending messages (what the relay still has to send);
-    - ``oldest_eligible_at``: the creation time of the oldest pending message that the
-      relay would send now (due, and no older message of its ordering key open): how
-      long the oldest sendable message has waited;
-    - ``failed_count``: terminal messages waiting for an operator;
-    - ``held_back``: pending and sending messages behind a failed one of their ordering
-      key, which wait for an operator as it does.
-
-    The join takes only those three statuses (the delivered and discarded history, the
-    bulk of the table, is never read), through the (destination, status, id) index; the
-    ordering check, through the (destination, ordering key, id) index.
-    """
-    now = now or timezone.now()
-    sendable = (
-        OutboxMessage.objects.filter(
-            destination=OuterRef("pk"), status=MessageStatus.PENDING, next_attempt_at__lte=now
-        )
-        .exclude(Exists(_older_in_line(OPEN)))
-        .values("destination")
-        .annotate(oldest=Min("created_at"))
-        .values("oldest")
-    )
-    held_back = (
-        OutboxMessage.objects.filter(destination=OuterRef("pk"), status__in=BACKLOG)
-        .filter(Exists(_older_in_line([MessageStatus.FAILED])))
-        .values("destination")
-        .annotate(count=Count("id"))
-        .values("count")
-    )
-    return queryset.annotate(
-        open_message=FilteredRelation(
-            "outboxmessage",
-            condition=Q(outboxmessage__status__in=[*BACKLOG, MessageStatus.FAILED]),
-        ),
-        backlog=Count("open_message", filter=Q(open_message__status__in=BACKLOG)),
-        failed_count=Count("open_message", filter=Q(open_message__status=MessageStatus.FAILED)),
-        oldest_eligible_at=Subquery(sendable),
-        held_back=Coalesce(Subquery(held_back), 0),
-    )
-
-
-def _older_in_line(statuses: Iterable[str]) -> QuerySet[OutboxMessage]:
-    """For a message (the outer query's row): older messages of its destination and
-    ordering key in one of ``statuses``. A message without an ordering key waits for
-    none."""
-    return OutboxMessage.objects.filter(
-        destination_id=OuterRef("destination_id"),
-        ordering_key=OuterRef("ordering_key"),
-        id__lt=OuterRef("id"),
-        status__in=list(statuses),
-    ).exclude(ordering_key="")
-
-
-def failed_holding_back(destination_ids: Iterable[int]) -> dict[int, tuple[int, OutboxMessage]]:
-    """Per destination: how many failed messages hold back later messages of their
-    ordering key, and the oldest of them (to link to)."""
-    later_open = OutboxMessage.objects.filter(
-        destination_id=OuterRef("destination_id"),
-        ordering_key=OuterRef("ordering_key"),
-        id__gt=OuterRef("id"),
-        status__in=BACKLOG,
-    )
-    holders = (
-        OutboxMessage.objects.filter(
-            destination_id__in=list(destination_ids), status=MessageStatus.FAILED
-        )
-        .exclude(ordering_key="")
-        .filter(Exists(later_open))
-        .order_by("id")
-        .only("id", "destination_id", "key", "ordering_key")
-    )
-    found: dict[int, tuple[int, OutboxMessage]] = {}
-    for message in holders:
-        count, oldest = found.get(message.destination_id, (0, message))
-        found[message.destination_id] = (count + 1, oldest)
-    return found
-
-
-@dataclass(frozen=True)
-class Breaker:
-    state: str  # "closed", "open" or "half-open"
-    # open: when the cool-down ends and one probe is let through
-    until: datetime | None = None
-    consecutive_failures: int = 0
-
-
-def destination_breaker(destination: WebhookDestination, *, now: datetime | None = None) -> Breaker:
-    """The circuit breaker as the relay applies it (relay_claim, relay_record): open while
-    paused after ``breaker_threshold`` consecutive failures; half-open once the cool-down
-    has passed and the count is still at the threshold (one probe at a time decides);
-    closed otherwise."""
-    now = now or timezone.now()
-    failures = destination.consecutive_failures
-    if destination.paused_until is not None and destination.paused_until > now:
-        return Breaker("open", destination.paused_until, failures)
-    if failures >= destination.breaker_threshold:
-        return Breaker("half-open", None, failures)
-    return Breaker("closed", None, failures)

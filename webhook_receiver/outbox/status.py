@@ -17,7 +17,7 @@ from django.utils import timezone
 from ..services import storable
 from ..services.status import Reason, State, duration_text
 from .models import WebhookDestination
-from .operations import (
+from .selectors import (
     Breaker,
     destination_breaker,
     destinations_with_health,

@@ -56,10 +56,12 @@ DEFAULTS: dict[str, Any] = {
     # "adaptive": per process and source, read first while most recent deliveries were
     # duplicates, claim first otherwise. All three are equally correct.
     "DUPLICATE_CHECK": "adaptive",
-    # PostgreSQL: within the claim's transaction (a handler's statements included), the
-    # longest wait for a lock and the longest statement; 0 means no limit. Past either,
-    # the delivery fails as transient and is captured (202 deferred), so that senders get
-    # an answer well within their own timeout (10 s for GitHub) and workers stay free.
+    # PostgreSQL: for a delivery's statements, from its first to the last of the claim's
+    # transaction (a handler's included), the longest wait for a lock and the longest
+    # statement; 0 means no limit. Past either, the delivery fails as transient and is
+    # captured (202 deferred), so that senders get an answer well within their own
+    # timeout (10 s for GitHub) and workers stay free. The same bounds hold a refusal's
+    # record, a failure's capture, and each of the outbox relay's transactions.
     "LOCK_TIMEOUT_MS": 2000,
     "STATEMENT_TIMEOUT_MS": 5000,
     # PostgreSQL: the outbox admission's insert waits at most this long for a lock on the

@@ -166,7 +166,8 @@ if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
     )
 
 # --- Celery ------------------------------------------------------------------------
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
+# (a host in the URL, or kombu warns of its absence at every connection)
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://localhost//")
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # Sending a task (the relay trigger after an admission's commit, beat's schedule)
     # tries once more at once, then gives up, rather than kombu's ~6 s of retries: a

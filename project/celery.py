@@ -17,7 +17,7 @@ def _metrics_serve(**kwargs) -> None:
     127.0.0.1 unless set (docs/metrics.md)."""
     port = os.environ.get("CELERY_METRICS_PORT")
     if port:
-        from webhook_receiver.metrics import worker_metrics_serve
+        from webhook_receiver.watch.metrics import worker_metrics_serve
 
         addr = os.environ.get("CELERY_METRICS_ADDR", "127.0.0.1")
         worker_metrics_serve(int(port), addr=addr)

@@ -1,11 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from webhook_receiver.health import health_view
+from webhook_receiver.watch.health import health_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhook_receiver.urls")),
-    path("metrics/", include("webhook_receiver.metrics")),
+    path("metrics/", include("webhook_receiver.watch.metrics")),
     path("health/", health_view, name="health"),
 ]

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _fresh_duplicate_share() -> Iterator[None]:
     """Each test starts with no history of duplicates (so "adaptive" claims first)."""
-    from webhook_receiver.services.claim import duplicate_share
+    from webhook_receiver.inbound.claim import duplicate_share
 
     duplicate_share._shares.clear()
     yield

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook_receiver.exceptions import InvalidSignature
-from webhook_receiver.signatures.base import Scheme, VerifiedMessage, any_match, require
+from webhook_receiver.schemes.base import Scheme, VerifiedMessage, any_match, require
 
 
 class Acme(Scheme):

@@ -19,8 +19,8 @@ from django.urls import reverse
 from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.exceptions import InvalidSignature
+from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import FailedEvent, RequestAudit, WebhookReceipt
-from webhook_receiver.services.inbound import webhook_receive
 
 pytestmark = pytest.mark.django_db
 

@@ -29,11 +29,11 @@ from tests.http import post
 from tests.private_servers import PrivateRedis, private_redis  # noqa: F401 (fixture)
 from tests.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.signing import event_body, reserved, standard_headers
+from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, OutboxMessage, WebhookDestination
-from webhook_receiver.outbox import admission, enqueue_webhook
-from webhook_receiver.services.failures import failed_events_retry_due
+from webhook_receiver.outbound import admission, enqueue_webhook
 
-ADMISSION = "webhook_receiver.outbox.admission"
+ADMISSION = "webhook_receiver.outbound.admission"
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -150,7 +150,7 @@ def test_a_frozen_cache_costs_one_timeout_not_one_per_event(
 ADMIT_THREE = """
 import time
 from django.db import transaction
-from webhook_receiver.outbox import enqueue_webhook
+from webhook_receiver.outbound import enqueue_webhook
 started = time.monotonic()
 for n in range(3):
     with transaction.atomic():

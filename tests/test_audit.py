@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from tests.settings import WEBHOOK_RECEIVER
 from tests.signing import reserved, standard_headers
+from webhook_receiver.inbound.audit import AuditDraft, audit_purge
+from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import RequestAudit, WebhookReceipt
-from webhook_receiver.services.audit import AuditDraft, audit_purge
-from webhook_receiver.services.inbound import webhook_receive
 from webhook_receiver.tasks import purge_audit_records
 
 pytestmark = pytest.mark.django_db

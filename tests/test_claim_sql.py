@@ -15,9 +15,9 @@ from project.shop.models import InventoryLedgerEntry
 from tests.http import post
 from tests.signing import reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
-from webhook_receiver.services import queries
-from webhook_receiver.services.audit import AuditDraft
-from webhook_receiver.services.claim import event_claim_and_apply
+from webhook_receiver.inbound import queries
+from webhook_receiver.inbound.audit import AuditDraft
+from webhook_receiver.inbound.claim import event_claim_and_apply
 
 SYNC = "test.sync"
 seen_in_handler: list[str] = []

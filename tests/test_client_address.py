@@ -18,12 +18,12 @@ from tests.http import post
 from tests.settings import WEBHOOK_RECEIVER
 from tests.signing import reserved, standard_headers
 from webhook_receiver.conf import TrustedProxies, app_settings
-from webhook_receiver.models import RequestAudit
-from webhook_receiver.services.audit import (
+from webhook_receiver.inbound.audit import (
     MAX_FORWARDED_HOPS,
     forwarded_client_address,
     request_client_address,
 )
+from webhook_receiver.models import RequestAudit
 
 NGINX = "127.0.0.1"
 ONE = TrustedProxies(count=1)

@@ -19,10 +19,10 @@ from django.utils import timezone
 from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.http import post
 from tests.signing import event_body, reserved, standard_headers
+from webhook_receiver.core import faults
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
+from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, RequestAudit
-from webhook_receiver.services import faults
-from webhook_receiver.services.failures import failed_events_retry_due
 
 pytestmark = [
     pytest.mark.postgres_only("the faults are PostgreSQL's: locks, timeouts, sessions"),

@@ -25,9 +25,9 @@ from standardwebhooks import Webhook
 from tests.settings import DESTINATION_SECRET_KEY
 from webhook_receiver.checks import check_destination_secrets
 from webhook_receiver.models import OutboxMessage, WebhookDestination
-from webhook_receiver.outbox import enqueue_webhook
-from webhook_receiver.outbox.encryption import SecretsUnreadable
-from webhook_receiver.outbox.relay import relay_destination
+from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound.encryption import SecretsUnreadable
+from webhook_receiver.outbound.relay import relay_destination
 
 pytestmark = pytest.mark.django_db
 

@@ -24,8 +24,8 @@ from tests.failing import CRASH, fail_crash, fail_schema
 from tests.http import post
 from tests.signing import standard_headers, stripe_headers
 from webhook_receiver.handlers import WebhookEvent
+from webhook_receiver.inbound.claim import event_claim_and_apply
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
-from webhook_receiver.services.claim import event_claim_and_apply
 
 pytestmark = pytest.mark.django_db
 

@@ -22,8 +22,7 @@ from tests.http import post
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from tests.worker import start_worker, wait_for
 from webhook_receiver.exceptions import TransientError
-from webhook_receiver.models import FailedEvent, FailureStatus, RequestAudit, WebhookReceipt
-from webhook_receiver.services.failures import (
+from webhook_receiver.inbound.failures import (
     CapturedEvent,
     failed_event_discard,
     failed_event_replay,
@@ -32,6 +31,7 @@ from webhook_receiver.services.failures import (
     failure_capture,
     retry_delay,
 )
+from webhook_receiver.models import FailedEvent, FailureStatus, RequestAudit, WebhookReceipt
 
 URL = "/webhooks/shop/"
 REPO = Path(__file__).resolve().parent.parent

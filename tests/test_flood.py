@@ -33,12 +33,12 @@ from tests.signing import reserved, standard_headers
 from tests.test_metrics import AUTH, labels, metrics_on, scrape, series, value  # noqa: F401
 from webhook_receiver.conf import app_settings
 from webhook_receiver.exceptions import MissingSignatureHeaders
+from webhook_receiver.inbound import receive as inbound
+from webhook_receiver.inbound.audit import AuditDraft, audit_purge
+from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import RejectionTally, RequestAudit, WebhookReceipt
-from webhook_receiver.services import inbound
-from webhook_receiver.services.audit import AuditDraft, audit_purge
-from webhook_receiver.services.inbound import webhook_receive
-from webhook_receiver.services.silence import rejected_counts
-from webhook_receiver.services.status import activity_series, source_statuses
+from webhook_receiver.watch.silence import rejected_counts
+from webhook_receiver.watch.sources import activity_series, source_statuses
 
 BOUND = 10  # REJECTED_AUDIT_PER_MINUTE's default
 UNSIGNED = b'{"type": "inventory.reserved", "data": {"order_id": "ord_flood", "version": 1}}'

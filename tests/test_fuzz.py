@@ -27,13 +27,13 @@ from tests.settings import (
     WEBHOOK_RECEIVER,
 )
 from tests.signing import as_meta
+from webhook_receiver.core import storable
 from webhook_receiver.exceptions import PayloadTooLarge, RejectedRequest
+from webhook_receiver.inbound.audit import client_address
+from webhook_receiver.inbound.receive import read_limited_body
+from webhook_receiver.inbound.views import _content_length
 from webhook_receiver.models import RejectionTally, RequestAudit
-from webhook_receiver.services import storable
-from webhook_receiver.services.audit import client_address
-from webhook_receiver.services.inbound import read_limited_body
-from webhook_receiver.signatures import VerifiedMessage, sign, verify
-from webhook_receiver.views import _content_length
+from webhook_receiver.schemes import VerifiedMessage, sign, verify
 
 PURE = settings(max_examples=200, deadline=None)
 THROUGH_THE_DATABASE = settings(
@@ -728,7 +728,7 @@ def test_any_authorization_header_on_metrics_is_a_401_or_the_scrape(
 def test_any_retry_after_reads_as_capped_seconds_or_none(value):
     from django.utils import timezone
 
-    from webhook_receiver.outbox.relay import parse_retry_after
+    from webhook_receiver.outbound.relay import parse_retry_after
 
     seconds = parse_retry_after(value, now=timezone.now(), cap=300)
     assert seconds is None or 0 <= seconds <= 300

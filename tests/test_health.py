@@ -22,8 +22,8 @@ from django.utils import timezone
 from health_check.base import HealthCheck, HealthCheckResult
 
 from tests.bench.server import GunicornServer, free_port
-from webhook_receiver.health import BeatHeartbeat, Broker
-from webhook_receiver.services.heartbeat import heartbeat_record
+from webhook_receiver.watch.health import BeatHeartbeat, Broker
+from webhook_receiver.watch.heartbeat import heartbeat_record
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATABASE = "Database(alias='default')"

@@ -15,12 +15,12 @@ from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.http import only_audit, post, sha256
 from tests.settings import SHOP_SECRET
 from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
+from webhook_receiver.core import storable
 from webhook_receiver.exceptions import InvalidPayload
+from webhook_receiver.inbound.failures import classify
+from webhook_receiver.inbound.views import WebhookView
 from webhook_receiver.models import FailedEvent, RequestAudit, WebhookReceipt
-from webhook_receiver.services import storable
-from webhook_receiver.services.failures import classify
-from webhook_receiver.signatures import sign
-from webhook_receiver.views import WebhookView
+from webhook_receiver.schemes import sign
 
 pytestmark = pytest.mark.django_db
 

@@ -19,9 +19,9 @@ from django.db import OperationalError
 from tests.http import Case, assert_nothing_applied, only_audit, post, sha256
 from tests.signing import github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.exceptions import PayloadTooLarge
+from webhook_receiver.inbound import receive as inbound
+from webhook_receiver.inbound.receive import read_limited_body
 from webhook_receiver.models import RequestAudit, WebhookReceipt
-from webhook_receiver.services import inbound
-from webhook_receiver.services.inbound import read_limited_body
 
 pytestmark = pytest.mark.django_db
 

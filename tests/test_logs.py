@@ -27,7 +27,7 @@ from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F40
 from tests.served import listening
 from tests.settings import SHOP_SECRET
 from tests.signing import reserved, standard_headers
-from webhook_receiver.services import faults
+from webhook_receiver.core import faults
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 CONFIG = BASE_DIR / "deploy" / "gunicorn.conf.py"
@@ -214,7 +214,7 @@ def test_a_deferred_event_is_one_line_with_its_key_its_attempt_and_what_comes_ne
     assert line.webhook["event_key"] == "msg_line"  # the same fields, structured
 
     # and its retry, once the lock is gone, is one line too
-    from webhook_receiver.services.failures import failed_events_retry_due
+    from webhook_receiver.inbound.failures import failed_events_retry_due
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="webhook_receiver"):

@@ -30,7 +30,6 @@ from tests.http import post
 from tests.served import wait_listening
 from tests.settings import SHOP_SECRET
 from tests.signing import event_body, reserved, standard_headers
-from webhook_receiver import metrics
 from webhook_receiver.models import (
     FailedEvent,
     FailureStatus,
@@ -42,7 +41,8 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
-from webhook_receiver.services.status import last_accepted_at
+from webhook_receiver.watch import metrics
+from webhook_receiver.watch.sources import last_accepted_at
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 TOKEN = "metrics-token-for-tests"

@@ -33,13 +33,13 @@ from webhook_receiver.models import (
     OutboxMessage,
     WebhookDestination,
 )
-from webhook_receiver.outbox.operations import (
+from webhook_receiver.outbound.operations import (
     destination_recover_since,
     message_discard,
     message_retry_now,
 )
-from webhook_receiver.outbox.relay import relay_claim, relay_record, relay_send
-from webhook_receiver.outbox.selectors import destination_breaker
+from webhook_receiver.outbound.relay import relay_claim, relay_record, relay_send
+from webhook_receiver.outbound.selectors import destination_breaker
 
 pytestmark = pytest.mark.django_db
 

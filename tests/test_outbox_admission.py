@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from tests.http import post
 from tests.signing import event_body, standard_headers
 from webhook_receiver.models import OutboxMessage, WebhookDestination
-from webhook_receiver.outbox import enqueue_webhook, order_event_key
+from webhook_receiver.outbound import enqueue_webhook, order_event_key
 
 pytestmark = pytest.mark.django_db
 
@@ -184,7 +184,7 @@ def test_a_disabled_destination_is_sent_nothing(client, merchant):
 
 
 def test_the_trace_of_an_order_event_lists_the_messages_it_enqueued(client, merchant):
-    from webhook_receiver.services.trace import event_trace
+    from webhook_receiver.watch.trace import event_trace
 
     body = paid("ord_t", 2)
     post(client, "shop", body, standard_headers(body, msg_id="msg_t"))
@@ -199,7 +199,7 @@ def test_the_trace_of_an_order_event_lists_the_messages_it_enqueued(client, merc
 
 
 def test_with_a_shared_cache_a_burst_of_admissions_queues_one_relay_run(settings, merchant, broker):
-    from webhook_receiver.outbox.tasks import relay_destination
+    from webhook_receiver.outbound.tasks import relay_destination
 
     # given: Django's cache in Redis, shared by every process
     settings.CACHES = {

@@ -15,8 +15,8 @@ from django.utils import timezone
 from tests.test_metrics import TOKEN, parse, scrape, value
 from tests.worker import wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
-from webhook_receiver.outbox import enqueue_webhook
-from webhook_receiver.outbox.relay import relay_destination
+from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound.relay import relay_destination
 
 pytestmark = pytest.mark.django_db
 
@@ -130,7 +130,7 @@ def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
 
 
 def test_retention_keeps_terminal_messages_and_respects_the_replay_horizon(settings):
-    from webhook_receiver.outbox.retention import outbox_purge
+    from webhook_receiver.outbound.retention import outbox_purge
 
     # given: two destinations, one whose receiving end remembers keys for 90 days
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "OUTBOX_RETENTION_DAYS": 30}
@@ -208,7 +208,7 @@ def _free_port() -> int:
 def test_serving_a_workers_metrics_without_a_directory_says_what_to_set(monkeypatch):
     from django.core.exceptions import ImproperlyConfigured
 
-    from webhook_receiver.metrics import worker_metrics_serve
+    from webhook_receiver.watch.metrics import worker_metrics_serve
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
 

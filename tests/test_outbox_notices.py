@@ -8,8 +8,8 @@ from django.db import transaction
 from django.test import TestCase
 
 from webhook_receiver.models import OutboxMessage, WebhookDestination
-from webhook_receiver.outbox import enqueue_webhook
-from webhook_receiver.outbox.relay import relay_destination
+from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound.relay import relay_destination
 
 pytestmark = pytest.mark.django_db
 

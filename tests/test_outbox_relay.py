@@ -15,8 +15,8 @@ from django.utils import timezone
 from standardwebhooks import Webhook
 
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbox import enqueue_webhook
-from webhook_receiver.outbox.relay import (
+from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound.relay import (
     parse_retry_after,
     relay_claim,
     relay_destination,

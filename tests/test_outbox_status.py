@@ -13,8 +13,8 @@ from django.utils import timezone
 from tests.browser import screenshot
 from tests.test_status import status_command
 from webhook_receiver.models import OutboxMessage, WebhookDestination
-from webhook_receiver.outbox.status import destination_statuses
-from webhook_receiver.services.status import State, source_statuses, status_verdict
+from webhook_receiver.watch.destinations import destination_statuses
+from webhook_receiver.watch.sources import State, source_statuses, status_verdict
 
 pytestmark = pytest.mark.django_db
 

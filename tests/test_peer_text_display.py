@@ -28,6 +28,7 @@ from tests.http import post
 from tests.reconciling import reconcile_with, serving
 from tests.signing import event_body, standard_headers
 from webhook_receiver.admin.base import trace_url
+from webhook_receiver.core import display
 from webhook_receiver.models import (
     FailedEvent,
     ReconciliationRun,
@@ -35,8 +36,7 @@ from webhook_receiver.models import (
     RunOutcome,
     WebhookReceipt,
 )
-from webhook_receiver.services import display
-from webhook_receiver.services.reconciliation import reconciliation_run
+from webhook_receiver.reconcile.run import reconciliation_run
 
 pytestmark = pytest.mark.django_db
 

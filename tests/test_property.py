@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from project.shop.models import InventoryLedgerEntry, OrderState
 from webhook_receiver.handlers import WebhookEvent
+from webhook_receiver.inbound.audit import AuditDraft
+from webhook_receiver.inbound.claim import event_claim_and_apply
 from webhook_receiver.models import RequestAudit, WebhookReceipt
-from webhook_receiver.services.audit import AuditDraft
-from webhook_receiver.services.claim import event_claim_and_apply
 
 # Every test here runs under both orders of the first statement (DUPLICATE_CHECK).
 pytestmark = pytest.mark.usefixtures("duplicate_check")

@@ -22,8 +22,8 @@ from tests import handlers as test_handlers
 from tests.http import post
 from tests.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
+from webhook_receiver.inbound.claim import DuplicateShare, duplicate_share
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
-from webhook_receiver.services.claim import DuplicateShare, duplicate_share
 
 URL = "/webhooks/shop/"
 
@@ -258,7 +258,7 @@ import django, io, json
 django.setup()
 from django.test import override_settings
 from django.conf import settings
-from webhook_receiver.services.inbound import webhook_receive
+from webhook_receiver.inbound.receive import webhook_receive
 handlers = {{"test.kill": "tests.handlers.killed_after_writing"}}
 config = {{**settings.WEBHOOK_RECEIVER, "HANDLERS": handlers}}
 body = {body!r}

@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 
 from tests.peers import answer, hostile_peer, timed
 from tests.reconciling import reconcile_with
+from webhook_receiver.core import storable
 from webhook_receiver.models import ReconciliationRun, RepairItem
-from webhook_receiver.senders import SenderEvent, SenderUnavailable, parse_event
-from webhook_receiver.senders.file import list_events as file_events
-from webhook_receiver.senders.http import list_events as http_events
-from webhook_receiver.senders.stripe import sender_event
-from webhook_receiver.services import storable
-from webhook_receiver.services.reconciliation import reconciliation_run
+from webhook_receiver.reconcile.adapters import SenderEvent, SenderUnavailable, parse_event
+from webhook_receiver.reconcile.adapters.file import list_events as file_events
+from webhook_receiver.reconcile.adapters.http import list_events as http_events
+from webhook_receiver.reconcile.adapters.stripe import sender_event
+from webhook_receiver.reconcile.run import reconciliation_run
 
 pytestmark = pytest.mark.django_db
 

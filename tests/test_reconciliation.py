@@ -21,7 +21,7 @@ from tests.http import post
 from tests.reconciling import reconcile_with, serving
 from tests.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import ReconciliationRun, RepairItem
-from webhook_receiver.services.reconciliation import RunInProgress, reconciliation_run
+from webhook_receiver.reconcile.run import RunInProgress, reconciliation_run
 
 pytestmark = pytest.mark.django_db
 

@@ -17,15 +17,10 @@ from hypothesis import strategies as st
 
 from tests.peers import answer, hostile_peer, timed, trickled
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbox import enqueue_webhook
-from webhook_receiver.outbox import tasks as relay_tasks
-from webhook_receiver.outbox.relay import (
-    UNRECORDED,
-    relay_claim,
-    relay_destination,
-    relay_send,
-)
-from webhook_receiver.outbox.status import destination_statuses
+from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound import tasks as relay_tasks
+from webhook_receiver.outbound.relay import UNRECORDED, relay_claim, relay_destination, relay_send
+from webhook_receiver.watch.destinations import destination_statuses
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -343,7 +338,7 @@ def test_each_answer_that_is_not_a_2xx_is_one_warning_and_deliveries_are_not_log
     lines = {
         r.webhook["key"]: r.getMessage()
         for r in caplog.records
-        if r.name == "webhook_receiver.outbox.relay"
+        if r.name == "webhook_receiver.outbound.relay"
     }
     assert set(lines) == {"k-500", "k-422", "k-429"}
     assert lines["k-500"].startswith(

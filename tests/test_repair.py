@@ -16,7 +16,7 @@ from tests import handlers as test_handlers
 from tests.failing import CRASH, fail_crash
 from tests.reconciling import reconcile_with
 from webhook_receiver.models import RepairItem, WebhookReceipt
-from webhook_receiver.services.reconciliation import reconciliation_run
+from webhook_receiver.reconcile.run import reconciliation_run
 
 pytestmark = pytest.mark.django_db
 
@@ -43,7 +43,7 @@ def _created(record):
 
 
 def _event(record):
-    from webhook_receiver.senders import parse_event
+    from webhook_receiver.reconcile.adapters import parse_event
 
     return parse_event(record)
 

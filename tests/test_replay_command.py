@@ -20,8 +20,8 @@ from tests import handlers
 from tests.failing import CRASH, fail_crash, fail_schema
 from tests.http import post
 from tests.signing import stripe_headers
+from webhook_receiver.inbound.failures import failed_event_discard
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
-from webhook_receiver.services.failures import failed_event_discard
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 
 from project.shop.models import OrderState
 from tests.http import post
-from webhook_receiver import signatures
+from webhook_receiver import schemes as signatures
 from webhook_receiver.checks import check_webhook_receiver_settings
 from webhook_receiver.models import WebhookReceipt
 
@@ -57,7 +57,7 @@ def test_a_schemes_own_secret_rule_is_a_system_check(settings):
     [
         ("stripey", "no scheme 'stripey'; the built-in ones are standard, stripe, github"),
         ("tests.schemes.Missing", "'tests.schemes.Missing' cannot be imported"),
-        ("tests.schemes.hashlib", "is not a webhook_receiver.signatures.Scheme subclass"),
+        ("tests.schemes.hashlib", "is not a webhook_receiver.schemes.Scheme subclass"),
     ],
 )
 def test_an_unknown_scheme_is_a_configuration_error_that_says_why(settings, scheme, reason):

@@ -17,7 +17,7 @@ from tests.served import NGINX_SITE, Served, SlowBodyFlood, gunicorn, nginx  # n
 from tests.settings import SHOP_SECRET
 from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.models import RequestAudit, WebhookReceipt
-from webhook_receiver.signatures import sign
+from webhook_receiver.schemes import sign
 
 pytestmark = [
     pytest.mark.postgres_only(

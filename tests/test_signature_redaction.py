@@ -25,8 +25,8 @@ from tests import handlers
 from tests.failing import CRASH, fail_crash
 from tests.http import post
 from tests.signing import github_headers, reserved, standard_headers, stripe_headers
+from webhook_receiver.inbound.failures import failed_event_replay, failed_events_retry_due
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
-from webhook_receiver.services.failures import failed_event_replay, failed_events_retry_due
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Unit tests of ``webhook_receiver.signatures.verify``: pure functions, no database.
+"""Unit tests of ``webhook_receiver.schemes.verify``: pure functions, no database.
 
 Signatures are produced by signers the app did not write (the ``standardwebhooks``
 library, and the Stripe and GitHub algorithms as published), so a test passes only if
@@ -18,14 +18,14 @@ from standardwebhooks import Webhook
 
 from tests.settings import GITHUB_SECRET, SHOP_OLD_SECRET, SHOP_SECRET, STRIPE_SECRET
 from tests.signing import standard_headers, stripe_headers
-from webhook_receiver import signatures
+from webhook_receiver import schemes as signatures
 from webhook_receiver.exceptions import (
     InvalidSignature,
     MalformedSignatureHeaders,
     MissingSignatureHeaders,
     TimestampOutOfTolerance,
 )
-from webhook_receiver.signatures import VerifiedMessage, verify
+from webhook_receiver.schemes import VerifiedMessage, verify
 
 TOLERANCE = 300
 BODY = b'{"type":"inventory.reserved","data":{"order_id":"ord_1","version":1}}'

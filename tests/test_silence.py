@@ -27,13 +27,13 @@ from tests.browser import screenshot
 from tests.http import post
 from tests.settings import SHOP_SECRET
 from tests.signing import event_body, reserved, standard_headers
+from webhook_receiver.inbound.failures import failed_event_replay
 from webhook_receiver.models import FailedEvent, RequestAudit, SilenceAlert, WebhookReceipt
-from webhook_receiver.notifiers import Notifier
-from webhook_receiver.services.failures import failed_event_replay
-from webhook_receiver.services.silence import silence_check
-from webhook_receiver.services.status import last_accepted_at
 from webhook_receiver.signals import silence_alert_opened, silence_alert_resolved
 from webhook_receiver.tasks import check_silence
+from webhook_receiver.watch.notifiers import Notifier
+from webhook_receiver.watch.silence import silence_check
+from webhook_receiver.watch.sources import last_accepted_at
 
 pytestmark = pytest.mark.django_db
 
@@ -341,7 +341,7 @@ def test_the_log_notifier_writes_one_error_line_and_one_warning_line(client, wat
         check()
 
     # then
-    lines = [r for r in caplog.records if r.name == "webhook_receiver.notifiers"]
+    lines = [r for r in caplog.records if r.name == "webhook_receiver.watch.notifiers"]
     assert [r.levelno for r in lines] == [logging.ERROR, logging.WARNING]
     opened, resolved = (r.getMessage() for r in lines)
     assert "source shop silent since" in opened and "(21 min)" in opened
@@ -420,7 +420,7 @@ def test_a_failing_notifier_is_logged_and_the_others_still_hear_of_it(
     alert = SilenceAlert.objects.get()
     assert heard == [("opened", "shop", alert.pk)]
     assert alert.opened_notice_sent_at is not None
-    (failure,) = [r for r in caplog.records if r.name == "webhook_receiver.services.silence"]
+    (failure,) = [r for r in caplog.records if r.name == "webhook_receiver.watch.silence"]
     assert "BrokenNotifier failed on the opened alert" in failure.getMessage()
     assert "pager unreachable" in failure.exc_text
 

@@ -24,7 +24,7 @@ DELIVER = """
 import io, time
 from tests.signing import reserved, standard_headers
 from webhook_receiver.exceptions import NotStored
-from webhook_receiver.services.inbound import webhook_receive
+from webhook_receiver.inbound.receive import webhook_receive
 body = reserved("o_sqlite", ("S-Q", 1))
 headers = standard_headers(body, msg_id="msg_sqlite")
 started = time.monotonic()

@@ -1,4 +1,4 @@
-"""The status selectors (services/status.py) and ``manage.py webhook_status``.
+"""The status selectors (watch/sources.py) and ``manage.py webhook_status``.
 
 Records are written as the receive path, the failure capture, the silence check and
 reconciliation leave them, at known times, so that each state and each reason can be
@@ -26,7 +26,7 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
-from webhook_receiver.services.status import (
+from webhook_receiver.watch.sources import (
     CONDITIONS,
     UNCONFIGURED,
     State,

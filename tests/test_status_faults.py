@@ -28,7 +28,7 @@ from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F40
 from tests.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import WebhookDestination
-from webhook_receiver.services.heartbeat import heartbeat_record
+from webhook_receiver.watch.heartbeat import heartbeat_record
 
 pytestmark = [
     pytest.mark.postgres_only("a lock held by another session"),

@@ -28,10 +28,10 @@ from tests.http import post
 from tests.reconciling import reconcile_with
 from tests.signing import event_body, reserved, standard_headers
 from webhook_receiver.admin.base import trace_url
+from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, RepairItem
-from webhook_receiver.services.failures import failed_events_retry_due
-from webhook_receiver.services.reconciliation import reconciliation_run
-from webhook_receiver.services.trace import EffectSection, event_key_sources, event_trace
+from webhook_receiver.reconcile.run import reconciliation_run
+from webhook_receiver.watch.trace import EffectSection, event_key_sources, event_trace
 
 APPLIED = "msg_trace_applied"
 PAID = "msg_trace_paid"

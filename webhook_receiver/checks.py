@@ -13,11 +13,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.utils.module_loading import import_string
 
-from . import signatures
+from . import schemes as signatures
 from .conf import NEW_KEY_HINT, app_settings
 from .handlers import registration_conflicts
-from .notifiers import get_notifiers
-from .senders import BUILT_IN
+from .reconcile.adapters import BUILT_IN
+from .watch.notifiers import get_notifiers
 
 
 @checks.register()
@@ -129,8 +129,8 @@ def check_destination_secrets(
     check: Django runs it on ``migrate`` and ``check --database``, before migrating, so
     rows not yet encrypted are a warning (the migration encrypts them) unless no key
     is set to encrypt them with."""
-    from .outbox.encryption import is_token, secrets_decrypt
-    from .outbox.models import WebhookDestination
+    from .outbound.encryption import is_token, secrets_decrypt
+    from .outbound.models import WebhookDestination
 
     try:
         keys = app_settings().destination_secret_keys

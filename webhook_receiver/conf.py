@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .signatures import SCHEMES, get_scheme
+from .schemes import SCHEMES, get_scheme
 
 DUPLICATE_CHECKS = ("adaptive", "read_first", "claim_first")
 
@@ -77,12 +77,12 @@ DEFAULTS: dict[str, Any] = {
     # who hears of a silence alert opening and resolving: "log" (ERROR), "mail_admins",
     # "signal" (silence_alert_opened / silence_alert_resolved), "outbox" (a webhook to
     # OPS_DESTINATION), or dotted paths of
-    # webhook_receiver.notifiers.Notifier subclasses
+    # webhook_receiver.watch.notifiers.Notifier subclasses
     "NOTIFIERS": ["log", "signal"],
     # GET /metrics/ answers only with "Authorization: Bearer <token>"; None: off (404)
     "METRICS_TOKEN": None,
     # the host's hook for the trace page: fn(*, source, event_key) -> list of
-    # webhook_receiver.services.trace.EffectSection (None: no effects are shown)
+    # webhook_receiver.watch.trace.EffectSection (None: no effects are shown)
     "TRACE_EFFECTS": None,
     # /health/ fails when beat's heartbeat task has not run for this long
     "HEARTBEAT_MAX_AGE_SECONDS": 180,
@@ -157,7 +157,7 @@ SOURCE_DEFAULTS: dict[str, Any] = {
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 RECONCILE_DEFAULTS: dict[str, Any] = {
-    # "http", "file", or the dotted path of an adapter (webhook_receiver.senders)
+    # "http", "file", or the dotted path of an adapter (webhook_receiver.reconcile.adapters)
     "ADAPTER": "http",
     "OPTIONS": {},
     # a run covers [now - LOOKBACK, now - GRACE): events still in flight are left out

@@ -32,7 +32,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from .conf import app_settings
-from .models import RECEIPT_RESULTS, Result
+from .inbound.models import RECEIPT_RESULTS, Result
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ from __future__ import annotations
 from celery import shared_task
 
 from .conf import app_settings
-from .outbox.tasks import purge_outbox, relay_destination, relay_sweep  # noqa: F401 - registered
-from .services.audit import audit_purge
-from .services.failures import failed_events_purge, failed_events_retry_due
-from .services.faults import healing
-from .services.heartbeat import heartbeat_record
-from .services.reconciliation import RunInProgress, reconciliation_run, sources_to_reconcile
-from .services.silence import silence_check
+from .core.faults import healing
+from .inbound.audit import audit_purge
+from .inbound.failures import failed_events_purge, failed_events_retry_due
+from .outbound.tasks import purge_outbox, relay_destination, relay_sweep  # noqa: F401 - registered
+from .reconcile.run import RunInProgress, reconciliation_run, sources_to_reconcile
+from .watch.heartbeat import heartbeat_record
+from .watch.silence import silence_check
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
 AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}

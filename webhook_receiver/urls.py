@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .views import WebhookView
+from .inbound.views import WebhookView
 
 app_name = "webhook_receiver"
 

@@ -17,11 +17,11 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
+from webhook_receiver.core import sql
 from webhook_receiver.exceptions import InvalidPayload
 from webhook_receiver.handlers import HandlerResult, WebhookEvent, webhook_handler
 from webhook_receiver.models import Result
-from webhook_receiver.outbox import destinations_for, enqueue_webhook, order_event_key
-from webhook_receiver.services import sql
+from webhook_receiver.outbound import destinations_for, enqueue_webhook, order_event_key
 
 from .models import InventoryLedgerEntry, OrderState, OrderStatus
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from webhook_receiver.services.reconciliation import SenderOrder, StateMismatch
+from webhook_receiver.reconcile.run import SenderOrder, StateMismatch
 
 from .models import OrderState
 

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from webhook_receiver.models import FailedEvent, WebhookReceipt
-from webhook_receiver.services.trace import EffectSection
+from webhook_receiver.watch.trace import EffectSection
 
 from .models import InventoryLedgerEntry, OrderState
 

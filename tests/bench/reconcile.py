@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 page.append(_event(key, window_start + step * n))
             yield page
 
-    from webhook_receiver.senders import get_adapter
+    from webhook_receiver.reconcile.adapters import get_adapter
 
     get_adapter.cache_clear()
     sys.modules[__name__].sender_pages = sender_pages  # the adapter, by dotted path
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _event(key: str, created_at: datetime):
-    from webhook_receiver.senders import SenderEvent
+    from webhook_receiver.reconcile.adapters import SenderEvent
 
     return SenderEvent(id=key, type="inventory.reserved", created_at=created_at, data={})
 
@@ -143,7 +143,7 @@ def _floor(connection, pages, start: datetime, end: datetime) -> float:
 def _reconcile(connection, start: datetime, end: datetime, now: datetime):
     from django.conf import settings
 
-    from webhook_receiver.services.reconciliation import reconciliation_run
+    from webhook_receiver.reconcile.run import reconciliation_run
 
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,

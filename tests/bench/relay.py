@@ -233,7 +233,7 @@ def admit(dest, count: int, tag: str) -> list[str]:
     them, ADMIT_BATCH per transaction. Their on-commit triggers reach the broker."""
     from django.db import transaction
 
-    from webhook_receiver.outbox import enqueue_webhook, order_event_key
+    from webhook_receiver.outbound import enqueue_webhook, order_event_key
 
     keys = []
     for first in range(0, count, ADMIT_BATCH):
@@ -277,7 +277,7 @@ def relay_until_empty(destination_id: int, counted: Counted) -> int:
     statement and every transaction it runs."""
     from django.db import connection, connections
 
-    from webhook_receiver.outbox.relay import relay_destination
+    from webhook_receiver.outbound.relay import relay_destination
 
     def count(execute, sql, params, many, context):
         # executemany runs its statement once per parameter set
@@ -327,7 +327,7 @@ def _statement_kind(sql: str) -> str:
 def floor_requests(dest, keys: Sequence[str]) -> list[tuple[bytes, dict[str, str]]]:
     """The requests the relay sends for these messages, signed by the relay's own code."""
     from webhook_receiver.models import OutboxMessage
-    from webhook_receiver.outbox.relay import Claimed, signed_request
+    from webhook_receiver.outbound.relay import Claimed, signed_request
 
     rows = OutboxMessage.objects.filter(destination=dest, key__in=keys).order_by("id")
     now = int(time.time())
@@ -498,7 +498,7 @@ class Worker(LoggedProcess):
 
 def limiter(args: argparse.Namespace, receiver: Receiver, worker: Worker, dest) -> dict[str, Any]:
     """Trigger the deep backlog once; read the arrivals' rate at the receiver."""
-    from webhook_receiver.outbox.tasks import relay_destination
+    from webhook_receiver.outbound.tasks import relay_destination
 
     count = 20 * args.rate
     receiver.drain()
@@ -627,7 +627,7 @@ def commit_to_arrival(receiver: Receiver, dest, tag: str, n: int) -> float:
     WAIT_SECONDS)."""
     from django.db import transaction
 
-    from webhook_receiver.outbox import enqueue_webhook, order_event_key
+    from webhook_receiver.outbound import enqueue_webhook, order_event_key
 
     key = order_event_key(f"ord-{tag}-{n}", "paid", 1)
     committed: list[float] = []

@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from webhook_receiver import signatures
+from webhook_receiver import schemes as signatures
 from webhook_receiver.exceptions import RejectedRequest
 
 from .common import (
@@ -42,7 +42,7 @@ LEDGER_ROW = "(%s, %s, %s, %s, %s)"
 @method_decorator(transaction.non_atomic_requests, name="dispatch")
 @method_decorator(csrf_exempt, name="dispatch")
 class _FloorView(APIView):
-    # Same as webhook_receiver.views.WebhookView.
+    # Same as webhook_receiver.inbound.views.WebhookView.
     authentication_classes = ()
     permission_classes = ()
     parser_classes = ()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import RequestAudit
+from ..inbound.models import RequestAudit
 from .base import ReadOnlyAdmin, trace_link
 
 

@@ -27,8 +27,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 
-from ..models import FailedEvent, WebhookReceipt
-from ..services import display
+from ..core import display
+from ..inbound.models import FailedEvent, WebhookReceipt
 
 
 def visible_response(response: HttpResponse) -> HttpResponse:

@@ -21,12 +21,8 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
-from ..models import FailedEvent, FailureStatus, Result
-from ..services.failures import (
-    ReplayResult,
-    failed_event_discard,
-    failed_event_replay,
-)
+from ..inbound.failures import ReplayResult, failed_event_discard, failed_event_replay
+from ..inbound.models import FailedEvent, FailureStatus, Result
 from .base import (
     ObjectButton,
     ObjectButtons,

@@ -10,7 +10,7 @@
   endpoint. Their secrets are never shown: the list counts them, the form lets you keep
   or drop each (known by its last four characters) and add new ones.
 
-The admin only calls the services of ``outbox/operations.py``.
+The admin only calls the services of ``outbound/operations.py``.
 """
 
 from __future__ import annotations
@@ -34,19 +34,19 @@ from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
-from ..models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
-from ..outbox.encryption import SecretsUnreadable, secrets_encrypt
-from ..outbox.operations import (
+from ..core import display
+from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
+from ..outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from ..outbound.operations import (
     DISCARDABLE,
     RETRYABLE,
     destination_recover_since,
     message_discard,
     message_retry_now,
 )
-from ..outbox.selectors import destination_breaker, destinations_with_health
-from ..services import display
-from ..services.status import duration_text
-from ..signatures.standard import secret_key
+from ..outbound.selectors import destination_breaker, destinations_with_health
+from ..schemes.standard import secret_key
+from ..watch.sources import duration_text
 from .base import (
     ObjectButton,
     ObjectButtons,

@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from ..models import SourceOverview
+from ..watch.models import SourceOverview
 from .base import ReadOnlyAdmin, visible_response
 
 

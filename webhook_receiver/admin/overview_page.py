@@ -26,19 +26,13 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
 from ..conf import app_settings
-from ..models import (
-    FailedEvent,
-    OutboxMessage,
-    ReconciliationRun,
-    RepairItem,
-    RequestAudit,
-    SilenceAlert,
-    WebhookDestination,
-    WebhookReceipt,
-)
-from ..outbox.status import DestinationStatus, destination_statuses
-from ..services.faults import database_deadline
-from ..services.status import (
+from ..core.faults import database_deadline
+from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
+from ..outbound.models import OutboxMessage, WebhookDestination
+from ..reconcile.models import ReconciliationRun, RepairItem
+from ..watch.destinations import DestinationStatus, destination_statuses
+from ..watch.models import SilenceAlert
+from ..watch.sources import (
     LAST_HOUR,
     ActivityBucket,
     GapStats,

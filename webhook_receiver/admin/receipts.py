@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import WebhookReceipt
-from ..services import display
+from ..core import display
+from ..inbound.models import WebhookReceipt
 from .base import ReadOnlyAdmin, StoredEventDisplay, pre, trace_link
 
 

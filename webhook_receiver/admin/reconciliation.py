@@ -1,7 +1,7 @@
 """Reconciliation runs and repair items: what the comparison with senders found.
 
 The records are read-only. Repair items have four actions, each behind a permission
-of its own and each through its service (services/repair.py), which keeps the user,
+of its own and each through its service (reconcile/repair.py), which keeps the user,
 the time, the note and the result in the item's history: replay a failed item, fetch
 and apply a missing one, ask the sender to redeliver it, or resolve an item with a
 required note.
@@ -20,8 +20,9 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html_join
 from django.utils.translation import ngettext
 
-from ..models import ReconciliationRun, RepairItem, RunOutcome
-from ..services import display, repair
+from ..core import display
+from ..reconcile import repair
+from ..reconcile.models import ReconciliationRun, RepairItem, RunOutcome
 from .base import ReadOnlyAdmin, pre
 
 ACTION_TEMPLATE = "admin/webhook_receiver/repairitem/action_confirmation.html"

@@ -1,5 +1,5 @@
 """SilenceAlert: sources that went quiet, one row per incident. Read-only: the checks
-open and resolve alerts (services/silence.py), people read them."""
+open and resolve alerts (watch/silence.py), people read them."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from ..models import SilenceAlert
-from ..notifiers import admin_path
-from ..services.status import duration_text
+from ..watch.models import SilenceAlert
+from ..watch.notifiers import admin_path
+from ..watch.sources import duration_text
 from .base import ReadOnlyAdmin
 
 # a label, and below it a moment that wraps as a whole or not at all

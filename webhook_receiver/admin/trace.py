@@ -17,8 +17,8 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..services import display
-from ..services.trace import EventTrace, ago, event_key_sources, event_trace
+from ..core import display
+from ..watch.trace import EventTrace, ago, event_key_sources, event_trace
 
 TEMPLATE = "admin/webhook_receiver/trace.html"
 ANY_SOURCE = ""

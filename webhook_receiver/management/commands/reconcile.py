@@ -11,13 +11,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import ngettext
 
-from webhook_receiver.conf import get_source
-from webhook_receiver.models import RepairItem, RepairStatus, RunOutcome
-from webhook_receiver.services.reconciliation import (
-    RunInProgress,
-    reconciliation_run,
-    sources_to_reconcile,
-)
+from ...conf import get_source
+from ...reconcile.models import RepairItem, RepairStatus, RunOutcome
+from ...reconcile.run import RunInProgress, reconciliation_run, sources_to_reconcile
 
 COLUMNS = ("kind", "event_key", "order_id", "event_type", "sender_says", "we_hold")
 # exit statuses

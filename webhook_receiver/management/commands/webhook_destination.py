@@ -19,9 +19,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...models import WebhookDestination
-from ...outbox.encryption import SecretsUnreadable, destinations_reencrypt, secrets_encrypt
-from ...signatures.standard import secret_key
+from ...outbound.encryption import SecretsUnreadable, destinations_reencrypt, secrets_encrypt
+from ...outbound.models import WebhookDestination
+from ...schemes.standard import secret_key
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...services.redaction import DEFAULT_BATCH_SIZE, stored_headers_redact
+from ...inbound.redaction import DEFAULT_BATCH_SIZE, stored_headers_redact
 
 
 class Command(BaseCommand):

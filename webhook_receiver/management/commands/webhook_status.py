@@ -17,11 +17,11 @@ from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 from django.utils import timezone
 
-from webhook_receiver.conf import app_settings
-from webhook_receiver.outbox.status import DestinationStatus, destination_statuses
-from webhook_receiver.services import display
-from webhook_receiver.services.faults import database_deadline
-from webhook_receiver.services.status import (
+from ...conf import app_settings
+from ...core import display
+from ...core.faults import database_deadline
+from ...watch.destinations import DestinationStatus, destination_statuses
+from ...watch.sources import (
     Reason,
     SourceStatus,
     State,

@@ -13,15 +13,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from webhook_receiver.conf import app_settings
-from webhook_receiver.services import display
-from webhook_receiver.services.trace import (
-    EffectSection,
-    EventTrace,
-    ago,
-    event_key_sources,
-    event_trace,
-)
+from ...conf import app_settings
+from ...core import display
+from ...watch.trace import EffectSection, EventTrace, ago, event_key_sources, event_trace
 
 MAX_CELL_CHARS = 100
 

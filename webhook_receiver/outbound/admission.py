@@ -1,0 +1,198 @@
+"""Admission: an outbox message is written in the caller's transaction, so it exists if
+and only if that transaction commits (the transactional outbox).
+
+Two guards against a second message for one logical delivery:
+
+- the durable rule, a unique constraint on (destination, key): whenever a second
+  admission comes, it creates nothing;
+- the admission window, a cheap pre-check in Django's cache: a key admitted (and
+  committed) in the last five minutes is answered from the cache without touching the
+  table. It is an optimisation, never the identity: it is written only after commit, so
+  an admission that rolled back never blocks a later one, and once it expires the
+  constraint still holds. A cache that does not answer is a window that is empty: the
+  admission goes on to the table (faults.Outage says so once an outage).
+
+The insert waits for a lock on the outbox table at most ADMISSION_LOCK_TIMEOUT_MS (on
+PostgreSQL), far less than the claim's LOCK_TIMEOUT_MS: an insert into the outbox never
+waits in normal work, so a wait means the table is held (a migration, a VACUUM FULL), and
+an order event is better deferred fast than holding a web worker for the whole bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.cache import cache, caches
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..conf import app_settings
+from ..core import faults, sql
+from .metrics import dedup_hit_count
+from .models import MessageStatus, OutboxMessage, WebhookDestination
+
+logger = logging.getLogger(__name__)
+
+ADMISSION_WINDOW_SECONDS = 5 * 60
+# how long "a run is queued" is believed without the run starting (a lost run: the beat
+# sweep queues another meanwhile)
+QUEUED_MARK_SECONDS = 10
+
+# One message per (destination, key), forever: a conflict creates nothing.
+INSERT_MESSAGE = """
+    INSERT INTO webhook_receiver_outboxmessage
+        (destination_id, key, event_type, payload, ordering_key, status, attempts, failures,
+         next_attempt_at, origin_source, origin_event_key, created_at, last_error,
+         discarded_by, discard_reason)
+    VALUES
+        (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(ordering_key)s,
+         %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s, %(origin_event_key)s,
+         %(created_at)s, '', '', '')
+    ON CONFLICT (destination_id, key) DO NOTHING
+    RETURNING id
+"""
+# The insert's own lock bound, sent with it (faults.execute_bounded): the transaction's
+# bound is kept aside (evaluated in WHERE, before the new one is set) and put back after,
+# so that the rest of the caller's transaction keeps its own.
+SHORTEN_LOCK_BOUND = """
+    SELECT set_config('lock_timeout', %(admission_lock_timeout)s, true)
+    WHERE set_config('webhook_receiver.lock_timeout', current_setting('lock_timeout'), true)
+          IS NOT NULL
+"""
+RESTORE_LOCK_BOUND = """
+    SELECT set_config('lock_timeout', current_setting('webhook_receiver.lock_timeout'), true)
+"""
+
+# The cache and the broker are optimisations here: without them, admissions go on to the
+# table, and the beat sweep queues the relay runs that were not triggered.
+cache_outage = faults.Outage(
+    logger,
+    "outbox cache",
+    "admissions rely on the unique constraint alone, and relay runs are queued without "
+    "their marks, until it answers",
+)
+broker_outage = faults.Outage(
+    logger,
+    "broker",
+    "relay runs not triggered: new messages wait for the beat sweep (every few seconds) "
+    "once it answers",
+)
+
+
+@dataclass(frozen=True)
+class Admission:
+    destination: str
+    key: str
+    # whether this call created the message (else it existed: a dedup hit)
+    created: bool
+    # answered by the admission window, without a statement
+    coalesced: bool = False
+
+
+def order_event_key(order_id: str, event: str, version: int) -> str:
+    """The stable logical key of an order event: the same for every attempt and every
+    re-admission of that event at that version. Never an attempt number, a timestamp or
+    a random id: those describe an attempt, not the effect."""
+    return f"order:{order_id}:{event}:v{version}"
+
+
+def destinations_for(event_type: str) -> list[WebhookDestination]:
+    """The enabled destinations subscribed to ``event_type`` (one small query; the
+    subscription list is filtered here, the same way on every database)."""
+    enabled = WebhookDestination.objects.filter(enabled=True).only("id", "name", "event_types")
+    return [d for d in enabled if event_type in d.event_types]
+
+
+def enqueue_webhook(
+    destination: WebhookDestination | str,
+    event_type: str,
+    key: str,
+    payload: dict[str, Any],
+    *,
+    ordering_key: str | None = None,
+    origin: tuple[str, str] | None = None,
+) -> Admission:
+    """Admit one message for ``destination``, inside the caller's transaction.
+
+    ``key`` is the delivery's logical key (see ``order_event_key``); the receiving end
+    deduplicates on it. Messages sharing an ``ordering_key`` (an order id) are delivered
+    to this destination one after another, in admission order. ``origin`` is the
+    inbound event (source, event key) whose handler admits it, for the trace page.
+    Returns whether a message was created.
+    """
+    if not isinstance(destination, WebhookDestination):
+        destination = WebhookDestination.objects.only("id", "name").get(name=destination)
+    window_key = _window_key(destination.pk, key)
+    if cache_outage.call(lambda: cache.get(window_key), None):
+        dedup_hit_count(destination.name)
+        return Admission(destination=destination.name, key=key, created=False, coalesced=True)
+
+    now = timezone.now()
+    row = {
+        "destination_id": destination.pk,
+        "key": key,
+        "event_type": event_type,
+        "payload": payload,
+        "ordering_key": ordering_key or "",
+        "status": MessageStatus.PENDING,
+        "next_attempt_at": now,
+        "origin_source": origin[0] if origin else "",
+        "origin_event_key": origin[1] if origin else "",
+        "created_at": now,
+    }
+    params = sql.adapt(row, OutboxMessage)
+    params["admission_lock_timeout"] = f"{app_settings().admission_lock_timeout_ms}ms"
+    with connection.cursor() as cursor:
+        faults.execute_bounded(
+            cursor, INSERT_MESSAGE, params, bound=SHORTEN_LOCK_BOUND, restore=RESTORE_LOCK_BOUND
+        )
+        created = cursor.fetchone() is not None
+    # Remembered only once the admission has committed: a rollback leaves no trace.
+    transaction.on_commit(lambda: _remember(window_key), robust=True)
+    if not created:
+        dedup_hit_count(destination.name)
+    if created:
+        # low latency without polling hard: a relay run as soon as the message exists
+        transaction.on_commit(lambda: _relay_soon(destination.pk), robust=True)
+    return Admission(destination=destination.name, key=key, created=created)
+
+
+def _remember(window_key: str) -> None:
+    cache_outage.call(lambda: cache.set(window_key, 1, ADMISSION_WINDOW_SECONDS), None)
+
+
+def _window_key(destination_id: int, key: str) -> str:
+    # keys may hold anything: hashed into a cache key every backend accepts
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"webhook_receiver:admitted:{destination_id}:{digest}"
+
+
+def _relay_soon(destination_id: int) -> None:
+    """Queue a relay run for the destination. Not retried when the broker is down: the
+    beat sweep makes a lost trigger good within seconds.
+
+    With a cache that every process shares (Redis), a run already queued and not yet
+    started takes this message too, so no second run is queued: a burst of admissions
+    is one run, not a queue of them in front of every other destination's. (A
+    per-process cache cannot tell; then each admission queues a run, and the runs that
+    find another claiming leave at once.)"""
+    from .tasks import queued_key, relay_destination
+
+    def mark() -> bool:
+        return cache.add(queued_key(destination_id), 1, QUEUED_MARK_SECONDS)
+
+    # without the cache, a run too many is better than none
+    if cache_is_shared() and not cache_outage.call(mark, True):
+        return
+    broker_outage.call(lambda: relay_destination.apply_async((destination_id,), retry=False), None)
+
+
+def cache_is_shared() -> bool:
+    """Whether Django's default cache is one for every process (not local memory)."""
+    from django.core.cache.backends.dummy import DummyCache
+    from django.core.cache.backends.locmem import LocMemCache
+
+    return not isinstance(caches["default"], LocMemCache | DummyCache)

@@ -1,0 +1,178 @@
+"""What an operator does to the outbox, from the admin: retry messages now, discard them,
+recover a destination's failed messages once its endpoint is fixed (the figures the
+destinations page shows are read by outbound/selectors.py).
+
+Each service is one short transaction that records who acted (on the message, in the
+log), and queues a relay run for each destination it touched once that transaction has
+committed. A lost trigger costs nothing: the beat sweep queues the same run within
+seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import (
+    Exists,
+    OuterRef,
+)
+from django.utils import timezone
+
+from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from .tasks import relay_destination
+
+logger = logging.getLogger(__name__)
+
+# Retry now: a failed message (terminal, waiting for an operator) or a pending one
+# waiting out its backoff. Not a discarded one: it no longer holds back the messages
+# behind it in its ordering key, so they may have been delivered since, and sending it
+# now would deliver out of order. Not a sending one: a worker holds its lease.
+RETRYABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
+# Discard: what is still to be sent. Delivered and sending messages are left alone.
+DISCARDABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
+
+
+def message_retry_now(
+    *, message_ids: Iterable[int], by: str, now: datetime | None = None
+) -> list[int]:
+    """Make the given failed or pending messages eligible now, and queue their
+    destinations' relay runs. Returns the ids of those changed, in order; the others
+    are left as they are.
+
+    Each becomes pending with ``next_attempt_at`` now and no lease, and its ``failures``
+    go back to 0: the retry budget (the destination's ``max_attempts``) starts again, so
+    a message that had spent it gets the whole policy once more. ``attempts`` keeps
+    counting, so the attempt history goes on from where it was. A destination whose
+    breaker is open still waits for its cool-down (``destination_recover_since`` ends
+    it), and a disabled one sends nothing.
+    """
+    now = now or timezone.now()
+    changes = {
+        "status": MessageStatus.PENDING,
+        "next_attempt_at": now,
+        "lease_until": None,
+        "failures": 0,
+    }
+    return _messages_change(message_ids, RETRYABLE, changes, by=by, done="retried")
+
+
+def message_discard(
+    *, message_ids: Iterable[int], by: str, reason: str, now: datetime | None = None
+) -> list[int]:
+    """Give up on the given pending or failed messages, with a reason on record: they are
+    never sent. Returns the ids of those changed, in order; the others (delivered,
+    sending, already discarded) are left as they are.
+
+    Each keeps ``discarded_by``, ``discarded_at`` and ``discard_reason`` (and its
+    ``next_attempt_at`` becomes that moment too, as the relay does for a delivered or
+    failed message). Discarding a failed message frees the
+    messages queued behind it in its ordering key, so their relay run is queued too.
+    """
+    reason = reason.strip()
+    if not reason:
+        raise ValueError("Discarding outbox messages needs a reason.")
+    now = now or timezone.now()
+    changes = {
+        "status": MessageStatus.DISCARDED,
+        "next_attempt_at": now,
+        "lease_until": None,
+        "discarded_by": by[:150],
+        "discarded_at": now,
+        "discard_reason": reason,
+    }
+    return _messages_change(message_ids, DISCARDABLE, changes, by=by, done="discarded")
+
+
+def _messages_change(
+    message_ids: Iterable[int],
+    statuses: tuple[str, ...],
+    changes: dict[str, Any],
+    *,
+    by: str,
+    done: str,
+) -> list[int]:
+    """Apply ``changes`` to those of the messages whose status is one of ``statuses``,
+    in one short transaction, and queue their destinations' relay runs on commit.
+    Returns the ids changed, in order."""
+    with transaction.atomic():
+        # locked in id order, so two operators' overlapping selections cannot deadlock
+        rows = list(
+            OutboxMessage.objects.select_for_update()
+            .filter(pk__in=list(message_ids), status__in=statuses)
+            .order_by("id")
+            .values_list("id", "destination_id")
+        )
+        ids = [i for i, _ in rows]
+        OutboxMessage.objects.filter(pk__in=ids).update(**changes)
+        _relay_on_commit({d for _, d in rows})
+    if ids:
+        logger.info(
+            "outbox: %s %s %d message(s)",
+            by,
+            done,
+            len(ids),
+            extra={"by": by, "message_ids": ids},
+        )
+    return ids
+
+
+def destination_recover_since(
+    *,
+    destination: WebhookDestination | int,
+    since: datetime,
+    by: str,
+    now: datetime | None = None,
+) -> int:
+    """After the destination's endpoint is fixed: requeue its failed messages that failed
+    at or after ``since`` (their last attempt started then or later), as
+    ``message_retry_now`` does: pending now, no lease, ``failures`` back to 0, so each
+    gets the whole retry budget again. Failed messages older than ``since`` stay failed.
+
+    An open breaker is ended: the destination goes half-open at once, so its next run
+    sends one probe, and that probe's answer closes the breaker or opens it again.
+    Returns how many messages were requeued.
+    """
+    now = now or timezone.now()
+    destination_id = destination if isinstance(destination, int) else destination.pk
+    attempted_since = DeliveryAttempt.objects.filter(message=OuterRef("pk"), started_at__gte=since)
+    with transaction.atomic():
+        # the destination's row first, then its messages: the order the relay locks them in
+        dest = WebhookDestination.objects.select_for_update().get(pk=destination_id)
+        ids = list(
+            OutboxMessage.objects.select_for_update()
+            .filter(Exists(attempted_since), destination_id=dest.pk, status=MessageStatus.FAILED)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        OutboxMessage.objects.filter(pk__in=ids).update(
+            status=MessageStatus.PENDING, next_attempt_at=now, lease_until=None, failures=0
+        )
+        breaker_ended = dest.paused_until is not None and dest.paused_until > now
+        if breaker_ended:
+            WebhookDestination.objects.filter(pk=dest.pk).update(paused_until=None)
+        _relay_on_commit({dest.pk})
+    logger.info(
+        "outbox: %s recovered %d failed message(s) of %s since %s%s",
+        by,
+        len(ids),
+        dest.name,
+        since.isoformat(),
+        " and ended its breaker's pause" if breaker_ended else "",
+        extra={"by": by, "destination": dest.name, "message_ids": ids},
+    )
+    return len(ids)
+
+
+def _relay_on_commit(destination_ids: set[int]) -> None:
+    """A relay run per destination once the transaction commits. Not retried when the
+    broker is down (robust: the operator's change stands): the beat sweep finds the
+    messages due within seconds."""
+    for dest_id in sorted(destination_ids):
+        transaction.on_commit(
+            lambda dest_id=dest_id: relay_destination.apply_async((dest_id,), retry=False),
+            robust=True,
+        )

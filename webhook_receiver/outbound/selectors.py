@@ -1,0 +1,143 @@
+"""What the outbox's pages, status and metrics read: each destination's figures from one
+grouped query, the failed messages holding others back, and the breaker's state.
+
+Selectors only: nothing here writes. The admin's destinations page, the overview and
+``webhook_status`` (watch/destinations.py) and the metrics' collector read the same figures
+from here, so that they never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import (
+    Count,
+    Exists,
+    FilteredRelation,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from .models import MessageStatus, OutboxMessage, WebhookDestination
+
+# the backlog: what the relay still has to send
+BACKLOG = (MessageStatus.PENDING, MessageStatus.SENDING)
+# open: what holds back the later messages of its ordering key (the relay's rule)
+OPEN = (*BACKLOG, MessageStatus.FAILED)
+
+
+def destinations_with_health(
+    queryset: QuerySet[WebhookDestination], *, now: datetime | None = None
+) -> QuerySet[WebhookDestination]:
+    """Each destination with its figures, from one grouped query however many rows:
+
+    - ``backlog``: pending and sending messages (what the relay still has to send);
+    - ``oldest_eligible_at``: the creation time of the oldest pending message that the
+      relay would send now (due, and no older message of its ordering key open): how
+      long the oldest sendable message has waited;
+    - ``failed_count``: terminal messages waiting for an operator;
+    - ``in_flight``: requests in flight on every worker (sending, their lease unexpired);
+    - ``held_back``: pending and sending messages behind a failed one of their ordering
+      key, which wait for an operator as it does.
+
+    The join takes only the three open statuses (the delivered and discarded history, the
+    bulk of the table, is never read), through the (destination, status, id) index; the
+    ordering check, through the (destination, ordering key, id) index.
+    """
+    now = now or timezone.now()
+    sendable = (
+        OutboxMessage.objects.filter(
+            destination=OuterRef("pk"), status=MessageStatus.PENDING, next_attempt_at__lte=now
+        )
+        .exclude(Exists(_older_in_line(OPEN)))
+        .values("destination")
+        .annotate(oldest=Min("created_at"))
+        .values("oldest")
+    )
+    held_back = (
+        OutboxMessage.objects.filter(destination=OuterRef("pk"), status__in=BACKLOG)
+        .filter(Exists(_older_in_line([MessageStatus.FAILED])))
+        .values("destination")
+        .annotate(count=Count("id"))
+        .values("count")
+    )
+    return queryset.annotate(
+        open_message=FilteredRelation(
+            "outboxmessage",
+            condition=Q(outboxmessage__status__in=[*BACKLOG, MessageStatus.FAILED]),
+        ),
+        backlog=Count("open_message", filter=Q(open_message__status__in=BACKLOG)),
+        failed_count=Count("open_message", filter=Q(open_message__status=MessageStatus.FAILED)),
+        in_flight=Count(
+            "open_message",
+            filter=Q(open_message__status=MessageStatus.SENDING, open_message__lease_until__gt=now),
+        ),
+        oldest_eligible_at=Subquery(sendable),
+        held_back=Coalesce(Subquery(held_back), 0),
+    )
+
+
+def _older_in_line(statuses: Iterable[str]) -> QuerySet[OutboxMessage]:
+    """For a message (the outer query's row): older messages of its destination and
+    ordering key in one of ``statuses``. A message without an ordering key waits for
+    none."""
+    return OutboxMessage.objects.filter(
+        destination_id=OuterRef("destination_id"),
+        ordering_key=OuterRef("ordering_key"),
+        id__lt=OuterRef("id"),
+        status__in=list(statuses),
+    ).exclude(ordering_key="")
+
+
+def failed_holding_back(destination_ids: Iterable[int]) -> dict[int, tuple[int, OutboxMessage]]:
+    """Per destination: how many failed messages hold back later messages of their
+    ordering key, and the oldest of them (to link to)."""
+    later_open = OutboxMessage.objects.filter(
+        destination_id=OuterRef("destination_id"),
+        ordering_key=OuterRef("ordering_key"),
+        id__gt=OuterRef("id"),
+        status__in=BACKLOG,
+    )
+    holders = (
+        OutboxMessage.objects.filter(
+            destination_id__in=list(destination_ids), status=MessageStatus.FAILED
+        )
+        .exclude(ordering_key="")
+        .filter(Exists(later_open))
+        .order_by("id")
+        .only("id", "destination_id", "key", "ordering_key")
+    )
+    found: dict[int, tuple[int, OutboxMessage]] = {}
+    for message in holders:
+        count, oldest = found.get(message.destination_id, (0, message))
+        found[message.destination_id] = (count + 1, oldest)
+    return found
+
+
+@dataclass(frozen=True)
+class Breaker:
+    state: str  # "closed", "open" or "half-open"
+    # open: when the cool-down ends and one probe is let through
+    until: datetime | None = None
+    consecutive_failures: int = 0
+
+
+def destination_breaker(destination: WebhookDestination, *, now: datetime | None = None) -> Breaker:
+    """The circuit breaker as the relay applies it (relay_claim, relay_record): open while
+    paused after ``breaker_threshold`` consecutive failures; half-open once the cool-down
+    has passed and the count is still at the threshold (one probe at a time decides);
+    closed otherwise."""
+    now = now or timezone.now()
+    failures = destination.consecutive_failures
+    if destination.paused_until is not None and destination.paused_until > now:
+        return Breaker("open", destination.paused_until, failures)
+    if failures >= destination.breaker_threshold:
+        return Breaker("half-open", None, failures)
+    return Breaker("closed", None, failures)

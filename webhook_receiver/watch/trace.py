@@ -1,0 +1,361 @@
+"""The whole story of one event key, from raw request to committed side effect.
+
+``event_trace`` reads, in the order things happen: every request that carried the key
+(audit records), the receipt and its outcome, the effects the host committed (through
+its TRACE_EFFECTS hook), the failed-event history, reconciliation's repair items and the
+outbox messages the event enqueued. The admin's trace page and ``manage.py
+webhook_trace`` both print it. A selector: it writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from django.utils.module_loading import import_string
+
+from ..conf import app_settings
+from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
+from ..outbound.models import OutboxMessage
+from ..reconcile.models import RepairItem
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EffectSection:
+    """One table of a host's effects, as its TRACE_EFFECTS hook describes them: e.g. the
+    ledger lines an event wrote. ``rows`` hold strings, one per column; ``admin_url``
+    links to where the records live. ``note`` says what the rows cannot (e.g. "this
+    event did not set it")."""
+
+    title: str
+    columns: Sequence[str]
+    rows: Sequence[Sequence[str]] = ()
+    admin_url: str = ""
+    note: str = ""
+
+
+EffectsHook = Callable[..., Sequence[EffectSection]]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One request that carried the key (a RequestAudit row)."""
+
+    id: int
+    received_at: datetime
+    message_id: str
+    verification: str
+    result: str
+    response_status: int
+    remote_addr: str | None
+    body_sha256: str
+    body_size: int | None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    id: int
+    status: str
+    received_at: datetime
+    event_type: str
+    subject: str
+    message_id: str
+    outcome: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed attempt of a failed event. The traceback is left out unless asked for
+    (``event_trace(..., tracebacks=True)``): the admin page shows it folded away."""
+
+    attempt: int | None
+    at: datetime | None
+    trigger: str
+    kind: str
+    exception: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class FailedHistory:
+    id: int
+    status: str
+    event_type: str
+    attempts: int
+    first_attempt_at: datetime
+    last_attempt_at: datetime
+    next_attempt_at: datetime | None
+    resolution: str
+    resolved_at: datetime | None
+    last_replayed_by: str
+    last_replayed_at: datetime | None
+    discarded_by: str
+    discarded_at: datetime | None
+    discard_reason: str
+    history: tuple[Attempt, ...]
+
+
+@dataclass(frozen=True)
+class Repair:
+    id: int
+    kind: str
+    status: str
+    occurred_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    resolved_by: str
+    resolved_at: datetime | None
+    resolution_note: str
+
+
+@dataclass(frozen=True)
+class EventTrace:
+    source: str
+    event_key: str
+    deliveries: tuple[Delivery, ...] = ()  # oldest first
+    receipt: Receipt | None = None
+    effects: tuple[EffectSection, ...] = ()
+    # why the host's effects could not be read (TRACE_EFFECTS missing or failing)
+    effects_error: str = ""
+    failed: FailedHistory | None = None
+    repairs: tuple[Repair, ...] = ()
+    # the outbox messages its handler enqueued, one section per destination
+    outbox: tuple[EffectSection, ...] = ()
+
+    @property
+    def found(self) -> bool:
+        """Whether the receiver holds anything for this key (a host's effects commit with
+        a receipt, so they never stand alone)."""
+        return bool(self.deliveries or self.receipt or self.failed or self.repairs)
+
+    @property
+    def summary(self) -> str:
+        """The story in one line: "2 deliveries · receipt applied · …"."""
+        if not self.found:
+            return "nothing holds this key"
+        count = len(self.deliveries)
+        parts = [f"{count} deliver{'y' if count == 1 else 'ies'}"]
+        parts.append(f"receipt {self.receipt.status}" if self.receipt else "no receipt")
+        if self.failed:
+            attempts = self.failed.attempts
+            parts.append(
+                f"failed event {self.failed.status} after {attempts} "
+                f"attempt{'' if attempts == 1 else 's'}"
+            )
+        if self.repairs:
+            still_open = sum(1 for item in self.repairs if item.status == "open")
+            parts.append(f"{len(self.repairs)} repair item(s), {still_open} open")
+        return " · ".join(parts)
+
+    @property
+    def event_type(self) -> str:
+        if self.receipt and self.receipt.event_type:
+            return self.receipt.event_type
+        return self.failed.event_type if self.failed else ""
+
+
+def event_trace(*, source: str, event_key: str, tracebacks: bool = False) -> EventTrace:
+    """Everything the receiver (and the host, through TRACE_EFFECTS) holds for one key.
+
+    Each read is an index lookup: audit records by event key, receipts and failed events
+    by their unique (event_key, source), repair items by (event_key, source, kind).
+    """
+    effects, effects_error = _host_effects(source=source, event_key=event_key)
+    return EventTrace(
+        source=source,
+        event_key=event_key,
+        deliveries=_deliveries(source, event_key),
+        receipt=_receipt(source, event_key),
+        effects=effects,
+        effects_error=effects_error,
+        failed=_failed(source, event_key, tracebacks=tracebacks),
+        repairs=_repairs(source, event_key),
+        outbox=_outbox(source, event_key),
+    )
+
+
+def _outbox(source: str, event_key: str) -> tuple[EffectSection, ...]:
+    """The messages the event's handler admitted (index on origin_event_key), with their
+    delivery state, grouped by destination."""
+    rows = (
+        OutboxMessage.objects.filter(origin_event_key=event_key, origin_source=source)
+        .select_related("destination")
+        .order_by("destination__name", "id")
+    )
+    sections: dict[str, list[tuple[str, ...]]] = {}
+    for m in rows:
+        sections.setdefault(m.destination.name, []).append(
+            (
+                m.key,
+                m.event_type,
+                m.status,
+                str(m.attempts),
+                _moment_text(m.delivered_at or m.next_attempt_at),
+                str(m.last_status_code or m.last_error[:80] or "-"),
+            )
+        )
+    columns = ("key", "type", "status", "attempts", "delivered / next attempt", "last answer")
+    return tuple(
+        EffectSection(title=f"to {name}", columns=columns, rows=rows)
+        for name, rows in sections.items()
+    )
+
+
+def _moment_text(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "-"
+
+
+def ago(moment: datetime, now: datetime) -> str:
+    """A moment relative to now, to the second when it is recent: "42 s ago", "3 h ago",
+    "in 20 min" (a retry's next attempt)."""
+    seconds = int((now - moment).total_seconds())
+    amount = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if amount >= size or unit == "s":
+            text = f"{amount // size} {unit}"
+            break
+    return f"{text} ago" if seconds >= 0 else f"in {text}"
+
+
+def event_key_sources(*, event_key: str) -> list[str]:
+    """The sources that hold ``event_key`` anywhere (a request, a receipt, a failed event
+    or a repair item), sorted: for tracing a key without knowing its source."""
+    sources: set[str] = set()
+    for model in (RequestAudit, WebhookReceipt, FailedEvent, RepairItem):
+        sources.update(
+            model.objects.filter(event_key=event_key).values_list("source", flat=True).distinct()
+        )
+    return sorted(sources)
+
+
+def _deliveries(source: str, event_key: str) -> tuple[Delivery, ...]:
+    rows = RequestAudit.objects.filter(event_key=event_key, source=source).order_by(
+        "received_at", "id"
+    )
+    return tuple(
+        Delivery(
+            id=row.pk,
+            received_at=row.received_at,
+            message_id=row.message_id,
+            verification=row.verification,
+            result=row.result,
+            response_status=row.response_status,
+            remote_addr=row.remote_addr,
+            body_sha256=row.body_sha256,
+            body_size=row.body_size,
+        )
+        for row in rows
+    )
+
+
+def _receipt(source: str, event_key: str) -> Receipt | None:
+    # the body and headers stay behind: the receipt's admin page shows them
+    row = (
+        WebhookReceipt.objects.filter(event_key=event_key, source=source)
+        .defer("body", "headers")
+        .first()
+    )
+    if row is None:
+        return None
+    return Receipt(
+        id=row.pk,
+        status=row.status,
+        received_at=row.received_at,
+        event_type=row.event_type,
+        subject=row.subject,
+        message_id=row.message_id,
+        outcome=row.outcome if isinstance(row.outcome, dict) else {"outcome": row.outcome},
+    )
+
+
+def _failed(source: str, event_key: str, *, tracebacks: bool) -> FailedHistory | None:
+    row = (
+        FailedEvent.objects.filter(event_key=event_key, source=source)
+        .defer("body", "headers")
+        .first()
+    )
+    if row is None:
+        return None
+    errors = row.errors if isinstance(row.errors, list) else []
+    return FailedHistory(
+        id=row.pk,
+        status=row.status,
+        event_type=row.event_type,
+        attempts=row.attempts,
+        first_attempt_at=row.first_attempt_at,
+        last_attempt_at=row.last_attempt_at,
+        next_attempt_at=row.next_attempt_at,
+        resolution=row.resolution,
+        resolved_at=row.resolved_at,
+        last_replayed_by=row.last_replayed_by,
+        last_replayed_at=row.last_replayed_at,
+        discarded_by=row.discarded_by,
+        discarded_at=row.discarded_at,
+        discard_reason=row.discard_reason,
+        history=tuple(_attempt(entry, tracebacks) for entry in errors if isinstance(entry, dict)),
+    )
+
+
+def _attempt(entry: dict[str, Any], tracebacks: bool) -> Attempt:
+    at = entry.get("at")
+    number = entry.get("attempt")
+    return Attempt(
+        attempt=number if isinstance(number, int) else None,
+        at=parse_datetime(at) if isinstance(at, str) else None,
+        trigger=str(entry.get("trigger", "")),
+        kind=str(entry.get("kind", "")),
+        exception=str(entry.get("exception", "")),
+        message=str(entry.get("message", "")),
+        traceback=str(entry.get("traceback", "")) if tracebacks else "",
+    )
+
+
+def _repairs(source: str, event_key: str) -> tuple[Repair, ...]:
+    rows = RepairItem.objects.filter(event_key=event_key, source=source).order_by(
+        "created_at", "id"
+    )
+    return tuple(
+        Repair(
+            id=row.pk,
+            kind=row.kind,
+            status=row.status,
+            occurred_at=row.occurred_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            resolved_by=row.resolved_by,
+            resolved_at=row.resolved_at,
+            resolution_note=row.resolution_note,
+        )
+        for row in rows
+    )
+
+
+def _host_effects(*, source: str, event_key: str) -> tuple[tuple[EffectSection, ...], str]:
+    """The host's sections, or why there are none. A broken hook must not hide the rest
+    of the story, so its failure becomes a message on the page, not an error."""
+    path = app_settings().trace_effects
+    if not path:
+        return (), ""
+    try:
+        hook: EffectsHook = import_string(path)
+    except ImportError as exc:
+        return (), f"WEBHOOK_RECEIVER['TRACE_EFFECTS'] = {path!r} cannot be imported: {exc}"
+    try:
+        sections = tuple(hook(source=source, event_key=event_key))
+    except Exception as exc:
+        logger.exception(
+            "TRACE_EFFECTS %s failed for %s:%s",
+            path,
+            source,
+            event_key,
+            extra={"source": source, "event_key": event_key},
+        )
+        return (), f"WEBHOOK_RECEIVER['TRACE_EFFECTS'] ({path}) raised {type(exc).__name__}: {exc}"
+    return sections, ""

@@ -31,9 +31,10 @@ from tests.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.signing import event_body, reserved, standard_headers
 from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound import admission, enqueue_webhook
+from webhook_receiver.outbound import enqueue_webhook, trigger
 
-ADMISSION = "webhook_receiver.outbound.admission"
+# the cache and broker outages of admission and its relay triggers are said here
+OUTAGE_LOGGER = "webhook_receiver.outbound.trigger"
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -51,7 +52,7 @@ def merchant(transactional_db) -> WebhookDestination:
 def outages(monkeypatch) -> Iterator[None]:
     """Each test starts with the cache and the broker believed up, and retries a failed
     cache after 0.2 s instead of 5 (so that a test sees it come back quickly)."""
-    for outage in (admission.cache_outage, admission.broker_outage):
+    for outage in (trigger.cache_outage, trigger.broker_outage):
         monkeypatch.setattr(outage, "since", None)
         monkeypatch.setattr(outage, "retry_at", 0.0)
         monkeypatch.setattr(outage, "RETRY_SECONDS", 0.2)
@@ -81,7 +82,7 @@ def window_keys(server: PrivateRedis) -> list[bytes]:
 
 
 def admission_lines(caplog) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == ADMISSION]
+    return [r for r in caplog.records if r.name == OUTAGE_LOGGER]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -132,7 +133,7 @@ def test_a_frozen_cache_costs_one_timeout_not_one_per_event(
     os.kill(redis_cache.process.pid, signal.SIGSTOP)
     try:
         # when: five orders arrive within the outage's retry delay
-        monkeypatch.setattr(admission.cache_outage, "RETRY_SECONDS", 60)
+        monkeypatch.setattr(trigger.cache_outage, "RETRY_SECONDS", 60)
         started = time.monotonic()
         answers = [paid(client, f"ord_{n}")["status"] for n in range(1, 6)]
         took = time.monotonic() - started

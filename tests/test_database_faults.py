@@ -19,7 +19,7 @@ from django.utils import timezone
 from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.http import post
 from tests.signing import event_body, reserved, standard_headers
-from webhook_receiver.core import faults
+from webhook_receiver.core import logs
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
 from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, RequestAudit
@@ -63,9 +63,9 @@ def short_bounds(settings) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_traceback_memory() -> Iterator[None]:
-    faults._traceback_shown_at.clear()
+    logs._traceback_shown_at.clear()
     yield
-    faults._traceback_shown_at.clear()
+    logs._traceback_shown_at.clear()
 
 
 def sleeps_in_the_database(event: WebhookEvent) -> HandlerResult:

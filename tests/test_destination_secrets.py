@@ -27,7 +27,7 @@ from webhook_receiver.checks import check_destination_secrets
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.encryption import SecretsUnreadable
-from webhook_receiver.outbound.relay import relay_destination
+from webhook_receiver.outbound.relay.run import relay_destination
 
 pytestmark = pytest.mark.django_db
 

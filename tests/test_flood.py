@@ -38,7 +38,8 @@ from webhook_receiver.inbound.audit import AuditDraft, audit_purge
 from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import RejectionTally, RequestAudit, WebhookReceipt
 from webhook_receiver.watch.silence import rejected_counts
-from webhook_receiver.watch.sources import activity_series, source_statuses
+from webhook_receiver.watch.sources import source_statuses
+from webhook_receiver.watch.traffic import activity_series
 
 BOUND = 10  # REJECTED_AUDIT_PER_MINUTE's default
 UNSIGNED = b'{"type": "inventory.reserved", "data": {"order_id": "ord_flood", "version": 1}}'

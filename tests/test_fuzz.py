@@ -728,7 +728,7 @@ def test_any_authorization_header_on_metrics_is_a_401_or_the_scrape(
 def test_any_retry_after_reads_as_capped_seconds_or_none(value):
     from django.utils import timezone
 
-    from webhook_receiver.outbound.relay import parse_retry_after
+    from webhook_receiver.core.peer_http import parse_retry_after
 
     seconds = parse_retry_after(value, now=timezone.now(), cap=300)
     assert seconds is None or 0 <= seconds <= 300

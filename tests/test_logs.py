@@ -27,7 +27,7 @@ from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F40
 from tests.served import listening
 from tests.settings import SHOP_SECRET
 from tests.signing import reserved, standard_headers
-from webhook_receiver.core import faults
+from webhook_receiver.core import logs
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 CONFIG = BASE_DIR / "deploy" / "gunicorn.conf.py"
@@ -188,7 +188,7 @@ def test_a_deferred_event_is_one_line_with_its_key_its_attempt_and_what_comes_ne
     holder = psycopg.connect(dbname=db["NAME"], host=db["HOST"], port=db["PORT"], user=db["USER"])
     holder.execute("LOCK TABLE shop_inventoryledgerentry IN ACCESS EXCLUSIVE MODE")
     body = reserved("o_line", ("S-L", 1))
-    faults._traceback_shown_at.clear()
+    logs._traceback_shown_at.clear()
 
     # when
     try:
@@ -259,7 +259,7 @@ def test_a_senders_text_stays_one_line_and_cannot_add_a_field(values):
     logger.addHandler(handler)
     try:
         # when
-        faults.log_line(logger, logging.WARNING, "webhook event deferred", **fields)
+        logs.log_line(logger, logging.WARNING, "webhook event deferred", **fields)
     finally:
         logger.removeHandler(handler)
 

@@ -42,7 +42,7 @@ from webhook_receiver.models import (
     WebhookReceipt,
 )
 from webhook_receiver.watch import metrics
-from webhook_receiver.watch.sources import last_accepted_at
+from webhook_receiver.watch.traffic import last_accepted_at
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 TOKEN = "metrics-token-for-tests"

@@ -33,13 +33,15 @@ from webhook_receiver.models import (
     OutboxMessage,
     WebhookDestination,
 )
+from webhook_receiver.outbound.breaker import destination_breaker
 from webhook_receiver.outbound.operations import (
     destination_recover_since,
     message_discard,
     message_retry_now,
 )
-from webhook_receiver.outbound.relay import relay_claim, relay_record, relay_send
-from webhook_receiver.outbound.selectors import destination_breaker
+from webhook_receiver.outbound.relay.claim import relay_claim
+from webhook_receiver.outbound.relay.record import relay_record
+from webhook_receiver.outbound.relay.transport import relay_send
 
 pytestmark = pytest.mark.django_db
 

@@ -40,9 +40,9 @@ from webhook_receiver.models import (
     WebhookReceipt,
 )
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay import relay_claim
-from webhook_receiver.outbound.relay import relay_destination as relay_run
-from webhook_receiver.outbound.tasks import relay_destination, relay_sweep
+from webhook_receiver.outbound.relay.claim import relay_claim
+from webhook_receiver.outbound.relay.run import relay_destination as relay_run
+from webhook_receiver.tasks import relay_destination, relay_sweep
 
 WORKERS = "Celery workers in other processes must see the test database"
 # seconds between a claim and its recorded start: a thread's start, a commit

@@ -16,7 +16,7 @@ from tests.test_metrics import TOKEN, parse, scrape, value
 from tests.worker import wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay import relay_destination
+from webhook_receiver.outbound.relay.run import relay_destination
 
 pytestmark = pytest.mark.django_db
 

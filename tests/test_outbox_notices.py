@@ -9,7 +9,7 @@ from django.test import TestCase
 
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay import relay_destination
+from webhook_receiver.outbound.relay.run import relay_destination
 
 pytestmark = pytest.mark.django_db
 

@@ -14,16 +14,14 @@ from django.test import TestCase
 from django.utils import timezone
 from standardwebhooks import Webhook
 
+from webhook_receiver.core.backoff import full_jitter
+from webhook_receiver.core.peer_http import parse_retry_after
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay import (
-    parse_retry_after,
-    relay_claim,
-    relay_destination,
-    relay_record,
-    relay_send,
-    retry_delay,
-)
+from webhook_receiver.outbound.relay.claim import relay_claim
+from webhook_receiver.outbound.relay.record import relay_record
+from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.transport import relay_send
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -250,9 +248,9 @@ def test_backoff_is_full_jitter_under_a_cap():
     import random
 
     rng = random.Random(7)
-    delays = [retry_delay(4, base=2, cap=300, rng=rng) for _ in range(200)]
+    delays = [full_jitter(4, base=2, cap=300, rng=rng) for _ in range(200)]
     assert all(0 <= d <= 16 for d in delays) and max(delays) > 8
-    assert all(retry_delay(20, base=2, cap=300, rng=rng) <= 300 for _ in range(50))
+    assert all(full_jitter(20, base=2, cap=300, rng=rng) <= 300 for _ in range(50))
 
 
 # --- with a real Celery worker, and a receiver built on this project ---------------------

@@ -12,9 +12,11 @@ from django.utils import timezone
 
 from tests.browser import screenshot
 from tests.test_status import status_command
+from webhook_receiver.core.states import State
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.watch.destinations import destination_statuses
-from webhook_receiver.watch.sources import State, source_statuses, status_verdict
+from webhook_receiver.watch.sources import source_statuses
+from webhook_receiver.watch.verdict import status_verdict
 
 pytestmark = pytest.mark.django_db
 

@@ -16,10 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.peers import answer, hostile_peer, timed, trickled
+from webhook_receiver import tasks as relay_tasks
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound import tasks as relay_tasks
-from webhook_receiver.outbound.relay import UNRECORDED, relay_claim, relay_destination, relay_send
+from webhook_receiver.outbound.relay.claim import UNRECORDED, relay_claim
+from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.watch.destinations import destination_statuses
 
 pytestmark = pytest.mark.django_db
@@ -338,7 +340,7 @@ def test_each_answer_that_is_not_a_2xx_is_one_warning_and_deliveries_are_not_log
     lines = {
         r.webhook["key"]: r.getMessage()
         for r in caplog.records
-        if r.name == "webhook_receiver.outbound.relay"
+        if r.name.startswith("webhook_receiver.outbound.relay")
     }
     assert set(lines) == {"k-500", "k-422", "k-429"}
     assert lines["k-500"].startswith(
@@ -350,7 +352,10 @@ def test_each_answer_that_is_not_a_2xx_is_one_warning_and_deliveries_are_not_log
         "answer), waiting for an operator"
     )
     assert lines["k-429"].endswith("attempt 1: deferred 2 min as Retry-After asks")
-    assert {r.levelno for r in caplog.records if r.name.endswith("relay")} == {logging.WARNING}
+    relay_lines = [
+        r for r in caplog.records if r.name.startswith("webhook_receiver.outbound.relay")
+    ]
+    assert {r.levelno for r in relay_lines} == {logging.WARNING}
 
 
 def test_a_request_that_got_no_answer_is_one_warning(django_capture_on_commit_callbacks, caplog):
@@ -367,7 +372,11 @@ def test_a_request_that_got_no_answer_is_one_warning(django_capture_on_commit_ca
             relay_destination(destination_id=dest.pk)
 
     # then
-    (line,) = [r.getMessage() for r in caplog.records if r.name.endswith("relay")]
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("webhook_receiver.outbound.relay")
+    ]
     assert line.startswith("outbox: merchant gave no answer (RemoteProtocolError: ")
     assert "to k-dropped, attempt 1: retried in" in line
 

@@ -33,7 +33,7 @@ from webhook_receiver.signals import silence_alert_opened, silence_alert_resolve
 from webhook_receiver.tasks import check_silence
 from webhook_receiver.watch.notifiers import Notifier
 from webhook_receiver.watch.silence import silence_check
-from webhook_receiver.watch.sources import last_accepted_at
+from webhook_receiver.watch.traffic import last_accepted_at
 
 pytestmark = pytest.mark.django_db
 

@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from webhook_receiver.core.states import State
 from webhook_receiver.models import (
     FailedEvent,
     ReconciliationRun,
@@ -26,15 +27,9 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
-from webhook_receiver.watch.sources import (
-    CONDITIONS,
-    UNCONFIGURED,
-    State,
-    activity_series,
-    observed_gaps,
-    source_statuses,
-    status_verdict,
-)
+from webhook_receiver.watch.sources import CONDITIONS, source_statuses
+from webhook_receiver.watch.traffic import UNCONFIGURED, activity_series, observed_gaps
+from webhook_receiver.watch.verdict import status_verdict
 
 pytestmark = pytest.mark.django_db
 
@@ -285,7 +280,7 @@ def test_a_503_is_not_stored_and_needs_attention():
     shop = by_source()["shop"]
 
     assert shop.accepted_last_hour == {}
-    assert shop.rejected_last_hour == {"not_stored": 1}
+    assert shop.rejected_last_hour == {"temporarily_unavailable": 1}
     assert [(r.code, r.text) for r in shop.reasons] == [
         ("not_stored", "1 request answered 503 (not stored) in the last hour")
     ]

@@ -85,6 +85,10 @@ class NotStored(WebhookError):
     """A verified event could be neither applied nor captured (the database is down or
     refuses writes): nothing was stored, so the sender must keep it and retry."""
 
+    # the answer's error code (a 503), and the reason that metrics and the status count
+    # such a request under
+    code: str = "temporarily_unavailable"
+
 
 class TransientError(WebhookError):
     """The event could not be applied now; it may succeed later."""

@@ -1,25 +1,28 @@
-"""Celery tasks: thin, idempotent wrappers around services.
+"""Celery tasks: the interface through which Celery runs the app's services.
+
+Each task is thin: it imports its service inside its body (the one lazy import the app
+allows, as the HackSoft styleguide does: a service may then queue a task by importing
+this module at its top, with no import cycle) and calls it. Their registered names
+(``webhook_receiver.<name>``) are what a beat schedule and a queue hold: renaming one is
+a breaking change.
 
 Schedule them with beat (the demo project does, in ``project/settings.py``). They are
-safe to run on several workers at once and to run again after a lost worker: the
-sweeper claims rows with ``SKIP LOCKED``, and every effect goes through the claim.
+safe to run on several workers at once and to run again after a lost worker: sweeps
+claim rows with ``SKIP LOCKED``, and every effect goes through a claim. A database error
+is one log line a run (``faults.healing``), and the next run tries again.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from .conf import app_settings
 from .core.faults import healing
-from .inbound.audit import audit_purge
-from .inbound.failures import failed_events_purge, failed_events_retry_due
-from .outbound.tasks import purge_outbox, relay_destination, relay_sweep  # noqa: F401 - registered
-from .reconcile.run import RunInProgress, reconciliation_run, sources_to_reconcile
-from .watch.heartbeat import heartbeat_record
-from .watch.silence import silence_check
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
 AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+
+
+# --- inbound ---------------------------------------------------------------------------
 
 
 @shared_task(
@@ -35,6 +38,9 @@ def retry_failed_events() -> int:
     A full batch means more may be due: queue another run, so a backlog drains across
     all workers instead of waiting for the next beat.
     """
+    from .conf import app_settings
+    from .inbound.failures import failed_events_retry_due
+
     tried = failed_events_retry_due()
     if tried >= app_settings().sweep_batch_size:
         retry_failed_events.delay()
@@ -50,6 +56,8 @@ def retry_failed_events() -> int:
 @healing
 def purge_audit_records() -> int:
     """Delete audit records past ``AUDIT_RETENTION_DAYS``."""
+    from .inbound.audit import audit_purge
+
     return audit_purge()
 
 
@@ -62,7 +70,56 @@ def purge_audit_records() -> int:
 @healing
 def purge_failed_events() -> int:
     """Delete resolved and discarded failed events past ``FAILED_EVENT_RETENTION_DAYS``."""
+    from .inbound.failures import failed_events_purge
+
     return failed_events_purge()
+
+
+# --- outbound --------------------------------------------------------------------------
+
+
+@shared_task(
+    name="webhook_receiver.relay_destination",
+    soft_time_limit=60,
+    time_limit=90,
+    **AT_LEAST_ONCE,
+)
+@healing
+def relay_destination(destination_id: int) -> int:
+    """Relay one destination: queued on commit of each admission, by the sweep, and as
+    the follow-up its token bucket asks for (a worker never sleeps for it)."""
+    from .outbound.relay.run import relay_run
+
+    return relay_run(destination_id)
+
+
+@shared_task(
+    name="webhook_receiver.relay_sweep", soft_time_limit=20, time_limit=30, ignore_result=True
+)
+@healing
+def relay_sweep() -> int:
+    """Queue a run for every destination with an eligible message: the safety net for a
+    lost trigger (schedule it every few seconds)."""
+    from .outbound.trigger import relay_sweep
+
+    return relay_sweep()
+
+
+@shared_task(
+    name="webhook_receiver.purge_outbox",
+    soft_time_limit=540,
+    time_limit=600,
+    **AT_LEAST_ONCE,
+)
+@healing
+def purge_outbox() -> int:
+    """Delete delivered and discarded messages past their retention (daily on beat)."""
+    from .outbound.retention import outbox_purge
+
+    return outbox_purge()
+
+
+# --- watch and reconcile ---------------------------------------------------------------
 
 
 @shared_task(
@@ -76,13 +133,9 @@ def reconcile_sources() -> dict[str, str]:
     """Reconcile every source that has a RECONCILE block; one run per source at a time,
     enforced by the database (a source already running is skipped). A failed run is
     logged at ERROR and shown in the admin."""
-    outcomes = {}
-    for slug in sources_to_reconcile():
-        try:
-            outcomes[slug] = reconciliation_run(source_slug=slug).outcome
-        except RunInProgress:
-            outcomes[slug] = "skipped: running elsewhere"
-    return outcomes
+    from .reconcile.run import reconcile_all
+
+    return reconcile_all()
 
 
 @shared_task(
@@ -93,6 +146,8 @@ def beat_heartbeat() -> None:
     """Schedule this on beat every 30 to 60 seconds: /health/ reports beat as down once
     its heartbeat is older than HEARTBEAT_MAX_AGE_SECONDS. (Not acks_late: a lost beat is
     the next one's job.)"""
+    from .watch.heartbeat import heartbeat_record
+
     heartbeat_record()
 
 
@@ -105,4 +160,6 @@ def check_silence() -> dict[str, str]:
     SILENCE_AFTER_SECONDS opens one alert (and one notice); accepted traffic resolves it
     (one recovery notice). Safe on several workers at once: the database arbitrates.
     (Not acks_late: a lost check is the next one's job.)"""
+    from .watch.silence import silence_check
+
     return {check.source: check.state for check in silence_check()}

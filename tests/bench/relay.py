@@ -277,7 +277,7 @@ def relay_until_empty(destination_id: int, counted: Counted) -> int:
     statement and every transaction it runs."""
     from django.db import connection, connections
 
-    from webhook_receiver.outbound.relay import relay_destination
+    from webhook_receiver.outbound.relay.run import relay_destination
 
     def count(execute, sql, params, many, context):
         # executemany runs its statement once per parameter set
@@ -327,7 +327,8 @@ def _statement_kind(sql: str) -> str:
 def floor_requests(dest, keys: Sequence[str]) -> list[tuple[bytes, dict[str, str]]]:
     """The requests the relay sends for these messages, signed by the relay's own code."""
     from webhook_receiver.models import OutboxMessage
-    from webhook_receiver.outbound.relay import Claimed, signed_request
+    from webhook_receiver.outbound.relay.messages import Claimed
+    from webhook_receiver.outbound.relay.transport import signed_request
 
     rows = OutboxMessage.objects.filter(destination=dest, key__in=keys).order_by("id")
     now = int(time.time())
@@ -498,7 +499,7 @@ class Worker(LoggedProcess):
 
 def limiter(args: argparse.Namespace, receiver: Receiver, worker: Worker, dest) -> dict[str, Any]:
     """Trigger the deep backlog once; read the arrivals' rate at the receiver."""
-    from webhook_receiver.outbound.tasks import relay_destination
+    from webhook_receiver.tasks import relay_destination
 
     count = 20 * args.rate
     receiver.drain()

@@ -35,6 +35,8 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from ..core import display
+from ..core.words import duration_text
+from ..outbound.breaker import destination_breaker
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import (
@@ -44,9 +46,8 @@ from ..outbound.operations import (
     message_discard,
     message_retry_now,
 )
-from ..outbound.selectors import destination_breaker, destinations_with_health
+from ..outbound.selectors import destinations_with_health
 from ..schemes.standard import secret_key
-from ..watch.sources import duration_text
 from .base import (
     ObjectButton,
     ObjectButtons,

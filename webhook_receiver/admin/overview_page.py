@@ -27,24 +27,16 @@ from django.utils.safestring import SafeString, mark_safe
 
 from ..conf import app_settings
 from ..core.faults import database_deadline
+from ..core.states import Reason, State
+from ..core.words import duration_text
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage, WebhookDestination
 from ..reconcile.models import ReconciliationRun, RepairItem
 from ..watch.destinations import DestinationStatus, destination_statuses
 from ..watch.models import SilenceAlert
-from ..watch.sources import (
-    LAST_HOUR,
-    ActivityBucket,
-    GapStats,
-    Reason,
-    SourceStatus,
-    State,
-    activity_series,
-    duration_text,
-    observed_gaps,
-    source_statuses,
-    status_verdict,
-)
+from ..watch.sources import LAST_HOUR, SourceStatus, source_statuses
+from ..watch.traffic import ActivityBucket, GapStats, activity_series, observed_gaps
+from ..watch.verdict import status_verdict
 
 TEMPLATE = "admin/webhook_receiver/overview.html"
 # a word and a shape for each state, so that colour is never the only signal

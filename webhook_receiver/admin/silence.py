@@ -13,9 +13,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from ..core.words import duration_text
 from ..watch.models import SilenceAlert
 from ..watch.notifiers import admin_path
-from ..watch.sources import duration_text
 from .base import ReadOnlyAdmin
 
 # a label, and below it a moment that wraps as a whole or not at all

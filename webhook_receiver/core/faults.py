@@ -1,5 +1,4 @@
-"""When the database fails: bound every wait, discard a session that cannot heal, and
-log each failed request on one line.
+"""When the database fails: bound every wait, and discard a session that cannot heal.
 
 A statement waits at most ``lock_timeout`` for a lock and runs at most
 ``statement_timeout``. PostgreSQL takes a statement's table locks before it runs any of
@@ -13,9 +12,8 @@ still answers Django's ``SELECT 1`` health check, so it would be kept and fail e
 request until the worker restarts. One that the server shut down is no better. Such a
 connection is closed after the failure, and the next request opens a fresh one.
 
-A failing database fails every request the same way: each gets one log line with the
-fields of its audit record, and a traceback only the first time its error class is met
-in ``TRACEBACK_INTERVAL_SECONDS`` (per process), so an outage cannot flood the logs.
+A failing database fails every request the same way: each gets one line of
+``logs.log_failure``, with a traceback only once in a while.
 """
 
 from __future__ import annotations
@@ -23,28 +21,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
-from . import storable
-
-if TYPE_CHECKING:
-    from django.http.response import HttpResponseBase
+from ..conf import app_settings
+from .logs import error_name, log_failure, value_text
 
 # SQLSTATEs after which the session itself is no good: read_only_sql_transaction,
 # admin_shutdown, crash_shutdown, cannot_connect_now; and class 08, connection exceptions
 BROKEN_SESSION_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
-TRACEBACK_INTERVAL_SECONDS = 300.0
 
-_traceback_shown_at: dict[str, float] = {}
 
 T = TypeVar("T")
-R = TypeVar("R", bound="HttpResponseBase")
 
 # The bounds of the current transaction (or, outside one, of the statement sent with it),
 # from the parameters ``lock_timeout`` and ``statement_timeout`` (bounds_params); the
@@ -72,6 +64,25 @@ def transaction_bound(*, lock_timeout_ms: int, statement_timeout_ms: int) -> Non
         )
         with connection.cursor() as cursor:
             cursor.execute(BOUND, params)
+
+
+@contextlib.contextmanager
+def bounded_transaction(*, savepoint: bool = False) -> Iterator[None]:
+    """A transaction whose statements are bounded on PostgreSQL by LOCK_TIMEOUT_MS and
+    STATEMENT_TIMEOUT_MS, so that a locked table (a migration, VACUUM FULL) ends it within
+    seconds instead of holding a worker. The bounds are local to the transaction (nothing
+    stays on the session, as PgBouncer's transaction mode requires). Inside a caller's
+    transaction it joins it (in a savepoint of its own with ``savepoint``) and leaves the
+    bounds to the caller."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(savepoint=savepoint):
+        if outermost:
+            config = app_settings()
+            transaction_bound(
+                lock_timeout_ms=config.lock_timeout_ms,
+                statement_timeout_ms=config.statement_timeout_ms,
+            )
+        yield
 
 
 class NotAnswering(DatabaseError):
@@ -111,6 +122,11 @@ def database_deadline(seconds: float) -> Iterator[None]:
         if sqlstate(exc) in TIMEOUT_STATES:
             raise NotAnswering(seconds) from exc
         raise
+
+
+def bound_fired(exc: BaseException) -> bool:
+    """``exc`` is a lock or statement timeout: a bound that fired."""
+    return sqlstate(exc) in TIMEOUT_STATES
 
 
 def execute_bounded(
@@ -196,46 +212,6 @@ def connection_discard_if_broken(exc: BaseException) -> bool:
     return False
 
 
-def error_name(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
-
-
-def log_failure(logger: logging.Logger, what: str, exc: BaseException, **fields: Any) -> None:
-    """Log one line: ``what``, the error, and ``fields`` as key=value (values escaped, so
-    that a sender cannot forge lines); with the traceback only the first time this error
-    class is met in a while."""
-    name = error_name(exc)
-    now = time.monotonic()
-    show = now - _traceback_shown_at.get(name, -math.inf) >= TRACEBACK_INTERVAL_SECONDS
-    if show:
-        _traceback_shown_at[name] = now
-    pairs = " ".join(f"{key}={_value(value)}" for key, value in fields.items())
-    logger.error(
-        "%s: %s: %s %s%s",
-        what,
-        name,
-        _value(str(exc).splitlines()[0] if str(exc) else ""),
-        pairs,
-        "" if show else " (traceback logged earlier)",
-        exc_info=exc if show else None,
-        extra={"webhook": {**fields, "error": name}},
-    )
-
-
-def log_line(logger: logging.Logger, level: int, what: str, **fields: Any) -> None:
-    """Log one line: ``what: key=value …``, the values escaped as log_failure's."""
-    pairs = " ".join(f"{key}={_value(value)}" for key, value in fields.items())
-    logger.log(level, "%s: %s", what, pairs, extra={"webhook": fields})
-
-
-def logged_already(response: R) -> R:
-    """``response``, marked as logged: Django's ``django.request`` logger would log every
-    4xx and 5xx again, a bare "Service Unavailable: /webhooks/shop/" without the event's
-    key, after the app's own line that has it."""
-    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's own mark
-    return response
-
-
 class Outage:
     """A dependency that the app can do without for a while (a cache, a broker): its
     failures are survived, and logged once an outage, not once a call.
@@ -273,7 +249,7 @@ class Outage:
                     "%s not answering: %s: %s; %s",
                     self.name,
                     error_name(exc),
-                    _value(str(exc).splitlines()[0] if str(exc) else ""),
+                    value_text(str(exc).splitlines()[0] if str(exc) else ""),
                     self.meanwhile,
                 )
             self.missed += 1
@@ -288,18 +264,6 @@ class Outage:
             )
             self.since = None
         return result
-
-
-def _value(value: Any) -> str:
-    """A value for a ``key=value`` line: control characters escaped (storable.text), then
-    backslashes and quotes, then whatever else could break or fake a line (U+2028, a
-    no-break space); quoted when it holds a space or a quote, or is empty."""
-    if value is None:
-        return "-"
-    text = storable.text(str(value), 300).replace("\\", "\\\\").replace('"', '\\"')
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
-    return f'"{text}"' if (" " in text or '"' in text or not text) else text
 
 
 def healing(task: Callable[..., Any]) -> Callable[..., Any]:

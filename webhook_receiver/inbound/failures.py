@@ -33,7 +33,8 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from ..conf import app_settings, get_source
-from ..core import faults, storable
+from ..core import faults, logs, storable
+from ..core.backoff import full_jitter
 from ..core.retention import delete_in_batches
 from ..exceptions import PermanentError
 from ..handlers import WebhookEvent
@@ -71,10 +72,11 @@ def classify(exc: BaseException) -> str:
 
 
 def retry_delay(attempts: int, *, rng: random.Random | None = None) -> timedelta:
-    """Full jitter: a uniform wait in [0, min(max delay, base * 2**(attempts - 1))]."""
+    """The wait before the next retry: full jitter between RETRY_BASE_DELAY_SECONDS and
+    RETRY_MAX_DELAY_SECONDS (core/backoff.py)."""
     config = app_settings()
-    ceiling = min(config.retry_max_delay, config.retry_base_delay * 2 ** max(attempts - 1, 0))
-    return timedelta(seconds=(rng or random).uniform(0, ceiling))
+    wait = full_jitter(attempts, base=config.retry_base_delay, cap=config.retry_max_delay, rng=rng)
+    return timedelta(seconds=wait)
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def _record_failure(
 ) -> None:
     """Append the error and decide what comes next. The caller holds the row lock."""
     kind = classify(exc)
-    error_class = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    error_class = logs.error_name(exc)
     was = failed.status
     failed.attempts += 1
     failed.errors = [
@@ -181,11 +183,11 @@ def _failure_line(
         "event_type": failed.event_type,
         "trigger": trigger,
         "attempt": f"{failed.attempts}/{app_settings().retry_max_attempts}",
-        "error": faults.error_name(exc),
+        "error": logs.error_name(exc),
         "message": str(exc).splitlines()[0] if str(exc) else "",
         "next": then,
     }
-    return functools.partial(faults.log_line, logger, level, what, **fields)
+    return functools.partial(logs.log_line, logger, level, what, **fields)
 
 
 def _stored_event(failed: FailedEvent) -> WebhookEvent:
@@ -238,7 +240,7 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
         "result": outcome.status,
     }
     line = functools.partial(
-        faults.log_line, logger, logging.INFO, "webhook event resolved", **fields
+        logs.log_line, logger, logging.INFO, "webhook event resolved", **fields
     )
     transaction.on_commit(line, robust=True)
     return outcome.status

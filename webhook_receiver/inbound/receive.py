@@ -28,7 +28,7 @@ from django.utils.datastructures import CaseInsensitiveMapping
 
 from .. import schemes as signatures
 from ..conf import app_settings, get_source
-from ..core import faults, storable
+from ..core import faults, logs, storable
 from ..exceptions import (
     NotStored,
     PayloadTooLarge,
@@ -95,7 +95,7 @@ def webhook_receive(
         if error is not None:
             faults.connection_discard_if_broken(error)
             fields = audit.log_fields(result=exc.code, response_status=exc.status_code)
-            faults.log_failure(logger, "audit record not written", error, **fields)
+            logs.log_failure(logger, "audit record not written", error, **fields)
         else:
             _refusal_log(audit, exc, written=written)
         raise
@@ -131,11 +131,11 @@ def webhook_receive(
             result = type(exc).__name__
             _, unwritten = audit.record_best_effort(result=result, response_status=503)
             faults.connection_discard_if_broken(capture_error)
-            faults.log_failure(
+            logs.log_failure(
                 logger,
                 "webhook neither applied nor captured; the sender will retry",
                 capture_error,
-                first_error=faults.error_name(exc),
+                first_error=logs.error_name(exc),
                 audit_written=unwritten is None,
                 **audit.log_fields(result=result, response_status=503),
             )
@@ -153,7 +153,7 @@ def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> N
     line a minute per source and reason (and process) says that the rest are counted
     only: the log stays as bounded as the table."""
     if written:
-        faults.log_line(
+        logs.log_line(
             logger,
             logging.WARNING,
             "webhook refused",
@@ -170,7 +170,7 @@ def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> N
     if _past_bound_said.get((source, exc.code)) == minute:
         return
     _past_bound_said[(source, exc.code)] = minute
-    faults.log_line(
+    logs.log_line(
         logger,
         logging.WARNING,
         "webhook refusals past the audit bound: counted, not recorded, this minute",

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ..core import faults
+from ..core import faults, logs
 from ..exceptions import NotStored, RejectedRequest
 from ..watch import metrics
 from .audit import request_client_address
@@ -50,7 +50,7 @@ class WebhookView(APIView):
         if isinstance(exc, MethodNotAllowed):
             # not a delivery: no line of Django's per request either (a flood of GETs
             # would be a line each); the server's access log has them
-            faults.logged_already(response)
+            logs.logged_already(response)
         return response
 
     def post(self, request: Request, source: str) -> Response:
@@ -73,14 +73,14 @@ class WebhookView(APIView):
                 body["detail"] = str(exc)
             # the service logged it (within the audit bound): Django's bare line would
             # log every refusal of a flood again
-            return faults.logged_already(Response(body, status=exc.status_code))
+            return logs.logged_already(Response(body, status=exc.status_code))
         except NotStored:  # logged where it happened
             return _retry_later()
         except Exception as exc:
             # A fault outside the service's own handling (a stream that broke while being
             # read, say): nothing was stored, so the sender must keep the event and retry.
             faults.connection_discard_if_broken(exc)
-            faults.log_failure(logger, "webhook request failed; the sender will retry", exc)
+            logs.log_failure(logger, "webhook request failed; the sender will retry", exc)
             return _retry_later()
         if result.status in (Result.DEFERRED, Result.DEAD_LETTERED):
             return Response({"status": result.status, "event_key": result.event_key}, status=202)
@@ -97,11 +97,11 @@ class WebhookView(APIView):
 def _retry_later() -> Response:
     # every 503 here was logged where it happened, with its event's key: once is enough
     response = Response(
-        {"error": "temporarily_unavailable", "detail": "Retry later."},
+        {"error": NotStored.code, "detail": "Retry later."},
         status=503,
         headers={"Retry-After": RETRY_AFTER_SECONDS},
     )
-    return faults.logged_already(response)
+    return logs.logged_already(response)
 
 
 def _body(request: Request) -> tuple[IO[bytes] | None, int | None]:

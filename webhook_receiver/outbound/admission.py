@@ -25,61 +25,20 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.cache import cache, caches
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
 from ..conf import app_settings
 from ..core import faults, sql
+from . import queries
 from .metrics import dedup_hit_count
 from .models import MessageStatus, OutboxMessage, WebhookDestination
+from .trigger import cache_outage, relay_soon
 
 logger = logging.getLogger(__name__)
 
 ADMISSION_WINDOW_SECONDS = 5 * 60
-# how long "a run is queued" is believed without the run starting (a lost run: the beat
-# sweep queues another meanwhile)
-QUEUED_MARK_SECONDS = 10
-
-# One message per (destination, key), forever: a conflict creates nothing.
-INSERT_MESSAGE = """
-    INSERT INTO webhook_receiver_outboxmessage
-        (destination_id, key, event_type, payload, ordering_key, status, attempts, failures,
-         next_attempt_at, origin_source, origin_event_key, created_at, last_error,
-         discarded_by, discard_reason)
-    VALUES
-        (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(ordering_key)s,
-         %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s, %(origin_event_key)s,
-         %(created_at)s, '', '', '')
-    ON CONFLICT (destination_id, key) DO NOTHING
-    RETURNING id
-"""
-# The insert's own lock bound, sent with it (faults.execute_bounded): the transaction's
-# bound is kept aside (evaluated in WHERE, before the new one is set) and put back after,
-# so that the rest of the caller's transaction keeps its own.
-SHORTEN_LOCK_BOUND = """
-    SELECT set_config('lock_timeout', %(admission_lock_timeout)s, true)
-    WHERE set_config('webhook_receiver.lock_timeout', current_setting('lock_timeout'), true)
-          IS NOT NULL
-"""
-RESTORE_LOCK_BOUND = """
-    SELECT set_config('lock_timeout', current_setting('webhook_receiver.lock_timeout'), true)
-"""
-
-# The cache and the broker are optimisations here: without them, admissions go on to the
-# table, and the beat sweep queues the relay runs that were not triggered.
-cache_outage = faults.Outage(
-    logger,
-    "outbox cache",
-    "admissions rely on the unique constraint alone, and relay runs are queued without "
-    "their marks, until it answers",
-)
-broker_outage = faults.Outage(
-    logger,
-    "broker",
-    "relay runs not triggered: new messages wait for the beat sweep (every few seconds) "
-    "once it answers",
-)
 
 
 @dataclass(frozen=True)
@@ -147,7 +106,11 @@ def enqueue_webhook(
     params["admission_lock_timeout"] = f"{app_settings().admission_lock_timeout_ms}ms"
     with connection.cursor() as cursor:
         faults.execute_bounded(
-            cursor, INSERT_MESSAGE, params, bound=SHORTEN_LOCK_BOUND, restore=RESTORE_LOCK_BOUND
+            cursor,
+            queries.INSERT_MESSAGE,
+            params,
+            bound=queries.SHORTEN_LOCK_BOUND,
+            restore=queries.RESTORE_LOCK_BOUND,
         )
         created = cursor.fetchone() is not None
     # Remembered only once the admission has committed: a rollback leaves no trace.
@@ -156,7 +119,7 @@ def enqueue_webhook(
         dedup_hit_count(destination.name)
     if created:
         # low latency without polling hard: a relay run as soon as the message exists
-        transaction.on_commit(lambda: _relay_soon(destination.pk), robust=True)
+        transaction.on_commit(lambda: relay_soon(destination.pk), robust=True)
     return Admission(destination=destination.name, key=key, created=created)
 
 
@@ -168,31 +131,3 @@ def _window_key(destination_id: int, key: str) -> str:
     # keys may hold anything: hashed into a cache key every backend accepts
     digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
     return f"webhook_receiver:admitted:{destination_id}:{digest}"
-
-
-def _relay_soon(destination_id: int) -> None:
-    """Queue a relay run for the destination. Not retried when the broker is down: the
-    beat sweep makes a lost trigger good within seconds.
-
-    With a cache that every process shares (Redis), a run already queued and not yet
-    started takes this message too, so no second run is queued: a burst of admissions
-    is one run, not a queue of them in front of every other destination's. (A
-    per-process cache cannot tell; then each admission queues a run, and the runs that
-    find another claiming leave at once.)"""
-    from .tasks import queued_key, relay_destination
-
-    def mark() -> bool:
-        return cache.add(queued_key(destination_id), 1, QUEUED_MARK_SECONDS)
-
-    # without the cache, a run too many is better than none
-    if cache_is_shared() and not cache_outage.call(mark, True):
-        return
-    broker_outage.call(lambda: relay_destination.apply_async((destination_id,), retry=False), None)
-
-
-def cache_is_shared() -> bool:
-    """Whether Django's default cache is one for every process (not local memory)."""
-    from django.core.cache.backends.dummy import DummyCache
-    from django.core.cache.backends.locmem import LocMemCache
-
-    return not isinstance(caches["default"], LocMemCache | DummyCache)

@@ -23,7 +23,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
-from .tasks import relay_destination
+from .trigger import relay_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _messages_change(
         )
         ids = [i for i, _ in rows]
         OutboxMessage.objects.filter(pk__in=ids).update(**changes)
-        _relay_on_commit({d for _, d in rows})
+        relay_on_commit({d for _, d in rows})
     if ids:
         logger.info(
             "outbox: %s %s %d message(s)",
@@ -154,7 +154,7 @@ def destination_recover_since(
         breaker_ended = dest.paused_until is not None and dest.paused_until > now
         if breaker_ended:
             WebhookDestination.objects.filter(pk=dest.pk).update(paused_until=None)
-        _relay_on_commit({dest.pk})
+        relay_on_commit({dest.pk})
     logger.info(
         "outbox: %s recovered %d failed message(s) of %s since %s%s",
         by,
@@ -165,14 +165,3 @@ def destination_recover_since(
         extra={"by": by, "destination": dest.name, "message_ids": ids},
     )
     return len(ids)
-
-
-def _relay_on_commit(destination_ids: set[int]) -> None:
-    """A relay run per destination once the transaction commits. Not retried when the
-    broker is down (robust: the operator's change stands): the beat sweep finds the
-    messages due within seconds."""
-    for dest_id in sorted(destination_ids):
-        transaction.on_commit(
-            lambda dest_id=dest_id: relay_destination.apply_async((dest_id,), retry=False),
-            robust=True,
-        )

@@ -9,7 +9,6 @@ from here, so that they never disagree.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import (
@@ -119,25 +118,3 @@ def failed_holding_back(destination_ids: Iterable[int]) -> dict[int, tuple[int, 
         count, oldest = found.get(message.destination_id, (0, message))
         found[message.destination_id] = (count + 1, oldest)
     return found
-
-
-@dataclass(frozen=True)
-class Breaker:
-    state: str  # "closed", "open" or "half-open"
-    # open: when the cool-down ends and one probe is let through
-    until: datetime | None = None
-    consecutive_failures: int = 0
-
-
-def destination_breaker(destination: WebhookDestination, *, now: datetime | None = None) -> Breaker:
-    """The circuit breaker as the relay applies it (relay_claim, relay_record): open while
-    paused after ``breaker_threshold`` consecutive failures; half-open once the cool-down
-    has passed and the count is still at the threshold (one probe at a time decides);
-    closed otherwise."""
-    now = now or timezone.now()
-    failures = destination.consecutive_failures
-    if destination.paused_until is not None and destination.paused_until > now:
-        return Breaker("open", destination.paused_until, failures)
-    if failures >= destination.breaker_threshold:
-        return Breaker("half-open", None, failures)
-    return Breaker("closed", None, failures)

@@ -379,3 +379,15 @@ def _batches(keys: list[str]) -> Iterator[list[str]]:
 
 def sources_to_reconcile() -> list[str]:
     return [slug for slug, source in app_settings().sources.items() if source.reconcile]
+
+
+def reconcile_all() -> dict[str, str]:
+    """Reconcile every source that has a RECONCILE block (the beat task's service): each
+    source's outcome, or that another worker is running it."""
+    outcomes = {}
+    for slug in sources_to_reconcile():
+        try:
+            outcomes[slug] = reconciliation_run(source_slug=slug).outcome
+        except RunInProgress:
+            outcomes[slug] = "skipped: running elsewhere"
+    return outcomes

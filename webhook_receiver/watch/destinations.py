@@ -15,14 +15,11 @@ from typing import Any
 from django.utils import timezone
 
 from ..core import storable
+from ..core.states import Reason, State, worst_state
+from ..core.words import duration_text, iso, plural
+from ..outbound.breaker import Breaker, destination_breaker
 from ..outbound.models import WebhookDestination
-from ..outbound.selectors import (
-    Breaker,
-    destination_breaker,
-    destinations_with_health,
-    failed_holding_back,
-)
-from .sources import Reason, State, duration_text
+from ..outbound.selectors import destinations_with_health, failed_holding_back
 
 # a message due this long ago and still not sent: the relay is behind, or not running
 OLD_BACKLOG = timedelta(minutes=10)
@@ -53,7 +50,7 @@ class DestinationStatus:
 
     @property
     def state(self) -> State:
-        return max((r.state for r in self.reasons), default=State.OK)
+        return worst_state(self.reasons)
 
     @property
     def oldest_eligible_age(self) -> timedelta | None:
@@ -89,9 +86,9 @@ class DestinationStatus:
                 "until": self.breaker.until.isoformat() if self.breaker.until else None,
                 "consecutive_failures": self.breaker.consecutive_failures,
             },
-            "last_success_at": _iso(self.last_success_at),
-            "last_failure_at": _iso(self.last_failure_at),
-            "record_failure": {"at": _iso(self.record_failed_at), "error": self.record_error}
+            "last_success_at": iso(self.last_success_at),
+            "last_failure_at": iso(self.last_failure_at),
+            "record_failure": {"at": iso(self.record_failed_at), "error": self.record_error}
             if self.record_failing
             else None,
         }
@@ -109,7 +106,7 @@ def _breaker_open(d: DestinationStatus) -> tuple[str, str] | None:
 def _failed(d: DestinationStatus) -> tuple[str, str] | None:
     if not d.failed:
         return None
-    summary = f"{d.failed} message{_s(d.failed)} failed"
+    summary = f"{d.failed} message{plural(d.failed)} failed"
     return summary, f"{summary} for good, waiting for Retry now or Discard"
 
 
@@ -117,7 +114,7 @@ def _held_back(d: DestinationStatus) -> tuple[str, str] | None:
     if not d.held_back or d.first_holder is None:
         return None
     key, ordering_key = (storable.text(value, 255) for value in d.first_holder[1:])
-    behind = f"{d.held_back} later message{_s(d.held_back)}"
+    behind = f"{d.held_back} later message{plural(d.held_back)}"
     if d.holding_back == 1:
         text = f"failed message {key} holds back {behind} of its ordering key {ordering_key}"
     else:
@@ -166,7 +163,7 @@ def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
     if d.enabled or not d.backlog:
         return None
     summary = f"disabled, {d.backlog} waiting"
-    return summary, f"disabled with {d.backlog} message{_s(d.backlog)} waiting to be sent"
+    return summary, f"disabled with {d.backlog} message{plural(d.backlog)} waiting to be sent"
 
 
 # (code, level, why: docs/overview.md lists them, test). Every one is ATTENTION: a
@@ -256,11 +253,3 @@ def destination_statuses(*, now: datetime | None = None) -> list[DestinationStat
         )
         statuses.append(replace(status, reasons=reasons))
     return statuses
-
-
-def _s(n: int) -> str:
-    return "" if n == 1 else "s"
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat()

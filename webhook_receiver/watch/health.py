@@ -47,7 +47,7 @@ from health_check.exceptions import ServiceUnavailable
 from health_check.views import HealthCheckView
 
 from ..conf import app_settings
-from ..core import faults
+from ..core import logs
 from ..core.faults import NotAnswering, database_deadline
 from .heartbeat import BEAT, heartbeat_seen_at
 
@@ -176,7 +176,7 @@ class HealthView(HealthCheckView):
                 "health check failing: %s",
                 "; ".join(f"{result.check!r}: {result.error}" for result in failed),
             )
-            faults.logged_already(response)
+            logs.logged_already(response)
         return response
 
 

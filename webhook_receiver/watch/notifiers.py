@@ -19,15 +19,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import mail_admins
 from django.dispatch import Signal
 from django.urls import NoReverseMatch, reverse
-from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.module_loading import import_string
 
 from ..conf import app_settings
+from ..core.words import duration_text, iso, local_time
 from ..inbound.models import Verification
 from ..signals import silence_alert_opened, silence_alert_resolved
 from .models import SilenceAlert
-from .sources import duration_text
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +93,10 @@ class OutboxNotifier(Notifier):
             "source": alert.source,
             "alert_id": alert.pk,
             "summary": summary,
-            "last_accepted_at": _iso(alert.last_accepted_at),
+            "last_accepted_at": iso(alert.last_accepted_at),
             "rejected": alert.rejected_counts,
-            "opened_at": _iso(alert.opened_at),
-            "resolved_at": _iso(alert.resolved_at),
+            "opened_at": iso(alert.opened_at),
+            "resolved_at": iso(alert.resolved_at),
         }
         key = f"silence:{alert.source}:{alert.pk}:{state}"
         ops_notice_enqueue(event_type=f"silence.alert_{state}", key=key, data=data)
@@ -151,7 +150,7 @@ def _extra(alert: SilenceAlert) -> dict[str, object]:
         "webhook": {
             "source": alert.source,
             "silence_alert": alert.pk,
-            "last_accepted_at": _iso(alert.last_accepted_at),
+            "last_accepted_at": iso(alert.last_accepted_at),
             "rejected_total": alert.rejected_total,
         }
     }
@@ -203,16 +202,6 @@ def admin_path(name: str, **query: str) -> str | None:
     return f"{path}?{urlencode(query)}" if query else path
 
 
-def _when(moment: datetime | None) -> str:
-    if moment is None:
-        return "never"
-    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat() if moment else None
-
-
 def _silence(alert: SilenceAlert) -> str:
     silent = silent_for(alert, until=alert.opened_at)
     return duration_text(silent) if silent is not None else "ever"
@@ -222,7 +211,7 @@ def opened_line(alert: SilenceAlert) -> str:
     if alert.last_accepted_at is None:
         since = "has never accepted an event"
     else:
-        since = f"silent since {_when(alert.last_accepted_at)} ({_silence(alert)})"
+        since = f"silent since {local_time(alert.last_accepted_at)} ({_silence(alert)})"
     return (
         f"source {alert.source} {since}; window {window(alert)}; "
         f"refused in the last {window(alert)}: {rejected_summary(alert)}; alert #{alert.pk}"
@@ -234,7 +223,8 @@ def resolved_line(alert: SilenceAlert) -> str:
     after = f" after {duration_text(silent)}" if silent is not None else ""
     return (
         f"source {alert.source} accepts events again{after} (silent since "
-        f"{_when(alert.last_accepted_at)}, event at {_when(alert.resolved_by_event_at)}); "
+        f"{local_time(alert.last_accepted_at)}, "
+        f"event at {local_time(alert.resolved_by_event_at)}); "
         f"alert #{alert.pk}"
     )
 
@@ -262,9 +252,9 @@ def opened_body(alert: SilenceAlert) -> str:
         "requests reach us and are refused (a secret rotated on one side only, a clock",
         "off). Events it sends meanwhile are missing here until it redelivers them.",
         "",
-        f"Last accepted event:  {_when(alert.last_accepted_at)}",
+        f"Last accepted event:  {local_time(alert.last_accepted_at)}",
         f"Silent for:           {_silence(alert)} when this alert opened",
-        f"Alert opened:         {_when(alert.opened_at)} (alert #{alert.pk})",
+        f"Alert opened:         {local_time(alert.opened_at)} (alert #{alert.pk})",
         f"Refused in the last {win}: {alert.rejected_total}",
     ]
     for code, count in sorted(alert.rejected_counts.items(), key=lambda i: (-i[1], i[0])):
@@ -298,11 +288,11 @@ def resolved_body(alert: SilenceAlert) -> str:
         f"Webhook source {alert.source!r} accepts events again: the silence alert "
         f"#{alert.pk} is resolved.",
         "",
-        f"Silent since:         {_when(alert.last_accepted_at)}",
-        f"Accepted again:       {_when(alert.resolved_by_event_at)}",
+        f"Silent since:         {local_time(alert.last_accepted_at)}",
+        f"Accepted again:       {local_time(alert.resolved_by_event_at)}",
         f"Silent for:           {duration_text(silent) if silent is not None else 'unknown'}",
-        f"Alert opened:         {_when(alert.opened_at)}",
-        f"Resolved:             {_when(alert.resolved_at)}",
+        f"Alert opened:         {local_time(alert.opened_at)}",
+        f"Resolved:             {local_time(alert.resolved_at)}",
         "",
         "Events sent during the silence may still be missing: if the sender does not",
         "redeliver them on its own, reconciliation (python manage.py reconcile) lists",

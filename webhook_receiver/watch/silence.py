@@ -40,7 +40,7 @@ from ..conf import SourceConfig, app_settings
 from ..inbound.models import RequestAudit, Verification
 from .models import SilenceAlert
 from .notifiers import Notifier, get_notifiers
-from .sources import last_accepted_at, unrecorded_refusals
+from .traffic import last_accepted_at, unrecorded_refusals
 
 logger = logging.getLogger(__name__)
 

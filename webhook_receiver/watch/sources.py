@@ -1,12 +1,9 @@
-"""Selectors for watching the receiver: what each source has been doing, and whether a
-person needs to look.
+"""Each source's state and why: what it has been doing, and whether a person needs to
+look (the overview's rows, ``manage.py webhook_status``, the verdict).
 
-Every read here is an index range, so that silence checks, metrics scrapes, the
-overview and ``manage.py webhook_status`` stay cheap however large the tables grow.
-What each read costs (n: the rows in the range it reads):
+Every read is an index range, so that the overview and ``webhook_status`` stay cheap
+however large the tables grow (what the traffic reads cost: watch/traffic.py):
 
-- ``last_accepted_at``: two index lookups per source, (source, received_at) on receipts
-  and (source, first_attempt_at) on failed events; O(1).
 - requests in the last hour: one range of ``webhook_audit_received`` (received_at),
   grouped in SQL; O(requests in the hour), which the audit bound keeps at most
   REJECTED_AUDIT_PER_MINUTE × 60 refused ones per source and reason; and one range of
@@ -18,43 +15,28 @@ What each read costs (n: the rows in the range it reads):
   exactly the open ones; O(sources).
 - open repair items: the partial index ``webhook_repair_one_open`` (or
   ``webhook_repair_status``); O(open items).
-- the last finished reconciliation run: NOT a pure range. ``webhook_reconcile_started``
-  is read backwards until a run of the source turns up: O(runs of other sources since
-  that one), which is small while every reconciled source runs on a schedule. An index
-  on (source, started_at) would make it one lookup.
-- ``observed_gaps``: one range of ``webhook_receipt_source_time``, capped at
-  MAX_GAP_EVENTS rows; O(min(events in the days, cap)).
-- ``activity_series``: one range of ``webhook_audit_received`` over the hours, grouped
-  per minute in SQL and folded into buckets here; O(requests in the hours), plus the
-  tallies' range. At high volume (millions of accepted requests a day) this is the
-  costly read of the overview page.
+- the last finished reconciliation run: one lookup of (source, started_at).
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from enum import IntEnum
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q, QuerySet, Sum
-from django.db.models.functions import TruncMinute
+from django.db.models import Count, Min, Sum
 from django.utils import timezone
 
-from ..conf import SourceConfig, app_settings, get_source
-from ..inbound.models import (
-    FailedEvent,
-    FailureStatus,
-    RejectionTally,
-    RequestAudit,
-    Verification,
-    WebhookReceipt,
-)
+from ..conf import SourceConfig, app_settings
+from ..core.states import Reason, State, worst_state
+from ..core.words import duration_text, iso, plural, seconds, top_counts
+from ..exceptions import NotStored
+from ..inbound.models import FailedEvent, FailureStatus, RequestAudit, Verification
 from ..reconcile.models import ReconciliationRun, RepairItem, RepairStatus, RunOutcome
 from .models import SilenceAlert
+from .traffic import last_accepted_at, unrecorded_refusals
 
 # what "recent" means for requests and results
 LAST_HOUR = timedelta(hours=1)
@@ -62,94 +44,12 @@ LAST_HOUR = timedelta(hours=1)
 OLD_RETRY = timedelta(hours=1)
 # a retry due this long ago has not run: the sweeper (worker or beat) is not working
 OVERDUE_RETRY = timedelta(minutes=10)
-# observed_gaps reads at most this many receipts per source (the newest ones)
-MAX_GAP_EVENTS = 10_000
-# the rejection "reason" of a verified request that was neither applied nor captured (503)
-NOT_STORED = "not_stored"
-# activity_series' key for requests to slugs that are not configured (any URL can make
-# one, so they are summed rather than given a series each)
-UNCONFIGURED = "(not configured)"
-
-
-def duration_text(delta: timedelta) -> str:
-    """A duration as a person reads it at a glance: "45 s", "20 min", "2 h 05 min",
-    "3 d 4 h"."""
-    seconds = max(0, int(delta.total_seconds()))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes = seconds // 60
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes:02d} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h"
-
-
-def unrecorded_refusals(*, since: datetime, until: datetime) -> QuerySet[RejectionTally]:
-    """The rejection tallies of minutes that start in [since, until] and hold refused
-    requests with no audit record (beyond REJECTED_AUDIT_PER_MINUTE): what every count
-    of refusals adds to the records it counts. A minute counts where it starts, so such
-    a window is exact to the minute for a flood, and to the microsecond below it."""
-    return RejectionTally.objects.filter(minute__gte=since, minute__lte=until, unrecorded__gt=0)
-
-
-def last_accepted_at(source: str) -> datetime | None:
-    """When ``source`` last sent an event we accepted: a new event's receipt, or a
-    verified event held as a failed event. (A redelivered duplicate is not news.)
-
-    Two index lookups: receipts by (source, received_at), failed events by
-    (source, first_attempt_at).
-    """
-    received = (
-        WebhookReceipt.objects.filter(source=source)
-        .order_by("-received_at")
-        .values_list("received_at", flat=True)
-        .first()
-    )
-    captured = (
-        FailedEvent.objects.filter(source=source)
-        .order_by("-first_attempt_at")
-        .values_list("first_attempt_at", flat=True)
-        .first()
-    )
-    moments = [m for m in (received, captured) if m is not None]
-    return max(moments) if moments else None
+# the rejection "reason" of a verified request that was neither applied nor captured
+# (503): the answer's own error code, as the metrics label it
+NOT_STORED = NotStored.code
 
 
 # --- a source's state and why --------------------------------------------------------------
-
-
-class State(IntEnum):
-    """Ordered, so that a source's state is its worst condition's."""
-
-    OK = 0
-    ATTENTION = 1
-    ALERT = 2
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-@dataclass(frozen=True)
-class Reason:
-    """One condition that makes a source not ok: a stable code, its level, a few words
-    for the verdict ("silent for 42 min") and the sentence with the detail."""
-
-    code: str
-    state: State
-    summary: str
-    text: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "code": self.code,
-            "state": self.state.label,
-            "summary": self.summary,
-            "text": self.text,
-        }
 
 
 @dataclass(frozen=True)
@@ -184,7 +84,7 @@ class SourceStatus:
 
     @property
     def state(self) -> State:
-        return max((r.state for r in self.reasons), default=State.OK)
+        return worst_state(self.reasons)
 
     @property
     def last_accepted_age(self) -> timedelta | None:
@@ -224,8 +124,8 @@ class SourceStatus:
             "configured": self.configured,
             "state": self.state.label,
             "reasons": [r.as_dict() for r in self.reasons],
-            "last_accepted_at": _iso(self.last_accepted_at),
-            "last_accepted_age_seconds": _seconds(self.last_accepted_age),
+            "last_accepted_at": iso(self.last_accepted_at),
+            "last_accepted_age_seconds": seconds(self.last_accepted_age),
             "last_hour": {
                 "requests": self.requests_last_hour,
                 "accepted": self.accepted_total,
@@ -237,19 +137,19 @@ class SourceStatus:
             "failed_events": {
                 "retrying": self.retrying,
                 "dead": self.dead,
-                "oldest_retry_at": _iso(self.oldest_retry_at),
-                "oldest_retry_age_seconds": _seconds(self.oldest_retry_age),
-                "retry_overdue_seconds": _seconds(self.retry_overdue),
+                "oldest_retry_at": iso(self.oldest_retry_at),
+                "oldest_retry_age_seconds": seconds(self.oldest_retry_age),
+                "retry_overdue_seconds": seconds(self.retry_overdue),
             },
             "silence": {
-                "after_seconds": _seconds(self.silence_after),
+                "after_seconds": seconds(self.silence_after),
                 "active_hours": self.active_hours,
                 "in_active_hours": self.in_active_hours,
                 "open_alert": None
                 if alert is None
                 else {
-                    "opened_at": _iso(alert.opened_at),
-                    "last_accepted_at": _iso(alert.last_accepted_at),
+                    "opened_at": iso(alert.opened_at),
+                    "last_accepted_at": iso(alert.last_accepted_at),
                     "rejected_total": alert.rejected_total,
                     "rejected_counts": dict(sorted(alert.rejected_counts.items())),
                 },
@@ -260,8 +160,8 @@ class SourceStatus:
                 else {
                     "id": run.pk,
                     "outcome": run.outcome,
-                    "started_at": _iso(run.started_at),
-                    "finished_at": _iso(run.finished_at),
+                    "started_at": iso(run.started_at),
+                    "finished_at": iso(run.finished_at),
                     "counts": dict(sorted(run.counts.items())),
                     "error": run.error,
                 },
@@ -292,7 +192,7 @@ def _silent(s: SourceStatus) -> tuple[str, str] | None:
     window = duration_text(timedelta(seconds=alert.silence_after_seconds))
     text = f"silent: {since} (window {window})"
     if alert.rejected_total:
-        text += f", {alert.rejected_total} refused meanwhile ({_top(alert.rejected_counts)})"
+        text += f", {alert.rejected_total} refused meanwhile ({top_counts(alert.rejected_counts)})"
     return summary, text
 
 
@@ -300,14 +200,14 @@ def _repair(s: SourceStatus) -> tuple[str, str] | None:
     n = s.open_repair_total
     if not n:
         return None
-    summary = f"{n} open repair item{_s(n)}"
-    return summary, f"{summary} ({_top(s.open_repairs)})"
+    summary = f"{n} open repair item{plural(n)}"
+    return summary, f"{summary} ({top_counts(s.open_repairs)})"
 
 
 def _dead(s: SourceStatus) -> tuple[str, str] | None:
     if not s.dead:
         return None
-    text = f"{s.dead} dead letter{_s(s.dead)}"
+    text = f"{s.dead} dead letter{plural(s.dead)}"
     return text, text
 
 
@@ -334,8 +234,8 @@ def _rejected(s: SourceStatus) -> tuple[str, str] | None:
     n = sum(refused.values())
     if not n:
         return None
-    summary = f"{n} request{_s(n)} refused"
-    text = f"{summary} in the last hour ({_top(refused)})"
+    summary = f"{n} request{plural(n)} refused"
+    text = f"{summary} in the last hour ({top_counts(refused)})"
     if s.unrecorded_last_hour:
         text += (
             f"; a flood: {s.unrecorded_last_hour} of them beyond "
@@ -349,8 +249,8 @@ def _not_stored(s: SourceStatus) -> tuple[str, str] | None:
     n = s.rejected_last_hour.get(NOT_STORED, 0)
     if not n:
         return None
-    summary = f"{n} request{_s(n)} not stored (503)"
-    return summary, f"{n} request{_s(n)} answered 503 (not stored) in the last hour"
+    summary = f"{n} request{plural(n)} not stored (503)"
+    return summary, f"{n} request{plural(n)} answered 503 (not stored) in the last hour"
 
 
 def _reconcile_failed(s: SourceStatus) -> tuple[str, str] | None:
@@ -429,7 +329,7 @@ def status_reasons(status: SourceStatus) -> tuple[Reason, ...]:
     return tuple(Reason(c.code, c.state, *words) for c, words in found if words is not None)
 
 
-# --- the selectors --------------------------------------------------------------------------
+# --- the selector --------------------------------------------------------------------------
 
 
 def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
@@ -564,222 +464,5 @@ def _last_run(
     )
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The one line at the top of the overview and of webhook_status."""
-
-    state: State
-    text: str
-
-
-def status_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any] = ()) -> Verdict:
-    """ "All 3 sources OK", or the sources that are not, each with its first reason:
-    "1 source needs attention: shop — 4 dead letters". The outbox's destinations
-    (watch/destinations.py), when there are any, are judged alike after the sources."""
-    named = [("source", s.source, s) for s in statuses]
-    named += [("destination", d.name, d) for d in destinations]
-    if not named:
-        return Verdict(State.OK, "No sources configured")
-    worst = max(item.state for _, _, item in named)
-    if worst == State.OK:
-        if not destinations:
-            n = len(statuses)
-            return Verdict(State.OK, f"All {n} source{_s(n)} OK" if n > 1 else "The source is OK")
-        counted = [_count(len(statuses), "source"), _count(len(destinations), "destination")]
-        return Verdict(State.OK, "All " + " and ".join(c for c in counted if c) + " OK")
-    parts = []
-    for level in (State.ALERT, State.ATTENTION):
-        for kind in ("source", "destination"):
-            hit = [(name, item) for k, name, item in named if k == kind and item.state == level]
-            if not hit:
-                continue
-            n = len(hit)
-            head = (
-                f"{n} {kind}{_s(n)} in alert"
-                if level == State.ALERT
-                else f"{n} {kind}{' needs' if n == 1 else 's need'} attention"
-            )
-            parts.append(f"{head}: " + "; ".join(_one_line(name, item) for name, item in hit))
-    return Verdict(worst, ". ".join(parts))
-
-
-def _count(n: int, kind: str) -> str:
-    return f"{n} {kind}{_s(n)}" if n else ""
-
-
-def _one_line(name: str, status: Any) -> str:
-    first, *rest = status.reasons
-    more = f" (+{len(rest)} more)" if rest else ""
-    return f"{name} — {first.summary}{more}"
-
-
-# --- observed gaps: to choose a silence window from the traffic -----------------------------
-
-
-@dataclass(frozen=True)
-class GapStats:
-    """The gaps between consecutive accepted events of a source (nearest-rank
-    percentiles)."""
-
-    count: int  # gaps, one fewer than the events read
-    p50: timedelta
-    p99: timedelta
-    max: timedelta
-    # the events read: the oldest and newest receipt time
-    since: datetime
-    until: datetime
-    # True when MAX_GAP_EVENTS cut the days short: the figures cover since..until only
-    truncated: bool
-    # gaps longer than the configured silence window (None: silence alerts are off);
-    # each would have opened an alert within active hours
-    longer_than_window: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "count": self.count,
-            "p50_seconds": _seconds(self.p50),
-            "p99_seconds": _seconds(self.p99),
-            "max_seconds": _seconds(self.max),
-            "since": _iso(self.since),
-            "until": _iso(self.until),
-            "truncated": self.truncated,
-            "longer_than_window": self.longer_than_window,
-        }
-
-
-def observed_gaps(
-    *, source: str, now: datetime | None = None, days: int = 7, limit: int = MAX_GAP_EVENTS
-) -> GapStats | None:
-    """Gaps between the source's consecutive receipts over the last ``days``; None with
-    fewer than two receipts.
-
-    The newest ``limit`` receipt times are read (one index range of (source,
-    received_at), newest first) and the gaps computed here, the same on PostgreSQL and
-    SQLite. A source busier than ``limit`` events in ``days`` is covered only back to
-    ``since`` (``truncated``): its gaps are short anyway, and the cap bounds the read
-    (at 10,000 rows, a few milliseconds) however busy it is.
-    """
-    now = now or timezone.now()
-    moments = list(
-        WebhookReceipt.objects.filter(
-            source=source, received_at__gte=now - timedelta(days=days), received_at__lte=now
-        )
-        .order_by("-received_at")
-        .values_list("received_at", flat=True)[: limit + 1]
-    )
-    truncated = len(moments) > limit
-    moments = moments[:limit]
-    if len(moments) < 2:
-        return None
-    moments.reverse()
-    gaps = sorted(b - a for a, b in zip(moments, moments[1:], strict=False))
-    config = get_source(source)
-    window = config.silence_after if config else None
-    return GapStats(
-        count=len(gaps),
-        p50=_nearest_rank(gaps, 0.50),
-        p99=_nearest_rank(gaps, 0.99),
-        max=gaps[-1],
-        since=moments[0],
-        until=moments[-1],
-        truncated=truncated,
-        longer_than_window=None if window is None else sum(1 for g in gaps if g > window),
-    )
-
-
-def _nearest_rank(ordered: Sequence[timedelta], q: float) -> timedelta:
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-# --- activity: accepted and rejected requests per bucket, for the overview's chart -----------
-
-
-@dataclass(frozen=True)
-class ActivityBucket:
-    start: datetime
-    accepted: int
-    rejected: int
-
-
-def activity_series(
-    *, now: datetime | None = None, hours: int = 24, bucket_minutes: int = 5
-) -> dict[str, list[ActivityBucket]]:
-    """Per source, accepted (verified and stored) and rejected (refused, or 503)
-    requests in buckets of ``bucket_minutes``, the last one holding ``now``.
-
-    Buckets are aligned to multiples of ``bucket_minutes`` in UTC, so a reload shows the
-    same bars. Every configured source has a series (zeros included); requests to
-    slugs not configured are summed under UNCONFIGURED, when there are any. SQL groups
-    per minute (at most 60 × hours rows per source), and the minutes are folded here.
-    """
-    if bucket_minutes < 1 or 60 * hours % bucket_minutes:
-        raise ValueError("bucket_minutes must be a whole divisor of the hours' minutes")
-    now = now or timezone.now()
-    size = timedelta(minutes=bucket_minutes)
-    epoch = datetime(2000, 1, 1, tzinfo=UTC)
-    end = epoch + ((now - epoch) // size + 1) * size
-    start = end - timedelta(hours=hours)
-    count = hours * 60 // bucket_minutes
-
-    slugs = list(app_settings().sources)
-    accepted = {slug: [0] * count for slug in slugs}
-    rejected = {slug: [0] * count for slug in slugs}
-    stored = Q(verification=Verification.VERIFIED, response_status__lt=500)
-    rows = (
-        RequestAudit.objects.filter(received_at__gte=start, received_at__lte=now)
-        .annotate(minute=TruncMinute("received_at", tzinfo=UTC))
-        .values("source", "minute")
-        .annotate(ok=Count("id", filter=stored), refused=Count("id", filter=~stored))
-        .values_list("source", "minute", "ok", "refused")
-        .order_by()
-    )
-    # refusals beyond the audit bound: counted per minute only (the slugs that are not
-    # configured share the source "", which lands under UNCONFIGURED)
-    tallies = (
-        unrecorded_refusals(since=start, until=now)
-        .values("source", "minute")
-        .annotate(refused=Sum("unrecorded"))
-        .values_list("source", "minute", "refused")
-        .order_by()
-    )
-    counted = [*rows, *((source, minute, 0, n) for source, minute, n in tallies)]
-    for source, minute, ok, refused in counted:
-        key = source if source in accepted else UNCONFIGURED
-        if key not in accepted:
-            accepted[key], rejected[key] = [0] * count, [0] * count
-        i = min(count - 1, max(0, int((minute - start) // size)))
-        accepted[key][i] += ok
-        rejected[key][i] += refused
-    return {
-        key: [
-            ActivityBucket(start + i * size, accepted[key][i], rejected[key][i])
-            for i in range(count)
-        ]
-        for key in accepted
-    }
-
-
-# --- small helpers -------------------------------------------------------------------------
-
-
 def _age(now: datetime, moment: datetime | None) -> timedelta | None:
     return None if moment is None else now - moment
-
-
-def _top(counts: Mapping[str, int], shown: int = 3) -> str:
-    """'invalid_signature: 10, timestamp_out_of_tolerance: 2', largest first."""
-    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    text = ", ".join(f"{code}: {n}" for code, n in ordered[:shown])
-    return text + (", …" if len(ordered) > shown else "")
-
-
-def _s(n: int) -> str:
-    return "" if n == 1 else "s"
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat()
-
-
-def _seconds(delta: timedelta | None) -> float | None:
-    return None if delta is None else round(delta.total_seconds(), 3)

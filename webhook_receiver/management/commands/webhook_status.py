@@ -20,15 +20,11 @@ from django.utils import timezone
 from ...conf import app_settings
 from ...core import display
 from ...core.faults import database_deadline
+from ...core.states import Reason, State
+from ...core.words import duration_text
 from ...watch.destinations import DestinationStatus, destination_statuses
-from ...watch.sources import (
-    Reason,
-    SourceStatus,
-    State,
-    duration_text,
-    source_statuses,
-    status_verdict,
-)
+from ...watch.sources import SourceStatus, source_statuses
+from ...watch.verdict import status_verdict
 
 UNKNOWN = 3
 COLUMNS = (

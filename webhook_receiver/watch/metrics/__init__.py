@@ -20,7 +20,7 @@ Two kinds of value, each kept where it stays right:
 Recording never raises: a metric that cannot be written is logged, and the response it
 was about stands.
 
-A host mounts the view with one line: ``path("metrics/", include("webhook_receiver.watch.metrics"))``.
+A host mounts the view with one line: ``path("metrics/", include("webhook_receiver.watch.metrics.urls"))``.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ...conf import app_settings
-from ...core import faults
-from ...exceptions import RejectedRequest
+from ...core import faults, logs
+from ...exceptions import NotStored, RejectedRequest
 from ...inbound.models import FailedEvent, FailureStatus, Result, Verification
 from ...outbound.metrics import OutboxCollector
 from ...reconcile.models import RepairItem, RepairKind, RepairStatus
 from ..models import SilenceAlert
-from ..sources import last_accepted_at
+from ..traffic import last_accepted_at
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 # puts in the URL becomes this one value, so it cannot grow the number of series.
 UNKNOWN_SOURCE = "unknown"
 # The reason of a verified request answered 503 (neither applied nor captured).
-NOT_STORED = "temporarily_unavailable"
+NOT_STORED = NotStored.code
 
 # What a request can end with, once accepted, and the reasons a configured source's
 # request can be refused (all but unknown_source, which is UNKNOWN_SOURCE's): each source
@@ -137,7 +137,7 @@ class ReceiveObservation:
         try:
             _record(self.source, self.result, exc, elapsed)
         except Exception as error:  # a metric never changes the answer
-            faults.log_failure(logger, "webhook metrics not recorded", error)
+            logs.log_failure(logger, "webhook metrics not recorded", error)
 
 
 def receive_observed(source: str) -> ReceiveObservation:
@@ -151,7 +151,7 @@ def refusal_unrecorded(source: str, reason: str) -> None:
     try:
         UNRECORDED.labels(_source_label(source), reason).inc()
     except Exception as error:  # a metric never changes the answer
-        faults.log_failure(logger, "webhook metrics not recorded", error)
+        logs.log_failure(logger, "webhook metrics not recorded", error)
 
 
 def _source_label(source: str) -> str:
@@ -385,11 +385,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         stored = _Families(collected)
     except DatabaseError as exc:
         faults.connection_discard_if_broken(exc)
-        faults.log_failure(logger, "metrics scrape failed: the database did not answer", exc)
+        logs.log_failure(logger, "metrics scrape failed: the database did not answer", exc)
         response = HttpResponse(
             "The database did not answer.\n", status=503, content_type="text/plain; charset=utf-8"
         )
-        return faults.logged_already(response)
+        return logs.logged_already(response)
     _counters_zero_fill(slugs)
     output = generate_latest(_Exposition(process_collector(), stored))  # type: ignore[arg-type]
     return HttpResponse(output, content_type=CONTENT_TYPE_PLAIN_0_0_4)

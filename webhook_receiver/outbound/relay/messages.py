@@ -1,0 +1,38 @@
+"""What the relay holds of a message on its way: the claim's row, and the answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    key: str
+    event_type: str
+    payload: Any
+    attempt: int
+    failures: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Sent:
+    message: Claimed
+    started_at: datetime
+    duration_ms: int
+    status_code: int | None = None
+    error: str = ""
+    excerpt: str = ""
+    retry_after: str | None = None
+
+
+@dataclass(frozen=True)
+class RelayRound:
+    claimed: list[Claimed]
+    # seconds until this destination may start another request (out of tokens), or None
+    wait: float | None = None
+    # another worker was claiming for this destination at that moment
+    busy: bool = False

@@ -1,0 +1,126 @@
+"""What an answer means: for its message (delivered, deferred, terminal; the retry
+budget and the breaker), and in the log, one line per answer that was not a 2xx.
+
+A 2xx delivers. 400, 401, 403, 404, 410 and 422 are terminal at once: no retry changes
+them, an operator does. A 429 or 503 with a readable Retry-After defers the message as
+asked (capped) without spending its budget. Anything else, and no answer at all, is
+retried under the same key with full-jitter backoff until the budget is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from ...core import storable
+from ...core.backoff import full_jitter
+from ...core.peer_http import parse_retry_after
+from ...core.words import duration_text
+from ..models import MessageStatus, WebhookDestination
+from ..notices import terminal_notice
+from .messages import Claimed, Sent
+
+logger = logging.getLogger(__name__)
+
+
+# answers that no retry will change: for an operator
+TERMINAL_STATUSES = frozenset({400, 401, 403, 404, 410, 422})
+
+
+# answers that may carry Retry-After: the destination pacing us
+PACING_STATUSES = frozenset({429, 503})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # a MessageStatus
+    next_attempt_at: datetime | None
+    spends_budget: bool
+    breaker_failure: bool
+
+
+def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
+    """What one answer means for its message (the issue's table, in one place)."""
+    code = sent.status_code
+    if code is not None and 200 <= code < 300:
+        return Verdict(MessageStatus.DELIVERED, None, spends_budget=False, breaker_failure=False)
+    if code in TERMINAL_STATUSES:
+        return Verdict(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=False)
+    if code in PACING_STATUSES:
+        wait = parse_retry_after(sent.retry_after, now=now, cap=dest.retry_after_cap_seconds)
+        if wait is not None:
+            # the destination is pacing us: later, without spending the retry budget
+            at = now + timedelta(seconds=wait)
+            return Verdict(
+                MessageStatus.PENDING, at, spends_budget=False, breaker_failure=code == 503
+            )
+    # other answers, timeouts and connection errors: backoff, same key
+    if sent.message.failures + 1 >= dest.max_attempts:
+        return Verdict(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=True)
+    wait = full_jitter(
+        sent.message.failures + 1, base=dest.backoff_base_seconds, cap=dest.backoff_cap_seconds
+    )
+    return Verdict(
+        MessageStatus.PENDING,
+        now + timedelta(seconds=wait),
+        spends_budget=True,
+        breaker_failure=True,
+    )
+
+
+def answer_words(sent: Sent) -> str:
+    if sent.status_code is None:
+        return f"gave no answer ({sent.error})"
+    return f"answered {sent.status_code}"
+
+
+def what_next(dest: WebhookDestination, sent: Sent, v: Verdict, now: datetime) -> str:
+    if v.status == MessageStatus.FAILED:
+        if sent.status_code in TERMINAL_STATUSES:
+            return "failed for good (a terminal answer), waiting for an operator"
+        return f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
+    wait = duration_text((v.next_attempt_at or now) - now)
+    if not v.spends_budget:
+        return f"deferred {wait} as Retry-After asks"
+    return f"retried in {wait} (failure {sent.message.failures + 1} of {dest.max_attempts})"
+
+
+def answer_log(dest: WebhookDestination, message: Claimed, answer: str, then: str) -> None:
+    """One WARNING line per answer that was not a 2xx, or request that got none."""
+    answer = storable.text(answer, 300)
+    logger.warning(
+        "outbox: %s %s to %s, attempt %d: %s",
+        dest.name,
+        answer,
+        storable.text(message.key, 255),
+        message.attempt,
+        then,
+        extra={
+            "webhook": {
+                "destination": dest.name,
+                "key": message.key,
+                "attempt": message.attempt,
+                "answer": answer,
+                "next": then,
+            }
+        },
+    )
+
+
+def ops_notice_terminal(dest: WebhookDestination, message: Claimed, *, answer: str) -> None:
+    """Tell the ops destination (if any); a failure here never fails the round (a
+    savepoint of its own when the round's transaction is open)."""
+    try:
+        with transaction.atomic():
+            terminal_notice(
+                destination=dest.name,
+                message_id=message.id,
+                key=message.key,
+                event_type=message.event_type,
+                answer=answer,
+            )
+    except Exception:
+        logger.exception("terminal notice for %s not admitted", message.key)

@@ -130,7 +130,7 @@ WEBHOOK_RECEIVER = {
         },
     },
     # reconciliation asks the shop how its order states differ from what the sender lists
-    "STATE_COMPARISON": "project.shop.reconcile.compare_order_states",
+    "STATE_COMPARISON": "project.shop.reconcile.OrderStates",
     "AUDIT_RETENTION_DAYS": env.int("WEBHOOK_AUDIT_RETENTION_DAYS", default=30),
     "DUPLICATE_CHECK": env.str("WEBHOOK_DUPLICATE_CHECK", default="adaptive"),
     "LOCK_TIMEOUT_MS": env.int("WEBHOOK_LOCK_TIMEOUT_MS", default=2000),

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db
 
 LONG_AGO = datetime(2020, 1, 1, 12, 0, tzinfo=UTC)
 CHANGELIST = reverse("admin:webhook_receiver_failedevent_changelist")
-TEMPLATE = "admin/webhook_receiver/failedevent/discard_confirmation.html"
+TEMPLATE = "admin/webhook_receiver/action_confirmation.html"
 
 
 def change_url(failed: FailedEvent) -> str:

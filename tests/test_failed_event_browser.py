@@ -286,14 +286,16 @@ def test_the_buttons_use_the_actions_confirmation_pages(admin_client, failures):
     # the replay page: the shared confirmation frame, listing the one event
     replay = admin_client.get(button_url(failed, "replay"))
     assert replay.status_code == 200
-    assert replay.template_name == "admin/webhook_receiver/failedevent/replay_confirmation.html"
+    assert replay.template_name == "admin/webhook_receiver/action_confirmation.html"
     content = replay.content.decode()
+    assert html.escape("Replaying runs each event's stored, verified bytes") in content
     assert html.escape(LONG_KEY) in content
     assert '<textarea name="reason"' in content
 
-    # the discard page: the list action's own template and form
+    # the discard page: the list action's own page and form
     discard = admin_client.get(button_url(failed, "discard"))
-    assert discard.template_name == "admin/webhook_receiver/failedevent/discard_confirmation.html"
+    assert discard.template_name == "admin/webhook_receiver/action_confirmation.html"
+    assert "Discarding gives up on an event" in discard.content.decode()
     assert discard.context["form"].fields["reason"].required
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from tests.browser import screenshot
 from tests.http import post
 from tests.signing import event_body, standard_headers
-from webhook_receiver.admin.base import trace_url
+from webhook_receiver.admin.cells import trace_url
 from webhook_receiver.models import RequestAudit, WebhookReceipt
 
 LONG_TYPE = "refund." + "x" * 5000

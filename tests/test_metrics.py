@@ -30,6 +30,7 @@ from tests.http import post
 from tests.served import wait_listening
 from tests.settings import SHOP_SECRET
 from tests.signing import event_body, reserved, standard_headers
+from webhook_receiver.inbound import metrics
 from webhook_receiver.models import (
     FailedEvent,
     FailureStatus,
@@ -41,7 +42,6 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
-from webhook_receiver.watch import metrics
 from webhook_receiver.watch.traffic import last_accepted_at
 
 BASE_DIR = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.browser import screenshot
-from webhook_receiver.admin.outbox import secret_label
+from webhook_receiver.admin.forms import secret_label
 from webhook_receiver.models import (
     DeliveryAttempt,
     MessageStatus,
@@ -512,7 +512,7 @@ def test_retry_now_asks_first_then_requeues_and_records_who(client, history):
 
     # then: a confirmation page, the selection on it, nothing changed yet
     assert page.status_code == 200
-    assert "admin/webhook_receiver/outboxmessage/retry_confirmation.html" in [
+    assert "admin/webhook_receiver/action_confirmation.html" in [
         t.name for t in page.templates
     ]
     content = page.content.decode()
@@ -792,7 +792,7 @@ def test_a_secret_that_is_not_one_is_refused_without_being_echoed(admin_client):
 
 def test_a_rotation_adds_a_secret_then_drops_the_old_one(admin_client, fleet):
     # given: the merchant signs with two secrets
-    from webhook_receiver.admin.outbox import secret_fingerprint
+    from webhook_receiver.admin.forms import secret_fingerprint
 
     merchant = fleet["merchant"]
     url = change_url(merchant)

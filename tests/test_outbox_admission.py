@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from tests.http import post
 from tests.signing import event_body, standard_headers
 from webhook_receiver.models import OutboxMessage, WebhookDestination
-from webhook_receiver.outbound import enqueue_webhook, order_event_key
+from webhook_receiver.outbound import enqueue_webhook, message_key
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ def admit(destination, key="order:ord_1:paid:v3", **kwargs):
 
 
 def test_the_logical_key_names_the_order_the_event_and_its_version():
-    assert order_event_key("ord_1042", "paid", 3) == "order:ord_1042:paid:v3"
+    assert message_key("order", "ord_1042", "paid", 3) == "order:ord_1042:paid:v3"
 
 
 def test_a_duplicate_admission_creates_no_second_message(merchant):

@@ -17,6 +17,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from project.shop.reconcile import OrderStates
 from tests.peers import answer, hostile_peer, timed
 from tests.reconciling import reconcile_with
 from webhook_receiver.core import storable
@@ -106,7 +107,7 @@ def test_records_holding_nul_and_lone_surrogates_are_stored_escaped(settings):
     item = RepairItem.objects.get()
     assert item.kind == "missing"
     assert item.event_key == storable.key("e\x00nul")
-    assert item.order_id == "o\\x00"
+    assert item.subject == "o\\x00"
     assert item.sender_says["id"] == "e\\x00nul"
     assert item.sender_says["data"] == {
         "order_id": "o\\x00",
@@ -117,12 +118,14 @@ def test_records_holding_nul_and_lone_surrogates_are_stored_escaped(settings):
     }
 
 
-def comparison_that_fails_in_the_database(*, source, orders):
+class ComparisonThatFailsInTheDatabase(OrderStates):
     """A host's STATE_COMPARISON whose query the database refuses, quoting the data."""
-    with connection.cursor() as cursor:
-        for order_id in orders:
-            cursor.execute("SELECT %s::jsonb", [json.dumps({"order": order_id, "x": "\x00"})])
-    return []
+
+    def compare(self, *, source, states):
+        with connection.cursor() as cursor:
+            for order_id in states:
+                cursor.execute("SELECT %s::jsonb", [json.dumps({"order": order_id, "x": "\x00"})])
+        return []
 
 
 def test_a_database_error_is_stored_without_the_data_it_quotes(settings):
@@ -130,7 +133,7 @@ def test_a_database_error_is_stored_without_the_data_it_quotes(settings):
     # quotes the record's data (on SQLite: the same failure, a message of its own)
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "STATE_COMPARISON": "tests.test_reconcile_hostile.comparison_that_fails_in_the_database",
+        "STATE_COMPARISON": "tests.test_reconcile_hostile.ComparisonThatFailsInTheDatabase",
     }
     listed = record("e_secret", order_id="ord_secret_data", version=1)
     with hostile_peer(lambda request: [(0, answer(200, {}, page([listed])))]) as peer:

@@ -86,7 +86,7 @@ def sender(settings) -> Iterator[type[Sender]]:
         reconcile_with(settings, "shop", OPTIONS=http_options(base_url))
         settings.WEBHOOK_RECEIVER = {
             **settings.WEBHOOK_RECEIVER,
-            "STATE_COMPARISON": "project.shop.reconcile.compare_order_states",
+            "STATE_COMPARISON": "project.shop.reconcile.OrderStates",
         }
         Sender.base_url = base_url
         yield Sender
@@ -147,12 +147,12 @@ def test_every_kind_of_difference_is_found_across_pages(client, sender):
         ("missing", "e_missing"),
         ("failed", "e_failed"),
         ("unexpected", "e_ours"),
-        ("state_mismatch", "order:o2"),
+        ("state_mismatch", "state:o2"),
     }
     assert found[("failed", "e_failed")].we_hold == {"failed_event": "dead"}
-    assert found[("missing", "e_missing")].order_id == "o2"
-    assert found[("state_mismatch", "order:o2")].sender_says == {"status": "paid", "version": 3}
-    assert found[("state_mismatch", "order:o2")].we_hold == {"status": "paid", "version": 2}
+    assert found[("missing", "e_missing")].subject == "o2"
+    assert found[("state_mismatch", "state:o2")].sender_says == {"status": "paid", "version": 3}
+    assert found[("state_mismatch", "state:o2")].we_hold == {"status": "paid", "version": 2}
     assert run.counts == {
         "missing": 1,
         "failed": 1,

@@ -8,7 +8,7 @@ import pytest
 
 from project.shop.models import OrderState
 from tests.http import post
-from webhook_receiver import schemes as signatures
+from webhook_receiver import schemes
 from webhook_receiver.checks import check_webhook_receiver_settings
 from webhook_receiver.models import WebhookReceipt
 
@@ -29,7 +29,7 @@ def test_a_scheme_named_by_dotted_path_verifies_types_and_keys_its_events(client
     acme_source(settings)
     payload = {"kind": "order.paid", "event_id": "acme_1", "data": {"order_id": "o1", "version": 2}}
     body = json.dumps(payload).encode()
-    headers = signatures.sign(
+    headers = schemes.sign(
         scheme="tests.schemes.Acme", secret=ACME_SECRET, body=body, message_id="", timestamp=0
     )
 
@@ -72,7 +72,7 @@ def test_an_unknown_scheme_is_a_configuration_error_that_says_why(settings, sche
 
 
 def test_every_built_in_scheme_is_registered_under_its_own_name():
-    assert {name: scheme.name for name, scheme in signatures.SCHEMES.items()} == {
+    assert {name: scheme.name for name, scheme in schemes.SCHEMES.items()} == {
         "standard": "standard",
         "stripe": "stripe",
         "github": "github",

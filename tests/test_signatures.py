@@ -18,7 +18,7 @@ from standardwebhooks import Webhook
 
 from tests.settings import GITHUB_SECRET, SHOP_OLD_SECRET, SHOP_SECRET, STRIPE_SECRET
 from tests.signing import standard_headers, stripe_headers
-from webhook_receiver import schemes as signatures
+from webhook_receiver import schemes
 from webhook_receiver.exceptions import (
     InvalidSignature,
     MalformedSignatureHeaders,
@@ -270,7 +270,7 @@ def test_standard_unpadded_secret_is_accepted():
     # when / then: the app accepts the unpadded secret, and agrees with the padded one
     assert verify_standard(headers, secrets=(unpadded,)).message_id == headers["webhook-id"]
     assert verify_standard(headers, secrets=("whsec_" + padded,)).message_id is not None
-    assert signatures.standard_secret_key(unpadded) == key
+    assert schemes.standard_secret_key(unpadded) == key
 
 
 def test_standard_signature_covers_the_raw_bytes_not_the_parsed_json():
@@ -300,7 +300,7 @@ def test_standard_non_ascii_body_is_signed_as_utf8_bytes():
 def test_app_signer_output_verifies_with_the_standardwebhooks_library():
     # given
     ts = int(time.time())
-    headers = signatures.sign(
+    headers = schemes.sign(
         scheme="standard", secret=SHOP_SECRET, body=BODY, message_id="msg_cross", timestamp=ts
     )
 
@@ -315,7 +315,7 @@ def test_app_signer_output_verifies_with_the_standardwebhooks_library():
 
 def test_app_signer_and_library_signer_produce_the_same_signature():
     ts = 1_700_000_000
-    ours = signatures.sign(
+    ours = schemes.sign(
         scheme="standard", secret=SHOP_SECRET, body=BODY, message_id="msg_same", timestamp=ts
     )
     theirs = standard_headers(BODY, msg_id="msg_same", timestamp=ts)
@@ -325,10 +325,10 @@ def test_app_signer_and_library_signer_produce_the_same_signature():
 
 def test_app_signer_stripe_and_github_round_trip_through_verify():
     ts = int(time.time())
-    stripe = signatures.sign(
+    stripe = schemes.sign(
         scheme="stripe", secret=STRIPE_SECRET, body=BODY, message_id="evt_1", timestamp=ts
     )
-    github = signatures.sign(
+    github = schemes.sign(
         scheme="github", secret=GITHUB_SECRET, body=BODY, message_id="d-1", timestamp=ts
     )
 
@@ -543,7 +543,7 @@ def compare_calls(monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(signatures.base.hmac, "compare_digest", counting)
+    monkeypatch.setattr(schemes.base.hmac, "compare_digest", counting)
     return calls
 
 

@@ -27,7 +27,7 @@ from tests.failing import CRASH, fail_crash
 from tests.http import post
 from tests.reconciling import reconcile_with
 from tests.signing import event_body, reserved, standard_headers
-from webhook_receiver.admin.base import trace_url
+from webhook_receiver.admin.cells import trace_url
 from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, RepairItem
 from webhook_receiver.reconcile.run import reconciliation_run

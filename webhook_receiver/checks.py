@@ -13,10 +13,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.utils.module_loading import import_string
 
-from . import schemes as signatures
+from . import schemes
 from .conf import NEW_KEY_HINT, app_settings
 from .handlers import registration_conflicts
+from .outbound.encryption import is_token, secrets_decrypt
+from .outbound.models import WebhookDestination
 from .reconcile.adapters import BUILT_IN
+from .reconcile.states import state_comparison
 from .watch.notifiers import get_notifiers
 
 
@@ -30,7 +33,7 @@ def check_webhook_receiver_settings(
         return [checks.Error(str(exc), id="webhook_receiver.E001")]
     errors: list[checks.CheckMessage] = []
     for slug, source in config.sources.items():
-        scheme = signatures.get_scheme(source.scheme)
+        scheme = schemes.get_scheme(source.scheme)
         for position, secret in enumerate(source.secrets):
             problem = scheme.secret_problem(secret)
             if problem:
@@ -62,7 +65,6 @@ def check_webhook_receiver_settings(
         for s, c in config.sources.items()
         if c.reconcile is not None
     ]
-    paths.append(("['STATE_COMPARISON']", config.state_comparison))
     paths.append(("['TRACE_EFFECTS']", config.trace_effects))
     for where, path in paths:
         if not path:
@@ -76,6 +78,10 @@ def check_webhook_receiver_settings(
                     id="webhook_receiver.E004",
                 )
             )
+    try:
+        state_comparison(config.state_comparison)
+    except ImproperlyConfigured as exc:
+        errors.append(checks.Error(str(exc), id="webhook_receiver.E004"))
     for event_type, names in registration_conflicts().items():
         overridden = event_type in config.handlers
         if not overridden:
@@ -129,9 +135,6 @@ def check_destination_secrets(
     check: Django runs it on ``migrate`` and ``check --database``, before migrating, so
     rows not yet encrypted are a warning (the migration encrypts them) unless no key
     is set to encrypt them with."""
-    from .outbound.encryption import is_token, secrets_decrypt
-    from .outbound.models import WebhookDestination
-
     try:
         keys = app_settings().destination_secret_keys
     except ImproperlyConfigured:

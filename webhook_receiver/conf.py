@@ -65,11 +65,13 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_TIMEOUT_MS": 2000,
     "STATEMENT_TIMEOUT_MS": 5000,
     # PostgreSQL: the outbox admission's insert waits at most this long for a lock on the
-    # outbox table (it never waits in normal work): an order event whose outbox is locked
-    # is deferred fast rather than hold a web worker for LOCK_TIMEOUT_MS; 0: no limit
+    # outbox table (it never waits in normal work): an event whose effect admits a message
+    # to a locked outbox is deferred fast rather than hold a web worker for
+    # LOCK_TIMEOUT_MS; 0: no limit
     "ADMISSION_LOCK_TIMEOUT_MS": 200,
-    # reconciliation: the host's comparison of business state with what senders list,
-    # fn(*, source, orders) -> iterable of StateMismatch (None: no state is compared)
+    # reconciliation: the host's view of its business state, the dotted path of a
+    # webhook_receiver.reconcile.states.StateComparison subclass, which reads the state
+    # a sender's events set and compares it with the host's (None: no state is compared)
     "STATE_COMPARISON": None,
     # a run still "running" after this long was abandoned (a killed worker): the next
     # start closes it as failed

@@ -51,14 +51,23 @@ class WebhookEvent:
     @property
     def subject(self) -> str:
         """The business object the event concerns, stored on its receipt and searchable
-        in the admin: ``data.order_id``, else ``data.id``, by convention."""
-        data = self.data
-        if isinstance(data, dict):
-            for name in ("order_id", "id"):
-                value = data.get(name)
-                if isinstance(value, str | int) and not isinstance(value, bool):
-                    return str(value)
-        return ""
+        in the admin (``subject_of``); a handler's result may name another."""
+        return subject_of(self.data)
+
+
+# Where an event's data names its subject, by convention: the first of these fields
+# that holds a string or a number. A handler's result names another where they do not.
+SUBJECT_FIELDS = ("order_id", "id")
+
+
+def subject_of(data: Any) -> str:
+    """The subject an event's ``data`` names (SUBJECT_FIELDS), or ""."""
+    if isinstance(data, dict):
+        for name in SUBJECT_FIELDS:
+            value = data.get(name)
+            if isinstance(value, str | int) and not isinstance(value, bool):
+                return str(value)
+    return ""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from webhook_receiver.core import sql
 from webhook_receiver.exceptions import InvalidPayload
 from webhook_receiver.handlers import HandlerResult, WebhookEvent, webhook_handler
 from webhook_receiver.models import Result
-from webhook_receiver.outbound import destinations_for, enqueue_webhook, order_event_key
+from webhook_receiver.outbound import destinations_for, enqueue_webhook, message_key
 
 from .models import InventoryLedgerEntry, OrderState, OrderStatus
 
@@ -152,7 +152,7 @@ def order_event_forward(
     destinations = destinations_for(event.event_type)
     if not destinations:
         return
-    key = order_event_key(order_id, event.event_type.removeprefix("order."), version)
+    key = message_key("order", order_id, event.event_type.removeprefix("order."), version)
     payload = {
         "type": event.event_type,
         "data": {"order_id": order_id, "status": status.value, "version": version},

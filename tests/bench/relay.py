@@ -233,13 +233,13 @@ def admit(dest, count: int, tag: str) -> list[str]:
     them, ADMIT_BATCH per transaction. Their on-commit triggers reach the broker."""
     from django.db import transaction
 
-    from webhook_receiver.outbound import enqueue_webhook, order_event_key
+    from webhook_receiver.outbound import enqueue_webhook, message_key
 
     keys = []
     for first in range(0, count, ADMIT_BATCH):
         with transaction.atomic():
             for i in range(first, min(first + ADMIT_BATCH, count)):
-                key = order_event_key(f"ord-{tag}-{i}", "paid", 1)
+                key = message_key("order", f"ord-{tag}-{i}", "paid", 1)
                 enqueue_webhook(
                     dest, EVENT_TYPE, key, _payload(tag, i), ordering_key=f"order:ord-{tag}-{i}"
                 )
@@ -628,9 +628,9 @@ def commit_to_arrival(receiver: Receiver, dest, tag: str, n: int) -> float:
     WAIT_SECONDS)."""
     from django.db import transaction
 
-    from webhook_receiver.outbound import enqueue_webhook, order_event_key
+    from webhook_receiver.outbound import enqueue_webhook, message_key
 
-    key = order_event_key(f"ord-{tag}-{n}", "paid", 1)
+    key = message_key("order", f"ord-{tag}-{n}", "paid", 1)
     committed: list[float] = []
     with transaction.atomic():
         # registered first, so it runs first after the commit: before the trigger

@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from webhook_receiver import schemes as signatures
+from webhook_receiver import schemes
 from webhook_receiver.exceptions import RejectedRequest
 
 from .common import (
@@ -65,7 +65,7 @@ class ClaimFloorView(_FloorView):
     def post(self, request: Request) -> Response:
         body = request.body
         try:
-            message = signatures.verify(
+            message = schemes.verify(
                 scheme="standard",
                 secrets=(SHOP_SECRET,),
                 headers=request.headers,

@@ -20,7 +20,17 @@ re-exported here so a host project's admin can build on them
 from __future__ import annotations
 
 # imported for their @admin.register calls, which run on import
-from . import audit, failed_events, outbox, overview, receipts, reconciliation, silence  # noqa: F401
+from . import (  # noqa: F401
+    audit,
+    destinations,
+    failed_events,
+    outbox_messages,
+    overview,
+    receipts,
+    reconciliation_runs,
+    repair_items,
+    silence,
+)
 from .base import ReadOnlyAdmin, StoredEventDisplay
 
 __all__ = ["ReadOnlyAdmin", "StoredEventDisplay"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.contrib import admin
 
 from ..inbound.models import RequestAudit
-from .base import ReadOnlyAdmin, trace_link
+from .base import ReadOnlyAdmin
+from .cells import trace_link
 
 
 @admin.register(RequestAudit)

@@ -8,27 +8,20 @@ its service, which records who did it and when.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import SimpleTemplateResponse, TemplateResponse
+from django.template.response import SimpleTemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
-from django.utils.html import format_html, format_html_join
-from django.utils.http import urlencode
-from django.utils.safestring import mark_safe
 
 from ..core import display
 from ..inbound.models import FailedEvent, WebhookReceipt
+from .cells import pre
 
 
 def visible_response(response: HttpResponse) -> HttpResponse:
@@ -93,38 +86,6 @@ class ReadOnlyAdmin(VisibleText, admin.ModelAdmin):
         """The model's own permission for ``action`` (its Meta.permissions)."""
         codename = get_permission_codename(action, self.opts)
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
-
-    def confirmation_page(
-        self,
-        request: HttpRequest,
-        template: str,
-        *,
-        form: forms.Form,
-        note_field: str,
-        selected: list[Any],
-        action_name: str,
-        title: str,
-        submit_label: str,
-        **extra: Any,
-    ) -> TemplateResponse:
-        """An action's confirmation page (admin/webhook_receiver/action_confirmation.html):
-        the selection, a note, and a form that posts them back to the action."""
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "subtitle": None,
-            "opts": self.opts,
-            "selected": selected,
-            "form": form,
-            "note_field": form[note_field],
-            "submit_label": submit_label,
-            "action_name": action_name,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "media": self.media + form.media,
-            **extra,
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, template, context)
 
 
 @dataclass(frozen=True)
@@ -223,19 +184,6 @@ class ObjectButtons:
         return visible_response(response)
 
 
-def trace_url(source: str, event_key: str) -> str:
-    """The trace page of one event key: every delivery, the receipt, the effects, the
-    failed-event history."""
-    query = urlencode({"source": source, "key": event_key})
-    return f"{reverse('admin:webhook_receiver_trace')}?{query}"
-
-
-def trace_link(source: str, event_key: str) -> str:
-    if not event_key:
-        return "-"
-    return format_html('<a href="{}">trace</a>', trace_url(source, event_key))
-
-
 class StoredEventDisplay:
     """The stored body, pretty-printed when it is JSON, and the headers, one per line.
     Both are untrusted input: everything goes through format_html. Signature headers
@@ -252,44 +200,7 @@ class StoredEventDisplay:
         return pre("\n".join(f"{k}: {v}" for k, v in sorted(shown.items())))
 
 
-def pre(text: str) -> str:
-    """Stored text as it came, its lines kept; a value of thousands of characters with no
-    space wraps anywhere rather than widen the page."""
-    return format_html(
-        '<pre style="white-space: pre-wrap; overflow-wrap: anywhere; margin: 0">{}</pre>', text
-    )
-
-
 # --- list cells ---------------------------------------------------------------------------
 
 
-def wrap_words(text: str) -> str:
-    """A break allowed after each dot, colon and underscore: event types and keys wrap
-    between their words in a narrow column."""
-    words = re.split(r"(?<=[._:])", text)
-    return format_html_join(mark_safe("<wbr>"), "{}", ((w,) for w in words)) or "-"
-
-
-def stacked_lines(lines: list[tuple[str, str, datetime | None]]) -> str:
-    """(text, CSS class, moment) a line each, stacked in one cell; a moment's full time
-    is the line's title."""
-    return format_html_join(
-        "",
-        '<span class="wr-line {}" title="{}">{}</span>',
-        ((css, full_time(moment) if moment else "", text) for text, css, moment in lines),
-    )
-
-
 # --- times, as the lists and detail pages show them ---------------------------------------
-
-
-def full_time(moment: datetime) -> str:
-    return timezone.localtime(moment).isoformat(sep=" ", timespec="seconds")
-
-
-def compact_time(moment: datetime) -> str:
-    """ "14:05:09" today, "Nov 30 14:05" on another day: narrow enough for the list."""
-    local = timezone.localtime(moment)
-    if local.date() == timezone.localdate():
-        return f"{local:%H:%M:%S}"
-    return f"{local:%b %d %H:%M}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
 from django.db.models import QuerySet
@@ -23,17 +22,10 @@ from django.utils.translation import ngettext
 
 from ..inbound.failures import ReplayResult, failed_event_discard, failed_event_replay
 from ..inbound.models import FailedEvent, FailureStatus, Result
-from .base import (
-    ObjectButton,
-    ObjectButtons,
-    ReadOnlyAdmin,
-    StoredEventDisplay,
-    compact_time,
-    stacked_lines,
-    trace_link,
-    trace_url,
-    wrap_words,
-)
+from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, StoredEventDisplay
+from .cells import compact_time, stacked_lines, trace_link, trace_url, wrap_words
+from .confirm import Confirmation, confirm_then_act, report_changed
+from .forms import DiscardEventsForm, ReplayForm
 
 MAX_FAILURES_LISTED = 5
 # the list shows the start of the last error; its title holds the whole of it
@@ -45,22 +37,47 @@ REPLAYABLE = (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDE
 DISCARDABLE = (FailureStatus.RETRYING, FailureStatus.DEAD)
 
 
-class ReplayForm(forms.Form):
-    reason = forms.CharField(
-        label="Reason",
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-        help_text="Optional: why, e.g. the fix deployed. Kept in the event's history with "
-        "your name and the time.",
+def _selection_row(event: FailedEvent) -> tuple[Any, ...]:
+    return (
+        event.pk,
+        event.source,
+        event.event_key,
+        event.event_type,
+        event.get_status_display(),
+        event.attempts,
+        event.last_error_class,
     )
 
 
-class DiscardForm(forms.Form):
-    reason = forms.CharField(
-        label="Reason",
-        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
-        help_text="Kept on each discarded event, with your name and the time.",
-    )
+SELECTION_COLUMNS = ("id", "source", "event key", "event type", "status", "attempts", "last error")
+REPLAY = Confirmation(
+    title="Replay failed events",
+    explanation=(
+        "Replaying runs each event's stored, verified bytes through the claim now, under its "
+        "original key: an event applied meanwhile answers duplicate and changes nothing. A "
+        "replay that fails again adds an attempt to the event's error history. Your name and "
+        "the time are kept on each event, and the reason, if you give one, in its history.",
+    ),
+    form=ReplayForm,
+    submit=("Replay %d event", "Replay %d events"),
+    columns=SELECTION_COLUMNS,
+    row=_selection_row,
+)
+DISCARD = Confirmation(
+    title="Discard failed events",
+    explanation=(
+        "Discarding gives up on an event: it is not retried any more, and it is deleted once "
+        "its retention has passed (until then it can still be replayed by hand). Your name, "
+        "the time and the reason are kept on each event. Events already resolved or discarded "
+        "are left as they are.",
+    ),
+    form=DiscardEventsForm,
+    submit=("Discard %d event", "Discard %d events"),
+    columns=SELECTION_COLUMNS,
+    row=_selection_row,
+    applies=lambda event: event.status in DISCARDABLE,
+    status_column=4,
+)
 
 
 @admin.register(FailedEvent)
@@ -89,8 +106,6 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
     search_fields = ("event_key__exact",)
     date_hierarchy = "last_attempt_at"
     actions = ["replay_selected", "discard_selected"]
-    discard_confirmation_template = "admin/webhook_receiver/failedevent/discard_confirmation.html"
-    replay_confirmation_template = "admin/webhook_receiver/failedevent/replay_confirmation.html"
     fieldsets = (
         (
             None,
@@ -234,44 +249,29 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
     ) -> TemplateResponse | None:
         """The detail page's Replay: a confirmation page with an optional reason (the
         list's action replays at once), then the same replay."""
-        if request.method == "POST" and request.POST.get("post"):
-            form = ReplayForm(request.POST)
-            if form.is_valid():
-                self._replay(request, queryset, reason=form.cleaned_data["reason"])
-                return None
-        else:
-            form = ReplayForm()
-        return self._replay_confirmation(request, list(queryset.order_by("id")), form)
-
-    def _replay_confirmation(
-        self, request: HttpRequest, events: list[FailedEvent], form: ReplayForm
-    ) -> TemplateResponse:
-        return self.confirmation_page(
+        return confirm_then_act(
+            self,
             request,
-            self.replay_confirmation_template,
-            form=form,
-            note_field="reason",
-            selected=events,
-            action_name="replay_selected",
-            title="Replay failed events",
-            submit_label=ngettext("Replay %d event", "Replay %d events", len(events)) % len(events),
+            list(queryset.order_by("id")),
+            action="replay_selected",
+            confirmation=REPLAY,
+            act=lambda events, form: self._replay(request, events, reason=form["reason"]),
         )
 
     # --- actions -----------------------------------------------------------------------
 
     @admin.action(description="Replay selected failed events now", permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> None:
-        self._replay(request, queryset, reason="")
+        events = list(queryset.order_by("id").only("id", "source", "event_key", "status"))
+        self._replay(request, events, reason="")
 
-    def _replay(
-        self, request: HttpRequest, queryset: QuerySet[FailedEvent], *, reason: str
-    ) -> None:
+    def _replay(self, request: HttpRequest, events: list[FailedEvent], *, reason: str) -> None:
         """Replay each event now, through its service; the admin's history keeps who, the
         result and the reason."""
         actor = request.user.get_username()
         reason = reason.strip()
         results: list[ReplayResult] = []
-        for failed in queryset.order_by("id").only("id", "source", "event_key", "status"):
+        for failed in events:
             result = failed_event_replay(failed_id=failed.pk, actor=actor)
             results.append(result)
             if result.result != Result.SKIPPED:
@@ -286,25 +286,13 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
     def discard_selected(
         self, request: HttpRequest, queryset: QuerySet[FailedEvent]
     ) -> TemplateResponse | None:
-        events = list(queryset.order_by("id"))
-        if request.POST.get("post"):
-            form = DiscardForm(request.POST)
-            if form.is_valid():
-                self._discard(request, events, reason=form.cleaned_data["reason"])
-                return None  # back to the list
-        else:
-            form = DiscardForm()
-        return self.confirmation_page(
+        return confirm_then_act(
+            self,
             request,
-            self.discard_confirmation_template,
-            form=form,
-            note_field="reason",
-            selected=events,
-            action_name="discard_selected",
-            title="Discard failed events",
-            submit_label=ngettext("Discard %d event", "Discard %d events", len(events))
-            % len(events),
-            closed_statuses=(FailureStatus.RESOLVED, FailureStatus.DISCARDED),
+            list(queryset.order_by("id")),
+            action="discard_selected",
+            confirmation=DISCARD,
+            act=lambda events, form: self._discard(request, events, reason=form["reason"]),
         )
 
     def _discard(self, request: HttpRequest, events: list[FailedEvent], *, reason: str) -> None:
@@ -314,19 +302,14 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
             if failed_event_discard(failed_id=failed.pk, actor=actor, reason=reason):
                 discarded += 1
                 self.log_change(request, failed, f"Discarded: {reason}")
-        left = len(events) - discarded
-        message = ngettext(
-            "Discarded %(count)d failed event.",
-            "Discarded %(count)d failed events.",
-            discarded,
-        ) % {"count": discarded}
-        if left:
-            message += " " + ngettext(
-                "%(count)d was left as it was (already resolved or discarded).",
-                "%(count)d were left as they were (already resolved or discarded).",
-                left,
-            ) % {"count": left}
-        self.message_user(request, message, messages.WARNING if left else messages.SUCCESS)
+        report_changed(
+            self,
+            request,
+            ("Discarded %(count)d failed event.", "Discarded %(count)d failed events."),
+            changed=discarded,
+            selected=len(events),
+            why_left=("already resolved or discarded",) * 2,
+        )
 
 
 def _replay_summary(results: list[ReplayResult]) -> tuple[str, int]:

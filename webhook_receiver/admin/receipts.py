@@ -6,7 +6,8 @@ from django.contrib import admin
 
 from ..core import display
 from ..inbound.models import WebhookReceipt
-from .base import ReadOnlyAdmin, StoredEventDisplay, pre, trace_link
+from .base import ReadOnlyAdmin, StoredEventDisplay
+from .cells import pre, trace_link
 
 
 @admin.register(WebhookReceipt)

@@ -13,9 +13,10 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from ..core.admin_links import admin_url
 from ..core.words import duration_text
+from ..inbound.models import RequestAudit
 from ..watch.models import SilenceAlert
-from ..watch.notifiers import admin_path
 from .base import ReadOnlyAdmin
 
 # a label, and below it a moment that wraps as a whole or not at all
@@ -121,7 +122,7 @@ class SilenceAlertAdmin(ReadOnlyAdmin):
 
     @admin.display(description="requests")
     def requests(self, obj: SilenceAlert) -> str:
-        path = admin_path("requestaudit", source=obj.source)
+        path = admin_url(RequestAudit, source=obj.source)
         text = f"every request from {obj.source}, accepted or refused"
         return format_html('<a href="{}">{}</a>', path, text) if path else "-"
 

@@ -24,8 +24,7 @@ from django.utils import timezone
 from ..conf import TrustedProxies, app_settings
 from ..core import faults, sql, storable
 from ..core.retention import delete_in_batches
-from ..watch import metrics
-from . import queries
+from . import metrics, queries
 from .models import RejectionTally, RequestAudit, Verification
 
 logger = logging.getLogger(__name__)

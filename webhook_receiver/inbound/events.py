@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from .. import schemes as signatures
+from .. import schemes
 from ..conf import SourceConfig
 from ..core import storable
 from ..exceptions import InvalidPayload
@@ -17,7 +17,7 @@ from ..handlers import WebhookEvent
 
 def parse_event(
     source: SourceConfig,
-    message: signatures.VerifiedMessage,
+    message: schemes.VerifiedMessage,
     headers: Mapping[str, str],
     body: bytes,
 ) -> WebhookEvent:
@@ -30,7 +30,7 @@ def parse_event(
         raise InvalidPayload(f"The body is not usable JSON: {type(exc).__name__}") from exc
     if not isinstance(payload, dict):
         raise InvalidPayload("The body must be a JSON object.")
-    scheme = signatures.get_scheme(source.scheme)
+    scheme = schemes.get_scheme(source.scheme)
     event_type = scheme.event_type(payload=payload, headers=headers)
     if not isinstance(event_type, str) or not event_type:
         raise InvalidPayload("The event has no type (a non-empty string).")
@@ -47,8 +47,8 @@ def parse_event(
 
 def _event_key(
     source: SourceConfig,
-    scheme: signatures.Scheme,
-    message: signatures.VerifiedMessage,
+    scheme: schemes.Scheme,
+    message: schemes.VerifiedMessage,
     payload: dict[str, Any],
 ) -> str:
     if source.event_key:

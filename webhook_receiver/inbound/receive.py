@@ -26,7 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
-from .. import schemes as signatures
+from .. import schemes
 from ..conf import app_settings, get_source
 from ..core import faults, logs, storable
 from ..exceptions import (
@@ -76,7 +76,7 @@ def webhook_receive(
             raise UnknownSource()
         body = read_limited_body(stream, content_length, source.max_body_bytes)
         audit.set_body(body)
-        message = signatures.verify(
+        message = schemes.verify(
             scheme=source.scheme,
             secrets=source.secrets,
             headers=headers,
@@ -180,7 +180,7 @@ def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> N
     )
 
 
-def _fallback_key(message: signatures.VerifiedMessage, body: bytes) -> str:
+def _fallback_key(message: schemes.VerifiedMessage, body: bytes) -> str:
     """A key for an event whose own key could not be derived (e.g. unparsable body)."""
     if message.message_id:
         return storable.key(message.message_id)

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from ..core import faults, logs
 from ..exceptions import NotStored, RejectedRequest
-from ..watch import metrics
+from . import metrics
 from .audit import request_client_address
 from .models import Result
 from .receive import webhook_receive

@@ -1,9 +1,11 @@
 """Sending: this project's own webhooks leave through a transactional outbox.
 
 ``enqueue_webhook`` writes a message in the caller's transaction; the relay delivers it
-after commit, at least once, under one stable key that the receiving end deduplicates.
+after commit, at least once, under one stable key that the receiving end deduplicates
+(``message_key`` builds one).
 """
 
-from .admission import Admission, destinations_for, enqueue_webhook, order_event_key
+from .admission import Admission, destinations_for, enqueue_webhook, message_key
+from .models import WebhookDestination
 
-__all__ = ["Admission", "destinations_for", "enqueue_webhook", "order_event_key"]
+__all__ = ["Admission", "WebhookDestination", "destinations_for", "enqueue_webhook", "message_key"]

@@ -15,7 +15,8 @@ Two guards against a second message for one logical delivery:
 The insert waits for a lock on the outbox table at most ADMISSION_LOCK_TIMEOUT_MS (on
 PostgreSQL), far less than the claim's LOCK_TIMEOUT_MS: an insert into the outbox never
 waits in normal work, so a wait means the table is held (a migration, a VACUUM FULL), and
-an order event is better deferred fast than holding a web worker for the whole bound.
+an event whose effect admits a message is better deferred fast than holding a web
+worker for the whole bound.
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ class Admission:
     coalesced: bool = False
 
 
-def order_event_key(order_id: str, event: str, version: int) -> str:
-    """The stable logical key of an order event: the same for every attempt and every
-    re-admission of that event at that version. Never an attempt number, a timestamp or
-    a random id: those describe an attempt, not the effect."""
-    return f"order:{order_id}:{event}:v{version}"
+def message_key(aggregate: str, aggregate_id: str, event: str, version: int) -> str:
+    """The stable logical key of one event of an aggregate at one version
+    (``order:ord_1042:paid:v3``): the same for every attempt and every re-admission of
+    that event at that version. Never an attempt number, a timestamp or a random id:
+    those describe an attempt, not the effect."""
+    return f"{aggregate}:{aggregate_id}:{event}:v{version}"
 
 
 def destinations_for(event_type: str) -> list[WebhookDestination]:
@@ -76,8 +78,8 @@ def enqueue_webhook(
 ) -> Admission:
     """Admit one message for ``destination``, inside the caller's transaction.
 
-    ``key`` is the delivery's logical key (see ``order_event_key``); the receiving end
-    deduplicates on it. Messages sharing an ``ordering_key`` (an order id) are delivered
+    ``key`` is the delivery's logical key (see ``message_key``); the receiving end
+    deduplicates on it. Messages sharing an ``ordering_key`` (one aggregate's, e.g. an order's) are delivered
     to this destination one after another, in admission order. ``origin`` is the
     inbound event (source, event key) whose handler admits it, for the trace page.
     Returns whether a message was created.

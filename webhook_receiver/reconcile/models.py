@@ -77,9 +77,11 @@ class RepairItem(models.Model):
 
     source = models.CharField(max_length=100)
     kind = models.CharField(max_length=16, choices=RepairKind.choices)
-    # the event key; for a state mismatch, "order:<order id>"
+    # the event key; for a state mismatch, "state:<subject>"
     event_key = models.CharField(max_length=255)
-    order_id = models.CharField(max_length=100, blank=True)
+    # the business object it concerns (an order id): as a receipt's subject, or the one
+    # the host's StateComparison named
+    subject = models.CharField(max_length=255, blank=True)
     event_type = models.CharField(max_length=255, blank=True)
     # when it happened: the sender's creation time (for an unexpected event, our receipt
     # time); a later run over a window holding this time resolves the item if it is gone
@@ -107,7 +109,7 @@ class RepairItem(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "source"], name="webhook_repair_status"),
-            models.Index(fields=["order_id"], name="webhook_repair_order"),
+            models.Index(fields=["subject"], name="webhook_repair_subject"),
         ]
         ordering = ["-updated_at"]
         permissions = [

@@ -8,9 +8,10 @@ out), in both directions:
 - ``failed``: we hold it as a failed event still retrying, dead or discarded;
 - ``unexpected``: we applied a key in the window that the sender does not list (the
   sender's side is read MARGIN wider, so that an event at the edge is no false alarm);
-- ``state_mismatch``: an order's latest status and version as the sender lists them
-  differ from ours. Business state is the host's: it is compared by the host's hook,
-  STATE_COMPARISON (the demo shop's is ``project.shop.reconcile``).
+- ``state_mismatch``: a subject's latest state and version as the sender's events set
+  them differ from ours. Business state is the host's: it is read and compared by the
+  host's hook, STATE_COMPARISON (reconcile/states.py; the demo shop's is
+  ``project.shop.reconcile``).
 
 A sender is a peer: whatever its records hold (NUL, lone surrogates) is stored made
 fit for its column (``storable``), and a run that fails records why in a form the
@@ -27,9 +28,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -37,13 +38,15 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .. import schemes as signatures
+from .. import schemes
 from ..conf import ReconcileConfig, SourceConfig, app_settings, get_source
 from ..core import storable
+from ..handlers import subject_of
 from ..inbound import queries
 from ..inbound.models import FailedEvent, WebhookReceipt
 from .adapters import SenderEvent, get_adapter
 from .models import ReconciliationRun, RepairItem, RepairKind, RepairStatus, RunOutcome
+from .states import StateComparison, SubjectState, state_comparison
 
 logger = logging.getLogger(__name__)
 
@@ -55,32 +58,13 @@ class RunInProgress(Exception):
     """Another run of this source is under way."""
 
 
-@dataclass(frozen=True)
-class SenderOrder:
-    """An order's latest state as the sender lists it, for the host's comparison."""
-
-    order_id: str
-    status: str  # the event type's last part: paid, cancelled, fulfilled
-    version: int
-    event_key: str
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class StateMismatch:
-    """What a host's STATE_COMPARISON returns for an order whose state differs."""
-
-    order_id: str
-    sender_says: Mapping[str, Any]
-    we_hold: Mapping[str, Any]  # empty when we hold nothing for the order
-
-
 @dataclass
 class _Findings:
     run: ReconciliationRun
     counts: Counter[str] = field(default_factory=Counter)
     sender_keys: set[str] = field(default_factory=set)
-    orders: dict[str, SenderOrder] = field(default_factory=dict)
+    states: dict[str, SubjectState] = field(default_factory=dict)
+    comparison: StateComparison | None = None
     records: int = 0
 
 
@@ -113,6 +97,7 @@ def reconciliation_run(
     guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
     try:
         with guard:
+            findings.comparison = state_comparison(app_settings().state_comparison)
             _compare_sender_events(source, config, findings)
             _find_unexpected(source, findings)
             _compare_states(source, findings)
@@ -190,11 +175,11 @@ def _error_text(exc: BaseException) -> str:
 def event_key_of(source: SourceConfig, event: SenderEvent) -> str:
     """The key our receive path derives for this event, from what the sender lists."""
     payload = dict(event.payload or {"id": event.id, "type": event.type, "data": event.data})
-    message = signatures.VerifiedMessage(scheme=source.scheme, message_id=event.id, timestamp=None)
+    message = schemes.VerifiedMessage(scheme=source.scheme, message_id=event.id, timestamp=None)
     if source.event_key:
         key = import_string(source.event_key)(payload=payload, message=message)
     else:
-        key = signatures.get_scheme(source.scheme).default_key(payload=payload, message=message)
+        key = schemes.get_scheme(source.scheme).default_key(payload=payload, message=message)
     return storable.key(str(key or event.id))
 
 
@@ -231,25 +216,26 @@ def _compare_sender_events(
                 we_hold = {"failed_event": failed[key]} if key in failed else {}
                 _item(findings, kind, key, event=event, we_hold=we_hold)
         for key, event in in_window.items():
-            _track_order(findings, key, event)
+            _track_state(findings, key, event)
 
 
-def _track_order(findings: _Findings, key: str, event: SenderEvent) -> None:
-    """Keep the sender's latest (highest version) order state in the window."""
-    if not event.type.startswith("order."):
+def _track_state(findings: _Findings, key: str, event: SenderEvent) -> None:
+    """Keep the latest (highest version) state the sender's events set per subject, as
+    the host's StateComparison reads them."""
+    if findings.comparison is None:
         return
-    order_id, version = event.data.get("order_id"), event.data.get("version")
-    if not isinstance(order_id, str) or not isinstance(version, int) or isinstance(version, bool):
+    found = findings.comparison.state_of(event)
+    if found is None:
         return
-    # as the host's query can take it (no NUL): such an order cannot be one we hold
-    order_id = storable.text(order_id, len(order_id) * 6)
-    known = findings.orders.get(order_id)
-    if known is None or version > known.version:
-        findings.orders[order_id] = SenderOrder(
-            order_id=order_id,
-            status=event.type.removeprefix("order."),
-            version=version,
+    # as the host's query can take it (no NUL): such a subject cannot be one it holds
+    subject = storable.text(found.subject, len(found.subject) * 6)
+    known = findings.states.get(subject)
+    if known is None or found.version > known.version:
+        findings.states[subject] = replace(
+            found,
+            subject=subject,
             event_key=key,
+            event_type=event.type,
             created_at=event.created_at,
         )
 
@@ -278,22 +264,20 @@ def _find_unexpected(source: SourceConfig, findings: _Findings) -> None:
 
 
 def _compare_states(source: SourceConfig, findings: _Findings) -> None:
-    path = app_settings().state_comparison
-    if not path or not findings.orders:
+    comparison = findings.comparison
+    if comparison is None or not findings.states:
         return
-    compare = import_string(path)
-    orders = list(findings.orders.values())
-    for start in range(0, len(orders), LOOKUP_BATCH):
-        batch = {o.order_id: o for o in orders[start : start + LOOKUP_BATCH]}
-        mismatches: Iterable[StateMismatch] = compare(source=source.slug, orders=batch)
-        for mismatch in mismatches:
-            sender = batch[mismatch.order_id]
+    states = list(findings.states.values())
+    for start in range(0, len(states), LOOKUP_BATCH):
+        batch = {s.subject: s for s in states[start : start + LOOKUP_BATCH]}
+        for mismatch in comparison.compare(source=source.slug, states=batch):
+            sender = batch[mismatch.subject]
             _item(
                 findings,
                 RepairKind.STATE_MISMATCH,
-                f"order:{mismatch.order_id}",
-                order_id=mismatch.order_id,
-                event_type=f"order.{sender.status}",
+                f"state:{mismatch.subject}",
+                subject=mismatch.subject,
+                event_type=sender.event_type,
                 occurred_at=sender.created_at,
                 sender_says=dict(mismatch.sender_says),
                 we_hold=dict(mismatch.we_hold),
@@ -307,7 +291,7 @@ def _item(
     *,
     event: SenderEvent | None = None,
     event_type: str = "",
-    order_id: str = "",
+    subject: str = "",
     occurred_at: datetime | None = None,
     sender_says: Mapping[str, Any] | None = None,
     we_hold: Mapping[str, Any],
@@ -323,10 +307,9 @@ def _item(
         sender_says["data"] = dict(event.data)
         event_type = event_type or event.type
         occurred_at = event.created_at
-        data_order = event.data.get("order_id")
-        order_id = order_id or (data_order if isinstance(data_order, str) else "")
+        subject = subject or subject_of(event.data)
     values = {
-        "order_id": storable.text(order_id, 100),
+        "subject": storable.text(subject, 255),
         "event_type": storable.text(event_type, 255),
         "occurred_at": occurred_at,
         # what a sender (or the host, of it) says, as jsonb takes it

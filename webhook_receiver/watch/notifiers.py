@@ -18,13 +18,13 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import mail_admins
 from django.dispatch import Signal
-from django.urls import NoReverseMatch, reverse
-from django.utils.http import urlencode
 from django.utils.module_loading import import_string
 
 from ..conf import app_settings
+from ..core.admin_links import admin_url
 from ..core.words import duration_text, iso, local_time
-from ..inbound.models import Verification
+from ..inbound.models import RequestAudit, Verification
+from ..outbound.notices import ops_notice_enqueue
 from ..signals import silence_alert_opened, silence_alert_resolved
 from .models import SilenceAlert
 
@@ -87,8 +87,6 @@ class OutboxNotifier(Notifier):
         self._send(alert, "resolved", resolved_line(alert))
 
     def _send(self, alert: SilenceAlert, state: str, summary: str) -> None:
-        from ..outbound.notices import ops_notice_enqueue
-
         data = {
             "source": alert.source,
             "alert_id": alert.pk,
@@ -193,15 +191,6 @@ def rejected_summary(alert: SilenceAlert) -> str:
     return f"{alert.rejected_total} ({', '.join(f'{code}: {n}' for code, n in reasons)})"
 
 
-def admin_path(name: str, **query: str) -> str | None:
-    """A path in the host's admin, or None when the admin is not installed."""
-    try:
-        path = reverse(f"admin:webhook_receiver_{name}_changelist")
-    except NoReverseMatch:
-        return None
-    return f"{path}?{urlencode(query)}" if query else path
-
-
 def _silence(alert: SilenceAlert) -> str:
     silent = silent_for(alert, until=alert.opened_at)
     return duration_text(silent) if silent is not None else "ever"
@@ -266,8 +255,8 @@ def opened_body(alert: SilenceAlert) -> str:
     else:
         lines.append("  (no request reached us at all: look at the sender's side first)")
     lines += ["", "Where to look:"]
-    alerts = admin_path("silencealert", source=source)
-    audits = admin_path("requestaudit", source=source)
+    alerts = admin_url(SilenceAlert, source=source)
+    audits = admin_url(RequestAudit, source=source)
     if alerts:
         lines.append(f"  - this alert, in the admin: {alerts}")
     if audits:

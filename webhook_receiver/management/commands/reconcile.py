@@ -15,7 +15,7 @@ from ...conf import get_source
 from ...reconcile.models import RepairItem, RepairStatus, RunOutcome
 from ...reconcile.run import RunInProgress, reconciliation_run, sources_to_reconcile
 
-COLUMNS = ("kind", "event_key", "order_id", "event_type", "sender_says", "we_hold")
+COLUMNS = ("kind", "event_key", "subject", "event_type", "sender_says", "we_hold")
 # exit statuses
 NOTHING_TO_REPAIR, REPAIR_ITEMS_OPEN, RUN_FAILED = 0, 1, 2
 
@@ -87,7 +87,7 @@ class Command(BaseCommand):
             (
                 i.kind,
                 i.event_key,
-                i.order_id,
+                i.subject,
                 i.event_type,
                 json.dumps(i.sender_says.get("data", i.sender_says))[:60],
                 json.dumps(i.we_hold)[:60],

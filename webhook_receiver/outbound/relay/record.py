@@ -19,14 +19,7 @@ from .. import metrics, queries
 from ..breaker import breaker_record
 from ..models import MessageStatus, WebhookDestination
 from .messages import Sent
-from .policy import (
-    Verdict,
-    answer_log,
-    answer_words,
-    ops_notice_terminal,
-    verdict,
-    what_next,
-)
+from .policy import Verdict, answer_log, answer_words, ops_notice_terminal, verdict, what_next
 from .transport import EXCERPT_CHARS
 
 logger = logging.getLogger(__name__)

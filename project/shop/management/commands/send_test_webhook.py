@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from webhook_receiver import schemes as signatures
+from webhook_receiver import schemes
 from webhook_receiver.conf import get_source
 
 
@@ -81,7 +81,7 @@ class Command(BaseCommand):
         if source.scheme == "stripe":
             payload["id"] = event_id
         body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = signatures.sign(
+        headers = schemes.sign(
             scheme=source.scheme,
             secret=source.secrets[0],
             body=body,

@@ -1,10 +1,8 @@
-"""Reconciliation runs and repair items: what the comparison with senders found.
-
-The records are read-only. Repair items have four actions, each behind a permission
-of its own and each through its service (reconcile/repair.py), which keeps the user,
-the time, the note and the result in the item's history: replay a failed item, fetch
-and apply a missing one, ask the sender to redeliver it, or resolve an item with a
-required note.
+"""RepairItem: what reconciliation found for a person to repair. The records are
+read-only; four actions, each behind a permission of its own and each through its
+service (reconcile/repair.py), which keeps the user, the time, the note and the result
+in the item's history: replay a failed item, fetch and apply a missing one, ask the
+sender to redeliver it, or resolve an item with a required note.
 """
 
 from __future__ import annotations
@@ -22,51 +20,11 @@ from django.utils.translation import ngettext
 
 from ..core import display
 from ..reconcile import repair
-from ..reconcile.models import ReconciliationRun, RepairItem, RunOutcome
-from .base import ReadOnlyAdmin, pre
-
-ACTION_TEMPLATE = "admin/webhook_receiver/repairitem/action_confirmation.html"
-
-
-class NoteForm(forms.Form):
-    note = forms.CharField(
-        label="Note",
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-        help_text="Why: kept in each item's history, with your name and the time.",
-    )
-
-
-class RequiredNoteForm(NoteForm):
-    note = forms.CharField(
-        label="Note",
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-        help_text="Required: why the item needs no repair, or how it was repaired elsewhere.",
-    )
-
-
-@admin.register(ReconciliationRun)
-class ReconciliationRunAdmin(ReadOnlyAdmin):
-    list_display = (
-        "started_at",
-        "source",
-        "outcome",
-        "found",
-        "sender_records",
-        "window_start",
-        "window_end",
-        "finished_at",
-    )
-    list_filter = ("source", "outcome", ("started_at", admin.DateFieldListFilter))
-    date_hierarchy = "started_at"
-
-    @admin.display(description="found")
-    def found(self, obj: ReconciliationRun) -> str:
-        """What an operator looks for first: why it failed, or what it found."""
-        if obj.outcome == RunOutcome.FAILED:
-            return obj.error[:120]
-        found = ", ".join(f"{n} {kind}" for kind, n in sorted(obj.counts.items()) if n)
-        return found or "nothing"
+from ..reconcile.models import RepairItem
+from .base import ReadOnlyAdmin
+from .cells import pre
+from .confirm import Confirmation, confirm_then_act
+from .forms import NoteForm, RequiredNoteForm
 
 
 @admin.register(RepairItem)
@@ -77,19 +35,19 @@ class RepairItemAdmin(ReadOnlyAdmin):
         "kind",
         "status",
         "event_key",
-        "order_id",
+        "subject",
         "event_type",
         "occurred_at",
     )
     list_filter = ("kind", "status", "source", ("occurred_at", admin.DateFieldListFilter))
-    search_fields = ("event_key__exact", "order_id__exact")
+    search_fields = ("event_key__exact", "subject__exact")
     exclude = ("sender_says", "we_hold", "history")
     readonly_fields = (
         "source",
         "kind",
         "status",
         "event_key",
-        "order_id",
+        "subject",
         "event_type",
         "occurred_at",
         "pretty_sender_says",
@@ -171,7 +129,7 @@ class RepairItemAdmin(ReadOnlyAdmin):
             repair.repair_item_resolve,
             explanation="Resolving closes an item by hand. Nothing is applied or changed.",
             submit_label="Resolve",
-            form_class=RequiredNoteForm,
+            form=RequiredNoteForm,
         )
 
     def _confirm(
@@ -183,26 +141,34 @@ class RepairItemAdmin(ReadOnlyAdmin):
         *,
         explanation: str,
         submit_label: str,
-        form_class: type[NoteForm] = NoteForm,
+        form: type[forms.Form] = NoteForm,
     ) -> TemplateResponse | None:
-        items = list(queryset.order_by("id"))
-        if request.POST.get("post"):
-            form = form_class(request.POST)
-            if form.is_valid():
-                self._run(request, items, service, note=form.cleaned_data["note"])
-                return None  # back to the list
-        else:
-            form = form_class()
-        return self.confirmation_page(
-            request,
-            ACTION_TEMPLATE,
-            form=form,
-            note_field="note",
-            selected=items,
-            action_name=action_name,
+        confirmation = Confirmation(
             title=submit_label,
-            submit_label=f"{submit_label} ({len(items)})",
-            explanation=explanation,
+            explanation=(
+                explanation,
+                "Your name, the time, the note and the result are kept in each item's history.",
+            ),
+            form=form,
+            submit=(f"{submit_label} (%d)", f"{submit_label} (%d)"),
+            columns=("id", "source", "kind", "status", "event key", "subject", "event type"),
+            row=lambda item: (
+                item.pk,
+                item.source,
+                item.get_kind_display(),
+                item.get_status_display(),
+                item.event_key,
+                item.subject,
+                item.event_type,
+            ),
+        )
+        return confirm_then_act(
+            self,
+            request,
+            list(queryset.order_by("id")),
+            action=action_name,
+            confirmation=confirmation,
+            act=lambda items, cleaned: self._run(request, items, service, note=cleaned["note"]),
         )
 
     def _run(

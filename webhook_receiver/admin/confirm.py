@@ -1,0 +1,122 @@
+"""The admin's one confirm-then-act flow, for every operator action that changes records
+(discard and replay failed events, retry and discard outbox messages, recover a
+destination, the four repairs of reconciliation's items).
+
+An action shows a confirmation page first: what will happen, the selection (each row
+saying whether the action applies to it), and the note the action keeps on its records.
+Posted back valid, the action runs through its service and the admin returns to where
+the action started. One template renders every such page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils.translation import ngettext
+
+TEMPLATE = "admin/webhook_receiver/action_confirmation.html"
+# a confirmation page lists this many of the selection; the action takes them all
+SELECTION_SHOWN = 100
+LEFT_AS_IT_IS = "(left as it is)"
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """What an action's confirmation page says and asks."""
+
+    title: str
+    # what the action does, a paragraph each
+    explanation: Sequence[str]
+    # the note the action keeps (admin/forms.py): a form of one field
+    form: type[forms.Form]
+    # the submit button: singular and plural, each with %d for the count
+    submit: tuple[str, str]
+    # the selection's table: its headings, and the cells of one selected record
+    columns: Sequence[str]
+    row: Callable[[Any], Sequence[Any]]
+    # which records the action changes (None: every one); the others' cell at
+    # ``status_column`` says that they are left as they are
+    applies: Callable[[Any], bool] | None = None
+    status_column: int = 0
+
+
+def confirm_then_act(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    selected: list[Any],
+    *,
+    action: str,
+    confirmation: Confirmation,
+    act: Callable[[list[Any], dict[str, Any]], None],
+    initial: dict[str, Any] | None = None,
+) -> TemplateResponse | None:
+    """The confirmation page of ``action`` (the list action's name, which its form posts
+    back to) for ``selected``; once posted back valid, ``act(selected, cleaned_data)``
+    and None, so that the admin returns to the list or the record's page."""
+    if request.POST.get("post"):
+        form = confirmation.form(request.POST)
+        if form.is_valid():
+            act(selected, form.cleaned_data)
+            return None
+    else:
+        form = confirmation.form(initial=initial)
+    count = len(selected)
+    rows = []
+    for record in selected[:SELECTION_SHOWN]:
+        cells = list(confirmation.row(record))
+        if confirmation.applies is not None and not confirmation.applies(record):
+            cells[confirmation.status_column] = (
+                f"{cells[confirmation.status_column]} {LEFT_AS_IT_IS}"
+            )
+        rows.append(cells)
+    applies = confirmation.applies
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": confirmation.title,
+        "subtitle": None,
+        "opts": model_admin.opts,
+        "explanation": confirmation.explanation,
+        "columns": confirmation.columns,
+        "rows": rows,
+        "selected": selected,
+        "not_shown": max(0, count - SELECTION_SHOWN),
+        "untouched": 0 if applies is None else sum(1 for r in selected if not applies(r)),
+        "form": form,
+        "note_field": form[next(iter(form.fields))],
+        "submit_label": ngettext(*confirmation.submit, count) % count,
+        "action_name": action,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "media": model_admin.media + form.media,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, TEMPLATE, context)
+
+
+def report_changed(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    done: tuple[str, str],
+    *,
+    changed: int,
+    selected: int,
+    why_left: tuple[str, str],
+) -> None:
+    """An action's outcome, in one message: how many it changed (``done``: singular and
+    plural, each with %(count)d), and how many of the selection it left as they were and
+    why (``why_left``: for one, for several); a warning when any were left."""
+    message = ngettext(*done, changed) % {"count": changed}
+    left = selected - changed
+    if left:
+        message += " " + ngettext(
+            f"%(count)d was left as it was ({why_left[0]}).",
+            f"%(count)d were left as they were ({why_left[1]}).",
+            left,
+        ) % {"count": left}
+    model_admin.message_user(request, message, messages.WARNING if left else messages.SUCCESS)

@@ -1,0 +1,315 @@
+"""The outbox's destinations: configuration, added and changed here (or with ``manage.py
+webhook_destination``), never deleted (disable one instead), listed with their health,
+and recovered with **Recover since…** once a merchant has fixed its endpoint. Their
+secrets are never shown: the list counts them, the form (admin/forms.py) lets you keep
+or drop each (known by its last four characters) and add new ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.translation import ngettext
+
+from ..core.admin_links import admin_url
+from ..core.words import duration_text
+from ..outbound.breaker import destination_breaker
+from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
+from ..outbound.operations import destination_recover_since
+from ..outbound.selectors import destinations_with_health
+from .base import ObjectButton, ObjectButtons
+from .cells import compact_time, full_time, moment_cell
+from .confirm import Confirmation, confirm_then_act
+from .forms import DestinationForm, RecoverForm
+
+
+@dataclass(frozen=True)
+class BreakerShown:
+    """The breaker as an operator reads it: its state, a few words under it in the list
+    (with a title), and the sentence of the destination's page."""
+
+    state: str
+    css: str = ""
+    under: str = ""
+    title: str = ""
+    sentence: str = ""
+
+    @classmethod
+    def of(cls, dest: WebhookDestination) -> BreakerShown:
+        breaker = destination_breaker(dest)
+        failures = breaker.consecutive_failures
+        if breaker.state == "open" and breaker.until is not None:
+            return cls(
+                "open",
+                "wr-open",
+                f"until {compact_time(breaker.until)}",
+                full_time(breaker.until),
+                f"open until {full_time(breaker.until)}, after {failures} consecutive "
+                "failures; then one probe decides",
+            )
+        if breaker.state == "half-open":
+            return cls(
+                "half-open",
+                "wr-half",
+                "one probe at a time",
+                sentence="half-open: one probe at a time decides whether it closes",
+            )
+        if failures:
+            in_a_row = ngettext("%d failure in a row", "%d failures in a row", failures) % failures
+            return cls(
+                "closed",
+                under=in_a_row,
+                sentence=f"closed ({failures} consecutive failures; it opens at "
+                f"{dest.breaker_threshold})",
+            )
+        return cls("closed", sentence="closed")
+
+
+def _recover_confirmation(count: int) -> Confirmation:
+    these = "this destination" if count == 1 else "these destinations"
+    return Confirmation(
+        title="Recover failed messages",
+        explanation=(
+            f"Once a merchant has fixed its endpoint: every failed message of {these} whose "
+            "last attempt started at or after the time below is sent again, oldest first, "
+            "under its own key. Each gets the whole retry policy again (its failures go back "
+            "to 0). Failed messages from before that time stay failed. An open breaker is "
+            "ended: the destination goes half-open at once, and its first answer decides.",
+        ),
+        form=RecoverForm,
+        submit=(
+            "Recover %d destination's failed messages",
+            "Recover %d destinations' failed messages",
+        ),
+        columns=("destination", "enabled", "failed now", "last success", "last failure"),
+        row=lambda dest: (
+            dest.name,
+            "yes" if dest.enabled else "no (it sends nothing until enabled)",
+            dest.failed_count,
+            dest.last_success_at or "never",
+            dest.last_failure_at or "never",
+        ),
+    )
+
+
+# the configuration an admin form saves; the limiter's and breaker's state, which the
+# relay writes under the row's lock meanwhile, is never written back from a form
+CONFIGURATION = (*DestinationForm.Meta.fields, "secrets", "updated_at")
+
+
+@admin.register(WebhookDestination)
+class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
+    """Destinations with their health; add, change, disable; recover since…"""
+
+    # "Recover since…" on a destination's page: the list action on that one destination
+    object_buttons = {"recover": ObjectButton("recover_since_selected", None, "recovered")}
+    object_noun = "destination"
+
+    form = DestinationForm
+    list_display = (
+        "destination",
+        "enabled",
+        "breaker",
+        "backlog_figure",
+        "oldest_eligible",
+        "failed_figure",
+        "last_success",
+        "last_failure",
+        "secret_count",
+    )
+    list_display_links = None
+    actions = ["recover_since_selected"]
+    health_fields = (
+        "breaker_state",
+        "backlog_figure",
+        "oldest_eligible",
+        "failed_figure",
+        "last_success_exactly",
+        "last_failure_exactly",
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple]:
+        secrets = ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
+        # the health first: what an operator opens this page for
+        fieldsets: list[tuple] = [("Health", {"fields": self.health_fields})] if obj else []
+        fieldsets += [
+            ("Destination", {"fields": ("name", "url", "enabled", "event_types")}),
+            ("Secrets", {"fields": secrets}),
+            (
+                "Limits",
+                {
+                    "fields": (
+                        ("rate_count", "rate_seconds", "burst"),
+                        "max_in_flight",
+                        "timeout_seconds",
+                    )
+                },
+            ),
+            (
+                "Retries",
+                {
+                    "fields": (
+                        "max_attempts",
+                        ("backoff_base_seconds", "backoff_cap_seconds"),
+                        "retry_after_cap_seconds",
+                        "replay_horizon_days",
+                    )
+                },
+            ),
+            ("Breaker", {"fields": (("breaker_threshold", "breaker_cooldown_seconds"),)}),
+        ]
+        return fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        # the name is how host code enqueues to it (enqueue_webhook("merchant-7", …))
+        return ("name", *self.health_fields) if obj is not None else ()
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDestination]:
+        return destinations_with_health(super().get_queryset(request))
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # its messages are kept (PROTECT): a destination is disabled, not deleted
+        return False
+
+    def has_recover_permission(self, request: HttpRequest) -> bool:
+        """Recovering sends failed messages again: the messages' retry permission."""
+        return request.user.has_perm(f"{self.opts.app_label}.retry_outboxmessage")
+
+    def save_model(self, request: HttpRequest, obj: Any, form: forms.Form, change: bool) -> None:
+        if change:
+            obj.save(update_fields=CONFIGURATION)
+        else:
+            obj.save()
+
+    # --- the list ------------------------------------------------------------------------
+
+    @admin.display(description="destination", ordering="name")
+    def destination(self, obj: WebhookDestination) -> str:
+        return format_html(
+            '<a href="{}" class="wr-key">{}</a><span class="wr-under" title="{}">{}</span>',
+            admin_url(WebhookDestination, "change", quote(obj.pk)),
+            obj.name,
+            obj.url,
+            obj.url,
+        )
+
+    @admin.display(description="breaker", ordering="paused_until")
+    def breaker(self, obj: WebhookDestination) -> str:
+        shown = BreakerShown.of(obj)
+        if not shown.under:
+            return shown.state
+        return format_html(
+            '<span class="{}">{}</span><span class="wr-under"{}>{}</span>',
+            f"wr-line {shown.css}".strip(),
+            shown.state,
+            format_html(' title="{}"', shown.title) if shown.title else "",
+            shown.under,
+        )
+
+    @admin.display(description="backlog", ordering="backlog")
+    def backlog_figure(self, obj: WebhookDestination) -> str:
+        return self._messages_link(obj, obj.backlog, MessageStatus.PENDING, "wr-figure")
+
+    @admin.display(description="oldest due", ordering="oldest_eligible_at")
+    def oldest_eligible(self, obj: WebhookDestination) -> str:
+        if obj.oldest_eligible_at is None:
+            return "-"
+        return format_html(
+            '<span title="waiting since {}">{}</span>',
+            full_time(obj.oldest_eligible_at),
+            duration_text(timezone.now() - obj.oldest_eligible_at),
+        )
+
+    @admin.display(description="failed", ordering="failed_count")
+    def failed_figure(self, obj: WebhookDestination) -> str:
+        css = "wr-figure wr-failed" if obj.failed_count else "wr-figure"
+        return self._messages_link(obj, obj.failed_count, MessageStatus.FAILED, css)
+
+    @admin.display(description="last success", ordering="last_success_at")
+    def last_success(self, obj: WebhookDestination) -> str:
+        return moment_cell(obj.last_success_at, "never")
+
+    @admin.display(description="last failure", ordering="last_failure_at")
+    def last_failure(self, obj: WebhookDestination) -> str:
+        return moment_cell(obj.last_failure_at, "never")
+
+    @admin.display(description="secrets")
+    def secret_count(self, obj: WebhookDestination) -> str:
+        count = len(obj.secrets or [])
+        return ngettext("%d secret", "%d secrets", count) % count
+
+    def _messages_link(self, obj: WebhookDestination, count: int, status: str, css: str) -> str:
+        query = urlencode({"destination__id__exact": obj.pk, "status__exact": status})
+        return format_html(
+            '<a class="{}" href="{}?{}">{}</a>',
+            css,
+            admin_url(OutboxMessage),
+            query,
+            count,
+        )
+
+    # --- the change form -----------------------------------------------------------------
+
+    @admin.display(description="breaker")
+    def breaker_state(self, obj: WebhookDestination) -> str:
+        return BreakerShown.of(obj).sentence
+
+    @admin.display(description="last success")
+    def last_success_exactly(self, obj: WebhookDestination) -> str:
+        return full_time(obj.last_success_at) if obj.last_success_at else "never"
+
+    @admin.display(description="last failure")
+    def last_failure_exactly(self, obj: WebhookDestination) -> str:
+        return full_time(obj.last_failure_at) if obj.last_failure_at else "never"
+
+    # --- Recover since… ------------------------------------------------------------------
+
+    def has_custom_permission(self, request: HttpRequest, action: str) -> bool:
+        """ObjectButtons' check: the one button is Recover since…"""
+        return action == "recover" and self.has_recover_permission(request)
+
+    @admin.action(description="Recover failed messages since…", permissions=["recover"])
+    def recover_since_selected(
+        self, request: HttpRequest, queryset: QuerySet[WebhookDestination]
+    ) -> TemplateResponse | None:
+        selected = list(queryset.order_by("name"))
+        successes = [d.last_success_at for d in selected if d.last_success_at]
+        return confirm_then_act(
+            self,
+            request,
+            selected,
+            action="recover_since_selected",
+            confirmation=_recover_confirmation(len(selected)),
+            act=lambda chosen, form: self._recover(request, chosen, since=form["since"]),
+            initial={"since": min(successes)} if successes else None,
+        )
+
+    def _recover(
+        self, request: HttpRequest, selected: list[WebhookDestination], *, since: datetime
+    ) -> None:
+        by = request.user.get_username()
+        when = full_time(since)
+        for dest in selected:
+            count = destination_recover_since(destination=dest, since=since, by=by)
+            note = ngettext(
+                "Recovered %(count)d failed message since %(when)s.",
+                "Recovered %(count)d failed messages since %(when)s.",
+                count,
+            ) % {"count": count, "when": when}
+            self.log_change(request, dest, note)
+            text = f"{dest.name}: {note[0].lower()}{note[1:]}"
+            if count and not dest.enabled:
+                text += " It is disabled: they are sent once it is enabled again."
+            ok = count and dest.enabled
+            self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)

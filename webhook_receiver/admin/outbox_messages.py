@@ -1,0 +1,441 @@
+"""The outbox's messages: records, read-only like the receive path's, with two actions,
+**Retry now** and **Discard**, each behind a permission of its own
+(``retry_outboxmessage``, ``discard_outboxmessage``), each through a confirmation page,
+from the list or from a message's page. The admin only calls the services of
+``outbound/operations.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+from django.utils.text import Truncator
+from django.utils.translation import ngettext
+
+from ..core import display
+from ..core.admin_links import admin_url
+from ..outbound.breaker import destination_breaker
+from ..outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from ..outbound.operations import DISCARDABLE, RETRYABLE, message_discard, message_retry_now
+from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin
+from .cells import (
+    compact_time,
+    full_time,
+    moment_cell,
+    pre,
+    stacked_lines,
+    trace_link,
+    trace_url,
+    wrap_words,
+)
+from .confirm import Confirmation, confirm_then_act, report_changed
+from .forms import DiscardMessagesForm, RetryForm
+
+# the list shows the start of the last answer; its title holds the whole of it
+LAST_ANSWER_CHARS = 70
+LAST_ANSWER_TITLE_CHARS = 2000
+# a message's page shows its newest attempts (a destination pacing us with 429s can
+# make many: they do not spend the retry budget)
+ATTEMPTS_SHOWN = 100
+
+
+def short_status(status: str) -> str:
+    """ "Sending", of "Sending (claimed by a worker)": narrow enough for the list."""
+    return MessageStatus(status).label.split(" (")[0]
+
+
+def last_answer_text(status_code: int | None, error: str) -> str:
+    """ "HTTP 503: upstream unavailable" or "ConnectError: …": what the destination last
+    answered, or why it could not."""
+    text = " ".join(error.split())
+    if status_code is not None:
+        return f"HTTP {status_code}: {text}" if text else f"HTTP {status_code}"
+    return text
+
+
+def _selection_row(m: OutboxMessage) -> tuple[Any, ...]:
+    """A message as a confirmation page lists it."""
+    code = m.last_status_code
+    answer = f"HTTP {code}" if code else Truncator(m.last_error).chars(60) or "-"
+    return (m.key, m.destination.name, m.event_type, m.status, m.attempts, answer)
+
+
+SELECTION_COLUMNS = ("key", "destination", "event type", "status", "attempts", "last answer")
+RETRY = Confirmation(
+    title="Retry outbox messages now",
+    explanation=(
+        "Each failed or pending message is sent again as soon as its destination allows: it "
+        "becomes pending now, and its retry budget starts again (its failures go back to 0), "
+        "so it gets the destination's whole retry policy once more. It keeps its key, so the "
+        "destination can tell a message it already has. A destination whose breaker is open "
+        "sends when the cool-down ends, and a disabled one not at all. Delivered, sending and "
+        "discarded messages are left as they are. Your name, the time and the reason are kept "
+        "in each message's history.",
+    ),
+    form=RetryForm,
+    submit=("Retry %d message now", "Retry %d messages now"),
+    columns=SELECTION_COLUMNS,
+    row=_selection_row,
+    applies=lambda message: message.status in RETRYABLE,
+    status_column=3,
+)
+DISCARD = Confirmation(
+    title="Discard outbox messages",
+    explanation=(
+        "Discarding is final: a discarded message is never sent, and it cannot be retried. A "
+        "message queued after it under the same ordering key is no longer held back by it. "
+        "Your name and the reason are kept on each message, and the time in its history. "
+        "Delivered, sending and already discarded messages are left as they are.",
+    ),
+    form=DiscardMessagesForm,
+    submit=("Discard %d message", "Discard %d messages"),
+    columns=SELECTION_COLUMNS,
+    row=_selection_row,
+    applies=lambda message: message.status in DISCARDABLE,
+    status_column=3,
+)
+
+
+class DestinationFilter(admin.RelatedFieldListFilter):
+    """The messages' filter by destination, from the names alone: a destination's secrets
+    are decrypted as it is read, and the filter needs none of them."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list:
+        return list(WebhookDestination.objects.order_by("name").values_list("pk", "name"))
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
+    """The outbox's messages: look, retry now, or discard with a reason."""
+
+    # Fits 1400 px beside the admin's sidebar and the filters without sideways scrolling
+    # (change_list.html fixes the columns' widths): the ordering key and the trace link
+    # sit under the key, the attempts and the next attempt under the status.
+    list_display = ("message", "destination_name", "type_name", "state", "last_answer", "created")
+    list_display_links = None
+    list_filter = (("destination", DestinationFilter), "status", "event_type")
+    # exact, case-sensitive values: see get_search_results
+    search_fields = ("key__exact", "ordering_key__exact")
+    search_help_text = "An exact message key or ordering key."
+    # the table grows by millions: no count of all of it on every page
+    show_full_result_count = False
+    actions = ["retry_now_selected", "discard_selected"]
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "destination_link",
+                    "key",
+                    "status",
+                    "event_type",
+                    "ordering_key",
+                    "attempts",
+                    "retry_budget",
+                    "next_attempt",
+                    "created_exactly",
+                    "last_answer_full",
+                )
+            },
+        ),
+        ("Origin", {"fields": ("origin",)}),
+        ("Operator", {"fields": ("discarded_by", "discarded_at", "discard_reason")}),
+        ("Attempts, oldest first", {"fields": ("attempt_history",)}),
+        ("Payload", {"fields": ("pretty_payload",)}),
+    )
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
+        # the list needs none of the payload (the detail page loads it on use), and no
+        # page of messages needs their destination's secrets, decrypted as they are read
+        queryset = super().get_queryset(request).select_related("destination")
+        return queryset.defer("payload", "destination__secrets")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage], search_term: str
+    ) -> tuple[QuerySet[OutboxMessage], bool]:
+        """An exact key or ordering key. Both are indexed after the destination
+        ((destination, key) unique, (destination, ordering_key, id)), so the search names
+        every destination: PostgreSQL then looks each one up in the index instead of
+        reading the table (it has no skip scan before version 18). Destinations are few."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        every = list(WebhookDestination.objects.values_list("pk", flat=True))
+        by_key = Q(destination_id__in=every, key=term)
+        by_ordering_key = Q(destination_id__in=every, ordering_key=term)
+        return queryset.filter(by_key | by_ordering_key), False
+
+    # --- permissions: the two custom ones from OutboxMessage.Meta.permissions ----------
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return self.has_custom_permission(request, "retry")
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return self.has_custom_permission(request, "discard")
+
+    # --- the list ------------------------------------------------------------------------
+
+    @admin.display(description="key", ordering="id")
+    def message(self, obj: OutboxMessage) -> str:
+        under = []
+        if obj.ordering_key:
+            under.append(format_html("ordering key {}", wrap_words(obj.ordering_key)))
+        if obj.origin_event_key:
+            under.append(trace_link(obj.origin_source, obj.origin_event_key))
+        return format_html(
+            '<a href="{}" class="wr-key">{}</a>{}',
+            admin_url(OutboxMessage, "change", quote(obj.pk)),
+            wrap_words(obj.key),
+            format_html('<span class="wr-under">{}</span>', mark_safe(" · ".join(under)))
+            if under
+            else "",
+        )
+
+    @admin.display(description="destination", ordering="destination__name")
+    def destination_name(self, obj: OutboxMessage) -> str:
+        return obj.destination.name
+
+    @admin.display(description="event type", ordering="event_type")
+    def type_name(self, obj: OutboxMessage) -> str:
+        return wrap_words(obj.event_type)
+
+    @admin.display(description="status", ordering="status")
+    def state(self, obj: OutboxMessage) -> str:
+        """The status, then the attempts, then when the next is due (pending), the lease
+        ends (sending) or it was delivered."""
+        attempts = ngettext("%d attempt", "%d attempts", obj.attempts) % obj.attempts
+        lines = [(short_status(obj.status), f"wr-status wr-{obj.status}", None)]
+        lines.append((attempts, "wr-under", None))
+        if obj.status == MessageStatus.PENDING:
+            lines.append(
+                (f"next {compact_time(obj.next_attempt_at)}", "wr-under", obj.next_attempt_at)
+            )
+        elif obj.status == MessageStatus.SENDING and obj.lease_until:
+            lines.append((f"lease {compact_time(obj.lease_until)}", "wr-under", obj.lease_until))
+        elif obj.status == MessageStatus.DELIVERED and obj.delivered_at:
+            lines.append((f"at {compact_time(obj.delivered_at)}", "wr-under", obj.delivered_at))
+        return stacked_lines(lines)
+
+    @admin.display(description="last answer", ordering="last_status_code")
+    def last_answer(self, obj: OutboxMessage) -> str:
+        full = last_answer_text(obj.last_status_code, obj.last_error)
+        if not full:
+            return "-"
+        short = full
+        if len(short) > LAST_ANSWER_CHARS:
+            short = short[: LAST_ANSWER_CHARS - 1].rstrip() + "…"
+        return format_html('<span title="{}">{}</span>', full[:LAST_ANSWER_TITLE_CHARS], short)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: OutboxMessage) -> str:
+        return moment_cell(obj.created_at)
+
+    # --- the detail page -----------------------------------------------------------------
+
+    @admin.display(description="destination")
+    def destination_link(self, obj: OutboxMessage) -> str:
+        dest = obj.destination
+        return format_html(
+            '<a href="{}">{}</a> ({})',
+            admin_url(WebhookDestination, "change", quote(dest.pk)),
+            dest.name,
+            dest.url,
+        )
+
+    @admin.display(description="next attempt")
+    def next_attempt(self, obj: OutboxMessage) -> str:
+        """What happens next, in words: a closed message's next_attempt_at is when it
+        closed, not a time anything will happen."""
+        at = full_time(obj.next_attempt_at)
+        if obj.status == MessageStatus.PENDING:
+            return f"at {at}, or later if the destination's limits or breaker hold it"
+        if obj.status == MessageStatus.SENDING:
+            lease = full_time(obj.lease_until) if obj.lease_until else "-"
+            return f"being sent by a worker; if that worker dies, tried again after {lease}"
+        if obj.status == MessageStatus.FAILED:
+            return f"none: failed at {at}, waiting for an operator (retry now or discard)"
+        if obj.status == MessageStatus.DELIVERED:
+            delivered = full_time(obj.delivered_at) if obj.delivered_at else at
+            return f"none: delivered at {delivered}"
+        return f"none: discarded at {at}"
+
+    @admin.display(description="created")
+    def created_exactly(self, obj: OutboxMessage) -> str:
+        return full_time(obj.created_at)
+
+    @admin.display(description="retry budget")
+    def retry_budget(self, obj: OutboxMessage) -> str:
+        return f"{obj.failures} of {obj.destination.max_attempts} failures spent"
+
+    @admin.display(description="last answer")
+    def last_answer_full(self, obj: OutboxMessage) -> str:
+        return last_answer_text(obj.last_status_code, obj.last_error) or "-"
+
+    @admin.display(description="origin")
+    def origin(self, obj: OutboxMessage) -> str:
+        if not obj.origin_event_key:
+            return "- (enqueued outside an inbound event's handler)"
+        return format_html(
+            "{} event {} · {}",
+            obj.origin_source,
+            obj.origin_event_key,
+            trace_link(obj.origin_source, obj.origin_event_key),
+        )
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: OutboxMessage) -> str:
+        return pre(display.json_text(obj.payload))
+
+    @admin.display(description="attempts")
+    def attempt_history(self, obj: OutboxMessage) -> str:
+        newest = list(obj.attempt_set.order_by("-number")[:ATTEMPTS_SHOWN])
+        if not newest:
+            return "None yet."
+        earlier = obj.attempt_set.count() - len(newest) if len(newest) == ATTEMPTS_SHOWN else 0
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            '<td><pre class="wr-excerpt">{}</pre></td><td>{}</td></tr>',
+            (
+                (
+                    a.number,
+                    full_time(a.started_at),
+                    f"{a.duration_ms} ms",
+                    _attempt_answer(a),
+                    a.response_excerpt or "-",
+                    full_time(a.next_attempt_at) if a.next_attempt_at else "-",
+                )
+                for a in reversed(newest)
+            ),
+        )
+        note = format_html("<p>{} earlier attempts are not shown.</p>", earlier) if earlier else ""
+        return format_html(
+            '{}<table class="wr-attempts"><thead><tr><th>#</th><th>started</th>'
+            "<th>took</th><th>answer</th><th>response</th><th>next eligible</th>"
+            "</tr></thead><tbody>{}</tbody></table>",
+            note,
+            rows,
+        )
+
+    # --- the detail page's Retry now and Discard buttons (base.ObjectButtons) ----------
+
+    object_noun = "message"
+    object_buttons = {
+        "retry": ObjectButton("retry_now_selected", RETRYABLE, "retried"),
+        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded"),
+    }
+
+    def button_context(self, request: HttpRequest, message: OutboxMessage) -> dict[str, Any]:
+        key = message.origin_event_key
+        return {"trace_url": trace_url(message.origin_source, key) if key else None}
+
+    def object_status_text(self, message: OutboxMessage) -> str:
+        return short_status(message.status)
+
+    # --- actions -------------------------------------------------------------------------
+
+    @admin.action(description="Retry selected messages now…", permissions=["retry"])
+    def retry_now_selected(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
+    ) -> TemplateResponse | None:
+        return confirm_then_act(
+            self,
+            request,
+            list(queryset.order_by("id")),
+            action="retry_now_selected",
+            confirmation=RETRY,
+            act=lambda selected, form: self._retry(request, selected, reason=form["reason"]),
+        )
+
+    def _retry(self, request: HttpRequest, selected: list[OutboxMessage], *, reason: str) -> None:
+        by = request.user.get_username()
+        changed = message_retry_now(message_ids=[m.pk for m in selected], by=by)
+        reason = reason.strip()
+        self._log(request, changed, "Retried now" + (f". Reason: {reason}" if reason else ""))
+        self._report(
+            request,
+            ("Queued %(count)d message to send now.", "Queued %(count)d messages to send now."),
+            selected,
+            changed,
+        )
+        self._warn_held_back(request, selected, changed)
+
+    @admin.action(description="Discard selected messages…", permissions=["discard"])
+    def discard_selected(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
+    ) -> TemplateResponse | None:
+        return confirm_then_act(
+            self,
+            request,
+            list(queryset.order_by("id")),
+            action="discard_selected",
+            confirmation=DISCARD,
+            act=lambda selected, form: self._discard(request, selected, reason=form["reason"]),
+        )
+
+    def _discard(self, request: HttpRequest, selected: list[OutboxMessage], *, reason: str) -> None:
+        changed = message_discard(
+            message_ids=[m.pk for m in selected], by=request.user.get_username(), reason=reason
+        )
+        self._log(request, changed, f"Discarded: {reason.strip()}")
+        self._report(
+            request,
+            ("Discarded %(count)d message.", "Discarded %(count)d messages."),
+            selected,
+            changed,
+        )
+
+    def _log(self, request: HttpRequest, changed: list[int], note: str) -> None:
+        """One admin history entry per changed message: who, when, what and why."""
+        if changed:
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk,
+                queryset=OutboxMessage.objects.filter(pk__in=changed).only("id", "key", "status"),
+                action_flag=CHANGE,
+                change_message=note,
+            )
+
+    def _report(
+        self, request: HttpRequest, done: tuple[str, str], selected: list[Any], changed: list[int]
+    ) -> None:
+        why = ("its status does not allow it", "their status does not allow it")
+        report_changed(
+            self, request, done, changed=len(changed), selected=len(selected), why_left=why
+        )
+
+    def _warn_held_back(
+        self, request: HttpRequest, selected: list[OutboxMessage], changed: list[int]
+    ) -> None:
+        """Say so when a destination will not send the retried messages yet."""
+        now = timezone.now()
+        ids = set(changed)
+        destinations = {m.destination_id: m.destination for m in selected if m.pk in ids}
+        for dest in sorted(destinations.values(), key=lambda d: d.name):
+            dest.refresh_from_db()
+            breaker = destination_breaker(dest, now=now)
+            if not dest.enabled:
+                why = f"{dest.name} is disabled: its messages wait until it is enabled."
+            elif breaker.state == "open" and breaker.until is not None:
+                why = (
+                    f"{dest.name}'s breaker is open until {full_time(breaker.until)}: its "
+                    "messages go then (Recover since… on the destination ends the pause)."
+                )
+            else:
+                continue
+            self.message_user(request, why, messages.WARNING)
+
+
+def _attempt_answer(attempt: DeliveryAttempt) -> str:
+    if attempt.status_code is not None:
+        return f"HTTP {attempt.status_code}"
+    return attempt.error or "-"

@@ -512,9 +512,7 @@ def test_retry_now_asks_first_then_requeues_and_records_who(client, history):
 
     # then: a confirmation page, the selection on it, nothing changed yet
     assert page.status_code == 200
-    assert "admin/webhook_receiver/action_confirmation.html" in [
-        t.name for t in page.templates
-    ]
+    assert "admin/webhook_receiver/action_confirmation.html" in [t.name for t in page.templates]
     content = page.content.decode()
     assert "order:ord_1:paid:v1" in content and "(left as it is)" in content
     assert 'value="Retry 3 messages now"' in content

@@ -27,7 +27,8 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
-from webhook_receiver.watch.sources import CONDITIONS, source_statuses
+from webhook_receiver.watch.conditions import SOURCE_CONDITIONS
+from webhook_receiver.watch.sources import source_statuses
 from webhook_receiver.watch.traffic import UNCONFIGURED, activity_series, observed_gaps
 from webhook_receiver.watch.verdict import status_verdict
 
@@ -366,7 +367,7 @@ def test_a_source_no_longer_configured_is_listed_while_it_holds_dead_letters():
 
 
 def test_the_rule_has_one_line_of_why_per_condition():
-    assert [c.code for c in CONDITIONS] == [
+    assert [c.code for c in SOURCE_CONDITIONS] == [
         "silent",
         "repair_needed",
         "dead_letters",
@@ -376,9 +377,9 @@ def test_the_rule_has_one_line_of_why_per_condition():
         "rejected",
         "reconcile_failed",
     ]
-    assert all(c.why and c.state in (State.ALERT, State.ATTENTION) for c in CONDITIONS)
+    assert all(c.why and c.state in (State.ALERT, State.ATTENTION) for c in SOURCE_CONDITIONS)
     # alerts come first, so a source's first reason is its worst
-    levels = [c.state for c in CONDITIONS]
+    levels = [c.state for c in SOURCE_CONDITIONS]
     assert levels == sorted(levels, reverse=True)
 
 

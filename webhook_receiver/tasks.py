@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from .conf import app_settings
 from .core.faults import healing
 
 # at-least-once: acknowledged after the work, redelivered if the worker dies
@@ -38,7 +39,6 @@ def retry_failed_events() -> int:
     A full batch means more may be due: queue another run, so a backlog drains across
     all workers instead of waiting for the next beat.
     """
-    from .conf import app_settings
     from .inbound.failures import failed_events_retry_due
 
     tried = failed_events_retry_due()

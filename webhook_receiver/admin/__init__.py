@@ -1,16 +1,14 @@
-"""The receiver's admin, one module per model.
+"""The app's admin, one module per model, over a few shared pieces.
 
 - base: ReadOnlyAdmin (every page of which shows a peer's invisible characters as
-  escapes, through VisibleText), StoredEventDisplay and the small display helpers they
-  share
-- receipts: WebhookReceipt
-- audit: RequestAudit
-- failed_events: FailedEvent, the one admin with operator actions (replay, discard)
-- reconciliation: ReconciliationRun and RepairItem
-- overview: the overview page (overview_page.py) and the trace page (trace.py)
-- silence: SilenceAlert
-- outbox: the outbox's OutboxMessage (retry now, discard) and WebhookDestination (health,
-  recover since)
+  escapes, through VisibleText), ObjectButtons (an action's button on a record's page)
+  and StoredEventDisplay
+- cells: how values look in lists and pages; forms: every form of the admin's;
+  confirm: the one confirm-then-act flow of every operator action
+- receipts, audit, failed_events (replay, discard): the receive side's records
+- outbox_messages (retry now, discard), destinations (health, recover since…)
+- reconciliation_runs, repair_items (four repairs), silence
+- overview (the overview page and its chart, chart.py) and trace (the trace page)
 
 Importing the package registers every admin. ReadOnlyAdmin and StoredEventDisplay are
 re-exported here so a host project's admin can build on them
@@ -20,7 +18,7 @@ re-exported here so a host project's admin can build on them
 from __future__ import annotations
 
 # imported for their @admin.register calls, which run on import
-from . import (  # noqa: F401
+from . import (
     audit,
     destinations,
     failed_events,

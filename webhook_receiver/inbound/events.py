@@ -9,7 +9,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from .. import schemes
-from ..conf import SourceConfig
+from ..conf.sources import SourceConfig
 from ..core import storable
 from ..exceptions import InvalidPayload
 from ..handlers import WebhookEvent

@@ -79,10 +79,10 @@ def enqueue_webhook(
     """Admit one message for ``destination``, inside the caller's transaction.
 
     ``key`` is the delivery's logical key (see ``message_key``); the receiving end
-    deduplicates on it. Messages sharing an ``ordering_key`` (one aggregate's, e.g. an order's) are delivered
-    to this destination one after another, in admission order. ``origin`` is the
-    inbound event (source, event key) whose handler admits it, for the trace page.
-    Returns whether a message was created.
+    deduplicates on it. Messages sharing an ``ordering_key`` (one aggregate's: an
+    order's) are delivered to this destination one after another, in admission order.
+    ``origin`` is the inbound event (source, event key) whose handler admits it, for the
+    trace page. Returns whether a message was created.
     """
     if not isinstance(destination, WebhookDestination):
         destination = WebhookDestination.objects.only("id", "name").get(name=destination)

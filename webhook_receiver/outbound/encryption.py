@@ -25,7 +25,7 @@ from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.core.exceptions import ImproperlyConfigured
-from django.db import models, transaction
+from django.db import models
 
 from ..conf import NEW_KEY_HINT, app_settings
 
@@ -118,19 +118,3 @@ class EncryptedSecretsField(models.JSONField):
 
     def value_to_string(self, obj: models.Model) -> Any:
         return self.get_prep_value(self.value_from_object(obj))
-
-
-def destinations_reencrypt() -> int:
-    """Encrypt every destination's secrets again, under the first key: after a new key
-    was put first, so that the old one can be removed. One short transaction per
-    destination, its row locked as the relay's claim locks it; only the secrets column
-    is written. Returns how many destinations it rewrote."""
-    from .models import WebhookDestination  # the model's module imports this one
-
-    done = 0
-    for pk in WebhookDestination.objects.order_by("pk").values_list("pk", flat=True):
-        with transaction.atomic():
-            dest = WebhookDestination.objects.select_for_update().only("id", "secrets").get(pk=pk)
-            dest.save(update_fields=["secrets"])  # read by any key, written by the first
-        done += 1
-    return done

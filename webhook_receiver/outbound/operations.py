@@ -1,5 +1,6 @@
-"""What an operator does to the outbox, from the admin: retry messages now, discard them,
-recover a destination's failed messages once its endpoint is fixed (the figures the
+"""What an operator does to the outbox, from the admin or a command: retry messages now,
+discard them, recover a destination's failed messages once its endpoint is fixed,
+re-encrypt the destinations' secrets after a key rotation (the figures the
 destinations page shows are read by outbound/selectors.py).
 
 Each service is one short transaction that records who acted (on the message, in the
@@ -165,3 +166,17 @@ def destination_recover_since(
         extra={"by": by, "destination": dest.name, "message_ids": ids},
     )
     return len(ids)
+
+
+def destinations_reencrypt() -> int:
+    """Encrypt every destination's secrets again, under the first key: after a new key
+    was put first, so that the old one can be removed. One short transaction per
+    destination, its row locked as the relay's claim locks it; only the secrets column
+    is written. Returns how many destinations it rewrote."""
+    done = 0
+    for pk in WebhookDestination.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            dest = WebhookDestination.objects.select_for_update().only("id", "secrets").get(pk=pk)
+            dest.save(update_fields=["secrets"])  # read by any key, written by the first
+        done += 1
+    return done

@@ -39,7 +39,8 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .. import schemes
-from ..conf import ReconcileConfig, SourceConfig, app_settings, get_source
+from ..conf import app_settings, get_source
+from ..conf.sources import ReconcileConfig, SourceConfig
 from ..core import storable
 from ..handlers import subject_of
 from ..inbound import queries

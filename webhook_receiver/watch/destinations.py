@@ -14,15 +14,12 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..core import storable
 from ..core.states import Reason, State, worst_state
-from ..core.words import duration_text, iso, plural
+from ..core.words import iso
 from ..outbound.breaker import Breaker, destination_breaker
 from ..outbound.models import WebhookDestination
 from ..outbound.selectors import destinations_with_health, failed_holding_back
-
-# a message due this long ago and still not sent: the relay is behind, or not running
-OLD_BACKLOG = timedelta(minutes=10)
+from .conditions import DESTINATION_CONDITIONS, OLD_BACKLOG, reasons
 
 
 @dataclass(frozen=True)
@@ -94,130 +91,6 @@ class DestinationStatus:
         }
 
 
-def _breaker_open(d: DestinationStatus) -> tuple[str, str] | None:
-    if d.breaker.state != "open" or d.breaker.until is None:
-        return None
-    left = duration_text(d.breaker.until - d.now)
-    return "breaker open", (
-        f"paused after {d.breaker.consecutive_failures} consecutive failures; one probe in {left}"
-    )
-
-
-def _failed(d: DestinationStatus) -> tuple[str, str] | None:
-    if not d.failed:
-        return None
-    summary = f"{d.failed} message{plural(d.failed)} failed"
-    return summary, f"{summary} for good, waiting for Retry now or Discard"
-
-
-def _held_back(d: DestinationStatus) -> tuple[str, str] | None:
-    if not d.held_back or d.first_holder is None:
-        return None
-    key, ordering_key = (storable.text(value, 255) for value in d.first_holder[1:])
-    behind = f"{d.held_back} later message{plural(d.held_back)}"
-    if d.holding_back == 1:
-        text = f"failed message {key} holds back {behind} of its ordering key {ordering_key}"
-    else:
-        text = (
-            f"{d.holding_back} failed messages hold back {behind} of their ordering keys "
-            f"(the oldest: {key}, ordering key {ordering_key})"
-        )
-    return f"holding back {d.held_back}", f"{text}: Retry now or Discard it to let them go"
-
-
-def _record_failing(d: DestinationStatus) -> tuple[str, str] | None:
-    if not d.record_failing:
-        return None
-    return "answers not recorded", (
-        f"the relay could not record its answers: {d.record_error} (each is sent again, "
-        "under its key, when its lease runs out, and counted against its budget)"
-    )
-
-
-def _stalled(d: DestinationStatus) -> tuple[str, str] | None:
-    age = d.oldest_eligible_age
-    if not d.enabled or d.breaker.state == "open" or age is None or age <= OLD_BACKLOG:
-        return None
-    if d.record_failing:  # it is sending: _record_failing names the cause
-        return None
-    last = d.last_attempt_at
-    if last is not None and d.now - last <= OLD_BACKLOG:
-        return None
-    since = "never" if last is None else f"not for {duration_text(d.now - last)}"
-    return "relay not sending", (
-        f"messages are due and nothing is sent ({since}): the worker or the sweep is down"
-    )
-
-
-def _behind(d: DestinationStatus) -> tuple[str, str] | None:
-    age = d.oldest_eligible_age
-    if age is None or age <= OLD_BACKLOG or _stalled(d) or d.breaker.state == "open":
-        return None
-    return f"behind by {duration_text(age)}", (
-        f"the oldest message due has waited {duration_text(age)} ({d.backlog} in the "
-        "backlog): its limits are too low for the traffic, or it answers slowly"
-    )
-
-
-def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
-    if d.enabled or not d.backlog:
-        return None
-    summary = f"disabled, {d.backlog} waiting"
-    return summary, f"disabled with {d.backlog} message{plural(d.backlog)} waiting to be sent"
-
-
-# (code, level, why: docs/overview.md lists them, test). Every one is ATTENTION: a
-# destination is someone else's endpoint, and nothing is lost while messages wait.
-DESTINATION_CONDITIONS = (
-    (
-        "breaker_open",
-        State.ATTENTION,
-        "the destination failed too often in a row and is paused until one probe succeeds",
-        _breaker_open,
-    ),
-    (
-        "messages_failed",
-        State.ATTENTION,
-        "terminal messages (4xx, or attempts spent): an operator retries or discards them",
-        _failed,
-    ),
-    (
-        "held_back",
-        State.ATTENTION,
-        "a failed message holds back the later messages of its ordering key, which are "
-        "delivered in order: retry or discard it",
-        _held_back,
-    ),
-    (
-        "record_failing",
-        State.ATTENTION,
-        "the relay sends, but the database refused to record the answers: they are sent "
-        "again when their leases end",
-        _record_failing,
-    ),
-    (
-        "relay_not_sending",
-        State.ATTENTION,
-        f"messages due for over {duration_text(OLD_BACKLOG)} and no answer for as long: "
-        "the worker or beat is down",
-        _stalled,
-    ),
-    (
-        "behind",
-        State.ATTENTION,
-        f"the oldest message due has waited over {duration_text(OLD_BACKLOG)} while "
-        "others are sent: the limits are too low for the traffic",
-        _behind,
-    ),
-    (
-        "disabled_with_backlog",
-        State.ATTENTION,
-        "a disabled destination with messages waiting: enable it, or discard them",
-        _disabled,
-    ),
-)
-
-
 def destination_statuses(*, now: datetime | None = None) -> list[DestinationStatus]:
     """One status per destination, by name."""
     now = now or timezone.now()
@@ -246,10 +119,5 @@ def destination_statuses(*, now: datetime | None = None) -> list[DestinationStat
             record_failed_at=dest.record_failed_at,
             record_error=dest.record_error,
         )
-        reasons = tuple(
-            Reason(code, state, *words)
-            for code, state, _why, test in DESTINATION_CONDITIONS
-            if (words := test(status)) is not None
-        )
-        statuses.append(replace(status, reasons=reasons))
+        statuses.append(replace(status, reasons=reasons(DESTINATION_CONDITIONS, status)))
     return statuses

@@ -36,7 +36,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from ..conf import SourceConfig, app_settings
+from ..conf import app_settings
+from ..conf.sources import SourceConfig
 from ..inbound.models import RequestAudit, Verification
 from .models import SilenceAlert
 from .notifiers import Notifier, get_notifiers

@@ -21,7 +21,7 @@ however large the tables grow (what the traffic reads cost: watch/traffic.py):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,21 +29,19 @@ from typing import Any
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
 
-from ..conf import SourceConfig, app_settings
+from ..conf import app_settings
+from ..conf.sources import SourceConfig
 from ..core.states import Reason, State, worst_state
-from ..core.words import duration_text, iso, plural, seconds, top_counts
+from ..core.words import iso, seconds
 from ..exceptions import NotStored
 from ..inbound.models import FailedEvent, FailureStatus, RequestAudit, Verification
 from ..reconcile.models import ReconciliationRun, RepairItem, RepairStatus, RunOutcome
+from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
 from .traffic import last_accepted_at, unrecorded_refusals
 
 # what "recent" means for requests and results
 LAST_HOUR = timedelta(hours=1)
-# a retrying event failing for longer than this is worth a look: its cause is not passing
-OLD_RETRY = timedelta(hours=1)
-# a retry due this long ago has not run: the sweeper (worker or beat) is not working
-OVERDUE_RETRY = timedelta(minutes=10)
 # the rejection "reason" of a verified request that was neither applied nor captured
 # (503): the answer's own error code, as the metrics label it
 NOT_STORED = NotStored.code
@@ -170,165 +168,6 @@ class SourceStatus:
         }
 
 
-@dataclass(frozen=True)
-class Condition:
-    code: str
-    state: State
-    # why this condition matters, in one line (docs/overview.md lists them)
-    why: str
-    # (summary, sentence) for this source, or None when the condition does not hold
-    test: Callable[[SourceStatus], tuple[str, str] | None]
-
-
-def _silent(s: SourceStatus) -> tuple[str, str] | None:
-    alert = s.silence_alert
-    if alert is None:
-        return None
-    if alert.last_accepted_at:
-        silent_for = duration_text(s.now - alert.last_accepted_at)
-        summary, since = f"silent for {silent_for}", f"no accepted event for {silent_for}"
-    else:
-        summary, since = "silent, never sent an event", "no accepted event ever"
-    window = duration_text(timedelta(seconds=alert.silence_after_seconds))
-    text = f"silent: {since} (window {window})"
-    if alert.rejected_total:
-        text += f", {alert.rejected_total} refused meanwhile ({top_counts(alert.rejected_counts)})"
-    return summary, text
-
-
-def _repair(s: SourceStatus) -> tuple[str, str] | None:
-    n = s.open_repair_total
-    if not n:
-        return None
-    summary = f"{n} open repair item{plural(n)}"
-    return summary, f"{summary} ({top_counts(s.open_repairs)})"
-
-
-def _dead(s: SourceStatus) -> tuple[str, str] | None:
-    if not s.dead:
-        return None
-    text = f"{s.dead} dead letter{plural(s.dead)}"
-    return text, text
-
-
-def _old_retry(s: SourceStatus) -> tuple[str, str] | None:
-    age = s.oldest_retry_age
-    if age is None or age <= OLD_RETRY:
-        return None
-    return f"retrying for {duration_text(age)}", (
-        f"an event has been retrying for {duration_text(age)}"
-    )
-
-
-def _overdue(s: SourceStatus) -> tuple[str, str] | None:
-    late = s.retry_overdue
-    if late is None or late <= OVERDUE_RETRY:
-        return None
-    return "retries not running", (
-        f"retries are not running: one was due {duration_text(late)} ago"
-    )
-
-
-def _rejected(s: SourceStatus) -> tuple[str, str] | None:
-    refused = {k: n for k, n in s.rejected_last_hour.items() if k != NOT_STORED}
-    n = sum(refused.values())
-    if not n:
-        return None
-    summary = f"{n} request{plural(n)} refused"
-    text = f"{summary} in the last hour ({top_counts(refused)})"
-    if s.unrecorded_last_hour:
-        text += (
-            f"; a flood: {s.unrecorded_last_hour} of them beyond "
-            f"{app_settings().rejected_audit_per_minute} a minute per reason are counted, "
-            "not recorded one by one"
-        )
-    return summary, text
-
-
-def _not_stored(s: SourceStatus) -> tuple[str, str] | None:
-    n = s.rejected_last_hour.get(NOT_STORED, 0)
-    if not n:
-        return None
-    summary = f"{n} request{plural(n)} not stored (503)"
-    return summary, f"{n} request{plural(n)} answered 503 (not stored) in the last hour"
-
-
-def _reconcile_failed(s: SourceStatus) -> tuple[str, str] | None:
-    if s.last_run is None or s.last_run.outcome != RunOutcome.FAILED:
-        return None
-    error = " ".join(s.last_run.error.split())
-    summary = "reconciliation failed"
-    return summary, "the last reconciliation failed" + (f": {error[:80]}" if error else "")
-
-
-# The one rule for a source's state: the worst condition that holds, ALERT first. Each
-# line: a stable code (in --json), the level, and why it is that level. "Needs repair"
-# is read from the open repair items rather than the last run's outcome: an item
-# resolved by hand no longer needs anything, although the run that found it said so.
-CONDITIONS: tuple[Condition, ...] = (
-    Condition(
-        "silent",
-        State.ALERT,
-        "an open silence alert: the source sent nothing we accepted for longer than its "
-        "window, within its active hours",
-        _silent,
-    ),
-    Condition(
-        "repair_needed",
-        State.ALERT,
-        "open repair items: reconciliation found events the sender lists and we lack, or "
-        "state that differs",
-        _repair,
-    ),
-    Condition(
-        "dead_letters",
-        State.ATTENTION,
-        "dead letters: verified events that will not be retried; a person replays or discards them",
-        _dead,
-    ),
-    Condition(
-        "old_retry",
-        State.ATTENTION,
-        f"an event retrying for over {duration_text(OLD_RETRY)}: its cause is not passing "
-        "and it will soon be dead",
-        _old_retry,
-    ),
-    Condition(
-        "retries_stalled",
-        State.ATTENTION,
-        f"a retry due over {duration_text(OVERDUE_RETRY)} ago has not run: the worker or "
-        "beat is down, and nothing is retried",
-        _overdue,
-    ),
-    Condition(
-        "not_stored",
-        State.ATTENTION,
-        "verified requests answered 503 in the last hour: neither applied nor captured "
-        "(the database failing); the sender retries them",
-        _not_stored,
-    ),
-    Condition(
-        "rejected",
-        State.ATTENTION,
-        "requests refused in the last hour: a wrong secret, clock or URL at the sender, "
-        "or someone else's requests",
-        _rejected,
-    ),
-    Condition(
-        "reconcile_failed",
-        State.ATTENTION,
-        "the last reconciliation run failed: differences with the sender go unseen",
-        _reconcile_failed,
-    ),
-)
-
-
-def status_reasons(status: SourceStatus) -> tuple[Reason, ...]:
-    """Every condition that holds for ``status``, alerts first (CONDITIONS' order)."""
-    found = ((c, c.test(status)) for c in CONDITIONS)
-    return tuple(Reason(c.code, c.state, *words) for c, words in found if words is not None)
-
-
 # --- the selector --------------------------------------------------------------------------
 
 
@@ -387,7 +226,7 @@ def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
 
 
 def _with_reasons(status: SourceStatus) -> SourceStatus:
-    return replace(status, reasons=status_reasons(status))
+    return replace(status, reasons=reasons(SOURCE_CONDITIONS, status))
 
 
 def _last_hour(

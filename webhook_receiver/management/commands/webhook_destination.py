@@ -19,8 +19,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...outbound.encryption import SecretsUnreadable, destinations_reencrypt, secrets_encrypt
+from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.models import WebhookDestination
+from ...outbound.operations import destinations_reencrypt
 from ...schemes.standard import secret_key
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")

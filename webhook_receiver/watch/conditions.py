@@ -1,0 +1,330 @@
+"""What makes a source or a destination not OK: each condition a stable code (in
+``webhook_status --json``; docs/overview.md lists them), its level, why it matters, and
+its test. The one rule for a state: the worst condition that holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..conf import app_settings
+from ..core import storable
+from ..core.states import Reason, State
+from ..core.words import duration_text, plural, top_counts
+from ..exceptions import NotStored
+from ..reconcile.models import RunOutcome
+
+if TYPE_CHECKING:
+    from .destinations import DestinationStatus
+    from .sources import SourceStatus
+
+# a retrying event failing for longer than this is worth a look: its cause is not passing
+OLD_RETRY = timedelta(hours=1)
+# a retry due this long ago has not run: the sweeper (worker or beat) is not working
+OVERDUE_RETRY = timedelta(minutes=10)
+# a message due this long ago and still not sent: the relay is behind, or not running
+OLD_BACKLOG = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class Condition:
+    code: str
+    state: State
+    # why this condition matters, in one line (docs/overview.md lists them)
+    why: str
+    # (summary, sentence) for a source's or destination's status, or None when the
+    # condition does not hold
+    test: Callable[[Any], tuple[str, str] | None]
+
+
+def reasons(conditions: Iterable[Condition], status: Any) -> tuple[Reason, ...]:
+    """Every one of ``conditions`` that holds for ``status``, in their order (alerts
+    first)."""
+    found = ((c, c.test(status)) for c in conditions)
+    return tuple(Reason(c.code, c.state, *words) for c, words in found if words is not None)
+
+
+# --- sources -------------------------------------------------------------------------------
+
+# a retrying event failing for longer than this is worth a look: its cause is not passing
+OLD_RETRY = timedelta(hours=1)
+
+
+# a retry due this long ago has not run: the sweeper (worker or beat) is not working
+OVERDUE_RETRY = timedelta(minutes=10)
+
+
+def _silent(s: SourceStatus) -> tuple[str, str] | None:
+    alert = s.silence_alert
+    if alert is None:
+        return None
+    if alert.last_accepted_at:
+        silent_for = duration_text(s.now - alert.last_accepted_at)
+        summary, since = f"silent for {silent_for}", f"no accepted event for {silent_for}"
+    else:
+        summary, since = "silent, never sent an event", "no accepted event ever"
+    window = duration_text(timedelta(seconds=alert.silence_after_seconds))
+    text = f"silent: {since} (window {window})"
+    if alert.rejected_total:
+        text += f", {alert.rejected_total} refused meanwhile ({top_counts(alert.rejected_counts)})"
+    return summary, text
+
+
+def _repair(s: SourceStatus) -> tuple[str, str] | None:
+    n = s.open_repair_total
+    if not n:
+        return None
+    summary = f"{n} open repair item{plural(n)}"
+    return summary, f"{summary} ({top_counts(s.open_repairs)})"
+
+
+def _dead(s: SourceStatus) -> tuple[str, str] | None:
+    if not s.dead:
+        return None
+    text = f"{s.dead} dead letter{plural(s.dead)}"
+    return text, text
+
+
+def _old_retry(s: SourceStatus) -> tuple[str, str] | None:
+    age = s.oldest_retry_age
+    if age is None or age <= OLD_RETRY:
+        return None
+    return f"retrying for {duration_text(age)}", (
+        f"an event has been retrying for {duration_text(age)}"
+    )
+
+
+def _overdue(s: SourceStatus) -> tuple[str, str] | None:
+    late = s.retry_overdue
+    if late is None or late <= OVERDUE_RETRY:
+        return None
+    return "retries not running", (
+        f"retries are not running: one was due {duration_text(late)} ago"
+    )
+
+
+def _rejected(s: SourceStatus) -> tuple[str, str] | None:
+    refused = {k: n for k, n in s.rejected_last_hour.items() if k != NotStored.code}
+    n = sum(refused.values())
+    if not n:
+        return None
+    summary = f"{n} request{plural(n)} refused"
+    text = f"{summary} in the last hour ({top_counts(refused)})"
+    if s.unrecorded_last_hour:
+        text += (
+            f"; a flood: {s.unrecorded_last_hour} of them beyond "
+            f"{app_settings().rejected_audit_per_minute} a minute per reason are counted, "
+            "not recorded one by one"
+        )
+    return summary, text
+
+
+def _not_stored(s: SourceStatus) -> tuple[str, str] | None:
+    n = s.rejected_last_hour.get(NotStored.code, 0)
+    if not n:
+        return None
+    summary = f"{n} request{plural(n)} not stored (503)"
+    return summary, f"{n} request{plural(n)} answered 503 (not stored) in the last hour"
+
+
+def _reconcile_failed(s: SourceStatus) -> tuple[str, str] | None:
+    if s.last_run is None or s.last_run.outcome != RunOutcome.FAILED:
+        return None
+    error = " ".join(s.last_run.error.split())
+    summary = "reconciliation failed"
+    return summary, "the last reconciliation failed" + (f": {error[:80]}" if error else "")
+
+
+# The one rule for a source's state: the worst condition that holds, ALERT first. Each
+# line: a stable code (in --json), the level, and why it is that level. "Needs repair"
+# is read from the open repair items rather than the last run's outcome: an item
+# resolved by hand no longer needs anything, although the run that found it said so.
+SOURCE_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "silent",
+        State.ALERT,
+        "an open silence alert: the source sent nothing we accepted for longer than its "
+        "window, within its active hours",
+        _silent,
+    ),
+    Condition(
+        "repair_needed",
+        State.ALERT,
+        "open repair items: reconciliation found events the sender lists and we lack, or "
+        "state that differs",
+        _repair,
+    ),
+    Condition(
+        "dead_letters",
+        State.ATTENTION,
+        "dead letters: verified events that will not be retried; a person replays or discards them",
+        _dead,
+    ),
+    Condition(
+        "old_retry",
+        State.ATTENTION,
+        f"an event retrying for over {duration_text(OLD_RETRY)}: its cause is not passing "
+        "and it will soon be dead",
+        _old_retry,
+    ),
+    Condition(
+        "retries_stalled",
+        State.ATTENTION,
+        f"a retry due over {duration_text(OVERDUE_RETRY)} ago has not run: the worker or "
+        "beat is down, and nothing is retried",
+        _overdue,
+    ),
+    Condition(
+        "not_stored",
+        State.ATTENTION,
+        "verified requests answered 503 in the last hour: neither applied nor captured "
+        "(the database failing); the sender retries them",
+        _not_stored,
+    ),
+    Condition(
+        "rejected",
+        State.ATTENTION,
+        "requests refused in the last hour: a wrong secret, clock or URL at the sender, "
+        "or someone else's requests",
+        _rejected,
+    ),
+    Condition(
+        "reconcile_failed",
+        State.ATTENTION,
+        "the last reconciliation run failed: differences with the sender go unseen",
+        _reconcile_failed,
+    ),
+)
+
+
+# --- destinations ----------------------------------------------------------------------------
+
+# a message due this long ago and still not sent: the relay is behind, or not running
+OLD_BACKLOG = timedelta(minutes=10)
+
+
+def _breaker_open(d: DestinationStatus) -> tuple[str, str] | None:
+    if d.breaker.state != "open" or d.breaker.until is None:
+        return None
+    left = duration_text(d.breaker.until - d.now)
+    return "breaker open", (
+        f"paused after {d.breaker.consecutive_failures} consecutive failures; one probe in {left}"
+    )
+
+
+def _failed(d: DestinationStatus) -> tuple[str, str] | None:
+    if not d.failed:
+        return None
+    summary = f"{d.failed} message{plural(d.failed)} failed"
+    return summary, f"{summary} for good, waiting for Retry now or Discard"
+
+
+def _held_back(d: DestinationStatus) -> tuple[str, str] | None:
+    if not d.held_back or d.first_holder is None:
+        return None
+    key, ordering_key = (storable.text(value, 255) for value in d.first_holder[1:])
+    behind = f"{d.held_back} later message{plural(d.held_back)}"
+    if d.holding_back == 1:
+        text = f"failed message {key} holds back {behind} of its ordering key {ordering_key}"
+    else:
+        text = (
+            f"{d.holding_back} failed messages hold back {behind} of their ordering keys "
+            f"(the oldest: {key}, ordering key {ordering_key})"
+        )
+    return f"holding back {d.held_back}", f"{text}: Retry now or Discard it to let them go"
+
+
+def _record_failing(d: DestinationStatus) -> tuple[str, str] | None:
+    if not d.record_failing:
+        return None
+    return "answers not recorded", (
+        f"the relay could not record its answers: {d.record_error} (each is sent again, "
+        "under its key, when its lease runs out, and counted against its budget)"
+    )
+
+
+def _stalled(d: DestinationStatus) -> tuple[str, str] | None:
+    age = d.oldest_eligible_age
+    if not d.enabled or d.breaker.state == "open" or age is None or age <= OLD_BACKLOG:
+        return None
+    if d.record_failing:  # it is sending: _record_failing names the cause
+        return None
+    last = d.last_attempt_at
+    if last is not None and d.now - last <= OLD_BACKLOG:
+        return None
+    since = "never" if last is None else f"not for {duration_text(d.now - last)}"
+    return "relay not sending", (
+        f"messages are due and nothing is sent ({since}): the worker or the sweep is down"
+    )
+
+
+def _behind(d: DestinationStatus) -> tuple[str, str] | None:
+    age = d.oldest_eligible_age
+    if age is None or age <= OLD_BACKLOG or _stalled(d) or d.breaker.state == "open":
+        return None
+    return f"behind by {duration_text(age)}", (
+        f"the oldest message due has waited {duration_text(age)} ({d.backlog} in the "
+        "backlog): its limits are too low for the traffic, or it answers slowly"
+    )
+
+
+def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
+    if d.enabled or not d.backlog:
+        return None
+    summary = f"disabled, {d.backlog} waiting"
+    return summary, f"disabled with {d.backlog} message{plural(d.backlog)} waiting to be sent"
+
+
+# (code, level, why: docs/overview.md lists them, test). Every one is ATTENTION: a
+# destination is someone else's endpoint, and nothing is lost while messages wait.
+DESTINATION_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "breaker_open",
+        State.ATTENTION,
+        "the destination failed too often in a row and is paused until one probe succeeds",
+        _breaker_open,
+    ),
+    Condition(
+        "messages_failed",
+        State.ATTENTION,
+        "terminal messages (4xx, or attempts spent): an operator retries or discards them",
+        _failed,
+    ),
+    Condition(
+        "held_back",
+        State.ATTENTION,
+        "a failed message holds back the later messages of its ordering key, which are "
+        "delivered in order: retry or discard it",
+        _held_back,
+    ),
+    Condition(
+        "record_failing",
+        State.ATTENTION,
+        "the relay sends, but the database refused to record the answers: they are sent "
+        "again when their leases end",
+        _record_failing,
+    ),
+    Condition(
+        "relay_not_sending",
+        State.ATTENTION,
+        f"messages due for over {duration_text(OLD_BACKLOG)} and no answer for as long: "
+        "the worker or beat is down",
+        _stalled,
+    ),
+    Condition(
+        "behind",
+        State.ATTENTION,
+        f"the oldest message due has waited over {duration_text(OLD_BACKLOG)} while "
+        "others are sent: the limits are too low for the traffic",
+        _behind,
+    ),
+    Condition(
+        "disabled_with_backlog",
+        State.ATTENTION,
+        "a disabled destination with messages waiting: enable it, or discard them",
+        _disabled,
+    ),
+)

@@ -99,6 +99,9 @@ class ObjectButton:
     # past participle for "cannot be …"
     statuses: tuple[str, ...] | None
     done: str
+    # the button's words, and "go" (it sends or runs something) or "stop" (it gives up)
+    label: str
+    tone: str = "go"
 
     def applies_to(self, obj: Any) -> bool:
         return self.statuses is None or obj.status in self.statuses
@@ -109,8 +112,9 @@ class ObjectButtons:
     own actions on that one object: the same permission (the button's name is the
     action of a Meta permission), the same confirmation page, the same service.
 
-    The change form's template gets ``<name>_url`` for each button the user may press on
-    this object (None otherwise); ``button_context`` adds more (a trace link).
+    The change form's template (admin/webhook_receiver/change_form.html) gets
+    ``object_buttons``, the (name, button, url) of each button the user may press on this
+    object; ``button_context`` adds more (``trace_url``, a Trace button).
     """
 
     object_buttons: dict[str, ObjectButton] = {}
@@ -138,9 +142,11 @@ class ObjectButtons:
         obj = self.get_object(request, unquote(object_id))
         buttons: dict[str, Any] = {}
         if obj is not None:
-            for name, button in self.object_buttons.items():
-                allowed = button.applies_to(obj) and self.has_custom_permission(request, name)
-                buttons[f"{name}_url"] = self.object_url(name, obj) if allowed else None
+            buttons["object_buttons"] = [
+                (name, button, self.object_url(name, obj))
+                for name, button in self.object_buttons.items()
+                if button.applies_to(obj) and self.has_custom_permission(request, name)
+            ]
             buttons.update(self.button_context(request, obj))
         return super().change_view(
             request, object_id, form_url, extra_context={**(extra_context or {}), **buttons}
@@ -188,6 +194,9 @@ class StoredEventDisplay:
     """The stored body, pretty-printed when it is JSON, and the headers, one per line.
     Both are untrusted input: everything goes through format_html. Signature headers
     are shown redacted whatever a row stored (REDACTED_HEADERS, KEEP_SIGNATURE_HEADERS)."""
+
+    # what identifies a stored event, first on its page
+    event_fields = ("source", "event_key", "event_type", "message_id", "signature_timestamp")
 
     @admin.display(description="body")
     def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:

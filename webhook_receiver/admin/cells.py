@@ -4,7 +4,9 @@ wrapping, stacked lines in one cell, compact and full times, and the trace links
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.urls import reverse
 from django.utils import timezone
@@ -68,3 +70,16 @@ def moment_cell(moment: datetime | None, empty: str = "-") -> str:
     if moment is None:
         return empty
     return format_html('<span title="{}">{}</span>', full_time(moment), compact_time(moment))
+
+
+def history_html(entries: Any, row: str, keys: Sequence[str], missing: str = "") -> str:
+    """A stored JSON list of records (an error history, an action history) as ``row``
+    (a format_html string) per record, filled with the values of ``keys``: ``missing``
+    for the first key a record lacks, "" for the others; "-" when there are none."""
+    records = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    if not records:
+        return "-"
+    values = (
+        tuple(e.get(key, missing if n == 0 else "") for n, key in enumerate(keys)) for e in records
+    )
+    return format_html_join("", row, values)

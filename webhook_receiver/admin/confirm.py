@@ -10,7 +10,7 @@ the action started. One template renders every such page.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,8 @@ LEFT_AS_IT_IS = "(left as it is)"
 class Confirmation:
     """What an action's confirmation page says and asks."""
 
+    # the list action's name, which the page's form posts back to
+    action: str
     title: str
     # what the action does, a paragraph each
     explanation: Sequence[str]
@@ -50,20 +52,20 @@ class Confirmation:
 def confirm_then_act(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,
-    selected: list[Any],
-    *,
-    action: str,
+    selection: Iterable[Any],
     confirmation: Confirmation,
-    act: Callable[[list[Any], dict[str, Any]], None],
+    act: Callable[[HttpRequest, list[Any], Any], None],
+    *,
     initial: dict[str, Any] | None = None,
 ) -> TemplateResponse | None:
-    """The confirmation page of ``action`` (the list action's name, which its form posts
-    back to) for ``selected``; once posted back valid, ``act(selected, cleaned_data)``
-    and None, so that the admin returns to the list or the record's page."""
+    """The confirmation page of ``confirmation.action`` for ``selection``; once posted back
+    valid, ``act(request, selected, note)`` (the note: the form's one field) and None, so
+    that the admin returns to the list or the record's page."""
+    selected = list(selection)
     if request.POST.get("post"):
         form = confirmation.form(request.POST)
         if form.is_valid():
-            act(selected, form.cleaned_data)
+            act(request, selected, next(iter(form.cleaned_data.values())))
             return None
     else:
         form = confirmation.form(initial=initial)
@@ -91,7 +93,7 @@ def confirm_then_act(
         "form": form,
         "note_field": form[next(iter(form.fields))],
         "submit_label": ngettext(*confirmation.submit, count) % count,
-        "action_name": action,
+        "action_name": confirmation.action,
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "media": model_admin.media + form.media,
     }

@@ -79,6 +79,7 @@ class BreakerShown:
 def _recover_confirmation(count: int) -> Confirmation:
     these = "this destination" if count == 1 else "these destinations"
     return Confirmation(
+        action="recover_since_selected",
         title="Recover failed messages",
         explanation=(
             f"Once a merchant has fixed its endpoint: every failed message of {these} whose "
@@ -113,7 +114,9 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     """Destinations with their health; add, change, disable; recover since…"""
 
     # "Recover since…" on a destination's page: the list action on that one destination
-    object_buttons = {"recover": ObjectButton("recover_since_selected", None, "recovered")}
+    object_buttons = {
+        "recover": ObjectButton("recover_since_selected", None, "recovered", "Recover since…")
+    }
     object_noun = "destination"
 
     form = DestinationForm
@@ -285,18 +288,14 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     ) -> TemplateResponse | None:
         selected = list(queryset.order_by("name"))
         successes = [d.last_success_at for d in selected if d.last_success_at]
+        initial = {"since": min(successes)} if successes else None
+        confirmation = _recover_confirmation(len(selected))
         return confirm_then_act(
-            self,
-            request,
-            selected,
-            action="recover_since_selected",
-            confirmation=_recover_confirmation(len(selected)),
-            act=lambda chosen, form: self._recover(request, chosen, since=form["since"]),
-            initial={"since": min(successes)} if successes else None,
+            self, request, selected, confirmation, self._recover, initial=initial
         )
 
     def _recover(
-        self, request: HttpRequest, selected: list[WebhookDestination], *, since: datetime
+        self, request: HttpRequest, selected: list[WebhookDestination], since: datetime
     ) -> None:
         by = request.user.get_username()
         when = full_time(since)

@@ -17,13 +17,20 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.translation import ngettext
 
 from ..inbound.failures import ReplayResult, failed_event_discard, failed_event_replay
 from ..inbound.models import FailedEvent, FailureStatus, Result
 from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, StoredEventDisplay
-from .cells import compact_time, stacked_lines, trace_link, trace_url, wrap_words
+from .cells import (
+    compact_time,
+    history_html,
+    stacked_lines,
+    trace_link,
+    trace_url,
+    wrap_words,
+)
 from .confirm import Confirmation, confirm_then_act, report_changed
 from .forms import DiscardEventsForm, ReplayForm
 
@@ -51,6 +58,7 @@ def _selection_row(event: FailedEvent) -> tuple[Any, ...]:
 
 SELECTION_COLUMNS = ("id", "source", "event key", "event type", "status", "attempts", "last error")
 REPLAY = Confirmation(
+    action="replay_selected",
     title="Replay failed events",
     explanation=(
         "Replaying runs each event's stored, verified bytes through the claim now, under its "
@@ -64,6 +72,7 @@ REPLAY = Confirmation(
     row=_selection_row,
 )
 DISCARD = Confirmation(
+    action="discard_selected",
     title="Discard failed events",
     explanation=(
         "Discarding gives up on an event: it is not retried any more, and it is deleted once "
@@ -111,11 +120,7 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
             None,
             {
                 "fields": (
-                    "source",
-                    "event_key",
-                    "event_type",
-                    "message_id",
-                    "signature_timestamp",
+                    *StoredEventDisplay.event_fields,
                     "status",
                     "attempts",
                     "first_attempt_at",
@@ -207,36 +212,23 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
 
     @admin.display(description="errors, oldest first")
     def error_history(self, obj: FailedEvent) -> str:
-        entries = [e for e in obj.errors if isinstance(e, dict)] if obj.errors else []
-        if not entries:
-            return "-"
-        return format_html_join(
-            "",
+        return history_html(
+            obj.errors,
             '<div style="margin-bottom: 1em">'
             "<p><strong>Attempt {}</strong> at {}: {} ({})</p>"
             "<p><code>{}</code>: {}</p>"
             '<pre style="white-space: pre-wrap; margin: 0">{}</pre>'
             "</div>",
-            (
-                (
-                    entry.get("attempt", "?"),
-                    entry.get("at", ""),
-                    entry.get("trigger", ""),
-                    entry.get("kind", ""),
-                    entry.get("exception", ""),
-                    entry.get("message", ""),
-                    entry.get("traceback", ""),
-                )
-                for entry in entries
-            ),
+            ("attempt", "at", "trigger", "kind", "exception", "message", "traceback"),
+            missing="?",
         )
 
     # --- the detail page's Replay and Discard buttons (base.ObjectButtons) ---------------
 
     object_noun = "event"
     object_buttons = {
-        "replay": ObjectButton("replay_confirmed", REPLAYABLE, "replayed"),
-        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded"),
+        "replay": ObjectButton("replay_confirmed", REPLAYABLE, "replayed", "Replay…"),
+        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded", "Discard…", "stop"),
     }
 
     def button_context(self, request: HttpRequest, failed: FailedEvent) -> dict[str, Any]:
@@ -249,23 +241,16 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
     ) -> TemplateResponse | None:
         """The detail page's Replay: a confirmation page with an optional reason (the
         list's action replays at once), then the same replay."""
-        return confirm_then_act(
-            self,
-            request,
-            list(queryset.order_by("id")),
-            action="replay_selected",
-            confirmation=REPLAY,
-            act=lambda events, form: self._replay(request, events, reason=form["reason"]),
-        )
+        return confirm_then_act(self, request, queryset.order_by("id"), REPLAY, self._replay)
 
     # --- actions -----------------------------------------------------------------------
 
     @admin.action(description="Replay selected failed events now", permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> None:
         events = list(queryset.order_by("id").only("id", "source", "event_key", "status"))
-        self._replay(request, events, reason="")
+        self._replay(request, events, "")
 
-    def _replay(self, request: HttpRequest, events: list[FailedEvent], *, reason: str) -> None:
+    def _replay(self, request: HttpRequest, events: list[FailedEvent], reason: str) -> None:
         """Replay each event now, through its service; the admin's history keeps who, the
         result and the reason."""
         actor = request.user.get_username()
@@ -286,16 +271,9 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
     def discard_selected(
         self, request: HttpRequest, queryset: QuerySet[FailedEvent]
     ) -> TemplateResponse | None:
-        return confirm_then_act(
-            self,
-            request,
-            list(queryset.order_by("id")),
-            action="discard_selected",
-            confirmation=DISCARD,
-            act=lambda events, form: self._discard(request, events, reason=form["reason"]),
-        )
+        return confirm_then_act(self, request, queryset.order_by("id"), DISCARD, self._discard)
 
-    def _discard(self, request: HttpRequest, events: list[FailedEvent], *, reason: str) -> None:
+    def _discard(self, request: HttpRequest, events: list[FailedEvent], reason: str) -> None:
         actor = request.user.get_username()
         discarded = 0
         for failed in events:

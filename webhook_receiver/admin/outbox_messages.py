@@ -71,6 +71,7 @@ def _selection_row(m: OutboxMessage) -> tuple[Any, ...]:
 
 SELECTION_COLUMNS = ("key", "destination", "event type", "status", "attempts", "last answer")
 RETRY = Confirmation(
+    action="retry_now_selected",
     title="Retry outbox messages now",
     explanation=(
         "Each failed or pending message is sent again as soon as its destination allows: it "
@@ -89,6 +90,7 @@ RETRY = Confirmation(
     status_column=3,
 )
 DISCARD = Confirmation(
+    action="discard_selected",
     title="Discard outbox messages",
     explanation=(
         "Discarding is final: a discarded message is never sent, and it cannot be retried. A "
@@ -331,8 +333,8 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
 
     object_noun = "message"
     object_buttons = {
-        "retry": ObjectButton("retry_now_selected", RETRYABLE, "retried"),
-        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded"),
+        "retry": ObjectButton("retry_now_selected", RETRYABLE, "retried", "Retry now…"),
+        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded", "Discard…", "stop"),
     }
 
     def button_context(self, request: HttpRequest, message: OutboxMessage) -> dict[str, Any]:
@@ -348,16 +350,9 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     def retry_now_selected(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
     ) -> TemplateResponse | None:
-        return confirm_then_act(
-            self,
-            request,
-            list(queryset.order_by("id")),
-            action="retry_now_selected",
-            confirmation=RETRY,
-            act=lambda selected, form: self._retry(request, selected, reason=form["reason"]),
-        )
+        return confirm_then_act(self, request, queryset.order_by("id"), RETRY, self._retry)
 
-    def _retry(self, request: HttpRequest, selected: list[OutboxMessage], *, reason: str) -> None:
+    def _retry(self, request: HttpRequest, selected: list[OutboxMessage], reason: str) -> None:
         by = request.user.get_username()
         changed = message_retry_now(message_ids=[m.pk for m in selected], by=by)
         reason = reason.strip()
@@ -374,16 +369,9 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     def discard_selected(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
     ) -> TemplateResponse | None:
-        return confirm_then_act(
-            self,
-            request,
-            list(queryset.order_by("id")),
-            action="discard_selected",
-            confirmation=DISCARD,
-            act=lambda selected, form: self._discard(request, selected, reason=form["reason"]),
-        )
+        return confirm_then_act(self, request, queryset.order_by("id"), DISCARD, self._discard)
 
-    def _discard(self, request: HttpRequest, selected: list[OutboxMessage], *, reason: str) -> None:
+    def _discard(self, request: HttpRequest, selected: list[OutboxMessage], reason: str) -> None:
         changed = message_discard(
             message_ids=[m.pk for m in selected], by=request.user.get_username(), reason=reason
         )

@@ -26,11 +26,7 @@ class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
     date_hierarchy = "received_at"
     exclude = ("body", "headers", "outcome")
     readonly_fields = (
-        "source",
-        "event_key",
-        "event_type",
-        "message_id",
-        "signature_timestamp",
+        *StoredEventDisplay.event_fields,
         "status",
         "subject",
         "received_at",

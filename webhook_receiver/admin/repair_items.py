@@ -7,24 +7,104 @@ sender to redeliver it, or resolve an item with a required note.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.utils.html import format_html_join
 from django.utils.translation import ngettext
 
 from ..core import display
 from ..reconcile import repair
 from ..reconcile.models import RepairItem
 from .base import ReadOnlyAdmin
-from .cells import pre
+from .cells import history_html, pre
 from .confirm import Confirmation, confirm_then_act
 from .forms import NoteForm, RequiredNoteForm
+
+
+def _confirmation(action: str, label: str, explanation: str, form=NoteForm) -> Confirmation:
+    return Confirmation(
+        action=action,
+        title=label,
+        explanation=(
+            explanation,
+            "Your name, the time, the note and the result are kept in each item's history.",
+        ),
+        form=form,
+        submit=(f"{label} (%d)", f"{label} (%d)"),
+        columns=("id", "source", "kind", "status", "event key", "subject", "event type"),
+        row=lambda item: (
+            item.pk,
+            item.source,
+            item.get_kind_display(),
+            item.get_status_display(),
+            item.event_key,
+            item.subject,
+            item.event_type,
+        ),
+    )
+
+
+# each action: its confirmation page, and the service it runs on every item
+REPAIRS: dict[str, tuple[Confirmation, Callable[..., repair.RepairResult]]] = {
+    "replay_selected": (
+        _confirmation(
+            "replay_selected",
+            "Replay",
+            "Each failed item's event is replayed under its original key, as the failed "
+            "events' admin would; an event applied since answers duplicate.",
+        ),
+        repair.repair_item_replay,
+    ),
+    "apply_selected": (
+        _confirmation(
+            "apply_selected",
+            "Fetch and apply",
+            "Each missing event is applied as the sender's list gave it, through the claim "
+            "under its own key. No signature vouches for it: the sender's API does, and your "
+            "approval, which the receipt records. Applying twice answers duplicate.",
+        ),
+        repair.repair_item_fetch_and_apply,
+    ),
+    "redeliver_selected": (
+        _confirmation(
+            "redeliver_selected",
+            "Request redelivery",
+            "The sender is asked to deliver each missing event again, where the source's "
+            "adapter can ask; the item closes when a later run finds it received.",
+        ),
+        repair.repair_item_request_redelivery,
+    ),
+    "resolve_selected": (
+        _confirmation(
+            "resolve_selected",
+            "Resolve",
+            "Resolving closes an item by hand. Nothing is applied or changed.",
+            form=RequiredNoteForm,
+        ),
+        repair.repair_item_resolve,
+    ),
+}
+
+
+def _repair_action(name: str, description: str, permission: str) -> Callable[..., Any]:
+    """The list action ``name``: its confirmation page, then its service (REPAIRS)."""
+
+    @admin.action(description=description, permissions=[permission])
+    def action(
+        model_admin: RepairItemAdmin, request: HttpRequest, queryset: QuerySet[RepairItem]
+    ) -> TemplateResponse | None:
+        confirmation, service = REPAIRS[name]
+        act = functools.partial(model_admin._run, service=service)
+        return confirm_then_act(model_admin, request, queryset.order_by("id"), confirmation, act)
+
+    action.__name__ = name
+    return action
 
 
 @admin.register(RepairItem)
@@ -78,106 +158,28 @@ class RepairItemAdmin(ReadOnlyAdmin):
     def has_resolve_permission(self, request: HttpRequest) -> bool:
         return self.has_custom_permission(request, "resolve")
 
-    # --- actions -----------------------------------------------------------------------
+    # --- actions: each its confirmation, then its service on every item ---------------
 
-    @admin.action(description="Replay the failed events of selected items…", permissions=["replay"])
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
-        return self._confirm(
-            request,
-            queryset,
-            "replay_selected",
-            repair.repair_item_replay,
-            explanation="Each failed item's event is replayed under its original key, as the "
-            "failed events' admin would; an event applied since answers duplicate.",
-            submit_label="Replay",
-        )
-
-    @admin.action(description="Fetch and apply selected missing events…", permissions=["apply"])
-    def apply_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
-        return self._confirm(
-            request,
-            queryset,
-            "apply_selected",
-            repair.repair_item_fetch_and_apply,
-            explanation="Each missing event is applied as the sender's list gave it, through "
-            "the claim under its own key. No signature vouches for it: the sender's API "
-            "does, and your approval, which the receipt records. Applying twice answers "
-            "duplicate.",
-            submit_label="Fetch and apply",
-        )
-
-    @admin.action(
-        description="Ask the sender to redeliver selected events…", permissions=["redeliver"]
+    replay_selected = _repair_action(
+        "replay_selected", "Replay the failed events of selected items…", "replay"
     )
-    def redeliver_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
-        return self._confirm(
-            request,
-            queryset,
-            "redeliver_selected",
-            repair.repair_item_request_redelivery,
-            explanation="The sender is asked to deliver each missing event again, where the "
-            "source's adapter can ask; the item closes when a later run finds it received.",
-            submit_label="Request redelivery",
-        )
-
-    @admin.action(description="Resolve selected items with a note…", permissions=["resolve"])
-    def resolve_selected(self, request: HttpRequest, queryset: QuerySet[RepairItem]):
-        return self._confirm(
-            request,
-            queryset,
-            "resolve_selected",
-            repair.repair_item_resolve,
-            explanation="Resolving closes an item by hand. Nothing is applied or changed.",
-            submit_label="Resolve",
-            form=RequiredNoteForm,
-        )
-
-    def _confirm(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[RepairItem],
-        action_name: str,
-        service: Callable[..., repair.RepairResult],
-        *,
-        explanation: str,
-        submit_label: str,
-        form: type[forms.Form] = NoteForm,
-    ) -> TemplateResponse | None:
-        confirmation = Confirmation(
-            title=submit_label,
-            explanation=(
-                explanation,
-                "Your name, the time, the note and the result are kept in each item's history.",
-            ),
-            form=form,
-            submit=(f"{submit_label} (%d)", f"{submit_label} (%d)"),
-            columns=("id", "source", "kind", "status", "event key", "subject", "event type"),
-            row=lambda item: (
-                item.pk,
-                item.source,
-                item.get_kind_display(),
-                item.get_status_display(),
-                item.event_key,
-                item.subject,
-                item.event_type,
-            ),
-        )
-        return confirm_then_act(
-            self,
-            request,
-            list(queryset.order_by("id")),
-            action=action_name,
-            confirmation=confirmation,
-            act=lambda items, cleaned: self._run(request, items, service, note=cleaned["note"]),
-        )
+    apply_selected = _repair_action(
+        "apply_selected", "Fetch and apply selected missing events…", "apply"
+    )
+    redeliver_selected = _repair_action(
+        "redeliver_selected", "Ask the sender to redeliver selected events…", "redeliver"
+    )
+    resolve_selected = _repair_action(
+        "resolve_selected", "Resolve selected items with a note…", "resolve"
+    )
 
     def _run(
         self,
         request: HttpRequest,
         items: list[RepairItem],
-        service: Callable[..., repair.RepairResult],
-        *,
         note: str,
+        *,
+        service: Callable[..., repair.RepairResult],
     ) -> None:
         actor = request.user.get_username()
         results = [service(item_id=item.pk, actor=actor, note=note) for item in items]
@@ -198,23 +200,10 @@ class RepairItemAdmin(ReadOnlyAdmin):
 
     @admin.display(description="history, oldest first")
     def action_history(self, obj: RepairItem) -> str:
-        entries = [e for e in obj.history if isinstance(e, dict)]
-        if not entries:
-            return "-"
-        return format_html_join(
-            "",
+        return history_html(
+            obj.history,
             "<p>{} by {}: <strong>{}</strong>, {} {}<br>{}</p>",
-            (
-                (
-                    e.get("at", ""),
-                    e.get("by", ""),
-                    e.get("action", ""),
-                    e.get("result", ""),
-                    e.get("detail", ""),
-                    e.get("note", ""),
-                )
-                for e in entries
-            ),
+            ("at", "by", "action", "result", "detail", "note"),
         )
 
     @admin.display(description="the sender says")

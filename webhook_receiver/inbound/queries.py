@@ -28,6 +28,15 @@ DUPLICATE = Result.DUPLICATE.value
 OPEN = (FailureStatus.RETRYING, FailureStatus.DEAD, FailureStatus.DISCARDED)
 OPEN_FAILURES = ", ".join(f"'{status}'" for status in OPEN)
 
+# An audit record's columns, and the request's values for all but its result and status
+# (every INSERT of one names them in this order).
+_AUDIT = """INSERT INTO webhook_receiver_requestaudit (
+        source, message_id, event_key, signature_timestamp, verification,
+        body_sha256, body_size, remote_addr, received_at, result, response_status
+    )"""
+_REQUEST = """%(source)s, %(message_id)s, %(event_key)s, %(signature_timestamp)s, %(verification)s,
+        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s"""
+
 _INSERT_RECEIPT = """
     INSERT INTO webhook_receiver_webhookreceipt (
         source, event_key, event_type, message_id, signature_timestamp,
@@ -55,10 +64,7 @@ READ_OUTCOME = """
 # Reading first: if the key has a receipt, record this delivery as a duplicate and return
 # the receipt's outcome; for a new key, write nothing and return no row.
 RECORD_DUPLICATE = f"""
-    INSERT INTO webhook_receiver_requestaudit (
-        source, message_id, event_key, signature_timestamp, verification,
-        body_sha256, body_size, remote_addr, received_at, result, response_status
-    )
+    {_AUDIT}
     SELECT
         source, %(message_id)s, event_key, %(signature_timestamp)s, %(verification)s,
         %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s, '{DUPLICATE}', 200
@@ -85,12 +91,8 @@ RECORD_DUPLICATE_RELAXED = RECORD_DUPLICATE.replace(
 CLAIM_AUDITED = f"""
     WITH claimed AS ({_INSERT_RECEIPT} RETURNING id),
     audited AS (
-        INSERT INTO webhook_receiver_requestaudit (
-            source, message_id, event_key, signature_timestamp, verification,
-            body_sha256, body_size, remote_addr, received_at, result, response_status
-        ) VALUES (
-            %(source)s, %(message_id)s, %(event_key)s, %(signature_timestamp)s, %(verification)s,
-            %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
+        {_AUDIT} VALUES (
+            {_REQUEST},
             CASE WHEN EXISTS (SELECT 1 FROM claimed) THEN %(result)s ELSE '{DUPLICATE}' END, 200
         )
         RETURNING id
@@ -132,15 +134,8 @@ UPDATE_AUDIT_RESULT = """
 """
 
 # An audit record on its own: a rejected request, a captured failure, a claim on SQLite.
-INSERT_AUDIT = """
-    INSERT INTO webhook_receiver_requestaudit (
-        source, message_id, event_key, signature_timestamp, verification,
-        body_sha256, body_size, remote_addr, received_at, result, response_status
-    ) VALUES (
-        %(source)s, %(message_id)s, %(event_key)s, %(signature_timestamp)s, %(verification)s,
-        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
-        %(result)s, %(response_status)s
-    )
+INSERT_AUDIT = f"""
+    {_AUDIT} VALUES ({_REQUEST}, %(result)s, %(response_status)s)
 """
 
 # A refused request: count it in its minute's tally for its source and reason, and say
@@ -164,14 +159,8 @@ _RECORD_REFUSAL = f"""
         {_TALLY_REFUSAL}
         RETURNING requests <= %(keep)s AS recorded{{relax}}
     )
-    INSERT INTO webhook_receiver_requestaudit (
-        source, message_id, event_key, signature_timestamp, verification,
-        body_sha256, body_size, remote_addr, received_at, result, response_status
-    )
-    SELECT
-        %(source)s, %(message_id)s, %(event_key)s, %(signature_timestamp)s, %(verification)s,
-        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
-        %(result)s, %(response_status)s
+    {_AUDIT}
+    SELECT {_REQUEST}, %(result)s, %(response_status)s
     FROM tallied WHERE recorded
 """
 RECORD_REFUSAL = _RECORD_REFUSAL.format(relax="")

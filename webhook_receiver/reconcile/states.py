@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
-
+from ..core.hooks import hook_class
 from .adapters import SenderEvent
 
 
@@ -69,15 +67,5 @@ def state_comparison(path: str | None) -> StateComparison | None:
     Raises ``ImproperlyConfigured`` for anything else (system check E004)."""
     if not path:
         return None
-    try:
-        found = import_string(path)
-    except ImportError as exc:
-        raise ImproperlyConfigured(
-            f"WEBHOOK_RECEIVER['STATE_COMPARISON'] = {path!r} cannot be imported: {exc}"
-        ) from exc
-    if not (isinstance(found, type) and issubclass(found, StateComparison)):
-        raise ImproperlyConfigured(
-            f"WEBHOOK_RECEIVER['STATE_COMPARISON'] = {path!r} is not a subclass of "
-            "webhook_receiver.reconcile.states.StateComparison."
-        )
-    return found()
+    expected = "a subclass of webhook_receiver.reconcile.states.StateComparison"
+    return hook_class(path, StateComparison, setting="STATE_COMPARISON", expected=expected)()

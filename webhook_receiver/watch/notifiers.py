@@ -15,13 +15,12 @@ import logging
 import textwrap
 from datetime import datetime, timedelta
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import mail_admins
 from django.dispatch import Signal
-from django.utils.module_loading import import_string
 
 from ..conf import app_settings
 from ..core.admin_links import admin_url
+from ..core.hooks import hook_class
 from ..core.words import duration_text, iso, local_time
 from ..inbound.models import RequestAudit, Verification
 from ..outbound.notices import ops_notice_enqueue
@@ -111,24 +110,14 @@ BUILT_IN: dict[str, type[Notifier]] = {
 def get_notifiers() -> list[Notifier]:
     """The notifiers NOTIFIERS names, in its order. Raises ``ImproperlyConfigured`` for
     a name that is neither built in nor the dotted path of a Notifier subclass."""
-    notifiers = []
-    for name in app_settings().notifiers:
-        found: object = BUILT_IN.get(name)
-        if found is None and "." in name:
-            try:
-                found = import_string(name)
-            except ImportError as exc:
-                raise ImproperlyConfigured(
-                    f"WEBHOOK_RECEIVER['NOTIFIERS']: {name!r} cannot be imported ({exc})."
-                ) from exc
-        if not (isinstance(found, type) and issubclass(found, Notifier)):
-            raise ImproperlyConfigured(
-                f"WEBHOOK_RECEIVER['NOTIFIERS']: {name!r} is not a notifier. Use "
-                f"{', '.join(map(repr, BUILT_IN))}, or the dotted path of a "
-                "webhook_receiver.watch.notifiers.Notifier subclass."
-            )
-        notifiers.append(found())
-    return notifiers
+    expected = (
+        f"a notifier. Use {', '.join(map(repr, BUILT_IN))}, or the dotted path of a "
+        "webhook_receiver.watch.notifiers.Notifier subclass"
+    )
+    return [
+        (BUILT_IN.get(name) or hook_class(name, Notifier, setting="NOTIFIERS", expected=expected))()
+        for name in app_settings().notifiers
+    ]
 
 
 def _send_robust(signal: Signal, alert: SilenceAlert) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
+from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
@@ -24,6 +25,8 @@ from ..outbound.models import OutboxMessage
 from ..reconcile.models import RepairItem
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -235,72 +238,37 @@ def event_key_sources(*, event_key: str) -> list[str]:
     return sorted(sources)
 
 
+def _copy(cls: type[T], row: Model, **values: Any) -> T:
+    """``cls`` (a dataclass of this module) filled from ``row``'s fields of the same names,
+    ``id`` from its primary key, and ``values`` where a field is not stored as shown."""
+    names = [f.name for f in fields(cls) if f.name not in values]  # type: ignore[arg-type]
+    stored = {name: row.pk if name == "id" else getattr(row, name) for name in names}
+    return cls(**stored, **values)
+
+
 def _deliveries(source: str, event_key: str) -> tuple[Delivery, ...]:
-    rows = RequestAudit.objects.filter(event_key=event_key, source=source).order_by(
-        "received_at", "id"
-    )
-    return tuple(
-        Delivery(
-            id=row.pk,
-            received_at=row.received_at,
-            message_id=row.message_id,
-            verification=row.verification,
-            result=row.result,
-            response_status=row.response_status,
-            remote_addr=row.remote_addr,
-            body_sha256=row.body_sha256,
-            body_size=row.body_size,
-        )
-        for row in rows
-    )
+    rows = RequestAudit.objects.filter(event_key=event_key, source=source)
+    return tuple(_copy(Delivery, row) for row in rows.order_by("received_at", "id"))
 
 
 def _receipt(source: str, event_key: str) -> Receipt | None:
     # the body and headers stay behind: the receipt's admin page shows them
-    row = (
-        WebhookReceipt.objects.filter(event_key=event_key, source=source)
-        .defer("body", "headers")
-        .first()
-    )
+    rows = WebhookReceipt.objects.filter(event_key=event_key, source=source)
+    row = rows.defer("body", "headers").first()
     if row is None:
         return None
-    return Receipt(
-        id=row.pk,
-        status=row.status,
-        received_at=row.received_at,
-        event_type=row.event_type,
-        subject=row.subject,
-        message_id=row.message_id,
-        outcome=row.outcome if isinstance(row.outcome, dict) else {"outcome": row.outcome},
-    )
+    outcome = row.outcome if isinstance(row.outcome, dict) else {"outcome": row.outcome}
+    return _copy(Receipt, row, outcome=outcome)
 
 
 def _failed(source: str, event_key: str, *, tracebacks: bool) -> FailedHistory | None:
-    row = (
-        FailedEvent.objects.filter(event_key=event_key, source=source)
-        .defer("body", "headers")
-        .first()
-    )
+    rows = FailedEvent.objects.filter(event_key=event_key, source=source)
+    row = rows.defer("body", "headers").first()
     if row is None:
         return None
     errors = row.errors if isinstance(row.errors, list) else []
-    return FailedHistory(
-        id=row.pk,
-        status=row.status,
-        event_type=row.event_type,
-        attempts=row.attempts,
-        first_attempt_at=row.first_attempt_at,
-        last_attempt_at=row.last_attempt_at,
-        next_attempt_at=row.next_attempt_at,
-        resolution=row.resolution,
-        resolved_at=row.resolved_at,
-        last_replayed_by=row.last_replayed_by,
-        last_replayed_at=row.last_replayed_at,
-        discarded_by=row.discarded_by,
-        discarded_at=row.discarded_at,
-        discard_reason=row.discard_reason,
-        history=tuple(_attempt(entry, tracebacks) for entry in errors if isinstance(entry, dict)),
-    )
+    history = tuple(_attempt(entry, tracebacks) for entry in errors if isinstance(entry, dict))
+    return _copy(FailedHistory, row, history=history)
 
 
 def _attempt(entry: dict[str, Any], tracebacks: bool) -> Attempt:
@@ -318,23 +286,8 @@ def _attempt(entry: dict[str, Any], tracebacks: bool) -> Attempt:
 
 
 def _repairs(source: str, event_key: str) -> tuple[Repair, ...]:
-    rows = RepairItem.objects.filter(event_key=event_key, source=source).order_by(
-        "created_at", "id"
-    )
-    return tuple(
-        Repair(
-            id=row.pk,
-            kind=row.kind,
-            status=row.status,
-            occurred_at=row.occurred_at,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            resolved_by=row.resolved_by,
-            resolved_at=row.resolved_at,
-            resolution_note=row.resolution_note,
-        )
-        for row in rows
-    )
+    rows = RepairItem.objects.filter(event_key=event_key, source=source)
+    return tuple(_copy(Repair, row) for row in rows.order_by("created_at", "id"))
 
 
 def _host_effects(*, source: str, event_key: str) -> tuple[tuple[EffectSection, ...], str]:

@@ -134,6 +134,25 @@ class DatabaseCollector:
         return family
 
 
+# the outbox's gauges: (name after webhook_receiver_outbox_, help)
+OUTBOX_GAUGES = {
+    "backlog": ("backlog", "Messages pending or being sent."),
+    "oldest": (
+        "oldest_eligible_age_seconds",
+        "Age of the oldest message that may be sent now: due, and not behind an open message "
+        "of its ordering key (0: none).",
+    ),
+    "held_back": ("held_back", "Messages waiting behind a failed one of their ordering key."),
+    "failed": ("failed", "Terminal messages awaiting an operator."),
+    "in_flight": ("in_flight", "Requests in flight (unexpired leases), on every worker."),
+    "utilisation": (
+        "limiter_utilisation",
+        "Requests in flight as a share of the destination's concurrency limit.",
+    ),
+    "breaker": ("breaker_open", "1 while the circuit breaker pauses the destination, else 0."),
+}
+
+
 class OutboxCollector:
     """The outbox's stored state per destination, read at scrape time: the figures the
     destinations page, the overview and webhook_status read (selectors.py), from one
@@ -146,53 +165,21 @@ class OutboxCollector:
             WebhookDestination.objects.defer("secrets").order_by("name"), now=now
         )
         families = {
-            "backlog": GaugeMetricFamily(
-                "webhook_receiver_outbox_backlog",
-                "Messages pending or being sent.",
-                labels=["destination"],
-            ),
-            "oldest": GaugeMetricFamily(
-                "webhook_receiver_outbox_oldest_eligible_age_seconds",
-                "Age of the oldest message that may be sent now: due, and not behind an "
-                "open message of its ordering key (0: none).",
-                labels=["destination"],
-            ),
-            "held_back": GaugeMetricFamily(
-                "webhook_receiver_outbox_held_back",
-                "Messages waiting behind a failed one of their ordering key.",
-                labels=["destination"],
-            ),
-            "failed": GaugeMetricFamily(
-                "webhook_receiver_outbox_failed",
-                "Terminal messages awaiting an operator.",
-                labels=["destination"],
-            ),
-            "in_flight": GaugeMetricFamily(
-                "webhook_receiver_outbox_in_flight",
-                "Requests in flight (unexpired leases), on every worker.",
-                labels=["destination"],
-            ),
-            "utilisation": GaugeMetricFamily(
-                "webhook_receiver_outbox_limiter_utilisation",
-                "Requests in flight as a share of the destination's concurrency limit.",
-                labels=["destination"],
-            ),
-            "breaker": GaugeMetricFamily(
-                "webhook_receiver_outbox_breaker_open",
-                "1 while the circuit breaker pauses the destination, else 0.",
-                labels=["destination"],
-            ),
+            key: GaugeMetricFamily(f"webhook_receiver_outbox_{name}", help, labels=["destination"])
+            for key, (name, help) in OUTBOX_GAUGES.items()
         }
         for dest in destinations:
-            name, oldest = [dest.name], dest.oldest_eligible_at
-            families["backlog"].add_metric(name, dest.backlog)
-            families["oldest"].add_metric(
-                name, max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
-            )
-            families["held_back"].add_metric(name, dest.held_back)
-            families["failed"].add_metric(name, dest.failed_count)
-            families["in_flight"].add_metric(name, dest.in_flight)
-            families["utilisation"].add_metric(name, dest.in_flight / max(1, dest.max_in_flight))
+            oldest = dest.oldest_eligible_at
             paused = dest.paused_until is not None and dest.paused_until > now
-            families["breaker"].add_metric(name, 1 if paused else 0)
+            values = {
+                "backlog": dest.backlog,
+                "oldest": max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+                "held_back": dest.held_back,
+                "failed": dest.failed_count,
+                "in_flight": dest.in_flight,
+                "utilisation": dest.in_flight / max(1, dest.max_in_flight),
+                "breaker": 1 if paused else 0,
+            }
+            for key, value in values.items():
+                families[key].add_metric([dest.name], value)
         yield from families.values()

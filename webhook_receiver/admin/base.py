@@ -8,6 +8,7 @@ its service, which records who did it and when.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,16 @@ class VisibleText:
         self, request: HttpRequest, object_id: str, extra_context: Any = None
     ) -> HttpResponse:
         return visible_response(super().delete_view(request, object_id, extra_context))
+
+
+def custom_permission(action: str) -> Callable[[Any, HttpRequest], bool]:
+    """A ``has_<action>_permission`` method, which ``@admin.action(permissions=[action])``
+    asks: the model's own permission for the action (its Meta.permissions)."""
+
+    def has_permission(model_admin: Any, request: HttpRequest) -> bool:
+        return model_admin.has_custom_permission(request, action)
+
+    return has_permission
 
 
 class ReadOnlyAdmin(VisibleText, admin.ModelAdmin):

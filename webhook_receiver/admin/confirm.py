@@ -28,6 +28,16 @@ LEFT_AS_IT_IS = "(left as it is)"
 
 
 @dataclass(frozen=True)
+class Selection:
+    """How a confirmation page lists the selected records: its headings, the cells of one
+    record, and which cell shows the record's status."""
+
+    columns: Sequence[str]
+    row: Callable[[Any], Sequence[Any]]
+    status_column: int = 0
+
+
+@dataclass(frozen=True)
 class Confirmation:
     """What an action's confirmation page says and asks."""
 
@@ -40,13 +50,10 @@ class Confirmation:
     form: type[forms.Form]
     # the submit button: singular and plural, each with %d for the count
     submit: tuple[str, str]
-    # the selection's table: its headings, and the cells of one selected record
-    columns: Sequence[str]
-    row: Callable[[Any], Sequence[Any]]
-    # which records the action changes (None: every one); the others' cell at
-    # ``status_column`` says that they are left as they are
-    applies: Callable[[Any], bool] | None = None
-    status_column: int = 0
+    selection: Selection
+    # the statuses of the records the action changes (None: every record's); the others'
+    # status cell says that they are left as they are
+    applies: tuple[str, ...] | None = None
 
 
 def confirm_then_act(
@@ -70,26 +77,25 @@ def confirm_then_act(
     else:
         form = confirmation.form(initial=initial)
     count = len(selected)
+    listing, applies = confirmation.selection, confirmation.applies
+    untouched = {r.pk for r in selected if applies is not None and r.status not in applies}
     rows = []
     for record in selected[:SELECTION_SHOWN]:
-        cells = list(confirmation.row(record))
-        if confirmation.applies is not None and not confirmation.applies(record):
-            cells[confirmation.status_column] = (
-                f"{cells[confirmation.status_column]} {LEFT_AS_IT_IS}"
-            )
+        cells = list(listing.row(record))
+        if record.pk in untouched:
+            cells[listing.status_column] = f"{cells[listing.status_column]} {LEFT_AS_IT_IS}"
         rows.append(cells)
-    applies = confirmation.applies
     context = {
         **model_admin.admin_site.each_context(request),
         "title": confirmation.title,
         "subtitle": None,
         "opts": model_admin.opts,
         "explanation": confirmation.explanation,
-        "columns": confirmation.columns,
+        "columns": listing.columns,
         "rows": rows,
         "selected": selected,
         "not_shown": max(0, count - SELECTION_SHOWN),
-        "untouched": 0 if applies is None else sum(1 for r in selected if not applies(r)),
+        "untouched": len(untouched),
         "form": form,
         "note_field": form[next(iter(form.fields))],
         "submit_label": ngettext(*confirmation.submit, count) % count,

@@ -30,7 +30,7 @@ from ..outbound.operations import destination_recover_since
 from ..outbound.selectors import destinations_with_health
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
-from .confirm import Confirmation, confirm_then_act
+from .confirm import Confirmation, Selection, confirm_then_act
 from .forms import DestinationForm, RecoverForm
 
 
@@ -93,13 +93,15 @@ def _recover_confirmation(count: int) -> Confirmation:
             "Recover %d destination's failed messages",
             "Recover %d destinations' failed messages",
         ),
-        columns=("destination", "enabled", "failed now", "last success", "last failure"),
-        row=lambda dest: (
-            dest.name,
-            "yes" if dest.enabled else "no (it sends nothing until enabled)",
-            dest.failed_count,
-            dest.last_success_at or "never",
-            dest.last_failure_at or "never",
+        selection=Selection(
+            ("destination", "enabled", "failed now", "last success", "last failure"),
+            lambda dest: (
+                dest.name,
+                "yes" if dest.enabled else "no (it sends nothing until enabled)",
+                dest.failed_count,
+                dest.last_success_at or "never",
+                dest.last_failure_at or "never",
+            ),
         ),
     )
 

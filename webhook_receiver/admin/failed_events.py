@@ -22,7 +22,7 @@ from django.utils.translation import ngettext
 
 from ..inbound.failures import ReplayResult, failed_event_discard, failed_event_replay
 from ..inbound.models import FailedEvent, FailureStatus, Result
-from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, StoredEventDisplay
+from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, StoredEventDisplay, custom_permission
 from .cells import (
     compact_time,
     history_html,
@@ -31,7 +31,7 @@ from .cells import (
     trace_url,
     wrap_words,
 )
-from .confirm import Confirmation, confirm_then_act, report_changed
+from .confirm import Confirmation, Selection, confirm_then_act, report_changed
 from .forms import DiscardEventsForm, ReplayForm
 
 MAX_FAILURES_LISTED = 5
@@ -56,7 +56,11 @@ def _selection_row(event: FailedEvent) -> tuple[Any, ...]:
     )
 
 
-SELECTION_COLUMNS = ("id", "source", "event key", "event type", "status", "attempts", "last error")
+EVENTS = Selection(
+    ("id", "source", "event key", "event type", "status", "attempts", "last error"),
+    _selection_row,
+    status_column=4,
+)
 REPLAY = Confirmation(
     action="replay_selected",
     title="Replay failed events",
@@ -68,8 +72,7 @@ REPLAY = Confirmation(
     ),
     form=ReplayForm,
     submit=("Replay %d event", "Replay %d events"),
-    columns=SELECTION_COLUMNS,
-    row=_selection_row,
+    selection=EVENTS,
 )
 DISCARD = Confirmation(
     action="discard_selected",
@@ -82,10 +85,8 @@ DISCARD = Confirmation(
     ),
     form=DiscardEventsForm,
     submit=("Discard %d event", "Discard %d events"),
-    columns=SELECTION_COLUMNS,
-    row=_selection_row,
-    applies=lambda event: event.status in DISCARDABLE,
-    status_column=4,
+    selection=EVENTS,
+    applies=DISCARDABLE,
 )
 
 
@@ -157,12 +158,8 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
 
     # --- permissions: the two custom ones from FailedEvent.Meta.permissions ----------
 
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "replay")
-
-    def has_discard_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "discard")
-
+    has_replay_permission = custom_permission("replay")
+    has_discard_permission = custom_permission("discard")
     # --- list and detail ---------------------------------------------------------------
 
     @admin.display(description="event key", ordering="event_key")

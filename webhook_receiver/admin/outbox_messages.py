@@ -26,7 +26,7 @@ from ..core.admin_links import admin_url
 from ..outbound.breaker import destination_breaker
 from ..outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import DISCARDABLE, RETRYABLE, message_discard, message_retry_now
-from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin
+from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, custom_permission
 from .cells import (
     compact_time,
     full_time,
@@ -37,7 +37,7 @@ from .cells import (
     trace_url,
     wrap_words,
 )
-from .confirm import Confirmation, confirm_then_act, report_changed
+from .confirm import Confirmation, Selection, confirm_then_act, report_changed
 from .forms import DiscardMessagesForm, RetryForm
 
 # the list shows the start of the last answer; its title holds the whole of it
@@ -69,7 +69,11 @@ def _selection_row(m: OutboxMessage) -> tuple[Any, ...]:
     return (m.key, m.destination.name, m.event_type, m.status, m.attempts, answer)
 
 
-SELECTION_COLUMNS = ("key", "destination", "event type", "status", "attempts", "last answer")
+MESSAGES = Selection(
+    ("key", "destination", "event type", "status", "attempts", "last answer"),
+    _selection_row,
+    status_column=3,
+)
 RETRY = Confirmation(
     action="retry_now_selected",
     title="Retry outbox messages now",
@@ -84,10 +88,8 @@ RETRY = Confirmation(
     ),
     form=RetryForm,
     submit=("Retry %d message now", "Retry %d messages now"),
-    columns=SELECTION_COLUMNS,
-    row=_selection_row,
-    applies=lambda message: message.status in RETRYABLE,
-    status_column=3,
+    selection=MESSAGES,
+    applies=RETRYABLE,
 )
 DISCARD = Confirmation(
     action="discard_selected",
@@ -100,10 +102,8 @@ DISCARD = Confirmation(
     ),
     form=DiscardMessagesForm,
     submit=("Discard %d message", "Discard %d messages"),
-    columns=SELECTION_COLUMNS,
-    row=_selection_row,
-    applies=lambda message: message.status in DISCARDABLE,
-    status_column=3,
+    selection=MESSAGES,
+    applies=DISCARDABLE,
 )
 
 
@@ -179,12 +179,8 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
 
     # --- permissions: the two custom ones from OutboxMessage.Meta.permissions ----------
 
-    def has_retry_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "retry")
-
-    def has_discard_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "discard")
-
+    has_retry_permission = custom_permission("retry")
+    has_discard_permission = custom_permission("discard")
     # --- the list ------------------------------------------------------------------------
 
     @admin.display(description="key", ordering="id")

@@ -21,10 +21,25 @@ from django.utils.translation import ngettext
 from ..core import display
 from ..reconcile import repair
 from ..reconcile.models import RepairItem
-from .base import ReadOnlyAdmin
+from .base import ReadOnlyAdmin, custom_permission
 from .cells import history_html, pre
-from .confirm import Confirmation, confirm_then_act
+from .confirm import Confirmation, Selection, confirm_then_act
 from .forms import NoteForm, RequiredNoteForm
+
+ITEMS = Selection(
+    ("id", "source", "kind", "status", "event key", "subject", "event type"),
+    lambda item: (
+        item.pk,
+        item.source,
+        item.get_kind_display(),
+        item.get_status_display(),
+        item.event_key,
+        item.subject,
+        item.event_type,
+    ),
+)
+# an item's identity and state, in its list and first on its page
+ITEM_FIELDS = ("source", "kind", "status", "event_key", "subject", "event_type", "occurred_at")
 
 
 def _confirmation(action: str, label: str, explanation: str, form=NoteForm) -> Confirmation:
@@ -37,16 +52,7 @@ def _confirmation(action: str, label: str, explanation: str, form=NoteForm) -> C
         ),
         form=form,
         submit=(f"{label} (%d)", f"{label} (%d)"),
-        columns=("id", "source", "kind", "status", "event key", "subject", "event type"),
-        row=lambda item: (
-            item.pk,
-            item.source,
-            item.get_kind_display(),
-            item.get_status_display(),
-            item.event_key,
-            item.subject,
-            item.event_type,
-        ),
+        selection=ITEMS,
     )
 
 
@@ -109,27 +115,12 @@ def _repair_action(name: str, description: str, permission: str) -> Callable[...
 
 @admin.register(RepairItem)
 class RepairItemAdmin(ReadOnlyAdmin):
-    list_display = (
-        "updated_at",
-        "source",
-        "kind",
-        "status",
-        "event_key",
-        "subject",
-        "event_type",
-        "occurred_at",
-    )
+    list_display = ("updated_at", *ITEM_FIELDS)
     list_filter = ("kind", "status", "source", ("occurred_at", admin.DateFieldListFilter))
     search_fields = ("event_key__exact", "subject__exact")
     exclude = ("sender_says", "we_hold", "history")
     readonly_fields = (
-        "source",
-        "kind",
-        "status",
-        "event_key",
-        "subject",
-        "event_type",
-        "occurred_at",
+        *ITEM_FIELDS,
         "pretty_sender_says",
         "pretty_we_hold",
         "first_run",
@@ -146,18 +137,10 @@ class RepairItemAdmin(ReadOnlyAdmin):
 
     # --- permissions: the four custom ones from RepairItem.Meta.permissions ------------
 
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "replay")
-
-    def has_apply_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "apply")
-
-    def has_redeliver_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "redeliver")
-
-    def has_resolve_permission(self, request: HttpRequest) -> bool:
-        return self.has_custom_permission(request, "resolve")
-
+    has_replay_permission = custom_permission("replay")
+    has_apply_permission = custom_permission("apply")
+    has_redeliver_permission = custom_permission("redeliver")
+    has_resolve_permission = custom_permission("resolve")
     # --- actions: each its confirmation, then its service on every item ---------------
 
     replay_selected = _repair_action(

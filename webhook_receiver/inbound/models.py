@@ -38,25 +38,34 @@ def _choices(members: tuple[Result, ...]) -> list[tuple[str, str]]:
     return [(member.value, member.label) for member in members]
 
 
-class WebhookReceipt(models.Model):
-    """One verified event, claimed once per (source, event_key).
-
-    The row is inserted first, in the same transaction as the event's effect, so it
-    exists if and only if that effect committed.
-    """
+class StoredEvent(models.Model):
+    """A verified event as the app keeps it: where it came from, its key, and the bytes
+    and headers as received (signatures redacted), which retries and replays run again."""
 
     source = models.CharField(max_length=100)
     event_key = models.CharField(max_length=255)
     event_type = models.CharField(max_length=255, blank=True)
     message_id = models.CharField(max_length=255, blank=True)
     signature_timestamp = models.DateTimeField(null=True, blank=True)
+    body = models.BinaryField()
+    headers = models.JSONField(default=dict)
+
+    class Meta:
+        abstract = True
+
+
+class WebhookReceipt(StoredEvent):
+    """One verified event, claimed once per (source, event_key).
+
+    The row is inserted first, in the same transaction as the event's effect, so it
+    exists if and only if that effect committed.
+    """
+
     status = models.CharField(max_length=16, choices=_choices(RECEIPT_RESULTS))
     # the business object the event concerns (an order id for the built-in handlers)
     subject = models.CharField(max_length=255, blank=True)
     # what the first delivery answered; duplicates answer with it
     outcome = models.JSONField(default=dict)
-    body = models.BinaryField()
-    headers = models.JSONField(default=dict)
     received_at = models.DateTimeField()
 
     class Meta:
@@ -175,7 +184,7 @@ class FailureStatus(models.TextChoices):
     DISCARDED = "discarded", "Discarded"
 
 
-class FailedEvent(models.Model):
+class FailedEvent(StoredEvent):
     """A verified event whose processing failed: everything needed to apply it later.
 
     Written in its own transaction after the failed claim rolled back. The retry
@@ -183,13 +192,6 @@ class FailedEvent(models.Model):
     already verified bytes under the original event key.
     """
 
-    source = models.CharField(max_length=100)
-    event_key = models.CharField(max_length=255)
-    event_type = models.CharField(max_length=255, blank=True)
-    message_id = models.CharField(max_length=255, blank=True)
-    signature_timestamp = models.DateTimeField(null=True, blank=True)
-    body = models.BinaryField()
-    headers = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=FailureStatus.choices)
     attempts = models.PositiveIntegerField(default=0)
     # one entry per failed attempt: at, attempt, trigger, kind, exception, message, traceback

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count
 from django.utils import timezone
 
 from ..conf import app_settings
@@ -120,14 +120,7 @@ def rejected_counts(source: str, *, since: datetime, until: datetime) -> dict[st
         .order_by()
     )
     counts = dict(rows)
-    tallied = (
-        unrecorded_refusals(since=since, until=until)
-        .filter(source=source)
-        .values_list("reason")
-        .annotate(n=Sum("unrecorded"))
-        .order_by()
-    )
-    for reason, n in tallied:
+    for reason, n in unrecorded_refusals(since=since, until=until, by=("reason",), source=source):
         counts[reason] = counts.get(reason, 0) + n
     return counts
 

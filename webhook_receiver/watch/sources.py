@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Sum
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from ..conf import app_settings
@@ -238,14 +238,7 @@ def _last_hour(
     rejected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     unrecorded: dict[str, int] = defaultdict(int)
     since = now - LAST_HOUR
-    tallies = (
-        unrecorded_refusals(since=since, until=now)
-        .values("source", "reason")
-        .annotate(n=Sum("unrecorded"))
-        .values_list("source", "reason", "n")
-        .order_by()
-    )
-    for source, reason, n in tallies:
+    for source, reason, n in unrecorded_refusals(since=since, until=now, by=("source", "reason")):
         rejected[source][reason] += n
         unrecorded[source] += n
     rows = (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -40,12 +40,19 @@ MAX_GAP_EVENTS = 10_000
 UNCONFIGURED = "(not configured)"
 
 
-def unrecorded_refusals(*, since: datetime, until: datetime) -> QuerySet[RejectionTally]:
-    """The rejection tallies of minutes that start in [since, until] and hold refused
-    requests with no audit record (beyond REJECTED_AUDIT_PER_MINUTE): what every count
-    of refusals adds to the records it counts. A minute counts where it starts, so such
-    a window is exact to the minute for a flood, and to the microsecond below it."""
-    return RejectionTally.objects.filter(minute__gte=since, minute__lte=until, unrecorded__gt=0)
+def unrecorded_refusals(
+    *, since: datetime, until: datetime, by: tuple[str, ...], source: str | None = None
+) -> list[tuple[Any, ...]]:
+    """Refused requests with no audit record (beyond REJECTED_AUDIT_PER_MINUTE), summed
+    by the tally's fields ``by`` (e.g. ("source", "reason")): rows of those fields and the
+    count. They are what every count of refusals adds to the records it counts. Read from
+    the tallies of minutes that start in [since, until] (of ``source`` alone, if given): a
+    minute counts where it starts, so such a window is exact to the minute for a flood,
+    and to the microsecond below it."""
+    tallies = RejectionTally.objects.filter(minute__gte=since, minute__lte=until, unrecorded__gt=0)
+    if source is not None:
+        tallies = tallies.filter(source=source)
+    return list(tallies.values(*by).annotate(n=Sum("unrecorded")).values_list(*by, "n").order_by())
 
 
 def last_accepted_at(source: str) -> datetime | None:
@@ -187,13 +194,7 @@ def activity_series(
     )
     # refusals beyond the audit bound: counted per minute only (the slugs that are not
     # configured share the source "", which lands under UNCONFIGURED)
-    tallies = (
-        unrecorded_refusals(since=start, until=now)
-        .values("source", "minute")
-        .annotate(refused=Sum("unrecorded"))
-        .values_list("source", "minute", "refused")
-        .order_by()
-    )
+    tallies = unrecorded_refusals(since=start, until=now, by=("source", "minute"))
     counted = [*rows, *((source, minute, 0, n) for source, minute, n in tallies)]
     for source, minute, ok, refused in counted:
         key = source if source in accepted else UNCONFIGURED

@@ -34,6 +34,16 @@ from django.utils.module_loading import import_string
 from .conf import app_settings
 from .inbound.models import RECEIPT_RESULTS, Result
 
+__all__ = [
+    "Handler",
+    "HandlerResult",
+    "Result",
+    "WebhookEvent",
+    "get_handler",
+    "subject_of",
+    "webhook_handler",
+]
+
 
 @dataclass(frozen=True)
 class WebhookEvent:

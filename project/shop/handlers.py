@@ -19,8 +19,7 @@ from django.utils import timezone
 
 from webhook_receiver.core import sql
 from webhook_receiver.exceptions import InvalidPayload
-from webhook_receiver.handlers import HandlerResult, WebhookEvent, webhook_handler
-from webhook_receiver.models import Result
+from webhook_receiver.handlers import HandlerResult, Result, WebhookEvent, webhook_handler
 from webhook_receiver.outbound import destinations_for, enqueue_webhook, message_key
 
 from .models import InventoryLedgerEntry, OrderState, OrderStatus

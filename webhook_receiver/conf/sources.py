@@ -15,8 +15,8 @@ from django.core.exceptions import ImproperlyConfigured
 from ..schemes import get_scheme
 
 SOURCE_DEFAULTS: dict[str, Any] = {
-    # a name in signatures.SCHEMES (standard, stripe, github), or the dotted path of a
-    # signatures.Scheme subclass
+    # a name in schemes.SCHEMES (standard, stripe, github), or the dotted path of a
+    # schemes.Scheme subclass
     "SCHEME": "standard",
     "SECRETS": [],
     "TOLERANCE_SECONDS": 300,

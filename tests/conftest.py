@@ -9,7 +9,7 @@ from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
 # fixtures kept beside the helpers they use: a real local HTTP receiver (the relay's
 # tests), a headless browser (the admin pages), the Redis broker (a real Celery worker)
-pytest_plugins = ["tests.receiver", "tests.browser", "tests.worker"]
+pytest_plugins = ["tests.support.receiver", "tests.support.browser", "tests.support.worker"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -74,12 +74,12 @@ def threaded_server(transactional_db) -> Iterator[str]:
 @pytest.fixture
 def crash_handler(settings):
     """``test.crash`` fails while ``handlers.failures_left`` lasts; one attempt, then dead."""
-    from tests import handlers
-    from tests.failing import CRASH
+    from tests.support import handlers
+    from tests.support.failing import CRASH
 
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "HANDLERS": {CRASH: "tests.handlers.fails_after_writing"},
+        "HANDLERS": {CRASH: "tests.support.handlers.fails_after_writing"},
         "RETRY_MAX_ATTEMPTS": 1,
     }
     handlers.failures_left["count"] = 0

@@ -17,7 +17,13 @@ from django.db import connection
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry, OrderState
-from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
+from tests.support.signing import (
+    event_body,
+    github_headers,
+    reserved,
+    standard_headers,
+    stripe_headers,
+)
 from webhook_receiver.exceptions import InvalidSignature
 from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import FailedEvent, RequestAudit, WebhookReceipt

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -25,17 +24,17 @@ from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
 from tests.bench.server import free_port
-from tests.http import post
-from tests.private_servers import PrivateRedis, private_redis  # noqa: F401 (fixture)
-from tests.served import Served, gunicorn  # noqa: F401 (fixture)
-from tests.signing import event_body, reserved, standard_headers
+from tests.support.http import post
+from tests.support.paths import REPO
+from tests.support.private_servers import PrivateRedis, private_redis  # noqa: F401 (fixture)
+from tests.support.served import Served, gunicorn  # noqa: F401 (fixture)
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook, trigger
 
 # the cache and broker outages of admission and its relay triggers are said here
 OUTAGE_LOGGER = "webhook_receiver.outbound.trigger"
-BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -175,7 +174,7 @@ def test_a_broker_that_refuses_the_relay_trigger_costs_no_wait_and_one_line(merc
     # when: it admits three messages, each in a transaction of its own
     run = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", ADMIT_THREE],
-        cwd=BASE_DIR,
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tests.settings import WEBHOOK_RECEIVER
-from tests.signing import reserved, standard_headers
+from tests.support.signing import reserved, standard_headers
 from webhook_receiver.inbound.audit import AuditDraft, audit_purge
 from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import RequestAudit, WebhookReceipt

@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
-from tests.http import post
-from tests.signing import reserved, standard_headers
+from tests.support.http import post
+from tests.support.signing import reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
 from webhook_receiver.inbound import queries
 from webhook_receiver.inbound.audit import AuditDraft

@@ -14,9 +14,9 @@ from django.test import override_settings
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.http import post
 from tests.settings import WEBHOOK_RECEIVER
-from tests.signing import reserved, standard_headers
+from tests.support.http import post
+from tests.support.signing import reserved, standard_headers
 from webhook_receiver.conf import TrustedProxies, app_settings
 from webhook_receiver.inbound.audit import (
     MAX_FORWARDED_HOPS,

@@ -17,8 +17,8 @@ from django.db import connection
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry, OrderState
-from tests.http import post
-from tests.signing import event_body, reserved, standard_headers
+from tests.support.http import post
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.core import logs
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
 from webhook_receiver.inbound.failures import failed_events_retry_due

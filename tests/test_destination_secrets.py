@@ -2,7 +2,7 @@
 rotation keeps every delivery verifying, a wrong or missing key is a clear error (never a
 delivery sent unsigned), and the migration encrypts the rows an older release stored.
 
-Deliveries go to a real HTTP receiver on loopback (tests/receiver.py) and are verified
+Deliveries go to a real HTTP receiver on loopback (tests/support/receiver.py) and are verified
 there with the standardwebhooks library; the column is read with raw SQL.
 """
 

@@ -20,9 +20,9 @@ from django.test import override_settings
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry
-from tests.failing import CRASH, fail_crash, fail_schema
-from tests.http import post
-from tests.signing import standard_headers, stripe_headers
+from tests.support.failing import CRASH, fail_crash, fail_schema
+from tests.support.http import post
+from tests.support.signing import standard_headers, stripe_headers
 from webhook_receiver.handlers import WebhookEvent
 from webhook_receiver.inbound.claim import event_claim_and_apply
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt

@@ -18,11 +18,11 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry
-from tests import handlers
-from tests.browser import screenshot
-from tests.failing import CRASH, fail_crash, fail_schema
-from tests.http import post
-from tests.signing import event_body, standard_headers
+from tests.support import handlers
+from tests.support.browser import screenshot
+from tests.support.failing import CRASH, fail_crash, fail_schema
+from tests.support.http import post
+from tests.support.signing import event_body, standard_headers
 from webhook_receiver.models import FailedEvent, FailureStatus
 
 CHANGELIST = reverse("admin:webhook_receiver_failedevent_changelist")

@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -17,10 +16,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
-from tests import handlers as test_handlers
-from tests.http import post
-from tests.signing import as_meta, event_body, reserved, standard_headers
-from tests.worker import start_worker, wait_for
+from tests.support import handlers as test_handlers
+from tests.support.http import post
+from tests.support.signing import as_meta, event_body, reserved, standard_headers
+from tests.support.worker import start_worker, wait_for
 from webhook_receiver.exceptions import TransientError
 from webhook_receiver.inbound.failures import (
     CapturedEvent,
@@ -34,7 +33,6 @@ from webhook_receiver.inbound.failures import (
 from webhook_receiver.models import FailedEvent, FailureStatus, RequestAudit, WebhookReceipt
 
 URL = "/webhooks/shop/"
-REPO = Path(__file__).resolve().parent.parent
 LATER = timedelta(days=1)  # past any retry delay
 
 
@@ -50,7 +48,7 @@ def crashing(failures: int, **overrides):
     """``test.crash`` raises ``failures`` times, then works; plus any other settings."""
     test_handlers.failures_left["count"] = failures
     return receiver_settings(
-        **handlers(test_crash="tests.handlers.fails_after_writing"), **overrides
+        **handlers(test_crash="tests.support.handlers.fails_after_writing"), **overrides
     )
 
 
@@ -174,7 +172,7 @@ def test_an_unparsable_body_is_dead_lettered_under_its_message_id(client):
 def test_a_stripe_event_without_a_key_is_dead_lettered_under_the_body_hash(client):
     import hashlib
 
-    from tests.signing import stripe_headers
+    from tests.support.signing import stripe_headers
 
     body = b'{"type": "inventory.reserved"}'  # no "id": no event key
     answer = client.post(
@@ -301,7 +299,9 @@ def test_one_poison_event_among_100_good_ones_blocks_none_of_them(client, seed):
     arrivals = good + poisons
     random.Random(seed).shuffle(arrivals)
 
-    with receiver_settings(RETRY_MAX_ATTEMPTS=3, **handlers(test_poison="tests.handlers.poison")):
+    with receiver_settings(
+        RETRY_MAX_ATTEMPTS=3, **handlers(test_poison="tests.support.handlers.poison")
+    ):
         # when
         answers = {
             key: post(client, "shop", body, standard_headers(body, msg_id=key))
@@ -358,7 +358,7 @@ def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
             connections.close_all()
 
     # when: four sweepers start at the same instant
-    with receiver_settings(**handlers(test_slow="tests.handlers.tracks_concurrency")):
+    with receiver_settings(**handlers(test_slow="tests.support.handlers.tracks_concurrency")):
         threads = [threading.Thread(target=sweep) for _ in range(4)]
         for thread in threads:
             thread.start()
@@ -495,7 +495,10 @@ def test_an_event_whose_key_could_not_be_derived_is_replayed_under_its_real_key(
     # given: a source whose EVENT_KEY function fails once, on the first delivery
     sources = {
         **settings.WEBHOOK_RECEIVER["SOURCES"],
-        "flaky": {"SECRETS": [settings.SHOP_SECRET], "EVENT_KEY": "tests.handlers.flaky_order_key"},
+        "flaky": {
+            "SECRETS": [settings.SHOP_SECRET],
+            "EVENT_KEY": "tests.support.handlers.flaky_order_key",
+        },
     }
     body = reserved("ord_k", ("SKU-K", 1))
     test_handlers.key_failures_left["count"] = 1
@@ -510,7 +513,7 @@ def test_an_event_whose_key_could_not_be_derived_is_replayed_under_its_real_key(
         assert first.json() == {"status": "dead_lettered", "event_key": "msg_k1"}
         failed = FailedEvent.objects.get()
         assert failed.last_error_message == (
-            "EVENT_KEY function tests.handlers.flaky_order_key raised KeyError: 'order_ref'"
+            "EVENT_KEY function tests.support.handlers.flaky_order_key raised KeyError: 'order_ref'"
         )
 
         # when: replayed after the fix, then redelivered by the sender with a new id

@@ -27,9 +27,9 @@ from django.db.models.functions import TruncMinute
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from tests.http import post
 from tests.settings import WEBHOOK_RECEIVER
-from tests.signing import reserved, standard_headers
+from tests.support.http import post
+from tests.support.signing import reserved, standard_headers
 from tests.test_metrics import AUTH, labels, metrics_on, scrape, series, value  # noqa: F401
 from webhook_receiver.conf import app_settings
 from webhook_receiver.exceptions import MissingSignatureHeaders
@@ -441,7 +441,7 @@ def test_the_overview_shows_a_flood_by_its_counts(admin_client):
 def test_the_overview_of_a_flood_in_a_browser(admin_browser, live_server):
     from selenium.webdriver.common.by import By
 
-    from tests.browser import screenshot
+    from tests.support.browser import screenshot
 
     # given
     a_flood(timezone.now())

@@ -26,7 +26,7 @@ from tests.settings import (
     STRIPE_SECRET,
     WEBHOOK_RECEIVER,
 )
-from tests.signing import as_meta
+from tests.support.signing import as_meta
 from webhook_receiver.core import storable
 from webhook_receiver.exceptions import PayloadTooLarge, RejectedRequest
 from webhook_receiver.inbound.audit import client_address

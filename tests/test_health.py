@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -22,10 +21,10 @@ from django.utils import timezone
 from health_check.base import HealthCheck, HealthCheckResult
 
 from tests.bench.server import GunicornServer, free_port
+from tests.support.paths import REPO
 from webhook_receiver.watch.health import BeatHeartbeat, Broker
 from webhook_receiver.watch.heartbeat import heartbeat_record
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 DATABASE = "Database(alias='default')"
 BROKER = "Broker(transport='redis')"
 BEAT = "BeatHeartbeat(name='beat')"
@@ -222,7 +221,7 @@ def test_the_demo_default_checks_its_filesystem_broker(tmp_path):
     def manage(*args: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "manage.py", *args]
         return subprocess.run(
-            command, cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120
         )
 
     assert manage("migrate", "--noinput").returncode == 0

@@ -12,9 +12,15 @@ from django.db import DataError, IntegrityError, InternalError, OperationalError
 from django.test import RequestFactory
 
 from project.shop.models import InventoryLedgerEntry, OrderState
-from tests.http import only_audit, post, sha256
 from tests.settings import SHOP_SECRET
-from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
+from tests.support.http import only_audit, post, sha256
+from tests.support.signing import (
+    event_body,
+    github_headers,
+    reserved,
+    standard_headers,
+    stripe_headers,
+)
 from webhook_receiver.core import storable
 from webhook_receiver.exceptions import InvalidPayload
 from webhook_receiver.inbound.failures import classify

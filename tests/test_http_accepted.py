@@ -7,8 +7,8 @@ import json
 import pytest
 
 from project.shop.models import InventoryLedgerEntry
-from tests.http import only_audit, post, sha256
-from tests.signing import github_headers, reserved, standard_headers, stripe_headers
+from tests.support.http import only_audit, post, sha256
+from tests.support.signing import github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.models import RequestAudit, Result, WebhookReceipt
 
 pytestmark = pytest.mark.django_db

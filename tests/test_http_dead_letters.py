@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from tests.http import Case, assert_nothing_applied, only_audit, post, sha256
 from tests.settings import WEBHOOK_RECEIVER
-from tests.signing import event_body, standard_headers, stripe_headers
+from tests.support.http import Case, assert_nothing_applied, only_audit, post, sha256
+from tests.support.signing import event_body, standard_headers, stripe_headers
 from webhook_receiver.models import FailedEvent
 
 pytestmark = pytest.mark.django_db

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import pytest
 from django.db import OperationalError
 
-from tests.http import Case, assert_nothing_applied, only_audit, post, sha256
-from tests.signing import github_headers, reserved, standard_headers, stripe_headers
+from tests.support.http import Case, assert_nothing_applied, only_audit, post, sha256
+from tests.support.signing import github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.exceptions import PayloadTooLarge
 from webhook_receiver.inbound import receive as inbound
 from webhook_receiver.inbound.receive import read_limited_body

@@ -1,7 +1,7 @@
 """Long unbroken values, as a person sees them in headless Chromium at 1400x1000: a
 5,000-character event type, a 4,000-character header, a chart whose largest bucket holds
 24,000 requests. Nothing stretches a page past the window or spills out of its box, and
-each page is kept as a screenshot (tests/browser.py says where).
+each page is kept as a screenshot (tests/support/browser.py says where).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.browser import screenshot
-from tests.http import post
-from tests.signing import event_body, standard_headers
+from tests.support.browser import screenshot
+from tests.support.http import post
+from tests.support.signing import event_body, standard_headers
 from webhook_receiver.admin.cells import trace_url
 from webhook_receiver.models import RequestAudit, WebhookReceipt
 

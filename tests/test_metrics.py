@@ -23,13 +23,14 @@ from django.utils import timezone
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import handlers
 from tests.bench.server import free_port
-from tests.failing import CRASH, fail_crash, fail_schema
-from tests.http import post
-from tests.served import wait_listening
 from tests.settings import SHOP_SECRET
-from tests.signing import event_body, reserved, standard_headers
+from tests.support import handlers
+from tests.support.failing import CRASH, fail_crash, fail_schema
+from tests.support.http import post
+from tests.support.paths import REPO
+from tests.support.served import wait_listening
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.inbound import metrics
 from webhook_receiver.models import (
     FailedEvent,
@@ -44,7 +45,6 @@ from webhook_receiver.models import (
 )
 from webhook_receiver.watch.traffic import last_accepted_at
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 TOKEN = "metrics-token-for-tests"
 AUTH = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
 SOURCES = ("shop", "stripe", "github", "small", "keyed")  # tests/settings.py
@@ -103,7 +103,7 @@ def test_counters_equal_what_the_audit_records_say(client, settings, metrics_on)
     # given: a handler that fails once (deferred, retried later), and a scrape before
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "HANDLERS": {CRASH: "tests.handlers.fails_after_writing"},
+        "HANDLERS": {CRASH: "tests.support.handlers.fails_after_writing"},
     }
     handlers.failures_left["count"] = 0
     before = scrape(client)
@@ -504,7 +504,7 @@ class Gunicorn:
             "gunicorn",
             "project.wsgi",
             "-c",
-            str(BASE_DIR / "deploy" / "gunicorn.conf.py"),
+            str(REPO / "deploy" / "gunicorn.conf.py"),
             "-w",
             str(workers),
             "--bind",
@@ -516,7 +516,7 @@ class Gunicorn:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command,
-                cwd=BASE_DIR,
+                cwd=REPO,
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -615,7 +615,7 @@ def test_two_gunicorn_workers_count_every_request_once_in_every_scrape(tmp_path)
 
 # --- the example alerting rules ---------------------------------------------------------
 
-ALERTS = BASE_DIR / "deploy" / "prometheus" / "alerts.yml"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 
 
 def test_the_example_alerts_use_only_metrics_that_exist():

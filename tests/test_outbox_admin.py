@@ -25,7 +25,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.browser import screenshot
+from tests.support.browser import screenshot
 from webhook_receiver.admin.forms import secret_label
 from webhook_receiver.models import (
     DeliveryAttempt,

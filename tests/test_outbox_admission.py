@@ -11,8 +11,8 @@ from django.db import connection, transaction
 from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
 
-from tests.http import post
-from tests.signing import event_body, standard_headers
+from tests.support.http import post
+from tests.support.signing import event_body, standard_headers
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook, message_key
 

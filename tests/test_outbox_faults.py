@@ -28,10 +28,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
-from tests.proxy import Forwarded, forwarding_proxy
-from tests.receiver import Receiver, _handler
 from tests.settings import SHOP_SECRET
-from tests.worker import Worker, wait_for
+from tests.support.proxy import Forwarded, forwarding_proxy
+from tests.support.receiver import Receiver, _handler
+from tests.support.worker import Worker, wait_for
 from webhook_receiver.models import (
     DeliveryAttempt,
     OutboxMessage,

@@ -12,8 +12,8 @@ from django.db import transaction
 from django.test import TestCase
 from django.utils import timezone
 
+from tests.support.worker import wait_for
 from tests.test_metrics import TOKEN, parse, scrape, value
-from tests.worker import wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.run import relay_destination

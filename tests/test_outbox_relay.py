@@ -259,7 +259,7 @@ def test_backoff_is_full_jitter_under_a_cap():
 @pytest.mark.postgres_only("a Celery worker must see the test database")
 @pytest.mark.django_db(transaction=True)
 def test_commit_triggers_a_relay_run_on_a_real_worker(broker, receiver, tmp_path):
-    from tests.worker import start_worker, wait_for
+    from tests.support.worker import start_worker, wait_for
 
     dest = destination(receiver.url)
     log = tmp_path / "worker.log"

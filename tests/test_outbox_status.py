@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.browser import screenshot
+from tests.support.browser import screenshot
 from tests.test_status import status_command
 from webhook_receiver.core.states import State
 from webhook_receiver.models import OutboxMessage, WebhookDestination

@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.browser import screenshot
+from tests.support.browser import screenshot
 from tests.test_status import accepted, failed, refused, repair, run, silence
 from webhook_receiver.models import RunOutcome
 

@@ -24,9 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from project.shop.trace import shop_effects
-from tests.http import post
-from tests.reconciling import reconcile_with, serving
-from tests.signing import event_body, standard_headers
+from tests.support.http import post
+from tests.support.reconciling import reconcile_with, serving
+from tests.support.signing import event_body, standard_headers
 from webhook_receiver.admin.cells import trace_url
 from webhook_receiver.core import display
 from webhook_receiver.models import (

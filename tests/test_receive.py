@@ -9,7 +9,6 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -18,9 +17,10 @@ from django.db.models import Sum
 from django.test import override_settings
 
 from project.shop.models import InventoryLedgerEntry, OrderState
-from tests import handlers as test_handlers
-from tests.http import post
-from tests.signing import as_meta, event_body, reserved, standard_headers
+from tests.support import handlers as test_handlers
+from tests.support.http import post
+from tests.support.paths import REPO
+from tests.support.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
 from webhook_receiver.inbound.claim import DuplicateShare, duplicate_share
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
@@ -29,7 +29,6 @@ URL = "/webhooks/shop/"
 
 # Every test here runs under both orders of the first statement (DUPLICATE_CHECK).
 pytestmark = pytest.mark.usefixtures("duplicate_check")
-REPO = Path(__file__).resolve().parent.parent
 
 
 def with_handler(event_type: str, path: str):
@@ -203,7 +202,7 @@ def test_a_handler_registered_with_the_decorator_runs_in_the_claim(client):
 def test_a_handler_named_in_settings_wins_over_one_registered_in_code(client):
     test_handlers.failures_left["count"] = 0
     body = reserved("ord_5", ("SKU-A", 1))
-    with with_handler("inventory.reserved", "tests.handlers.fails_after_writing"):
+    with with_handler("inventory.reserved", "tests.support.handlers.fails_after_writing"):
         post(client, "shop", body, standard_headers(body))
 
     assert list(InventoryLedgerEntry.objects.values_list("sku", flat=True)) == ["CRASH"]
@@ -216,7 +215,7 @@ def test_a_handler_that_fails_after_writing_leaves_nothing_and_the_redelivery_ap
     body = event_body("test.crash", order_id="ord_crash")
     headers = standard_headers(body, msg_id="msg_crash")
 
-    with with_handler("test.crash", "tests.handlers.fails_after_writing"):
+    with with_handler("test.crash", "tests.support.handlers.fails_after_writing"):
         # when: the first delivery crashes
         failed = post(client, "shop", body, headers)
         # then: the claim rolled back with the ledger row; the event is held for retry
@@ -259,7 +258,7 @@ django.setup()
 from django.test import override_settings
 from django.conf import settings
 from webhook_receiver.inbound.receive import webhook_receive
-handlers = {{"test.kill": "tests.handlers.killed_after_writing"}}
+handlers = {{"test.kill": "tests.support.handlers.killed_after_writing"}}
 config = {{**settings.WEBHOOK_RECEIVER, "HANDLERS": handlers}}
 body = {body!r}
 with override_settings(WEBHOOK_RECEIVER=config):
@@ -281,7 +280,7 @@ with override_settings(WEBHOOK_RECEIVER=config):
     assert not InventoryLedgerEntry.objects.exists()
 
     # when: the sender redelivers to a healthy handler
-    with with_handler("test.kill", "tests.handlers.fails_after_writing"):
+    with with_handler("test.kill", "tests.support.handlers.fails_after_writing"):
         test_handlers.failures_left["count"] = 0
         answer = post(client, "shop", body, headers)
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from project.shop.reconcile import OrderStates
-from tests.peers import answer, hostile_peer, timed
-from tests.reconciling import reconcile_with
+from tests.support.peers import answer, hostile_peer, timed
+from tests.support.reconciling import reconcile_with
 from webhook_receiver.core import storable
 from webhook_receiver.models import ReconciliationRun, RepairItem
 from webhook_receiver.reconcile.adapters import SenderEvent, SenderUnavailable, parse_event

@@ -16,10 +16,10 @@ import pytest
 from django.utils import timezone
 
 from project.shop.models import OrderState
-from tests.failing import fail_schema
-from tests.http import post
-from tests.reconciling import reconcile_with, serving
-from tests.signing import event_body, reserved, standard_headers
+from tests.support.failing import fail_schema
+from tests.support.http import post
+from tests.support.reconciling import reconcile_with, serving
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import ReconciliationRun, RepairItem
 from webhook_receiver.reconcile.run import RunInProgress, reconciliation_run
 
@@ -375,7 +375,7 @@ class StripeEvents(BaseHTTPRequestHandler):
 
 
 def test_the_stripe_adapter_reads_the_events_list_through_the_sdk(client, settings):
-    from tests.signing import stripe_headers
+    from tests.support.signing import stripe_headers
 
     # given: a local server speaking Stripe's Events list, 150 events (two pages of 100),
     # one of which we received

@@ -15,7 +15,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.peers import answer, hostile_peer, timed, trickled
+from tests.support.peers import answer, hostile_peer, timed, trickled
 from webhook_receiver import tasks as relay_tasks
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook

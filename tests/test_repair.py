@@ -12,9 +12,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
-from tests import handlers as test_handlers
-from tests.failing import CRASH, fail_crash
-from tests.reconciling import reconcile_with
+from tests.support import handlers as test_handlers
+from tests.support.failing import CRASH, fail_crash
+from tests.support.reconciling import reconcile_with
 from webhook_receiver.models import RepairItem, WebhookReceipt
 from webhook_receiver.reconcile.run import reconciliation_run
 

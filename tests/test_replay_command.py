@@ -16,10 +16,10 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from project.shop.models import InventoryLedgerEntry
-from tests import handlers
-from tests.failing import CRASH, fail_crash, fail_schema
-from tests.http import post
-from tests.signing import stripe_headers
+from tests.support import handlers
+from tests.support.failing import CRASH, fail_crash, fail_schema
+from tests.support.http import post
+from tests.support.signing import stripe_headers
 from webhook_receiver.inbound.failures import failed_event_discard
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from project.shop.models import OrderState
-from tests.http import post
+from tests.support.http import post
 from webhook_receiver import schemes
 from webhook_receiver.checks import check_webhook_receiver_settings
 from webhook_receiver.models import WebhookReceipt
@@ -18,7 +18,7 @@ ACME_SECRET = "acme-secret-of-some-length"
 def acme_source(settings, secret: str = ACME_SECRET) -> None:
     sources = {
         **settings.WEBHOOK_RECEIVER["SOURCES"],
-        "acme": {"SCHEME": "tests.schemes.Acme", "SECRETS": [secret]},
+        "acme": {"SCHEME": "tests.support.schemes.Acme", "SECRETS": [secret]},
     }
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
 
@@ -30,7 +30,11 @@ def test_a_scheme_named_by_dotted_path_verifies_types_and_keys_its_events(client
     payload = {"kind": "order.paid", "event_id": "acme_1", "data": {"order_id": "o1", "version": 2}}
     body = json.dumps(payload).encode()
     headers = schemes.sign(
-        scheme="tests.schemes.Acme", secret=ACME_SECRET, body=body, message_id="", timestamp=0
+        scheme="tests.support.schemes.Acme",
+        secret=ACME_SECRET,
+        body=body,
+        message_id="",
+        timestamp=0,
     )
 
     # when
@@ -56,8 +60,8 @@ def test_a_schemes_own_secret_rule_is_a_system_check(settings):
     "scheme, reason",
     [
         ("stripey", "no scheme 'stripey'; the built-in ones are standard, stripe, github"),
-        ("tests.schemes.Missing", "'tests.schemes.Missing' cannot be imported"),
-        ("tests.schemes.hashlib", "is not a webhook_receiver.schemes.Scheme subclass"),
+        ("tests.support.schemes.Missing", "'tests.support.schemes.Missing' cannot be imported"),
+        ("tests.support.schemes.hashlib", "is not a webhook_receiver.schemes.Scheme subclass"),
     ],
 )
 def test_an_unknown_scheme_is_a_configuration_error_that_says_why(settings, scheme, reason):

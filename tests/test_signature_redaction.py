@@ -3,7 +3,7 @@ failed events (KEEP_SIGNATURE_HEADERS keeps them), shown redacted whatever a row
 and rows stored before are redacted in the database by ``manage.py webhook_redact_headers``.
 Retries and replays never verify again, so nothing needs the stored signature.
 
-Deliveries go through the real endpoint, signed by tests/signing.py (the standardwebhooks
+Deliveries go through the real endpoint, signed by tests/support/signing.py (the standardwebhooks
 library, and Stripe's and GitHub's published algorithms).
 """
 
@@ -21,10 +21,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
-from tests import handlers
-from tests.failing import CRASH, fail_crash
-from tests.http import post
-from tests.signing import github_headers, reserved, standard_headers, stripe_headers
+from tests.support import handlers
+from tests.support.failing import CRASH, fail_crash
+from tests.support.http import post
+from tests.support.signing import github_headers, reserved, standard_headers, stripe_headers
 from webhook_receiver.inbound.failures import failed_event_replay, failed_events_retry_due
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 

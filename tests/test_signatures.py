@@ -17,7 +17,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from tests.settings import GITHUB_SECRET, SHOP_OLD_SECRET, SHOP_SECRET, STRIPE_SECRET
-from tests.signing import standard_headers, stripe_headers
+from tests.support.signing import standard_headers, stripe_headers
 from webhook_receiver import schemes
 from webhook_receiver.exceptions import (
     InvalidSignature,

@@ -22,11 +22,11 @@ from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from tests import handlers as test_handlers
-from tests.browser import screenshot
-from tests.http import post
 from tests.settings import SHOP_SECRET
-from tests.signing import event_body, reserved, standard_headers
+from tests.support import handlers as test_handlers
+from tests.support.browser import screenshot
+from tests.support.http import post
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.inbound.failures import failed_event_replay
 from webhook_receiver.models import FailedEvent, RequestAudit, SilenceAlert, WebhookReceipt
 from webhook_receiver.signals import silence_alert_opened, silence_alert_resolved
@@ -302,7 +302,7 @@ def test_a_replayed_dead_letter_is_not_taken_for_traffic(client, watch, settings
     # hour ago; the sender has been quiet since, and the alert is open
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "HANDLERS": {"test.crash": "tests.handlers.fails_after_writing"},
+        "HANDLERS": {"test.crash": "tests.support.handlers.fails_after_writing"},
         "RETRY_MAX_ATTEMPTS": 1,
     }
     test_handlers.failures_left["count"] = 1

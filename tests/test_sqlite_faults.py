@@ -14,15 +14,13 @@ import os
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.settings import SHOP_SECRET
-
-BASE_DIR = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
 
 DELIVER = """
 import io, time
-from tests.signing import reserved, standard_headers
+from tests.support.signing import reserved, standard_headers
 from webhook_receiver.exceptions import NotStored
 from webhook_receiver.inbound.receive import webhook_receive
 body = reserved("o_sqlite", ("S-Q", 1))
@@ -41,7 +39,7 @@ print(outcome, round(time.monotonic() - started, 2))
 def run(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "manage.py", *args],
-        cwd=BASE_DIR,
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,

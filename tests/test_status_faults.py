@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -24,9 +23,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
 
-from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
-from tests.served import Served, gunicorn  # noqa: F401 (fixture)
-from tests.signing import event_body, reserved, standard_headers
+from tests.support.paths import REPO
+from tests.support.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
+from tests.support.served import Served, gunicorn  # noqa: F401 (fixture)
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import WebhookDestination
 from webhook_receiver.watch.heartbeat import heartbeat_record
 
@@ -35,7 +35,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 RECEIPTS = "webhook_receiver_webhookreceipt"
 OUTBOX = "webhook_receiver_outboxmessage"
 HEARTBEAT = "webhook_receiver_heartbeat"
@@ -250,7 +249,7 @@ def test_webhook_status_against_a_frozen_database_exits_3_within_seconds(
         started = time.monotonic()
         run = subprocess.run(
             [sys.executable, "manage.py", "webhook_status"],
-            cwd=BASE_DIR,
+            cwd=REPO,
             env=env,
             capture_output=True,
             text=True,

@@ -21,12 +21,12 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 from django.utils import timezone
 
-from tests import handlers
-from tests.browser import screenshot
-from tests.failing import CRASH, fail_crash
-from tests.http import post
-from tests.reconciling import reconcile_with
-from tests.signing import event_body, reserved, standard_headers
+from tests.support import handlers
+from tests.support.browser import screenshot
+from tests.support.failing import CRASH, fail_crash
+from tests.support.http import post
+from tests.support.reconciling import reconcile_with
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.admin.cells import trace_url
 from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, RepairItem

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from project.shop.models import InventoryLedgerEntry, OrderState
-from tests.signing import as_meta, reserved, standard_headers
+from tests.support.signing import as_meta, reserved, standard_headers
 from webhook_receiver.models import RequestAudit, WebhookReceipt
 
 

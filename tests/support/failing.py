@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tests import handlers
-from tests.http import post
-from tests.signing import event_body, reserved, standard_headers
+from tests.support import handlers
+from tests.support.http import post
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import FailedEvent
 
 CRASH = "test.crash"

@@ -21,9 +21,9 @@ import pytest
 from django.db import connection
 
 from tests.bench.server import GunicornServer, free_port
+from tests.support.paths import REPO
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-NGINX_SITE = BASE_DIR / "deploy" / "nginx.conf"
+NGINX_SITE = REPO / "deploy" / "nginx.conf"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from tests.receiver import Received
+from tests.support.receiver import Received
 
 # headers the relay signs or that name the delivery: forwarded as they came
 FORWARDED = ("content-type", "user-agent", "idempotency-key")

@@ -21,7 +21,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
 
 
 @pytest.fixture

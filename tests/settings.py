@@ -28,7 +28,7 @@ SHOP_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SHOP_OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 STRIPE_SECRET = "whsec_stripe_test_secret"
 GITHUB_SECRET = "It's a Secret to Everybody"
-# encrypts destinations' secrets at rest (tests/test_destination_secrets.py rotates it)
+# encrypts destinations' secrets at rest (tests/outbound/test_destination_secrets.py rotates it)
 DESTINATION_SECRET_KEY = "mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="
 
 WEBHOOK_RECEIVER = {

@@ -54,7 +54,7 @@ def failures(client, crash_handler, settings):
         **settings.WEBHOOK_RECEIVER,
         "HANDLERS": {
             **settings.WEBHOOK_RECEIVER["HANDLERS"],
-            TIMEOUT: "tests.test_failed_event_browser.warehouse_timeout",
+            TIMEOUT: "tests.admin.test_failed_events_browser.warehouse_timeout",
         },
         "RETRY_MAX_ATTEMPTS": 1,
     }

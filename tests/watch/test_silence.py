@@ -408,7 +408,7 @@ def test_a_failing_notifier_is_logged_and_the_others_still_hear_of_it(
     client, watch, heard, check, caplog
 ):
     # given
-    watch(notifiers=["tests.test_silence.BrokenNotifier", "signal"])
+    watch(notifiers=["tests.watch.test_silence.BrokenNotifier", "signal"])
     last = send_event(client)
 
     # when
@@ -426,7 +426,7 @@ def test_a_failing_notifier_is_logged_and_the_others_still_hear_of_it(
 
 
 @pytest.mark.parametrize(
-    "name", ["pager", "tests.test_silence.nowhere", "webhook_receiver.models.SilenceAlert"]
+    "name", ["pager", "tests.watch.test_silence.nowhere", "webhook_receiver.models.SilenceAlert"]
 )
 def test_a_notifier_that_is_not_one_is_improperly_configured(client, watch, name):
     # given

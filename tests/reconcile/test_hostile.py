@@ -133,7 +133,7 @@ def test_a_database_error_is_stored_without_the_data_it_quotes(settings):
     # quotes the record's data (on SQLite: the same failure, a message of its own)
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "STATE_COMPARISON": "tests.test_reconcile_hostile.ComparisonThatFailsInTheDatabase",
+        "STATE_COMPARISON": "tests.reconcile.test_hostile.ComparisonThatFailsInTheDatabase",
     }
     listed = record("e_secret", order_id="ord_secret_data", version=1)
     with hostile_peer(lambda request: [(0, answer(200, {}, page([listed])))]) as peer:

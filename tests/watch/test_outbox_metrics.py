@@ -13,7 +13,7 @@ from django.test import TestCase
 from django.utils import timezone
 
 from tests.support.worker import wait_for
-from tests.test_metrics import TOKEN, parse, scrape, value
+from tests.watch.test_metrics import TOKEN, parse, scrape, value
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.run import relay_destination

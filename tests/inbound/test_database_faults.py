@@ -57,7 +57,7 @@ def short_bounds(settings) -> None:
         **settings.WEBHOOK_RECEIVER,
         "LOCK_TIMEOUT_MS": 300,
         "STATEMENT_TIMEOUT_MS": 800,
-        "HANDLERS": {"test.slow": "tests.test_database_faults.sleeps_in_the_database"},
+        "HANDLERS": {"test.slow": "tests.inbound.test_database_faults.sleeps_in_the_database"},
     }
 
 

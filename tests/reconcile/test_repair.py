@@ -69,7 +69,10 @@ def items(client, settings, crash_handler) -> dict[str, RepairItem]:
         },
     ]
     reconcile_with(
-        settings, "shop", ADAPTER="tests.test_repair.listing", OPTIONS={"RECORDS": records}
+        settings,
+        "shop",
+        ADAPTER="tests.reconcile.test_repair.listing",
+        OPTIONS={"RECORDS": records},
     )
     run = reconciliation_run(source_slug="shop", now=now + timedelta(minutes=15))
     assert run.outcome == "needs_repair", run.error

@@ -30,7 +30,7 @@ from django.utils import timezone
 from tests.settings import WEBHOOK_RECEIVER
 from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
-from tests.test_metrics import AUTH, labels, metrics_on, scrape, series, value  # noqa: F401
+from tests.watch.test_metrics import AUTH, labels, metrics_on, scrape, series, value  # noqa: F401
 from webhook_receiver.conf import app_settings
 from webhook_receiver.exceptions import MissingSignatureHeaders
 from webhook_receiver.inbound import receive as inbound

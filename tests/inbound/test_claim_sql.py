@@ -35,7 +35,7 @@ def records_synchronous_commit(event: WebhookEvent) -> HandlerResult:
 def sync_handler(settings):
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "HANDLERS": {SYNC: "tests.test_claim_sql.records_synchronous_commit"},
+        "HANDLERS": {SYNC: "tests.inbound.test_claim_sql.records_synchronous_commit"},
     }
     seen_in_handler.clear()
     yield seen_in_handler

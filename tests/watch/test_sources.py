@@ -2,7 +2,7 @@
 
 Records are written as the receive path, the failure capture, the silence check and
 reconciliation leave them, at known times, so that each state and each reason can be
-named exactly. The helpers here are shared with tests/test_overview.py.
+named exactly. The helpers here are shared with tests/admin/test_overview.py.
 """
 
 from __future__ import annotations

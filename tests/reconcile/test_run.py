@@ -451,7 +451,7 @@ def test_two_workers_starting_the_same_source_at_once_run_it_once(settings):
     from django.db import connection
 
     # given: a source whose sender is slow, and two workers starting it together
-    reconcile_with(settings, "shop", ADAPTER="tests.test_reconciliation.slow_listing")
+    reconcile_with(settings, "shop", ADAPTER="tests.reconcile.test_run.slow_listing")
     slow_listing_calls.clear()
     barrier = threading.Barrier(2)
     outcomes: list[str] = []

@@ -1,5 +1,5 @@
 """Operational notices through the outbox: terminal deliveries as messages to
-OPS_DESTINATION (silence alerts through the "outbox" notifier: tests/test_silence.py)."""
+OPS_DESTINATION (silence alerts through the "outbox" notifier: tests/watch/test_silence.py)."""
 
 from __future__ import annotations
 

@@ -15,11 +15,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.settings import WEBHOOK_RECEIVER
+from tests.support.fuzzing import PURE, texts
 from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver.conf import TrustedProxies, app_settings
 from webhook_receiver.inbound.audit import (
     MAX_FORWARDED_HOPS,
+    client_address,
     forwarded_client_address,
     request_client_address,
 )
@@ -178,6 +180,15 @@ def test_any_header_gives_an_address_of_the_chain_or_none(proxies, remote_addr, 
     for entry in forwarded_for.split(","):
         chain.add(forwarded_client_address(NGINX, entry, TrustedProxies(count=1)))
     assert client in chain
+
+
+@PURE
+@given(value=st.none() | texts("any") | st.ip_addresses().map(str))
+def test_a_remote_address_is_an_address_or_nothing(value):
+    """REMOTE_ADDR can be anything a server passes on: inet accepts what is kept."""
+    address = client_address(value)
+
+    assert address is None or str(ipaddress.ip_address(address)) == address
 
 
 @pytest.mark.django_db

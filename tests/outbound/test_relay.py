@@ -14,8 +14,6 @@ from django.test import TestCase
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from webhook_receiver.core.backoff import full_jitter
-from webhook_receiver.core.peer_http import parse_retry_after
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import relay_claim
@@ -232,25 +230,6 @@ def test_the_breaker_opens_after_consecutive_failures_and_one_probe_decides(rece
     relay_record(dest, relay_send(dest, probe))
     dest.refresh_from_db()
     assert dest.consecutive_failures == 0 and dest.paused_until is None
-
-
-def test_retry_after_reads_seconds_and_http_dates_and_is_capped():
-    now = timezone.now()
-    assert parse_retry_after("12", now=now, cap=300) == 12
-    assert parse_retry_after("9999", now=now, cap=300) == 300
-    date = (now + timedelta(seconds=60)).strftime("%a, %d %b %Y %H:%M:%S GMT")
-    assert 58 <= parse_retry_after(date, now=now, cap=300) <= 60
-    assert parse_retry_after("soon", now=now, cap=300) is None
-    assert parse_retry_after(None, now=now, cap=300) is None
-
-
-def test_backoff_is_full_jitter_under_a_cap():
-    import random
-
-    rng = random.Random(7)
-    delays = [full_jitter(4, base=2, cap=300, rng=rng) for _ in range(200)]
-    assert all(0 <= d <= 16 for d in delays) and max(delays) > 8
-    assert all(full_jitter(20, base=2, cap=300, rng=rng) <= 300 for _ in range(50))
 
 
 # --- with a real Celery worker, and a receiver built on this project ---------------------

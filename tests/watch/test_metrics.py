@@ -20,6 +20,8 @@ import pytest
 from django.db import connection
 from django.db.models import Min
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,6 +29,7 @@ from tests.bench.server import free_port
 from tests.settings import SHOP_SECRET
 from tests.support import handlers
 from tests.support.failing import CRASH, fail_crash, fail_schema
+from tests.support.fuzzing import THROUGH_THE_DATABASE
 from tests.support.http import post
 from tests.support.paths import REPO
 from tests.support.served import wait_listening
@@ -476,6 +479,25 @@ def test_a_scraper_needs_no_login_nor_csrf_token(settings, metrics_on):
     # then
     assert response.status_code == 200
     assert b"webhook_receiver_events_total" in response.content
+
+
+@pytest.mark.django_db
+@THROUGH_THE_DATABASE
+@given(
+    authorization=st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1"))
+)
+def test_any_authorization_header_on_metrics_is_a_401_or_the_scrape(
+    client, settings, authorization
+):
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "METRICS_TOKEN": "fuzz-token"}
+    response = client.get("/metrics/", HTTP_AUTHORIZATION=authorization)
+    expected = (
+        200
+        if authorization.partition(" ")[2].strip() == "fuzz-token"
+        and (authorization.partition(" ")[0].lower() == "bearer")
+        else 401
+    )
+    assert response.status_code == expected
 
 
 # --- several gunicorn workers ----------------------------------------------------------

@@ -2,64 +2,37 @@
 discard actions with their permissions.
 
 Every failed event here is made the way production makes it: a signed delivery to the
-real endpoint whose processing fails.
+real endpoint whose processing fails (``failures``, the four-failure set of
+tests/conftest.py, whose schema error's last attempt was on 2020-01-01).
 """
 
 from __future__ import annotations
 
 import html
 import json
-from datetime import UTC, datetime
 
 import pytest
 from django.contrib import messages
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
-from django.test import override_settings
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry
-from tests.support.failing import CRASH, fail_crash, fail_schema
+from tests.support.failing import CRASH, fail_schema
 from tests.support.http import post
-from tests.support.signing import standard_headers, stripe_headers
+from tests.support.signing import standard_headers
 from webhook_receiver.handlers import WebhookEvent
 from webhook_receiver.inbound.claim import event_claim_and_apply
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 
 pytestmark = pytest.mark.django_db
 
-LONG_AGO = datetime(2020, 1, 1, 12, 0, tzinfo=UTC)
 CHANGELIST = reverse("admin:webhook_receiver_failedevent_changelist")
 TEMPLATE = "admin/webhook_receiver/action_confirmation.html"
 
 
 def change_url(failed: FailedEvent) -> str:
     return reverse("admin:webhook_receiver_failedevent_change", args=[failed.pk])
-
-
-@pytest.fixture
-def failures(client, crash_handler, settings):
-    """Four failed events: three dead (two sources, two error classes), one retrying."""
-    crash = fail_crash(client, "msg_crash")
-    schema = fail_schema(client, "msg_schema")
-    stripe_body = json.dumps(
-        {
-            "id": "evt_stripe_bad",
-            "type": "inventory.reserved",
-            "data": {"order_id": "ord_S", "version": 1, "lines": []},
-        }
-    ).encode()
-    assert post(client, "stripe", stripe_body, stripe_headers(stripe_body)).status_code == 202
-    stripe = FailedEvent.objects.get(source="stripe", event_key="evt_stripe_bad")
-    with override_settings(WEBHOOK_RECEIVER={**settings.WEBHOOK_RECEIVER, "RETRY_MAX_ATTEMPTS": 5}):
-        retrying = fail_crash(client, "msg_retrying", order_id="ord_2")
-    FailedEvent.objects.filter(pk=schema.pk).update(last_attempt_at=LONG_AGO)
-
-    rows = {"crash": crash, "schema": schema, "stripe": stripe, "retrying": retrying}
-    for row in rows.values():
-        row.refresh_from_db()
-    return rows
 
 
 def rows(response) -> set[str]:
@@ -535,37 +508,23 @@ def test_discard_everything_matching_the_filter(admin_client, failures):
 # --- staff users and the two permissions --------------------------------------------------
 
 
-@pytest.fixture
-def staff_client(client, django_user_model):
-    user = django_user_model.objects.create_user(username="operator", password="pw", is_staff=True)
-    client.force_login(user)
-    client.user = user
-    return client
+def test_staff_without_view_permission_gets_403(client, staff_user, failures):
+    client.force_login(staff_user())
+
+    assert client.get(CHANGELIST).status_code == 403
+    assert client.get(change_url(failures["crash"])).status_code == 403
 
 
-def grant(client, *codenames: str) -> None:
-    client.user.user_permissions.add(
-        *Permission.objects.filter(
-            content_type__app_label="webhook_receiver", codename__in=codenames
-        )
-    )
-
-
-def test_staff_without_view_permission_gets_403(staff_client, failures):
-    assert staff_client.get(CHANGELIST).status_code == 403
-    assert staff_client.get(change_url(failures["crash"])).status_code == 403
-
-
-def test_view_permission_alone_shows_but_cannot_act(staff_client, failures):
+def test_view_permission_alone_shows_but_cannot_act(client, staff_user, failures):
     # given
-    grant(staff_client, "view_failedevent")
+    client.force_login(staff_user("view_failedevent"))
     before = {key: snapshot(f) for key, f in failures.items()}
 
     # when
-    listing = staff_client.get(CHANGELIST)
-    detail = staff_client.get(change_url(failures["crash"]))
-    replay(staff_client, *failures.values())
-    discard(staff_client, *failures.values(), reason="not allowed")
+    listing = client.get(CHANGELIST)
+    detail = client.get(change_url(failures["crash"]))
+    replay(client, *failures.values())
+    discard(client, *failures.values(), reason="not allowed")
 
     # then
     assert rows(listing) == {f.event_key for f in failures.values()}
@@ -575,14 +534,14 @@ def test_view_permission_alone_shows_but_cannot_act(staff_client, failures):
     assert {key: snapshot(f) for key, f in failures.items()} == before
 
 
-def test_replay_permission_replays_but_does_not_discard(staff_client, failures):
+def test_replay_permission_replays_but_does_not_discard(client, staff_user, failures):
     # given
-    grant(staff_client, "view_failedevent", "replay_failedevent")
-    listing = staff_client.get(CHANGELIST)
+    client.force_login(staff_user("view_failedevent", "replay_failedevent"))
+    listing = client.get(CHANGELIST)
 
     # when
-    refused = discard(staff_client, failures["schema"], reason="not allowed")
-    replayed = replay(staff_client, failures["crash"])
+    refused = discard(client, failures["schema"], reason="not allowed")
+    replayed = replay(client, failures["crash"])
 
     # then
     assert action_values(listing) == {"", "replay_selected"}
@@ -594,15 +553,15 @@ def test_replay_permission_replays_but_does_not_discard(staff_client, failures):
     assert (failed.status, failed.last_replayed_by) == (FailureStatus.RESOLVED, "operator")
 
 
-def test_discard_permission_discards_but_does_not_replay(staff_client, failures):
+def test_discard_permission_discards_but_does_not_replay(client, staff_user, failures):
     # given
-    grant(staff_client, "view_failedevent", "discard_failedevent")
-    listing = staff_client.get(CHANGELIST)
+    client.force_login(staff_user("view_failedevent", "discard_failedevent"))
+    listing = client.get(CHANGELIST)
     before = snapshot(failures["crash"])
 
     # when
-    refused = replay(staff_client, failures["crash"])
-    discarded = discard(staff_client, failures["schema"], reason="bad data from the sender")
+    refused = replay(client, failures["crash"])
+    discarded = discard(client, failures["schema"], reason="bad data from the sender")
 
     # then
     assert action_values(listing) == {"", "discard_selected"}
@@ -614,13 +573,13 @@ def test_discard_permission_discards_but_does_not_replay(staff_client, failures)
     assert (failed.status, failed.discarded_by) == (FailureStatus.DISCARDED, "operator")
 
 
-def test_replay_and_discard_permissions_without_view_get_403(staff_client, failures):
+def test_replay_and_discard_permissions_without_view_get_403(client, staff_user, failures):
     # given: the action permissions, but not the one to see the list
-    grant(staff_client, "replay_failedevent", "discard_failedevent")
+    client.force_login(staff_user("replay_failedevent", "discard_failedevent"))
     before = snapshot(failures["crash"])
 
     # when
-    response = replay(staff_client, failures["crash"])
+    response = replay(client, failures["crash"])
 
     # then
     assert response.status_code == 403

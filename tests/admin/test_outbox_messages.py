@@ -18,7 +18,6 @@ import pytest
 from django.contrib import messages
 from django.contrib.admin.models import LogEntry
 from django.contrib.admin.sites import site
-from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -159,17 +158,6 @@ def test_the_fixture_made_the_expected_records(history):
 
 
 # --- helpers for the admin -----------------------------------------------------------------
-
-
-def staff(*codenames: str) -> User:
-    """A staff user with exactly these permissions of the app."""
-    user = User.objects.create_user("operator", password="password", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="webhook_receiver", codename__in=codenames
-        )
-    )
-    return user
 
 
 def action_values(response) -> set[str]:
@@ -469,9 +457,9 @@ def test_the_attempt_table_lists_every_attempt_in_order(admin_client, history):
     assert first < second
 
 
-def test_a_view_only_user_sees_no_button_and_no_action(client, history):
+def test_a_view_only_user_sees_no_button_and_no_action(client, staff_user, history):
     # given
-    client.force_login(staff("view_outboxmessage"))
+    client.force_login(staff_user("view_outboxmessage"))
     row = history["refused"]
 
     # when / then: the list offers no action, the page no button
@@ -488,8 +476,8 @@ def test_a_view_only_user_sees_no_button_and_no_action(client, history):
 # --- Retry now ---------------------------------------------------------------------------
 
 
-def test_retry_now_without_its_permission_changes_nothing(client, history):
-    client.force_login(staff("view_outboxmessage", "discard_outboxmessage"))
+def test_retry_now_without_its_permission_changes_nothing(client, staff_user, history):
+    client.force_login(staff_user("view_outboxmessage", "discard_outboxmessage"))
     row = history["refused"]
 
     assert action_values(client.get(MESSAGES)) == {"", "discard_selected"}
@@ -501,9 +489,9 @@ def test_retry_now_without_its_permission_changes_nothing(client, history):
     assert row.status == MessageStatus.FAILED
 
 
-def test_retry_now_asks_first_then_requeues_and_records_who(client, history):
+def test_retry_now_asks_first_then_requeues_and_records_who(client, staff_user, history):
     # given
-    user = staff("view_outboxmessage", "retry_outboxmessage")
+    user = staff_user("view_outboxmessage", "retry_outboxmessage")
     client.force_login(user)
     rows = history["refused"], history["flaky"], history["paid"]
 
@@ -582,8 +570,8 @@ def test_a_button_for_a_status_it_does_not_apply_to_goes_back_with_a_warning(adm
 # --- Discard -------------------------------------------------------------------------------
 
 
-def test_discard_without_its_permission_is_not_offered(client, history):
-    client.force_login(staff("view_outboxmessage", "retry_outboxmessage"))
+def test_discard_without_its_permission_is_not_offered(client, staff_user, history):
+    client.force_login(staff_user("view_outboxmessage", "retry_outboxmessage"))
     row = history["refused"]
 
     assert action_values(client.get(MESSAGES)) == {"", "retry_now_selected"}
@@ -594,9 +582,9 @@ def test_discard_without_its_permission_is_not_offered(client, history):
     assert (row.status, row.discarded_by) == (MessageStatus.FAILED, "")
 
 
-def test_discard_asks_for_a_reason_and_keeps_who_and_why(client, history):
+def test_discard_asks_for_a_reason_and_keeps_who_and_why(client, staff_user, history):
     # given
-    user = staff("view_outboxmessage", "discard_outboxmessage")
+    user = staff_user("view_outboxmessage", "discard_outboxmessage")
     client.force_login(user)
     rows = history["refused"], history["paced"]
 
@@ -867,8 +855,8 @@ def test_a_destination_cannot_be_deleted_from_the_admin(admin_client, fleet):
 # --- Recover since… ----------------------------------------------------------------------
 
 
-def test_recover_since_is_behind_the_retry_permission(client, fleet):
-    client.force_login(staff("view_webhookdestination", "change_webhookdestination"))
+def test_recover_since_is_behind_the_retry_permission(client, staff_user, fleet):
+    client.force_login(staff_user("view_webhookdestination", "change_webhookdestination"))
     merchant = fleet["merchant"]
 
     assert "recover_since_selected" not in action_values(client.get(DESTINATIONS))
@@ -880,10 +868,10 @@ def test_recover_since_is_behind_the_retry_permission(client, fleet):
     assert OutboxMessage.objects.filter(status=MessageStatus.FAILED).count() == 3
 
 
-def test_recover_since_from_the_destination_page(client, fleet):
+def test_recover_since_from_the_destination_page(client, staff_user, fleet):
     # given: a user who may retry messages; merchant-7 has three failures, 0, 1 and 2
     # minutes ago, and last worked an hour ago
-    user = staff("view_webhookdestination", "retry_outboxmessage")
+    user = staff_user("view_webhookdestination", "retry_outboxmessage")
     client.force_login(user)
     merchant = fleet["merchant"]
     assert 'id="wr-recover"' in client.get(change_url(merchant)).content.decode()

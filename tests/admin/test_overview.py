@@ -8,7 +8,6 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
@@ -137,16 +136,16 @@ def test_all_ok_says_so(admin_client):
 
 
 @pytest.mark.django_db
-def test_view_permission_is_needed(client, django_user_model):
+def test_view_permission_is_needed(client, staff_user):
     # given: a staff user without permissions
-    user = django_user_model.objects.create_user(username="op", password="pw", is_staff=True)
+    user = staff_user()
     client.force_login(user)
 
     # when / then
     assert client.get(OVERVIEW).status_code == 403
 
     # given: the overview's view permission alone: the page, without links to the lists
-    user.user_permissions.add(Permission.objects.get(codename="view_sourceoverview"))
+    staff_user.grant(user, "view_sourceoverview")
     failed("shop", "dead", first=timezone.now())
     response = client.get(OVERVIEW)
     assert response.status_code == 200
@@ -155,7 +154,7 @@ def test_view_permission_is_needed(client, django_user_model):
     assert "/admin/webhook_receiver/failedevent/" not in content
 
     # given: and the failed events' view permission: the link appears
-    user.user_permissions.add(Permission.objects.get(codename="view_failedevent"))
+    staff_user.grant(user, "view_failedevent")
     content = client.get(OVERVIEW).content.decode()
     assert "/admin/webhook_receiver/failedevent/?source=shop&amp;status__exact=dead" in content
 

@@ -395,44 +395,33 @@ def test_no_bulk_delete_action_is_offered(admin_client, deliveries, model):
 # --- staff users -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def staff_client(client, django_user_model):
-    user = django_user_model.objects.create_user(username="staff", password="pw", is_staff=True)
-    client.force_login(user)
-    client.user = user
-    return client
-
-
 @pytest.mark.parametrize("model", MODELS)
-def test_staff_without_view_permission_gets_403(staff_client, deliveries, model):
-    assert staff_client.get(changelist(model)).status_code == 403
+def test_staff_without_view_permission_gets_403(client, staff_user, deliveries, model):
+    client.force_login(staff_user())
+
+    assert client.get(changelist(model)).status_code == 403
 
 
-def test_staff_with_view_permission_sees_only_that_model(staff_client, deliveries):
+def test_staff_with_view_permission_sees_only_that_model(client, staff_user, deliveries):
     # given
-    staff_client.user.user_permissions.add(
-        Permission.objects.get(
-            codename="view_webhookreceipt", content_type__app_label="webhook_receiver"
-        )
-    )
+    client.force_login(staff_user("view_webhookreceipt"))
 
     # when / then
-    assert rows(staff_client.get(changelist("webhookreceipt"))) == set(WebhookReceipt.objects.all())
-    assert staff_client.get(changelist("requestaudit")).status_code == 403
-    assert staff_client.get(reverse("admin:webhook_receiver_webhookreceipt_add")).status_code == 403
+    assert rows(client.get(changelist("webhookreceipt"))) == set(WebhookReceipt.objects.all())
+    assert client.get(changelist("requestaudit")).status_code == 403
+    assert client.get(reverse("admin:webhook_receiver_webhookreceipt_add")).status_code == 403
 
 
-def test_staff_with_every_permission_still_cannot_add_or_delete(staff_client, deliveries):
+def test_staff_with_every_permission_still_cannot_add_or_delete(client, staff_user, deliveries):
     # given: even the add/change/delete permissions granted explicitly
-    staff_client.user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="webhook_receiver")
-    )
+    every = Permission.objects.filter(content_type__app_label="webhook_receiver")
+    client.force_login(staff_user(*every.values_list("codename", flat=True)))
     receipt = WebhookReceipt.objects.order_by("pk").first()
 
     # then
-    assert staff_client.get(reverse("admin:webhook_receiver_webhookreceipt_add")).status_code == 403
+    assert client.get(reverse("admin:webhook_receiver_webhookreceipt_add")).status_code == 403
     delete_url = reverse("admin:webhook_receiver_webhookreceipt_delete", args=[receipt.pk])
-    assert staff_client.post(delete_url, {"post": "yes"}).status_code == 403
+    assert client.post(delete_url, {"post": "yes"}).status_code == 403
     assert WebhookReceipt.objects.filter(pk=receipt.pk).exists()
 
 

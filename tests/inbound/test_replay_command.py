@@ -7,19 +7,15 @@ fails, as in production.
 from __future__ import annotations
 
 import io
-import json
 from datetime import UTC, datetime
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.test import override_settings
 
 from project.shop.models import InventoryLedgerEntry
 from tests.support import handlers
 from tests.support.failing import CRASH, fail_crash, fail_schema
-from tests.support.http import post
-from tests.support.signing import stripe_headers
 from webhook_receiver.inbound.failures import failed_event_discard
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 
@@ -232,26 +228,15 @@ def test_nothing_matching_exits_zero(db):
 
 
 @pytest.fixture
-def failures(client, crash_handler, settings):
-    """Dead: two crashes and a schema error on shop, one on stripe; one retrying, one
-    discarded."""
+def failure_ids(client, failures) -> dict[str, int]:
+    """The ids of the four-failure set (tests/conftest.py: dead, a crash and a schema
+    error on shop and one on stripe; one retrying), and of two more crashes on shop: one
+    dead whose first attempt was on 2020-01-01, one discarded."""
     rows = {
-        "crash": fail_crash(client, "msg_crash"),
+        **failures,
         "old_crash": fail_crash(client, "msg_old_crash", order_id="ord_old"),
-        "schema": fail_schema(client, "msg_schema"),
+        "discarded": fail_crash(client, "msg_discarded", order_id="ord_3"),
     }
-    stripe_body = json.dumps(
-        {
-            "id": "evt_stripe_bad",
-            "type": "inventory.reserved",
-            "data": {"order_id": "ord_S", "version": 1, "lines": []},
-        }
-    ).encode()
-    assert post(client, "stripe", stripe_body, stripe_headers(stripe_body)).status_code == 202
-    rows["stripe"] = FailedEvent.objects.get(source="stripe", event_key="evt_stripe_bad")
-    with override_settings(WEBHOOK_RECEIVER={**settings.WEBHOOK_RECEIVER, "RETRY_MAX_ATTEMPTS": 5}):
-        rows["retrying"] = fail_crash(client, "msg_retrying", order_id="ord_2")
-    rows["discarded"] = fail_crash(client, "msg_discarded", order_id="ord_3")
     failed_event_discard(failed_id=rows["discarded"].pk, actor="someone", reason="test data")
     FailedEvent.objects.filter(pk=rows["old_crash"].pk).update(first_attempt_at=LONG_AGO)
     return {key: row.pk for key, row in rows.items()}
@@ -278,34 +263,36 @@ SELECTIONS = [
 
 
 @pytest.mark.parametrize(("args", "expected"), SELECTIONS, ids=lambda v: " ".join(v))
-def test_selection(failures, args, expected):
+def test_selection(failure_ids, args, expected):
     # when
     output = run("--dry-run", *args)
 
     # then: the right rows, in id order
-    assert ids(output) == sorted(failures[key] for key in expected)
+    assert ids(output) == sorted(failure_ids[key] for key in expected)
 
 
-def test_selection_by_id_takes_any_status(failures):
+def test_selection_by_id_takes_any_status(failure_ids):
     # when: a retrying and a dead one, by id, with no --status
-    output = run("--dry-run", "--id", str(failures["retrying"]), "--id", str(failures["schema"]))
+    output = run(
+        "--dry-run", "--id", str(failure_ids["retrying"]), "--id", str(failure_ids["schema"])
+    )
 
     # then
-    assert ids(output) == sorted([failures["retrying"], failures["schema"]])
+    assert ids(output) == sorted([failure_ids["retrying"], failure_ids["schema"]])
 
 
-def test_selection_by_id_with_a_status_filters_on_both(failures):
+def test_selection_by_id_with_a_status_filters_on_both(failure_ids):
     # when
-    output = run("--dry-run", "--id", str(failures["retrying"]), "--status", "dead")
+    output = run("--dry-run", "--id", str(failure_ids["retrying"]), "--status", "dead")
 
     # then
     assert output.strip() == "No failed events match; nothing to replay."
 
 
-def test_an_unknown_id_is_reported(failures):
+def test_an_unknown_id_is_reported(failure_ids):
     # given
     err = io.StringIO()
-    missing = max(failures.values()) + 1000
+    missing = max(failure_ids.values()) + 1000
 
     # when
     call_command(
@@ -314,7 +301,7 @@ def test_an_unknown_id_is_reported(failures):
         "--id",
         str(missing),
         "--id",
-        str(failures["crash"]),
+        str(failure_ids["crash"]),
         stdout=io.StringIO(),
         stderr=err,
     )
@@ -323,7 +310,7 @@ def test_an_unknown_id_is_reported(failures):
     assert f"no such id, or left out by the other options): {missing}" in err.getvalue()
 
 
-def test_replay_by_source_and_type_replays_only_those(failures):
+def test_replay_by_source_and_type_replays_only_those(failure_ids):
     # when
     output = run("--source", "shop", "--type", CRASH)
 
@@ -331,17 +318,17 @@ def test_replay_by_source_and_type_replays_only_those(failures):
     assert [r["result"] for r in table(output)] == ["applied", "applied"]
     statuses = dict(FailedEvent.objects.values_list("pk", "status"))
     assert statuses == {
-        failures["crash"]: FailureStatus.RESOLVED,
-        failures["old_crash"]: FailureStatus.RESOLVED,
-        failures["schema"]: FailureStatus.DEAD,
-        failures["stripe"]: FailureStatus.DEAD,
-        failures["retrying"]: FailureStatus.RETRYING,
-        failures["discarded"]: FailureStatus.DISCARDED,
+        failure_ids["crash"]: FailureStatus.RESOLVED,
+        failure_ids["old_crash"]: FailureStatus.RESOLVED,
+        failure_ids["schema"]: FailureStatus.DEAD,
+        failure_ids["stripe"]: FailureStatus.DEAD,
+        failure_ids["retrying"]: FailureStatus.RETRYING,
+        failure_ids["discarded"]: FailureStatus.DISCARDED,
     }
 
 
 @pytest.mark.parametrize("since", ["yesterday", "2024-13-01", "2024-02-30", "2024-05-01T25:00"])
-def test_a_bad_since_is_refused_clearly(failures, since):
+def test_a_bad_since_is_refused_clearly(failure_ids, since):
     # when
     with pytest.raises(CommandError) as excinfo:
         run("--since", since)
@@ -351,7 +338,7 @@ def test_a_bad_since_is_refused_clearly(failures, since):
     assert not FailedEvent.objects.exclude(last_replayed_by="").exists()
 
 
-def test_an_unknown_status_is_refused(failures):
+def test_an_unknown_status_is_refused(failure_ids):
     with pytest.raises(CommandError, match="invalid choice: 'resolved'"):
         run("--status", "resolved")
     assert not FailedEvent.objects.exclude(last_replayed_by="").exists()

@@ -14,7 +14,6 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
@@ -116,16 +115,7 @@ def test_keep_signature_headers_keeps_them(client, settings):
 # --- what view-only staff see ------------------------------------------------------------
 
 
-@pytest.fixture
-def viewer(client) -> User:
-    user = User.objects.create_user("viewer", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(codename__in=["view_webhookreceipt", "view_failedevent"])
-    )
-    return user
-
-
-def test_a_signature_kept_by_an_older_row_is_shown_redacted(client, settings, viewer):
+def test_a_signature_kept_by_an_older_row_is_shown_redacted(client, settings, staff_user):
     # given: a row stored with its signature (before the redaction, or kept by the setting)
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "KEEP_SIGNATURE_HEADERS": True}
     body = github_body()
@@ -136,7 +126,7 @@ def test_a_signature_kept_by_an_older_row_is_shown_redacted(client, settings, vi
     assert signature in stored_headers(WebhookReceipt, receipt.pk)
 
     # when: view-only staff open its page
-    client.force_login(viewer)
+    client.force_login(staff_user("view_webhookreceipt", "view_failedevent"))
     url = reverse("admin:webhook_receiver_webhookreceipt_change", args=[receipt.pk])
     page = client.get(url).content.decode()
 

@@ -7,7 +7,6 @@ import json
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
@@ -80,23 +79,6 @@ def items(client, settings, crash_handler) -> dict[str, RepairItem]:
     return {item.kind: item for item in RepairItem.objects.all()}
 
 
-@pytest.fixture
-def staff_client(client, django_user_model):
-    user = django_user_model.objects.create_user(username="operator", password="pw", is_staff=True)
-    client.force_login(user)
-    client.user = user
-    grant(client, "view_repairitem")
-    return client
-
-
-def grant(client, *codenames: str) -> None:
-    client.user.user_permissions.add(
-        *Permission.objects.filter(
-            content_type__app_label="webhook_receiver", codename__in=codenames
-        )
-    )
-
-
 def act(client, action: str, *items: RepairItem, note: str = "checked with the shop"):
     return client.post(
         CHANGELIST,
@@ -110,18 +92,21 @@ def offered_actions(client) -> set[str]:
     return set() if form is None else {v for v, _ in form.fields["action"].choices} - {""}
 
 
-def test_view_permission_alone_offers_no_repair(staff_client, items):
-    assert offered_actions(staff_client) == set()
-    act(staff_client, "apply_selected", items["missing"])
+def test_view_permission_alone_offers_no_repair(client, staff_user, items):
+    client.force_login(staff_user("view_repairitem"))
+
+    assert offered_actions(client) == set()
+    act(client, "apply_selected", items["missing"])
     assert not WebhookReceipt.objects.filter(event_key="msg_lost").exists()
     assert RepairItem.objects.get(pk=items["missing"].pk).status == "open"
 
 
-def test_each_permission_offers_its_action(staff_client, items):
-    grant(staff_client, "replay_repairitem", "apply_repairitem")
-    assert offered_actions(staff_client) == {"replay_selected", "apply_selected"}
-    grant(staff_client, "redeliver_repairitem", "resolve_repairitem")
-    assert offered_actions(staff_client) == {
+def test_each_permission_offers_its_action(client, staff_user, items):
+    user = staff_user("view_repairitem", "replay_repairitem", "apply_repairitem")
+    client.force_login(user)
+    assert offered_actions(client) == {"replay_selected", "apply_selected"}
+    staff_user.grant(user, "redeliver_repairitem", "resolve_repairitem")
+    assert offered_actions(client) == {
         "replay_selected",
         "apply_selected",
         "redeliver_selected",
@@ -129,14 +114,16 @@ def test_each_permission_offers_its_action(staff_client, items):
     }
 
 
-def test_fetch_and_apply_applies_once_and_a_second_click_answers_duplicate(staff_client, items):
+def test_fetch_and_apply_applies_once_and_a_second_click_answers_duplicate(
+    client, staff_user, items
+):
     # given
-    grant(staff_client, "apply_repairitem")
+    client.force_login(staff_user("view_repairitem", "apply_repairitem"))
     missing = items["missing"]
 
     # when: applied, then applied again
-    first = act(staff_client, "apply_selected", missing)
-    second = act(staff_client, "apply_selected", missing)
+    first = act(client, "apply_selected", missing)
+    second = act(client, "apply_selected", missing)
 
     # then: one effect; the receipt says who approved it; the item is resolved, with both
     # clicks in its history
@@ -156,11 +143,11 @@ def test_fetch_and_apply_applies_once_and_a_second_click_answers_duplicate(staff
     assert missing.history[0]["note"] == "checked with the shop"
 
 
-def test_replay_runs_the_failed_event_under_its_key(staff_client, items):
-    grant(staff_client, "replay_repairitem")
+def test_replay_runs_the_failed_event_under_its_key(client, staff_user, items):
+    client.force_login(staff_user("view_repairitem", "replay_repairitem"))
     test_handlers.failures_left["count"] = 0  # the handler is fixed
 
-    answer = act(staff_client, "replay_selected", items["failed"])
+    answer = act(client, "replay_selected", items["failed"])
 
     assert "1 applied" in answer.content.decode()
     assert InventoryLedgerEntry.objects.filter(event_key="msg_crashed").count() == 1
@@ -168,19 +155,19 @@ def test_replay_runs_the_failed_event_under_its_key(staff_client, items):
     assert items["failed"].status == "resolved"
 
 
-def test_an_action_on_the_wrong_kind_is_skipped_and_says_why(staff_client, items):
-    grant(staff_client, "replay_repairitem")
+def test_an_action_on_the_wrong_kind_is_skipped_and_says_why(client, staff_user, items):
+    client.force_login(staff_user("view_repairitem", "replay_repairitem"))
 
-    answer = act(staff_client, "replay_selected", items["missing"])
+    answer = act(client, "replay_selected", items["missing"])
 
     assert "only a failed item can be replayed" in answer.content.decode()
     assert RepairItem.objects.get(pk=items["missing"].pk).status == "open"
 
 
-def test_request_redelivery_goes_through_the_adapters_hook(staff_client, items):
-    grant(staff_client, "redeliver_repairitem")
+def test_request_redelivery_goes_through_the_adapters_hook(client, staff_user, items):
+    client.force_login(staff_user("view_repairitem", "redeliver_repairitem"))
 
-    answer = act(staff_client, "redeliver_selected", items["missing"])
+    answer = act(client, "redeliver_selected", items["missing"])
 
     assert "1 requested" in answer.content.decode()
     assert redelivery_requests == [["msg_lost"]]
@@ -188,11 +175,11 @@ def test_request_redelivery_goes_through_the_adapters_hook(staff_client, items):
     assert items["missing"].status == "open"  # until a later run finds it received
 
 
-def test_resolve_needs_a_note(staff_client, items):
-    grant(staff_client, "resolve_repairitem")
+def test_resolve_needs_a_note(client, staff_user, items):
+    client.force_login(staff_user("view_repairitem", "resolve_repairitem"))
 
-    refused = act(staff_client, "resolve_selected", items["missing"], note="  ")
-    resolved = act(staff_client, "resolve_selected", items["missing"], note="refunded by hand")
+    refused = act(client, "resolve_selected", items["missing"], note="  ")
+    resolved = act(client, "resolve_selected", items["missing"], note="refunded by hand")
 
     assert "This field is required" in refused.content.decode()
     assert "1 resolve" in resolved.content.decode()
@@ -203,10 +190,10 @@ def test_resolve_needs_a_note(staff_client, items):
     )
 
 
-def test_the_confirmation_page_lists_the_items_and_asks_for_a_note(staff_client, items):
-    grant(staff_client, "apply_repairitem")
+def test_the_confirmation_page_lists_the_items_and_asks_for_a_note(client, staff_user, items):
+    client.force_login(staff_user("view_repairitem", "apply_repairitem"))
 
-    page = staff_client.post(
+    page = client.post(
         CHANGELIST, {"action": "apply_selected", "_selected_action": [items["missing"].pk]}
     )
 

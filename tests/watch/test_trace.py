@@ -15,7 +15,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
@@ -349,16 +349,16 @@ def test_stored_values_are_escaped(client, admin_client):
 
 
 @pytest.mark.django_db
-def test_the_page_needs_the_view_permission_on_the_overview(story, client):
+def test_the_page_needs_the_view_permission_on_the_overview(story, client, staff_user):
     # given: a staff member with no permission at all
-    user = User.objects.create_user("operator", password="pw", is_staff=True)
+    user = staff_user()
     client.force_login(user)
 
     # when / then: refused
     assert client.get(trace_url("shop", APPLIED)).status_code == 403
 
     # and once they may view the overview, allowed
-    user.user_permissions.add(Permission.objects.get(codename="view_sourceoverview"))
+    staff_user.grant(user, "view_sourceoverview")
     user = User.objects.get(pk=user.pk)  # a fresh permission cache
     client.force_login(user)
     response = client.get(trace_url("shop", APPLIED))

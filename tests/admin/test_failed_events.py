@@ -14,10 +14,10 @@ import json
 import pytest
 from django.contrib import messages
 from django.contrib.admin.models import LogEntry
-from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry
+from tests.support.admin import action_values, change_url, flash
 from tests.support.failing import CRASH, fail_schema
 from tests.support.http import post
 from tests.support.signing import standard_headers
@@ -31,18 +31,9 @@ CHANGELIST = reverse("admin:webhook_receiver_failedevent_changelist")
 TEMPLATE = "admin/webhook_receiver/action_confirmation.html"
 
 
-def change_url(failed: FailedEvent) -> str:
-    return reverse("admin:webhook_receiver_failedevent_change", args=[failed.pk])
-
-
 def rows(response) -> set[str]:
     assert response.status_code == 200
     return {obj.event_key for obj in response.context["cl"].result_list}
-
-
-def action_values(response) -> set[str]:
-    form = response.context["action_form"]
-    return set() if form is None else {value for value, _ in form.fields["action"].choices}
 
 
 def forget_messages(client) -> None:
@@ -64,10 +55,6 @@ def discard(client, *failed: FailedEvent, reason: str | None = None, query: str 
     else:
         data |= {"post": "yes", "reason": reason}  # the confirmation page's post
     return client.post(CHANGELIST + query, data)
-
-
-def flash(response) -> list[tuple[int, str]]:
-    return [(m.level, m.message) for m in get_messages(response.wsgi_request)]
 
 
 def snapshot(failed: FailedEvent) -> tuple:

@@ -17,7 +17,8 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry
-from tests.support.browser import screenshot
+from tests.support.admin import button_url, change_url
+from tests.support.browser import click_through, no_sideways_scroll, screenshot
 from tests.support.failing import CRASH
 from tests.support.http import post
 from tests.support.signing import event_body, standard_headers
@@ -35,14 +36,6 @@ LONG_KEY = "msg_" + "2f9c41d7" * 8  # a 68-character message id, as some senders
 
 def warehouse_timeout(event):
     raise TimeoutError(WAREHOUSE_MESSAGE)
-
-
-def change_url(failed: FailedEvent) -> str:
-    return reverse("admin:webhook_receiver_failedevent_change", args=[failed.pk])
-
-
-def button_url(failed: FailedEvent, action: str) -> str:
-    return reverse(f"admin:webhook_receiver_failedevent_{action}", args=[failed.pk])
 
 
 @pytest.fixture
@@ -63,32 +56,6 @@ def timeout(client, settings, failures) -> FailedEvent:
 
 
 # --- in a browser -------------------------------------------------------------------------
-
-
-def click_through(driver, element) -> None:
-    """Click, and wait for the page the click leads to: a click returns before the
-    browser has navigated."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    page = driver.find_element(By.TAG_NAME, "html")
-    element.click()
-    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(page))
-
-
-def no_sideways_scroll(driver) -> None:
-    """Neither the page nor the results table (the admin wraps it in a scrolling box)
-    is wider than what it shows."""
-    page, window = driver.execute_script(
-        "return [document.documentElement.scrollWidth, window.innerWidth]"
-    )
-    assert page <= window, (page, window)
-    box, shown = driver.execute_script(
-        "const r = document.querySelector('#changelist .results');"
-        "return [r.scrollWidth, r.clientWidth]"
-    )
-    assert box <= shown, (box, shown)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -141,7 +108,7 @@ def test_replay_from_the_detail_page(admin_browser, live_server, failures):  # n
     # given: the crash's page
     failed = failures["crash"]
     admin_browser.get(live_server.url + change_url(failed))
-    no_sideways_scroll_page(admin_browser)
+    no_sideways_scroll(admin_browser, box=None)
     screenshot(admin_browser, "failed-event-detail")
 
     # when: Replay, then confirmed with a reason
@@ -202,13 +169,6 @@ def test_discard_from_the_detail_page(admin_browser, live_server, failures):  # 
     assert admin_browser.find_elements(By.ID, "wr-replay")
     assert not admin_browser.find_elements(By.ID, "wr-discard")
     screenshot(admin_browser, "failed-event-discarded")
-
-
-def no_sideways_scroll_page(driver) -> None:
-    page, window = driver.execute_script(
-        "return [document.documentElement.scrollWidth, window.innerWidth]"
-    )
-    assert page <= window, (page, window)
 
 
 # --- who sees which button (the test client) -------------------------------------------------

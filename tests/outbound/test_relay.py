@@ -123,6 +123,55 @@ def test_a_server_error_backs_off_and_the_retry_keeps_the_key(receiver):
     assert OutboxMessage.objects.get().status == "delivered"
 
 
+def test_each_message_of_a_round_is_recorded_by_its_own_answer(receiver):
+    # given: four messages to a receiver that answers each its own way, one to a port
+    # where nothing listens
+    merchant = destination(receiver.url, max_attempts=2)
+    warehouse = destination("http://127.0.0.1:9/hooks", name="warehouse", max_attempts=1)
+    for key in ("refused", "flaky", "paced", "paid"):
+        admit(merchant, key)
+    admit(warehouse, "unreachable")
+    receiver.answer(404, key="refused")
+    receiver.answer(503, key="flaky")
+    receiver.answer(500, key="flaky")
+    receiver.answer(429, {"retry-after": "240"}, key="paced")
+    start = timezone.now()
+
+    # when: one round each, then the merchant's next once the flaky one's backoff (at
+    # most 2 s) has passed
+    for dest, now in ((merchant, start), (warehouse, start), (merchant, later(5))):
+        claimed = relay_claim(destination=dest, now=now).claimed
+        relay_record(dest, relay_send(dest, claimed), now=now)
+
+    # then: each message as its own answers left it; a failure spends the budget, a
+    # Retry-After does not
+    rows = {m.key: m for m in OutboxMessage.objects.all()}
+    assert {
+        key: (m.status, m.attempts, m.failures, m.last_status_code) for key, m in rows.items()
+    } == {
+        "refused": ("failed", 1, 1, 404),
+        "flaky": ("failed", 2, 2, 500),
+        "paced": ("pending", 1, 0, 429),
+        "paid": ("delivered", 1, 0, 200),
+        "unreachable": ("failed", 1, 1, None),
+    }
+    assert rows["paced"].next_attempt_at == start + timedelta(seconds=240)
+    assert rows["unreachable"].last_error.startswith("ConnectError")
+    # one attempt row per request, numbered, with what was answered
+    attempts = {
+        key: list(m.attempt_set.order_by("number").values_list("number", "status_code"))
+        for key, m in rows.items()
+    }
+    assert attempts == {
+        "refused": [(1, 404)],
+        "flaky": [(1, 503), (2, 500)],
+        "paced": [(1, 429)],
+        "paid": [(1, 200)],
+        "unreachable": [(1, None)],
+    }
+    assert sorted(receiver.keys()) == ["flaky", "flaky", "paced", "paid", "refused"]
+
+
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 422])
 def test_a_refusal_is_terminal_at_once(receiver, status):
     dest = destination(receiver.url)

@@ -135,3 +135,29 @@ def distinct_colours(png: bytes) -> int:
         if row % 7 == 0:  # a sample of rows is enough to tell a page from a blank one
             colours.update(bytes(line[i : i + 3]) for i in range(0, stride, bpp * 5))
     return len(colours)
+
+
+def click_through(driver, element) -> None:
+    """Click, and wait for the page the click leads to: a click returns before the
+    browser has navigated."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(page))
+
+
+def no_sideways_scroll(driver, box: str | None = "#changelist .results") -> None:
+    """Neither the page nor ``box`` (by default the admin's results table, which it wraps
+    in a scrolling box; None: the page alone) is wider than what it shows."""
+    page, window = driver.execute_script(
+        "return [document.documentElement.scrollWidth, window.innerWidth]"
+    )
+    assert page <= window, (page, window)
+    if box:
+        inner, shown = driver.execute_script(
+            f"const r = document.querySelector('{box}'); return [r.scrollWidth, r.clientWidth]"
+        )
+        assert inner <= shown, (inner, shown)

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.support.browser import screenshot
-from tests.watch.test_sources import accepted, failed, refused, repair, run, silence
+from tests.support.status import accepted, failed, refused, repair, run, silence
 from webhook_receiver.models import RunOutcome
 
 OVERVIEW = reverse("admin:webhook_receiver_sourceoverview_changelist")

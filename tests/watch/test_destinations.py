@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.support.browser import screenshot
-from tests.watch.test_sources import status_command
+from tests.support.status import status_command
 from webhook_receiver.core.states import State
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.watch.destinations import destination_statuses

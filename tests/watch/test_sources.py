@@ -1,31 +1,24 @@
-"""The status selectors (watch/sources.py) and ``manage.py webhook_status``.
+"""The status selectors (watch/sources.py, watch/traffic.py, watch/verdict.py): each
+source's state and its reasons, the verdict, observed gaps and the activity series.
 
 Records are written as the receive path, the failure capture, the silence check and
-reconciliation leave them, at known times, so that each state and each reason can be
-named exactly. The helpers here are shared with tests/admin/test_overview.py.
+reconciliation leave them, at known times (tests/support/status.py), so that each state
+and each reason can be named exactly. ``manage.py webhook_status``:
+tests/watch/test_status_command.py.
 """
 
 from __future__ import annotations
 
-import io
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.support.status import accepted, audit, failed, receipt, refused, repair, run, silence
 from webhook_receiver.core.states import State
 from webhook_receiver.models import (
-    FailedEvent,
-    ReconciliationRun,
-    RepairItem,
-    RepairStatus,
-    RequestAudit,
     RunOutcome,
-    SilenceAlert,
-    WebhookReceipt,
 )
 from webhook_receiver.watch.conditions import SOURCE_CONDITIONS
 from webhook_receiver.watch.sources import source_statuses
@@ -36,108 +29,6 @@ pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 3, 2, 12, 0, 30, tzinfo=UTC)  # a Monday, 30 s into a 5-minute bucket
 SOURCES = ["shop", "stripe", "github", "small", "keyed"]  # tests/settings.py, in order
-
-
-# --- records, as the app writes them ------------------------------------------------------
-
-
-def receipt(source: str, at: datetime, key: str | None = None) -> WebhookReceipt:
-    return WebhookReceipt.objects.create(
-        source=source,
-        event_key=key or f"{source}-{at.timestamp()}",
-        event_type="inventory.reserved",
-        status="applied",
-        received_at=at,
-        body=b"{}",
-    )
-
-
-def audit(
-    source: str,
-    at: datetime,
-    *,
-    verification: str = "verified",
-    result: str = "applied",
-    status: int = 200,
-) -> RequestAudit:
-    return RequestAudit.objects.create(
-        source=source,
-        verification=verification,
-        result=result,
-        response_status=status,
-        received_at=at,
-    )
-
-
-def refused(source: str, at: datetime, code: str = "invalid_signature") -> RequestAudit:
-    return audit(source, at, verification=code, result=code, status=401)
-
-
-def accepted(source: str, at: datetime, result: str = "applied") -> WebhookReceipt:
-    """An accepted request: its audit record, and the receipt a new event leaves."""
-    audit(source, at, result=result)
-    return receipt(source, at)
-
-
-def failed(
-    source: str,
-    status: str,
-    *,
-    first: datetime,
-    due: datetime | None = None,
-    key: str | None = None,
-    error: tuple[str, str] = ("builtins.TimeoutError", "the warehouse did not answer"),
-) -> FailedEvent:
-    return FailedEvent.objects.create(
-        source=source,
-        event_key=key or f"{source}-{status}-{first.timestamp()}",
-        event_type="inventory.reserved",
-        body=b"{}",
-        status=status,
-        attempts=3,
-        last_error_class=error[0],
-        last_error_message=error[1],
-        first_attempt_at=first,
-        last_attempt_at=first,
-        next_attempt_at=due,
-    )
-
-
-def silence(source: str, *, opened: datetime, last: datetime | None, **more) -> SilenceAlert:
-    return SilenceAlert.objects.create(
-        source=source,
-        opened_at=opened,
-        last_accepted_at=last,
-        silence_after_seconds=1200,
-        last_checked_at=opened,
-        **more,
-    )
-
-
-def run(source: str, outcome: str, *, started: datetime, **more) -> ReconciliationRun:
-    return ReconciliationRun.objects.create(
-        source=source,
-        window_start=started - timedelta(hours=2),
-        window_end=started - timedelta(minutes=10),
-        started_at=started,
-        finished_at=None if outcome == RunOutcome.RUNNING else started + timedelta(seconds=5),
-        outcome=outcome,
-        **more,
-    )
-
-
-def repair(source: str, kind: str, key: str, by: ReconciliationRun) -> RepairItem:
-    return RepairItem.objects.create(
-        source=source,
-        kind=kind,
-        event_key=key,
-        occurred_at=by.window_start,
-        status=RepairStatus.OPEN,
-        first_run=by,
-        last_run=by,
-        created_at=by.started_at,
-        updated_at=by.started_at,
-    )
 
 
 def by_source(now: datetime = NOW) -> dict:
@@ -550,151 +441,7 @@ def test_every_status_query_can_use_an_index(settings):
         assert "Index" in plan, (sql, plan)
 
 
-# --- manage.py webhook_status ----------------------------------------------------------------
-
-
-def status_command(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    try:
-        call_command("webhook_status", *args, stdout=out, no_color=True)
-    except SystemExit as exit:
-        return exit.code, out.getvalue()
-    return 0, out.getvalue()
-
-
-def test_command_all_ok_exits_0(time_machine_now):
-    accepted("shop", time_machine_now - timedelta(minutes=2))
-
-    code, out = status_command()
-
-    assert code == 0
-    lines = out.splitlines()
-    assert lines[1] == "OK: All 5 sources OK"
-    header = lines[3].split()
-    assert header[:4] == ["SOURCE", "STATE", "LAST", "ACCEPTED"]
-    shop = next(line for line in lines if line.startswith("shop "))
-    assert shop.split()[:5] == ["shop", "OK", "2", "min", "ago"]
-    assert "1 / 0" in shop
-
-
-def test_command_attention_exits_1_and_says_why(time_machine_now):
-    failed("shop", "dead", first=time_machine_now - timedelta(hours=1))
-    refused("stripe", time_machine_now - timedelta(minutes=1))
-
-    code, out = status_command()
-
-    assert code == 1
-    assert (
-        "ATTENTION: 2 sources need attention: shop — 1 dead letter; stripe — 1 request refused\n"
-        in out
-    )
-    assert "\nshop: ATTENTION\n  ATTENTION  1 dead letter\n" in out
-    assert "\nstripe: ATTENTION\n  ATTENTION  1 request refused in the last hour" in out
-
-
-def test_command_alert_exits_2(time_machine_now):
-    silence("github", opened=time_machine_now - timedelta(minutes=3), last=None)
-
-    code, out = status_command()
-
-    assert code == 2
-    assert "ALERT: 1 source in alert: github — silent, never sent an event" in out
-    assert "  ALERT      silent: no accepted event ever (window 20 min)" in out
-    github = next(line for line in out.splitlines() if line.startswith("github "))
-    assert "ALERT" in github and "open 3 min" in github
-
-
-def test_command_json_shape(time_machine_now):
-    # given: one of everything on shop
-    now = time_machine_now
-    accepted("shop", now - timedelta(minutes=2))
-    refused("shop", now - timedelta(minutes=1))
-    failed("shop", "retrying", first=now - timedelta(minutes=5), due=now + timedelta(minutes=1))
-    failed("shop", "dead", first=now - timedelta(hours=2))
-
-    # when
-    code, out = status_command("--json")
-
-    # then: valid JSON with the documented keys (docs/overview.md)
-    document = json.loads(out)
-    assert code == 1 == document["exit_code"]
-    assert set(document) == {
-        "generated_at",
-        "state",
-        "verdict",
-        "exit_code",
-        "sources",
-        "destinations",
-    }
-    assert document["destinations"] == []  # no outbox destination here
-    assert document["state"] == "attention"
-    assert [s["source"] for s in document["sources"]] == SOURCES
-    shop = document["sources"][0]
-    assert set(shop) == {
-        "source",
-        "configured",
-        "state",
-        "reasons",
-        "last_accepted_at",
-        "last_accepted_age_seconds",
-        "last_hour",
-        "failed_events",
-        "silence",
-        "reconciliation",
-    }
-    assert shop["state"] == "attention"
-    assert [r["code"] for r in shop["reasons"]] == ["dead_letters", "rejected"]
-    assert shop["reasons"][0] == {
-        "code": "dead_letters",
-        "state": "attention",
-        "summary": "1 dead letter",
-        "text": "1 dead letter",
-    }
-    assert shop["last_hour"] == {
-        "requests": 2,
-        "accepted": 1,
-        "rejected": 1,
-        "accepted_by_result": {"applied": 1},
-        "rejected_by_reason": {"invalid_signature": 1},
-        "rejected_unrecorded": 0,
-    }
-    assert shop["failed_events"]["retrying"] == 1
-    assert shop["failed_events"]["dead"] == 1
-    assert 299 <= shop["failed_events"]["oldest_retry_age_seconds"] <= 310
-    assert shop["silence"] == {
-        "after_seconds": 1200.0,
-        "active_hours": None,
-        "in_active_hours": None,
-        "open_alert": None,
-    }
-    assert shop["reconciliation"] == {"last_run": None, "open_repair_items": {}}
-    assert 119 <= shop["last_accepted_age_seconds"] <= 130
-
-
-def test_command_exits_3_when_the_status_cannot_be_read(time_machine_now):
-    # given: a real database fault, a table the status reads is gone (rolled back after)
-    with connection.cursor() as cursor:
-        cursor.execute("DROP TABLE webhook_receiver_silencealert")
-    err = io.StringIO()
-
-    # when
-    with pytest.raises(SystemExit) as exit, transaction.atomic():
-        call_command("webhook_status", stdout=io.StringIO(), stderr=err)
-
-    # then
-    assert exit.value.code == 3
-    assert "the status could not be read" in err.getvalue()
-
-
 # --- helpers -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def time_machine_now():
-    """The command reads the clock itself: records are placed relative to the real now."""
-    from django.utils import timezone
-
-    return timezone.now()
 
 
 def reconcile(settings, *slugs: str) -> None:

@@ -8,8 +8,14 @@ from django.db import connection
 from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
 # fixtures kept beside the helpers they use: a real local HTTP receiver (the relay's
-# tests), a headless browser (the admin pages), the Redis broker (a real Celery worker)
-pytest_plugins = ["tests.support.receiver", "tests.support.browser", "tests.support.worker"]
+# tests), a headless browser (the admin pages), the Redis broker (a real Celery worker),
+# the metrics token (/metrics/ scraped)
+pytest_plugins = [
+    "tests.support.receiver",
+    "tests.support.browser",
+    "tests.support.worker",
+    "tests.support.metrics",
+]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -29,8 +29,8 @@ from django.utils import timezone
 
 from tests.settings import WEBHOOK_RECEIVER
 from tests.support.http import post
+from tests.support.metrics import scrape, series, value
 from tests.support.signing import reserved, standard_headers
-from tests.watch.test_metrics import AUTH, labels, metrics_on, scrape, series, value  # noqa: F401
 from webhook_receiver.conf import app_settings
 from webhook_receiver.exceptions import MissingSignatureHeaders
 from webhook_receiver.inbound import receive as inbound
@@ -337,7 +337,7 @@ def test_the_chart_sums_a_flood_of_unknown_slugs_under_one_series(client):
 
 
 @pytest.mark.django_db
-def test_metrics_count_the_unrecorded_without_a_series_per_slug(client, metrics_on):  # noqa: F811
+def test_metrics_count_the_unrecorded_without_a_series_per_slug(client, metrics_on):
     # given
     before = scrape(client)
 

@@ -1,19 +1,13 @@
-"""GET /metrics/: what it counts equals what the audit trail and the tables say, it is
-shut to anyone without the token, and it stays right under several gunicorn workers."""
+"""GET /metrics/: what it counts equals what the audit trail and the tables say, a scrape
+the database cannot answer fails whole, and it is shut to anyone without the token.
+(Under two gunicorn workers: tests/watch/test_metrics_workers.py; the example alerting
+rules: tests/watch/test_alert_rules.py.)"""
 
 from __future__ import annotations
 
-import http.client
-import os
-import re
-import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -22,17 +16,12 @@ from django.db.models import Min
 from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.bench.server import free_port
-from tests.settings import SHOP_SECRET
 from tests.support import handlers
 from tests.support.failing import CRASH, fail_crash, fail_schema
 from tests.support.fuzzing import THROUGH_THE_DATABASE
 from tests.support.http import post
-from tests.support.paths import REPO
-from tests.support.served import wait_listening
+from tests.support.metrics import AUTH, TOKEN, delta, labels, scrape, series, value
 from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.inbound import metrics
 from webhook_receiver.models import (
@@ -48,54 +37,7 @@ from webhook_receiver.models import (
 )
 from webhook_receiver.watch.traffic import last_accepted_at
 
-TOKEN = "metrics-token-for-tests"
-AUTH = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
 SOURCES = ("shop", "stripe", "github", "small", "keyed")  # tests/settings.py
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture
-def metrics_on(settings) -> None:
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "METRICS_TOKEN": TOKEN}
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def scrape(client) -> Samples:
-    response = client.get("/metrics/", **AUTH)
-    assert response.status_code == 200, response.content
-    assert response["Content-Type"].startswith("text/plain")
-    return parse(response.content.decode())
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
-    return {labels: v for (n, labels), v in samples.items() if n == name}
-
-
-def delta(before: Samples, after: Samples, name: str) -> dict[frozenset, float]:
-    """What changed between two scrapes: the default registry is the process's, shared
-    by every test in it."""
-    changed = {}
-    for labels, v in series(after, name).items():
-        d = v - before.get((name, labels), 0.0)
-        if d:
-            changed[labels] = d
-    return changed
-
-
-def labels(**pairs: str) -> frozenset[tuple[str, str]]:
-    return frozenset(pairs.items())
 
 
 # --- counters against the audit trail --------------------------------------------------
@@ -498,201 +440,3 @@ def test_any_authorization_header_on_metrics_is_a_401_or_the_scrape(
         else 401
     )
     assert response.status_code == expected
-
-
-# --- several gunicorn workers ----------------------------------------------------------
-
-
-class Gunicorn:
-    """``project.wsgi`` under gunicorn with deploy/gunicorn.conf.py, as deployed."""
-
-    def __init__(self, metrics_dir: Path, log: Path, workers: int = 2) -> None:
-        db = connection.settings_dict
-        url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-        self.port = free_port()
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "project.settings",
-            "DATABASE_URL": url,
-            "SHOP_WEBHOOK_SECRETS": SHOP_SECRET,
-            "METRICS_TOKEN": TOKEN,
-            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-            "DEMO_VAR_DIR": str(log.parent / "var"),
-        }
-        self.env.pop("GUNICORN_CMD_ARGS", None)
-        self.command = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "project.wsgi",
-            "-c",
-            str(REPO / "deploy" / "gunicorn.conf.py"),
-            "-w",
-            str(workers),
-            "--bind",
-            f"127.0.0.1:{self.port}",
-        ]
-        self.log = log
-
-    def __enter__(self) -> Gunicorn:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                cwd=REPO,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_listening(self.port, seconds=30)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-    def request(self, method: str, path: str, body: bytes = b"", headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            conn.request(
-                method, path, body=body, headers={**(headers or {}), "Connection": "close"}
-            )
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def scrape(self) -> Samples:
-        status, content = self.request(
-            "GET", "/metrics/", headers={"Authorization": f"Bearer {TOKEN}"}
-        )
-        assert status == 200, content
-        return parse(content.decode())
-
-
-def applied_per_file(metrics_dir: Path) -> dict[str, float]:
-    """Each process's own count of applied shop events, from its counter file."""
-    counts = {}
-    for path in sorted(metrics_dir.glob("counter_*.db")):
-        for metric in MultiProcessCollector.merge([str(path)]):
-            for sample in metric.samples:
-                if sample.name == "webhook_receiver_events_total" and sample.labels == {
-                    "source": "shop",
-                    "result": "applied",
-                }:
-                    counts[path.name] = sample.value
-    return counts
-
-
-@pytest.mark.postgres_only("gunicorn serves the test database from other processes")
-@pytest.mark.django_db(transaction=True)
-def test_two_gunicorn_workers_count_every_request_once_in_every_scrape(tmp_path):
-    metrics_dir = tmp_path / "prometheus"
-    batch = 20
-    with Gunicorn(metrics_dir, tmp_path / "gunicorn.log") as server:
-
-        def send(body: bytes) -> int:
-            return server.request("POST", "/webhooks/shop/", body, standard_headers(body))[0]
-
-        # when: signed requests, four at a time, in batches until both workers have
-        # served some (one may still be starting when the first arrive)
-        sent = 0
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            for number in range(10):
-                bodies = [reserved(f"ord_{number}_{i}", ("SKU-1", 1)) for i in range(batch)]
-                assert list(pool.map(send, bodies)) == [200] * batch
-                sent += batch
-                if len([c for c in applied_per_file(metrics_dir).values() if c > 0]) == 2:
-                    break
-        scrapes = [server.scrape() for _ in range(12)]
-
-        # then: every scrape, whichever worker answered it, counts each request once
-        for samples in scrapes:
-            applied = value(
-                samples, "webhook_receiver_events_total", source="shop", result="applied"
-            )
-            assert applied == sent
-            assert value(samples, "webhook_receiver_receive_seconds_count", source="shop") == sent
-        # the DB-backed gauges too
-        last = value(scrapes[0], "webhook_receiver_last_event_timestamp_seconds", source="shop")
-        assert last == pytest.approx(last_accepted_at("shop").timestamp(), abs=1e-3)
-        # and the requests were spread over both workers, each with its own file
-        per_process = applied_per_file(metrics_dir)
-        assert sum(per_process.values()) == sent
-        assert len([c for c in per_process.values() if c > 0]) == 2, per_process
-
-    # when: the server restarts on the same directory, that run's files still in it
-    assert list(metrics_dir.glob("counter_*.db"))
-    with Gunicorn(metrics_dir, tmp_path / "gunicorn.log") as server:
-        samples = server.scrape()
-
-    # then: the counters start again from zero (Prometheus reads that as a reset)
-    assert value(samples, "webhook_receiver_events_total", source="shop", result="applied") == 0
-    assert WebhookReceipt.objects.filter(source="shop").count() == sent
-
-
-# --- the example alerting rules ---------------------------------------------------------
-
-ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
-
-
-def test_the_example_alerts_use_only_metrics_that_exist():
-    text = ALERTS.read_text()
-    used = set(re.findall(r"webhook_receiver_[a-z_]+", text))
-    exposed = {
-        "webhook_receiver_events_total",
-        "webhook_receiver_rejected_total",
-        "webhook_receiver_receive_seconds_bucket",
-        "webhook_receiver_failed_events",
-        "webhook_receiver_oldest_retry_age_seconds",
-        "webhook_receiver_last_event_timestamp_seconds",
-        "webhook_receiver_silence_alert_open",
-        "webhook_receiver_repair_items_open",
-        "webhook_receiver_outbox_breaker_open",
-        "webhook_receiver_outbox_failed",
-        "webhook_receiver_outbox_oldest_eligible_age_seconds",
-    }
-    assert used <= exposed, used - exposed
-    assert {
-        "webhook_receiver_silence_alert_open",
-        "webhook_receiver_last_event_timestamp_seconds",
-        "webhook_receiver_failed_events",
-        "webhook_receiver_oldest_retry_age_seconds",
-        "webhook_receiver_repair_items_open",
-        "webhook_receiver_rejected_total",
-        "webhook_receiver_outbox_breaker_open",
-        "webhook_receiver_outbox_failed",
-        "webhook_receiver_outbox_oldest_eligible_age_seconds",
-    } <= used
-
-
-def test_the_example_alerts_are_valid_yaml():
-    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
-
-    document = yaml.safe_load(ALERTS.read_text())
-
-    rules = [rule for group in document["groups"] for rule in group["rules"]]
-    assert rules
-    for rule in rules:
-        assert {"alert", "expr", "labels", "annotations"} <= set(rule)
-
-
-def test_the_outbox_alerts_fire_when_they_should():
-    """deploy/prometheus/alerts_test.yml, with Prometheus' own rule tester."""
-    import shutil
-    import subprocess
-
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("needs promtool (Debian's prometheus package)")
-    result = subprocess.run(
-        [promtool, "test", "rules", str(ALERTS.with_name("alerts_test.yml"))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr

@@ -12,18 +12,13 @@ from django.db import transaction
 from django.test import TestCase
 from django.utils import timezone
 
+from tests.support.metrics import parse, scrape, value
 from tests.support.worker import wait_for
-from tests.watch.test_metrics import TOKEN, parse, scrape, value
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.run import relay_destination
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _metrics_on(settings):
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "METRICS_TOKEN": TOKEN}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_on")]
 
 
 def admit(dest, key):
@@ -124,47 +119,6 @@ def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
     # a round's answers are counted once they are committed, not before
     assert delta(uncommitted, "webhook_receiver_outbox_delivery_seconds_count") == 0
     assert delta(uncommitted, "webhook_receiver_outbox_terminal_total") == 0
-
-
-# --- retention --------------------------------------------------------------------------
-
-
-def test_retention_keeps_terminal_messages_and_respects_the_replay_horizon(settings):
-    from webhook_receiver.outbound.retention import outbox_purge
-
-    # given: two destinations, one whose receiving end remembers keys for 90 days
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "OUTBOX_RETENTION_DAYS": 30}
-    short = WebhookDestination.objects.create(name="short", url="http://127.0.0.1:9/")
-    long = WebhookDestination.objects.create(
-        name="long", url="http://127.0.0.1:9/", replay_horizon_days=90
-    )
-    old = timezone.now() - timedelta(days=45)
-    for dest in (short, long):
-        for key, status in (("delivered", "delivered"), ("failed", "failed"), ("new", "delivered")):
-            admit(dest, key)
-            OutboxMessage.objects.filter(destination=dest, key=key).update(
-                status=status, delivered_at=old if key != "new" else timezone.now()
-            )
-        admit(dest, "discarded")
-        OutboxMessage.objects.filter(destination=dest, key="discarded").update(
-            status="discarded", discarded_at=old
-        )
-
-    # when
-    deleted = outbox_purge()
-
-    # then: 45-day-old delivered and discarded messages go for the 30-day destination
-    # only; terminal and recent ones stay everywhere
-    assert deleted == 2
-    kept = set(OutboxMessage.objects.values_list("destination__name", "key"))
-    assert kept == {
-        ("short", "failed"),
-        ("short", "new"),
-        ("long", "delivered"),
-        ("long", "failed"),
-        ("long", "new"),
-        ("long", "discarded"),
-    }
 
 
 @pytest.mark.postgres_only("a Celery worker in another process must see the test database")

@@ -9,7 +9,6 @@ connected receiver).
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
@@ -24,12 +23,11 @@ from django.utils import timezone
 
 from tests.settings import SHOP_SECRET
 from tests.support import handlers as test_handlers
-from tests.support.browser import screenshot
 from tests.support.http import post
-from tests.support.signing import event_body, reserved, standard_headers
+from tests.support.signing import event_body, standard_headers
+from tests.support.silence import MINUTE, WRONG_SECRET, send_event, send_forged, send_stale
 from webhook_receiver.inbound.failures import failed_event_replay
 from webhook_receiver.models import FailedEvent, RequestAudit, SilenceAlert, WebhookReceipt
-from webhook_receiver.signals import silence_alert_opened, silence_alert_resolved
 from webhook_receiver.tasks import check_silence
 from webhook_receiver.watch.notifiers import Notifier
 from webhook_receiver.watch.silence import silence_check
@@ -37,87 +35,7 @@ from webhook_receiver.watch.traffic import last_accepted_at
 
 pytestmark = pytest.mark.django_db
 
-MINUTE = timedelta(minutes=1)
-WRONG_SECRET = "whsec_" + base64.b64encode(b"a secret the shop never had").decode()
 BERLIN = ZoneInfo("Europe/Berlin")
-
-
-# --- the sender, the checks and what is heard -------------------------------------------
-
-
-def send_event(client, source: str = "shop", order: str = "ord_1") -> datetime:
-    """A signed event, accepted; returns the source's last accepted moment."""
-    body = reserved(order, ("SKU-1", 1))
-    assert post(client, source, body, standard_headers(body)).status_code == 200
-    return last_accepted_at(source)
-
-
-def send_forged(client, source: str = "shop", count: int = 1) -> None:
-    """Requests signed with a secret we do not hold (a rotation on the sender's side)."""
-    for i in range(count):
-        body = reserved(f"ord_forged_{i}", ("SKU-1", 1))
-        headers = standard_headers(body, secret=WRONG_SECRET)
-        assert post(client, source, body, headers).status_code == 401
-
-
-def send_stale(client, source: str = "shop", count: int = 1) -> None:
-    """Correctly signed, an hour ago: outside the tolerance (a clock off)."""
-    for i in range(count):
-        body = reserved(f"ord_stale_{i}", ("SKU-1", 1))
-        headers = standard_headers(body, timestamp=int(time.time()) - 3600)
-        assert post(client, source, body, headers).status_code == 401
-
-
-@pytest.fixture
-def watch(settings):
-    """The test sources with shop watched (20 minutes), every built-in notifier on, and
-    an admin to mail. Call it again to change shop's options or the notifiers."""
-
-    def configure(notifiers=("log", "mail_admins", "signal"), **shop) -> None:
-        sources = dict(settings.WEBHOOK_RECEIVER["SOURCES"])
-        sources["shop"] = {**sources["shop"], "SILENCE_AFTER_SECONDS": 1200, **shop}
-        settings.WEBHOOK_RECEIVER = {
-            **settings.WEBHOOK_RECEIVER,
-            "SOURCES": sources,
-            "NOTIFIERS": list(notifiers),
-        }
-
-    settings.ADMINS = [("Ops", "ops@example.com")]
-    configure()
-    return configure
-
-
-@pytest.fixture
-def heard():
-    """Every silence signal sent, as (signal, source, alert id)."""
-    events: list[tuple[str, str, int]] = []
-
-    def opened(sender, alert, **kwargs):
-        assert sender is SilenceAlert
-        events.append(("opened", alert.source, alert.pk))
-
-    def resolved(sender, alert, **kwargs):
-        assert sender is SilenceAlert
-        events.append(("resolved", alert.source, alert.pk))
-
-    silence_alert_opened.connect(opened, dispatch_uid="test_silence_opened")
-    silence_alert_resolved.connect(resolved, dispatch_uid="test_silence_resolved")
-    yield events
-    silence_alert_opened.disconnect(dispatch_uid="test_silence_opened")
-    silence_alert_resolved.disconnect(dispatch_uid="test_silence_resolved")
-
-
-@pytest.fixture
-def check(django_capture_on_commit_callbacks):
-    """silence_check at a moment, its notices sent as a commit sends them; the results
-    by source."""
-
-    def run(at: datetime | None = None):
-        with django_capture_on_commit_callbacks(execute=True):
-            results = silence_check(now=at)
-        return {result.source: result for result in results}
-
-    return run
 
 
 # --- opening, once ------------------------------------------------------------------------
@@ -556,78 +474,6 @@ def test_a_sender_that_stops_pages_once_and_its_return_is_announced_once(
     assert len(mailoutbox) == 2
     assert mailoutbox[1].subject.startswith("[Django] [webhook_receiver] shop receiving again")
     assert SilenceAlert.objects.get().resolved_at == last + 31 * MINUTE
-
-
-# --- the admin ---------------------------------------------------------------------------------
-
-
-def _accepted(client, order: str, at: datetime) -> None:
-    """An event accepted, its receipt dated ``at`` (the past, for a coherent history)."""
-    send_event(client, order=order)
-    WebhookReceipt.objects.filter(subject=order).update(received_at=at)
-
-
-def _incidents(client, check) -> None:
-    """shop: an incident three hours ago, resolved, and one open for two hours; small:
-    refused from its first request."""
-    now = timezone.now()
-    _accepted(client, "ord_1", now - 180 * MINUTE)
-    check(now - 155 * MINUTE)
-    _accepted(client, "ord_2", now - 130 * MINUTE)
-    check(now - 129 * MINUTE)
-    check(now - 105 * MINUTE)
-    send_forged(client, source="small", count=4)
-    send_stale(client, source="small")
-    check()
-
-
-def test_the_admin_lists_alerts_by_state_and_source(client, admin_client, watch, check):
-    # given
-    _incidents(client, check)
-    changelist = reverse("admin:webhook_receiver_silencealert_changelist")
-
-    # when
-    everything = admin_client.get(changelist).content.decode()
-    still_open = admin_client.get(changelist, {"state": "open"}).content.decode()
-    small = admin_client.get(changelist, {"source": "small"}).content.decode()
-
-    # then
-    assert everything.count('class="field-source"') == 3
-    assert still_open.count('class="field-source"') == 2
-    assert "never accepted an event" in small
-    assert "<strong>5</strong>" in small
-    assert "invalid_signature: 4</span>" in small
-    assert "timestamp_out_of_tolerance: 1</span>" in small
-    # and it is read-only
-    alert = SilenceAlert.objects.filter(source="small").get()
-    detail = admin_client.get(
-        reverse("admin:webhook_receiver_silencealert_change", args=[alert.pk])
-    )
-    assert detail.status_code == 200
-    assert b'name="_save"' not in detail.content
-    assert admin_client.get(reverse("admin:webhook_receiver_silencealert_add")).status_code == 403
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_alert_list_in_a_browser(client, watch, live_server, admin_browser, check):  # noqa: F811
-    # given
-    _incidents(client, check)
-
-    # when
-    admin_browser.get(live_server.url + reverse("admin:webhook_receiver_silencealert_changelist"))
-
-    # then
-    page = admin_browser.page_source
-    assert "never accepted an event" in page
-    assert "50 min" in page and "2 h 10 min so far" in page
-    screenshot(admin_browser, "silence_alerts")
-
-    # and one alert's page, with the way to its requests
-    alert = SilenceAlert.objects.get(source="small")
-    change = reverse("admin:webhook_receiver_silencealert_change", args=[alert.pk])
-    admin_browser.get(live_server.url + change)
-    assert "/admin/webhook_receiver/requestaudit/?source=small" in admin_browser.page_source
-    screenshot(admin_browser, "silence_alert")
 
 
 def test_a_silence_alert_is_sent_to_the_ops_destination_once_per_state(

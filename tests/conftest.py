@@ -9,13 +9,15 @@ from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
 # fixtures kept beside the helpers they use: a real local HTTP receiver (the relay's
 # tests), a headless browser (the admin pages), the Redis broker (a real Celery worker),
-# the metrics token (/metrics/ scraped), silence watched and checked (watch, heard, check)
+# the metrics token (/metrics/ scraped), silence watched and checked (watch, heard, check),
+# the trace tests' story (story, shop_effects)
 pytest_plugins = [
     "tests.support.receiver",
     "tests.support.browser",
     "tests.support.worker",
     "tests.support.metrics",
     "tests.support.silence",
+    "tests.support.trace",
 ]
 
 

@@ -1,102 +1,25 @@
-"""Trace one webhook: event_trace, the admin's trace page, manage.py webhook_trace, and
-the page in a real browser.
+"""Trace one webhook: event_trace and manage.py webhook_trace (the admin's page:
+tests/admin/test_trace.py).
 
-Every record is made the way production makes it: signed deliveries to the real endpoint
-(one applied and delivered twice, one moving an order, one failing into a dead letter
-through the real retry sweep) and a real reconciliation run over a file export.
+Every record is made the way production makes it (tests/support/trace.py): signed
+deliveries to the real endpoint (one applied and delivered twice, one moving an order,
+one failing into a dead letter through the real retry sweep) and a real reconciliation
+run over a file export.
 """
 
 from __future__ import annotations
 
-import html
-import json
-from dataclasses import dataclass
-from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.urls import reverse
-from django.utils import timezone
 
-from tests.support import handlers
-from tests.support.browser import screenshot
-from tests.support.failing import CRASH, fail_crash
-from tests.support.http import post
-from tests.support.reconciling import reconcile_with
-from tests.support.signing import event_body, reserved, standard_headers
-from webhook_receiver.admin.cells import trace_url
-from webhook_receiver.inbound.failures import failed_events_retry_due
-from webhook_receiver.models import FailedEvent, RepairItem
-from webhook_receiver.reconcile.run import reconciliation_run
+from tests.support.failing import CRASH
+from tests.support.trace import APPLIED, DEAD, FULFILLED, ORDER, PAID
 from webhook_receiver.watch.trace import EffectSection, event_key_sources, event_trace
 
-APPLIED = "msg_trace_applied"
-PAID = "msg_trace_paid"
-FULFILLED = "msg_trace_fulfilled"
-DEAD = "msg_trace_dead"
-ORDER = "ord_trace"
-
-
-@dataclass(frozen=True)
-class Story:
-    applied_body: bytes
-
-
-@pytest.fixture(autouse=True)
-def _shop_effects(settings) -> None:
-    """The demo's hook, as project/settings.py sets it (tests/settings.py leaves it out)."""
-    settings.WEBHOOK_RECEIVER = {
-        **settings.WEBHOOK_RECEIVER,
-        "TRACE_EFFECTS": "project.shop.trace.shop_effects",
-    }
-
-
-def deliver(client, msg_id: str, body: bytes) -> dict:
-    response = post(client, "shop", body, standard_headers(body, msg_id=msg_id))
-    assert response.status_code in (200, 202), response.content
-    return response.json()
-
-
-@pytest.fixture
-def story(client, crash_handler, settings, tmp_path) -> Story:
-    """An applied reservation delivered twice, an order paid then fulfilled, and an event
-    that failed on delivery, failed again on its retry, and is dead; reconciliation then
-    found the dead one as a repair item."""
-    applied_body = reserved(ORDER, ("SKU-RED", 2), ("SKU-BLUE", 1))
-    assert deliver(client, APPLIED, applied_body)["status"] == "applied"
-    assert deliver(client, APPLIED, applied_body)["status"] == "duplicate"
-    deliver(client, PAID, event_body("order.paid", order_id=ORDER, version=2))
-    deliver(client, FULFILLED, event_body("order.fulfilled", order_id=ORDER, version=3))
-
-    # fails on delivery (retrying, two attempts allowed), then on its retry: dead
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "RETRY_MAX_ATTEMPTS": 2}
-    fail_crash(client, DEAD, order_id=ORDER)
-    handlers.failures_left["count"] = 1
-    assert failed_events_retry_due(now=timezone.now() + timedelta(days=1)) == 1
-    assert FailedEvent.objects.get(event_key=DEAD).status == "dead"
-
-    # the sender lists all four: reconciliation finds the dead one, as a repair item
-    now = timezone.now()
-    sent = [
-        (APPLIED, "inventory.reserved"),
-        (PAID, "order.paid"),
-        (FULFILLED, "order.fulfilled"),
-        (DEAD, CRASH),
-    ]
-    export = tmp_path / "events.jsonl"
-    export.write_text(
-        "".join(
-            json.dumps({"id": key, "type": kind, "created_at": now.isoformat(), "data": {}}) + "\n"
-            for key, kind in sent
-        )
-    )
-    reconcile_with(settings, "shop", ADAPTER="file", OPTIONS={"PATH": str(export)})
-    reconciliation_run(source_slug="shop", now=now + timedelta(minutes=15))
-    assert list(RepairItem.objects.values_list("kind", "event_key")) == [("failed", DEAD)]
-    return Story(applied_body=applied_body)
+pytestmark = pytest.mark.usefixtures("shop_effects")
 
 
 def effect(trace, title_start: str) -> EffectSection:
@@ -252,145 +175,6 @@ def test_a_hook_that_raises_is_a_message_not_an_error(story, settings):
     assert trace.receipt is not None
 
 
-# --- the admin page --------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_the_admin_page_tells_the_whole_story_in_order(story, admin_client):
-    # when
-    response = admin_client.get(trace_url("shop", DEAD))
-
-    # then
-    assert response.status_code == 200
-    page = response.content.decode()
-    sections = [
-        "1. Deliveries",
-        "2. Receipt",
-        "3. Effects",
-        "4. Failed event",
-        "5. Repair items",
-        "6. Outbox",
-    ]
-    positions = [page.index(title) for title in sections]
-    assert positions == sorted(positions)
-    assert "handler crashed after its ledger write" in page
-    assert "builtins.RuntimeError" in page
-    assert "<details><summary>traceback</summary>" in page
-    assert "No receipt: this key's effect has not committed." in page
-    assert "No outbox messages." in page
-    failed = FailedEvent.objects.get(event_key=DEAD)
-    assert reverse("admin:webhook_receiver_failedevent_change", args=[failed.pk]) in page
-    repair = RepairItem.objects.get(event_key=DEAD)
-    assert reverse("admin:webhook_receiver_repairitem_change", args=[repair.pk]) in page
-
-
-@pytest.mark.django_db
-def test_the_admin_page_of_an_applied_event_shows_its_effects(story, admin_client):
-    response = admin_client.get(trace_url("shop", APPLIED))
-
-    page = response.content.decode()
-    assert response.status_code == 200
-    assert "2 deliveries · receipt applied" in page
-    assert page.count(">duplicate<") == 1
-    assert "SKU-RED" in page and "SKU-BLUE" in page
-    assert "Inventory ledger lines written by this event" in page
-    assert f"no: {FULFILLED}" in page
-    # ages to the second; timestamps in UTC, to the second
-    assert " s ago" in page
-    receipt_time = event_trace(source="shop", event_key=APPLIED).receipt.received_at
-    assert f"{receipt_time:%Y-%m-%d %H:%M:%S}" in page
-
-
-@pytest.mark.django_db
-def test_without_a_source_every_source_holding_the_key_is_traced(story, admin_client):
-    response = admin_client.get(reverse("admin:webhook_receiver_trace"), {"key": APPLIED})
-
-    assert response.status_code == 200
-    assert [item["trace"].source for item in response.context["traces"]] == ["shop"]
-
-
-@pytest.mark.django_db
-def test_the_admin_page_of_an_unknown_key_says_nothing_holds_it(admin_client):
-    response = admin_client.get(trace_url("shop", "msg_nobody"))
-
-    assert response.status_code == 200
-    assert "Nothing in source “shop” holds this key" in response.content.decode()
-
-    anywhere = admin_client.get(reverse("admin:webhook_receiver_trace"), {"key": "msg_nobody"})
-    assert "No source holds the event key" in anywhere.content.decode()
-
-
-@pytest.mark.django_db
-def test_the_lookup_form_alone(admin_client):
-    response = admin_client.get(reverse("admin:webhook_receiver_trace"))
-
-    assert response.status_code == 200
-    page = response.content.decode()
-    assert 'name="key"' in page
-    # the configured sources, and "any source"
-    for slug in ("any source", "shop", "stripe", "github"):
-        assert f">{slug}</option>" in page
-
-
-@pytest.mark.django_db
-def test_stored_values_are_escaped(client, admin_client):
-    # given: a signed delivery whose message id (its event key) is markup
-    key = '<img src=x onerror="alert(1)">'
-    body = reserved("ord_<b>bold</b>", ("<i>SKU</i>", 1))
-    assert post(client, "shop", body, standard_headers(body, msg_id=key)).status_code == 200
-
-    # when
-    page = admin_client.get(trace_url("shop", key)).content.decode()
-
-    # then: shown as text, never as markup
-    assert "<img src=x" not in page and "<i>SKU</i>" not in page and "<b>bold" not in page
-    assert html.escape(key) in page or "&lt;img src=x" in page
-    assert "&lt;i&gt;SKU&lt;/i&gt;" in page
-
-
-@pytest.mark.django_db
-def test_the_page_needs_the_view_permission_on_the_overview(story, client, staff_user):
-    # given: a staff member with no permission at all
-    user = staff_user()
-    client.force_login(user)
-
-    # when / then: refused
-    assert client.get(trace_url("shop", APPLIED)).status_code == 403
-
-    # and once they may view the overview, allowed
-    staff_user.grant(user, "view_sourceoverview")
-    user = User.objects.get(pk=user.pk)  # a fresh permission cache
-    client.force_login(user)
-    response = client.get(trace_url("shop", APPLIED))
-    assert response.status_code == 200
-    # without the view permission on audit records, no links to them
-    assert "/admin/webhook_receiver/requestaudit/" not in response.content.decode()
-
-
-@pytest.mark.django_db
-def test_audit_records_and_receipts_link_to_their_trace(story, admin_client):
-    link = html.escape(trace_url("shop", APPLIED))
-
-    audit_list = admin_client.get(reverse("admin:webhook_receiver_requestaudit_changelist"))
-    receipt_list = admin_client.get(reverse("admin:webhook_receiver_webhookreceipt_changelist"))
-    receipt = event_trace(source="shop", event_key=APPLIED).receipt
-    receipt_page = admin_client.get(
-        reverse("admin:webhook_receiver_webhookreceipt_change", args=[receipt.id])
-    )
-    audit_id = event_trace(source="shop", event_key=APPLIED).deliveries[0].id
-    audit_page = admin_client.get(
-        reverse("admin:webhook_receiver_requestaudit_change", args=[audit_id])
-    )
-
-    for response in (audit_list, receipt_list, receipt_page, audit_page):
-        assert response.status_code == 200
-        assert link in response.content.decode()
-    # two deliveries of the key: two rows with the link
-    assert audit_list.content.decode().count(link) == 2
-    # and the link leads to the trace
-    assert admin_client.get(trace_url("shop", APPLIED)).status_code == 200
-
-
 # --- manage.py webhook_trace -----------------------------------------------------------
 
 
@@ -450,33 +234,3 @@ def test_the_command_names_the_sources_that_hold_a_key_missing_from_the_one_aske
     assert str(raised.value) == (
         f"Nothing in source 'stripe' holds the event key '{APPLIED}'. Sources that do: shop."
     )
-
-
-# --- in a real browser -----------------------------------------------------------------
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_trace_page_in_a_browser(story, admin_browser, live_server):  # noqa: F811
-    from selenium.webdriver.common.by import By
-
-    # when: the applied event's page
-    admin_browser.get(live_server.url + trace_url("shop", APPLIED))
-
-    # then: the story is visible
-    text = admin_browser.find_element(By.ID, "content").text
-    for visible in ("2 deliveries · receipt applied", "SKU-RED", "duplicate", "No outbox"):
-        assert visible in text, visible
-    screenshot(admin_browser, "trace")
-
-    # and the dead event's page, its traceback folded until clicked
-    admin_browser.get(live_server.url + trace_url("shop", DEAD))
-    summary = admin_browser.find_element(By.CSS_SELECTOR, "details summary")
-    traceback = admin_browser.find_element(By.CSS_SELECTOR, "details pre")
-    assert not traceback.is_displayed()
-    assert "handler crashed after its ledger write" in admin_browser.page_source
-    screenshot(admin_browser, "trace-dead")
-    summary.click()
-    assert traceback.is_displayed()
-    assert "Traceback" in traceback.text
-    admin_browser.execute_script("arguments[0].scrollIntoView()", summary)
-    screenshot(admin_browser, "trace-dead-traceback")

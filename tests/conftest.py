@@ -10,7 +10,7 @@ from django.test.testcases import LiveServerThread, _StaticFilesHandler
 # fixtures kept beside the helpers they use: a real local HTTP receiver (the relay's
 # tests), a headless browser (the admin pages), the Redis broker (a real Celery worker),
 # the metrics token (/metrics/ scraped), silence watched and checked (watch, heard, check),
-# the trace tests' story (story, shop_effects)
+# the trace tests' story (story, shop_effects), repair items found by a run (repair_items)
 pytest_plugins = [
     "tests.support.receiver",
     "tests.support.browser",
@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.support.metrics",
     "tests.support.silence",
     "tests.support.trace",
+    "tests.support.repairing",
 ]
 
 

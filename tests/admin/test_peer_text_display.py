@@ -1,6 +1,7 @@
 """What a peer sent, as an operator sees it: every page and command answers with something
 readable, whatever the stored bytes (nested deeper than Python recurses, NUL, markup), and
-no bidirectional control or invisible character reorders or hides what is shown.
+no bidirectional control or invisible character reorders or hides what is shown. (The
+rule itself and the JSON printer: tests/core/test_display.py.)
 
 Records are made the way production makes them: signed deliveries to the real endpoint,
 a real reconciliation run over a file export.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import unicodedata
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler
 from io import StringIO
@@ -20,15 +20,13 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
-from hypothesis import given
-from hypothesis import strategies as st
 
 from project.shop.trace import shop_effects
 from tests.support.http import post
+from tests.support.peer_text import NAMED, OTHER_INVISIBLE, SPOOFED_TYPE, assert_no_invisible, deep
 from tests.support.reconciling import reconcile_with, serving
 from tests.support.signing import event_body, standard_headers
 from webhook_receiver.admin.cells import trace_url
-from webhook_receiver.core import display
 from webhook_receiver.models import (
     FailedEvent,
     ReconciliationRun,
@@ -39,16 +37,6 @@ from webhook_receiver.models import (
 from webhook_receiver.reconcile.run import reconciliation_run
 
 pytestmark = pytest.mark.django_db
-
-# "refund.issinued.ok" to the eye: the override reverses "deunissi" on screen
-SPOOFED_TYPE = "refund.\u202edeunissi\u202c.ok"
-# every character the rule names, and a few of the other invisible ones
-NAMED = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
-OTHER_INVISIBLE = "\u200b\u200d\u2060\ufeff\u00ad\u2028\u2029\U000e0041\x1b\x7f\x85"
-
-
-def deep(depth: int) -> str:
-    return "[" * depth + "]" * depth
 
 
 def deliver(client, msg_id: str, body: bytes) -> dict:
@@ -73,77 +61,7 @@ def changelist_url(model) -> str:
     return reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
 
 
-def assert_no_invisible(text: str) -> None:
-    found = sorted({f"U+{ord(c):04X}" for c in text if display.INVISIBLE.match(c)})
-    assert not found, found
-
-
-# --- the rule --------------------------------------------------------------------------
-
-
-def test_the_spoofed_event_type_reads_as_it_is_stored():
-    assert display.visible(SPOOFED_TYPE) == "refund.\\u202edeunissi\\u202c.ok"
-
-
-@pytest.mark.parametrize("char", NAMED + OTHER_INVISIBLE)
-def test_each_invisible_character_is_shown_as_its_escape(char):
-    shown = display.visible(f"a{char}b")
-    assert shown.startswith("a\\") and shown.endswith("b")
-    assert char not in shown
-
-
-def test_the_rule_covers_every_format_control_and_separator_character():
-    """Whatever Python's Unicode tables say is a format (Cf), control (Cc), line or
-    paragraph separator (Zl, Zp) or surrogate (Cs) character is neutralised, newline and
-    tab aside; nothing else is, but for characters these tables do not know yet (the
-    rule follows a newer Unicode)."""
-    neutralised = {"Cf", "Cc", "Zl", "Zp", "Cs"}
-    for code in range(sys.maxunicode + 1):
-        char = chr(code)
-        category = unicodedata.category(char)
-        expected = category in neutralised and char not in "\n\t"
-        matched = bool(display.INVISIBLE.match(char))
-        assert matched == expected or (matched and category == "Cn"), f"U+{code:04X}"
-
-
-@given(st.text())
-def test_shown_text_holds_no_invisible_character_and_keeps_every_visible_one(text):
-    shown = display.visible(text)
-    assert_no_invisible(shown)
-    # every other character is kept, in its order
-    rest = iter(shown)
-    assert all(char in rest for char in display.INVISIBLE.sub("", text))
-
-
-def test_ordinary_text_is_unchanged():
-    for text in ("order.paid", "Größe 42 · 注文 👩", "line one\nline two\tend"):
-        assert display.visible(text) == text
-
-
 # --- stored JSON, however deep ---------------------------------------------------------
-
-
-def test_json_nested_deeper_than_python_recurses_is_shown_as_it_came():
-    raw = ('{"type": "x", "data": ' + deep(100_000) + "}").encode()
-    assert display.body_text(raw) == raw.decode()
-
-
-def test_a_value_nested_deeper_than_the_encoder_recurses_is_printed_in_full():
-    value: list = [{"b": 1, "a": "\u202e"}]
-    for _ in range(sys.getrecursionlimit() + 10):
-        value = [value]
-    depth = sys.getrecursionlimit() + 11
-    assert display.json_text(value) == "[" * depth + '{"a": "\u202e", "b": 1}' + "]" * depth
-
-
-@given(
-    st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
-    )
-)
-def test_the_flat_printer_writes_what_json_writes(value):
-    assert display._flat_json(value) == json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def test_a_dead_letter_nested_100000_deep_has_a_readable_page(client, admin_client):

@@ -19,7 +19,6 @@ from django.urls import reverse
 from project.shop.models import InventoryLedgerEntry
 from tests.support.admin import button_url, change_url
 from tests.support.browser import click_through, no_sideways_scroll, screenshot
-from tests.support.failing import CRASH
 from tests.support.http import post
 from tests.support.signing import event_body, standard_headers
 from webhook_receiver.admin.cells import trace_url
@@ -281,6 +280,32 @@ def test_a_button_url_for_a_status_it_does_not_apply_to_changes_nothing(admin_cl
     )
 
 
-def test_crash_constant_is_the_handler_the_fixture_uses():
-    # the fixture's "fix deployed" relies on test.crash being the failing handler
-    assert CRASH == "test.crash"
+@pytest.mark.django_db
+def test_the_replay_button_applies_a_crash_once_its_handler_is_fixed(admin_client, failures):
+    # given: the crash's dead letter, its handler working again (the fix is deployed)
+    failed = failures["crash"]
+    assert not InventoryLedgerEntry.objects.filter(event_key="msg_crash").exists()
+
+    # when: its page's Replay, confirmed
+    response = admin_client.post(
+        button_url(failed, "replay"), {"post": "yes", "reason": "warehouse client fixed"}
+    )
+
+    # then: applied once, back on its page, which offers no button any more
+    assert response.status_code == 302
+    assert response["Location"] == change_url(failed)
+    [message] = get_messages(response.wsgi_request)
+    assert (message.level, message.message) == (
+        messages.SUCCESS,
+        "Replayed 1 failed event: 1 applied.",
+    )
+    failed.refresh_from_db()
+    assert (failed.status, failed.resolution, failed.last_replayed_by) == (
+        FailureStatus.RESOLVED,
+        "applied",
+        "admin",
+    )
+    assert InventoryLedgerEntry.objects.filter(event_key="msg_crash").count() == 1
+    log = LogEntry.objects.get(object_id=str(failed.pk))
+    assert log.change_message == "Replayed: applied. Reason: warehouse client fixed"
+    assert buttons(admin_client.get(change_url(failed))) == set()

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import InternalError, connection
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry, OrderState
@@ -242,7 +242,14 @@ def test_a_connection_the_server_terminates_loses_nothing(
     assert first.json() == {"status": "deferred", "event_key": "msg_term"}
     assert again.json() == {"status": "applied", "event_key": "msg_term"}
     assert InventoryLedgerEntry.objects.filter(event_key="msg_term").count() == 1
-    assert FailedEvent.objects.get().status == "resolved"
+    captured = FailedEvent.objects.get()
+    assert captured.status == "resolved"
+    # deferred for the error a dead session raises, and for nothing else
+    [error] = captured.errors
+    assert (error["exception"], error["kind"]) == ("django.db.utils.OperationalError", "transient")
+    assert error["message"].startswith(
+        "consuming input failed: server closed the connection unexpectedly"
+    )
 
 
 def test_an_outage_logs_one_line_per_request_and_one_traceback(
@@ -283,10 +290,17 @@ def test_a_worker_whose_session_went_read_only_reconnects_on_its_next_run(
         assert purge_audit_records() is None
     purged = purge_audit_records()
 
-    # then: the failure was one line; the second run had a fresh, writable session
-    [line] = [r.getMessage() for r in caplog.records]
-    assert line.startswith("task purge_audit_records failed; its next run tries again")
-    assert "read-only transaction" in line
+    # then: the failure was one line, naming the error a read-only session raises
+    # (PostgreSQL's read_only_sql_transaction, as Django wraps it), with its traceback;
+    # the second run had a fresh, writable session
+    [record] = caplog.records
+    assert record.getMessage().rstrip() == (
+        "task purge_audit_records failed; its next run tries again: "
+        'django.db.utils.InternalError: "cannot execute DELETE in a read-only transaction"'
+    )
+    assert record.webhook == {"error": "django.db.utils.InternalError"}
+    assert record.exc_info[0] is InternalError
+    assert type(record.exc_info[1].__cause__) is psycopg.errors.ReadOnlySqlTransaction
     assert purged == 1
     assert not RequestAudit.objects.exists()
 

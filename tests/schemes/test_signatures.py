@@ -163,9 +163,12 @@ def test_standard_a_secret_that_is_not_configured_is_refused_even_if_valid_elsew
     "transform", [str.upper, str.title, str.lower], ids=["upper", "title", "lower"]
 )
 def test_standard_header_names_in_any_case(transform):
-    headers = {transform(name): value for name, value in standard_headers(BODY).items()}
+    signed = standard_headers(BODY, msg_id="msg_any_case", timestamp=1_700_000_000)
+    headers = {transform(name): value for name, value in signed.items()}
 
-    assert verify_standard(headers).message_id is not None
+    assert verify_standard(headers, now=1_700_000_000) == VerifiedMessage(
+        scheme="standard", message_id="msg_any_case", timestamp=1_700_000_000
+    )
 
 
 @pytest.mark.parametrize("missing", ["webhook-id", "webhook-timestamp", "webhook-signature"])

@@ -28,7 +28,7 @@ SHOP_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SHOP_OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 STRIPE_SECRET = "whsec_stripe_test_secret"
 GITHUB_SECRET = "It's a Secret to Everybody"
-# encrypts destinations' secrets at rest (tests/test_destination_secrets.py rotates it)
+# encrypts destinations' secrets at rest (tests/outbound/test_destination_secrets.py rotates it)
 DESTINATION_SECRET_KEY = "mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="
 
 WEBHOOK_RECEIVER = {
@@ -41,13 +41,13 @@ WEBHOOK_RECEIVER = {
         "keyed": {
             "SCHEME": "standard",
             "SECRETS": [SHOP_SECRET],
-            "EVENT_KEY": "tests.signing.order_version_key",
+            "EVENT_KEY": "tests.support.signing.order_version_key",
         },
     },
     # for the real Celery worker the failure tests start (it cannot see override_settings)
-    "HANDLERS": {"test.hang": "tests.handlers.hangs_on_first_attempt"},
+    "HANDLERS": {"test.hang": "tests.support.handlers.hangs_on_first_attempt"},
     "DESTINATION_SECRET_KEYS": [DESTINATION_SECRET_KEY],
-    # for a served instance behind nginx (tests/served.py); unset, no proxy is trusted
+    # for a served instance behind nginx (tests/support/served.py); unset, no proxy is trusted
     "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
 }
 

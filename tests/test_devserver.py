@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.bench.server import free_port
-from tests.served import listening, wait_listening
 from tests.settings import SHOP_SECRET
-
-BASE_DIR = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
+from tests.support.served import listening, wait_listening
 
 
 def descendants(pid: int) -> set[int]:
@@ -60,7 +59,7 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
     }
     launcher = subprocess.Popen(
         [sys.executable, "-m", "project.devserver", "--port", str(port)],
-        cwd=BASE_DIR,
+        cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -10,10 +10,10 @@ import pytest
 from django.db import connection
 
 from project.shop.models import InventoryLedgerEntry
-from tests import handlers as test_handlers
-from tests.failing import CRASH
-from tests.http import post
-from tests.signing import event_body, reserved, standard_headers
+from tests.support import handlers as test_handlers
+from tests.support.failing import CRASH
+from tests.support.http import post
+from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver import handlers
 from webhook_receiver.checks import check_webhook_receiver_settings
 from webhook_receiver.handlers import webhook_handler

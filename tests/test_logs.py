@@ -23,14 +23,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.bench.server import GunicornServer
-from tests.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
-from tests.served import listening
 from tests.settings import SHOP_SECRET
-from tests.signing import reserved, standard_headers
+from tests.support.paths import REPO
+from tests.support.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
+from tests.support.served import listening
+from tests.support.signing import reserved, standard_headers
 from webhook_receiver.core import logs
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-CONFIG = BASE_DIR / "deploy" / "gunicorn.conf.py"
+CONFIG = REPO / "deploy" / "gunicorn.conf.py"
 LINE = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+) "
     r"\[(\d+)\] (.*)$"
@@ -128,7 +128,7 @@ def test_a_database_stop_logs_one_line_per_request_and_few_tracebacks(
 
     env = demo_env(private_postgres.url, tmp_path)
     migrate = [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity", "0"]
-    subprocess.run(migrate, cwd=BASE_DIR, env=env, check=True, timeout=300)
+    subprocess.run(migrate, cwd=REPO, env=env, check=True, timeout=300)
     with private_postgres.connect() as conn:
         conn.execute("INSERT INTO webhook_receiver_heartbeat VALUES ('beat', now())")
     (tmp_path / "static").mkdir()  # as collectstatic leaves it: whitenoise warns otherwise
@@ -180,7 +180,7 @@ def test_a_deferred_event_is_one_line_with_its_key_its_attempt_and_what_comes_ne
 ):
     import psycopg
 
-    from tests.http import post
+    from tests.support.http import post
 
     # given: the ledger locked by another session, so that a reservation fails
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "LOCK_TIMEOUT_MS": 200}

@@ -13,9 +13,15 @@ from collections import Counter
 
 import pytest
 
-from tests.served import NGINX_SITE, Served, SlowBodyFlood, gunicorn, nginx  # noqa: F401 (fixtures)
 from tests.settings import SHOP_SECRET
-from tests.signing import event_body, github_headers, reserved, standard_headers, stripe_headers
+from tests.support.served import NGINX_SITE, Served, SlowBodyFlood, gunicorn, nginx  # noqa: F401 (fixtures)
+from tests.support.signing import (
+    event_body,
+    github_headers,
+    reserved,
+    standard_headers,
+    stripe_headers,
+)
 from webhook_receiver.models import RequestAudit, WebhookReceipt
 from webhook_receiver.schemes import sign
 

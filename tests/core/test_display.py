@@ -1,0 +1,84 @@
+"""How a peer's text is shown (``core.display``): bidirectional controls and invisible
+characters as escapes, the rule checked against Python's own Unicode tables and fuzzed;
+stored JSON printed whole however deep it nests. (The pages, commands and hooks that use
+it: tests/admin/test_peer_text_display.py.)"""
+
+from __future__ import annotations
+
+import json
+import sys
+import unicodedata
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support.peer_text import NAMED, OTHER_INVISIBLE, SPOOFED_TYPE, assert_no_invisible, deep
+from webhook_receiver.core import display
+
+# --- the rule --------------------------------------------------------------------------
+
+
+def test_the_spoofed_event_type_reads_as_it_is_stored():
+    assert display.visible(SPOOFED_TYPE) == "refund.\\u202edeunissi\\u202c.ok"
+
+
+@pytest.mark.parametrize("char", NAMED + OTHER_INVISIBLE)
+def test_each_invisible_character_is_shown_as_its_escape(char):
+    shown = display.visible(f"a{char}b")
+    assert shown.startswith("a\\") and shown.endswith("b")
+    assert char not in shown
+
+
+def test_the_rule_covers_every_format_control_and_separator_character():
+    """Whatever Python's Unicode tables say is a format (Cf), control (Cc), line or
+    paragraph separator (Zl, Zp) or surrogate (Cs) character is neutralised, newline and
+    tab aside; nothing else is, but for characters these tables do not know yet (the
+    rule follows a newer Unicode)."""
+    neutralised = {"Cf", "Cc", "Zl", "Zp", "Cs"}
+    for code in range(sys.maxunicode + 1):
+        char = chr(code)
+        category = unicodedata.category(char)
+        expected = category in neutralised and char not in "\n\t"
+        matched = bool(display.INVISIBLE.match(char))
+        assert matched == expected or (matched and category == "Cn"), f"U+{code:04X}"
+
+
+@given(st.text())
+def test_shown_text_holds_no_invisible_character_and_keeps_every_visible_one(text):
+    shown = display.visible(text)
+    assert_no_invisible(shown)
+    # every other character is kept, in its order
+    rest = iter(shown)
+    assert all(char in rest for char in display.INVISIBLE.sub("", text))
+
+
+def test_ordinary_text_is_unchanged():
+    for text in ("order.paid", "Größe 42 · 注文 👩", "line one\nline two\tend"):
+        assert display.visible(text) == text
+
+
+# --- stored JSON, however deep ---------------------------------------------------------
+
+
+def test_json_nested_deeper_than_python_recurses_is_shown_as_it_came():
+    raw = ('{"type": "x", "data": ' + deep(100_000) + "}").encode()
+    assert display.body_text(raw) == raw.decode()
+
+
+def test_a_value_nested_deeper_than_the_encoder_recurses_is_printed_in_full():
+    value: list = [{"b": 1, "a": "\u202e"}]
+    for _ in range(sys.getrecursionlimit() + 10):
+        value = [value]
+    depth = sys.getrecursionlimit() + 11
+    assert display.json_text(value) == "[" * depth + '{"a": "\u202e", "b": 1}' + "]" * depth
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    )
+)
+def test_the_flat_printer_writes_what_json_writes(value):
+    assert display._flat_json(value) == json.dumps(value, sort_keys=True, ensure_ascii=False)

@@ -1,0 +1,79 @@
+"""Values from a request made storable (``core.storable``), fuzzed: whatever a peer
+sent, what is stored fits its column and is never NUL, a control character or a lone
+surrogate (PostgreSQL and UTF-8 refuse them); keys stay stable and distinct."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support.fuzzing import PURE, texts, unstorable
+from webhook_receiver.core import storable
+
+
+@PURE
+@given(value=texts("any", max_size=400), max_length=st.integers(min_value=0, max_value=300))
+def test_storable_text_is_storable_and_bounded(value, max_length):
+    """Text shown in the admin can hold anything a request sent, yet never NUL, a control
+    character or a lone surrogate (PostgreSQL and UTF-8 refuse them)."""
+    stored = storable.text(value, max_length)
+
+    assert len(stored) <= max_length
+    assert not unstorable(stored)
+    stored.encode("utf-8")  # a lone surrogate would raise here
+    if not unstorable(value) and len(value) <= max_length:
+        assert stored == value
+
+
+@PURE
+@given(raw=texts("any", max_size=400) | st.text(max_size=300))
+def test_storable_key_is_bounded_stable_and_keeps_keys_that_fit(raw):
+    """An event key is compared for identity: the same key must always store the same,
+    and one that fits the column must be stored as sent."""
+    stored = storable.key(raw)
+
+    assert len(stored) <= storable.KEY_MAX_LENGTH
+    assert not unstorable(stored)
+    assert storable.key(raw) == stored
+    if len(raw) <= storable.KEY_MAX_LENGTH and not unstorable(raw):
+        assert stored == raw
+    else:
+        assert stored.startswith(storable.DIGEST_PREFIX)
+
+
+@PURE
+@given(first=st.text(max_size=300), second=st.text(max_size=300))
+def test_storable_keys_of_different_events_differ(first, second):
+    """Two events must never share a key by being made storable (deduplication)."""
+    if first != second:
+        assert storable.key(first) != storable.key(second)
+
+
+@PURE
+@given(timestamp=st.none() | st.integers() | st.integers(min_value=-(10**40), max_value=10**40))
+def test_storable_moment_never_raises(timestamp):
+    """A signed timestamp past year 9999 (or before 1970) is kept out of the column."""
+    moment = storable.moment(timestamp)
+
+    if timestamp is not None and 0 <= timestamp <= storable.LATEST_TIMESTAMP:
+        assert moment is not None
+        assert moment.timestamp() == timestamp
+    else:
+        assert moment is None
+
+
+@PURE
+@given(
+    received=st.dictionaries(texts("any", max_size=300), texts("any", max_size=400)),
+    leave_out=st.sets(st.sampled_from(["cookie", "authorization", "x-api-key"])),
+)
+def test_storable_headers_are_storable_and_leave_credentials_out(received, leave_out):
+    """What a verified request's headers are stored as: every name and value fit for a
+    JSON column, credentials dropped."""
+    stored = storable.headers(received, leave_out=leave_out)
+
+    for name, value in stored.items():
+        assert len(name) <= 200 and len(value) <= 8192
+        assert not unstorable(name) and not unstorable(value)
+    kept = [name for name in received if name.lower() not in leave_out]
+    assert len(stored) <= len(kept)

@@ -1,0 +1,229 @@
+"""Outbox admission: a message exists if and only if its transaction commits, and there
+is one per (destination, logical key) forever; the five-minute window only saves work."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.test import TestCase
+from django.test.utils import CaptureQueriesContext
+
+from tests.support.http import post
+from tests.support.signing import event_body, standard_headers
+from webhook_receiver.models import OutboxMessage, WebhookDestination
+from webhook_receiver.outbound import enqueue_webhook, message_key
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _empty_window():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def merchant() -> WebhookDestination:
+    return WebhookDestination.objects.create(
+        name="merchant",
+        url="http://127.0.0.1:9/hooks",
+        secrets=["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+        event_types=["order.paid", "order.cancelled"],
+    )
+
+
+def admit(destination, key="order:ord_1:paid:v3", **kwargs):
+    """Admit in a transaction of its own, and run what it does once committed (the
+    test itself runs inside a transaction that never commits)."""
+    payload = {"type": "order.paid", "data": {"order_id": "ord_1"}}
+    with TestCase.captureOnCommitCallbacks(execute=True), transaction.atomic():
+        return enqueue_webhook(destination, "order.paid", key, payload, **kwargs)
+
+
+def test_the_logical_key_names_the_order_the_event_and_its_version():
+    assert message_key("order", "ord_1042", "paid", 3) == "order:ord_1042:paid:v3"
+
+
+def test_a_duplicate_admission_creates_no_second_message(merchant):
+    first = admit(merchant, ordering_key="order:ord_1", origin=("shop", "msg_1"))
+    second = admit("merchant")  # by name, as a host's checkout code may call it
+
+    assert first.created and not second.created
+    message = OutboxMessage.objects.get()
+    assert (message.key, message.ordering_key, message.status) == (
+        "order:ord_1:paid:v3",
+        "order:ord_1",
+        "pending",
+    )
+    assert (message.origin_source, message.origin_event_key) == ("shop", "msg_1")
+
+
+def test_within_the_window_a_duplicate_is_answered_without_a_statement(merchant):
+    admit(merchant)
+
+    with CaptureQueriesContext(connection) as queries:
+        again = enqueue_webhook(merchant, "order.paid", "order:ord_1:paid:v3", {})
+
+    assert again.coalesced and not again.created
+    assert len(queries) == 0
+
+
+def test_after_the_window_a_re_admission_still_creates_nothing(merchant):
+    # given: an admission, and then the window has expired (the cache forgot it)
+    admit(merchant)
+    cache.clear()
+
+    # when
+    again = admit(merchant)
+
+    # then: the constraint, not the window, is the identity
+    assert not again.created and not again.coalesced
+    assert OutboxMessage.objects.count() == 1
+
+
+def test_an_admission_that_rolled_back_leaves_nothing_and_blocks_nothing(merchant):
+    # given: the caller's transaction fails after admitting
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert enqueue_webhook(merchant, "order.paid", "order:ord_1:paid:v3", {}).created
+        raise RuntimeError("the checkout failed after admitting")
+    assert not OutboxMessage.objects.exists()
+
+    # when: the same logical delivery is admitted again
+    later = admit(merchant)
+
+    # then
+    assert later.created
+    assert OutboxMessage.objects.count() == 1
+
+
+def test_another_destination_or_key_is_another_message(merchant):
+    other = WebhookDestination.objects.create(name="warehouse", url="http://127.0.0.1:9/")
+    admit(merchant)
+    assert admit(other).created
+    assert admit(merchant, key="order:ord_1:paid:v4").created
+    assert OutboxMessage.objects.count() == 3
+
+
+@pytest.mark.postgres_only("two transactions admitting one key at the same moment")
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_admissions_of_one_key_create_one_message(merchant):
+    start = threading.Barrier(4)
+    created = []
+
+    def admit_at_once():
+        try:
+            start.wait()
+            with transaction.atomic():
+                outcome = enqueue_webhook(merchant, "order.paid", "order:ord_9:paid:v1", {})
+            created.append(outcome.created)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=admit_at_once) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(created) == [False, False, False, True]
+    assert OutboxMessage.objects.count() == 1
+
+
+# --- the demo shop forwards order moves ------------------------------------------------
+
+
+def paid(order_id: str, version: int) -> bytes:
+    return event_body("order.paid", order_id=order_id, version=version)
+
+
+def test_an_order_move_is_forwarded_to_each_subscribed_destination(client, merchant):
+    # given: one destination subscribed to order.paid, one to something else
+    WebhookDestination.objects.create(
+        name="warehouse", url="http://127.0.0.1:9/", event_types=["inventory.reserved"]
+    )
+    body = paid("ord_7", 3)
+
+    # when: delivered twice (a redelivery)
+    for _ in range(2):
+        assert post(client, "shop", body, standard_headers(body, msg_id="msg_7")).status_code == 200
+
+    # then: one message, to the subscriber only, keyed by the order's version
+    message = OutboxMessage.objects.get()
+    assert message.destination == merchant
+    assert message.key == "order:ord_7:paid:v3"
+    assert message.ordering_key == "order:ord_7"
+    assert message.payload == {
+        "type": "order.paid",
+        "data": {"order_id": "ord_7", "status": "paid", "version": 3},
+    }
+    assert (message.origin_source, message.origin_event_key) == ("shop", "msg_7")
+
+
+def test_a_stale_order_event_forwards_nothing(client, merchant):
+    newer, older = paid("ord_8", 5), paid("ord_8", 4)
+    post(client, "shop", newer, standard_headers(newer, msg_id="msg_new"))
+
+    response = post(client, "shop", older, standard_headers(older, msg_id="msg_old"))
+
+    assert response.json()["status"] == "stale"
+    assert list(OutboxMessage.objects.values_list("key", flat=True)) == ["order:ord_8:paid:v5"]
+
+
+def test_a_disabled_destination_is_sent_nothing(client, merchant):
+    merchant.enabled = False
+    merchant.save()
+    body = paid("ord_9", 1)
+
+    post(client, "shop", body, standard_headers(body, msg_id="msg_9"))
+
+    assert not OutboxMessage.objects.exists()
+
+
+def test_the_trace_of_an_order_event_lists_the_messages_it_enqueued(client, merchant):
+    from webhook_receiver.watch.trace import event_trace
+
+    body = paid("ord_t", 2)
+    post(client, "shop", body, standard_headers(body, msg_id="msg_t"))
+
+    trace = event_trace(source="shop", event_key="msg_t")
+
+    (section,) = trace.outbox
+    assert section.title == "to merchant"
+    assert [row[:4] for row in section.rows] == [
+        ("order:ord_t:paid:v2", "order.paid", "pending", "0")
+    ]
+
+
+def test_with_a_shared_cache_a_burst_of_admissions_queues_one_relay_run(settings, merchant, broker):
+    from webhook_receiver.tasks import relay_destination
+
+    # given: Django's cache in Redis, shared by every process
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/12",
+        }
+    }
+    cache.clear()
+
+    # when: five admissions commit, one after another, before any worker runs
+    for n in range(5):
+        admit(merchant, key=f"order:ord_b{n}:paid:v1")
+
+    # then: one run is queued for the destination, not five
+    assert broker.llen("celery") == 1
+    # once that run has started, the next admission queues its own
+    relay_destination.run(merchant.pk)
+    admit(merchant, key="order:ord_b9:paid:v1")
+    assert broker.llen("celery") == 2
+    cache.clear()
+
+
+def test_with_a_per_process_cache_every_admission_queues_a_run(merchant, broker):
+    for n in range(3):
+        admit(merchant, key=f"order:ord_c{n}:paid:v1")
+    assert broker.llen("celery") == 3

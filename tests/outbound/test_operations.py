@@ -1,0 +1,171 @@
+"""The outbox's operating services, as the admin calls them: retry now, discard, and
+recover a destination's failures since a moment. Records are written with known values
+(tests/support/outbox.py); the relay run each one queues is checked on the real broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.support.outbox import destination, failed, message
+from webhook_receiver.models import MessageStatus, OutboxMessage
+from webhook_receiver.outbound.breaker import destination_breaker
+from webhook_receiver.outbound.operations import (
+    destination_recover_since,
+    message_discard,
+    message_retry_now,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def test_retry_now_makes_failed_and_pending_messages_due_with_a_fresh_budget(
+    django_capture_on_commit_callbacks,
+):
+    # given: one message in each status, two destinations
+    merchant, warehouse = destination("merchant-7"), destination("warehouse")
+    later = timezone.now() + timedelta(hours=1)
+    rows = {
+        "failed": failed(merchant, "k-failed", last_attempt_at=timezone.now()),
+        "pending": message(warehouse, "k-pending", attempts=3, failures=3, next_attempt_at=later),
+        "delivered": message(merchant, "k-delivered", MessageStatus.DELIVERED, attempts=1),
+        "discarded": message(merchant, "k-discarded", MessageStatus.DISCARDED),
+        "sending": message(merchant, "k-sending", MessageStatus.SENDING, lease_until=later),
+    }
+    now = timezone.now()
+
+    # when
+    with django_capture_on_commit_callbacks() as callbacks:
+        changed = message_retry_now(message_ids=[r.pk for r in rows.values()], by="alice", now=now)
+
+    # then: failed and pending are due now, with no lease and no failures spent
+    assert changed == sorted([rows["failed"].pk, rows["pending"].pk])
+    for name in ("failed", "pending"):
+        row = OutboxMessage.objects.get(pk=rows[name].pk)
+        assert (row.status, row.next_attempt_at, row.lease_until, row.failures) == (
+            MessageStatus.PENDING,
+            now,
+            None,
+            0,
+        )
+        assert row.attempts == rows[name].attempts  # the history goes on from where it was
+    # the others are as they were
+    for name in ("delivered", "discarded", "sending"):
+        assert OutboxMessage.objects.get(pk=rows[name].pk).status == rows[name].status
+    # one relay run queued per destination touched
+    assert len(callbacks) == 2
+
+
+def test_retry_now_queues_a_relay_run_on_the_real_broker(
+    broker, django_capture_on_commit_callbacks
+):
+    # given
+    merchant = destination("merchant-7")
+    row = failed(merchant, "k-failed", last_attempt_at=timezone.now())
+
+    # when: the transaction commits (its on-commit work runs)
+    with django_capture_on_commit_callbacks(execute=True):
+        message_retry_now(message_ids=[row.pk], by="alice")
+
+    # then: Celery's message is in Redis, for this destination's relay
+    assert broker.llen("celery") == 1
+    queued = json.loads(broker.lindex("celery", 0))
+    assert queued["headers"]["task"] == "webhook_receiver.relay_destination"
+    args, kwargs, _ = json.loads(base64.b64decode(queued["body"]))
+    assert (args, kwargs) == ([merchant.pk], {})
+
+
+def test_nothing_to_retry_queues_nothing(django_capture_on_commit_callbacks):
+    merchant = destination("merchant-7")
+    row = message(merchant, "k-delivered", MessageStatus.DELIVERED)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        changed = message_retry_now(message_ids=[row.pk], by="alice")
+
+    assert changed == [] and callbacks == []
+
+
+def test_discard_needs_a_reason_and_records_who_why_and_when(django_capture_on_commit_callbacks):
+    # given
+    merchant = destination("merchant-7")
+    rows = [
+        failed(merchant, "k-failed", last_attempt_at=timezone.now() - timedelta(hours=2)),
+        message(merchant, "k-pending"),
+        message(merchant, "k-delivered", MessageStatus.DELIVERED),
+    ]
+    ids = [r.pk for r in rows]
+
+    # a blank reason is refused, and changes nothing
+    with pytest.raises(ValueError, match="needs a reason"):
+        message_discard(message_ids=ids, by="alice", reason="  \n")
+    assert OutboxMessage.objects.filter(status=MessageStatus.DISCARDED).count() == 0
+
+    # when
+    now = timezone.now()
+    with django_capture_on_commit_callbacks() as callbacks:
+        changed = message_discard(message_ids=ids, by="alice", reason=" order cancelled ", now=now)
+
+    # then: the failed and the pending one; the delivered one stays delivered
+    assert changed == ids[:2]
+    for row in OutboxMessage.objects.filter(pk__in=ids[:2]):
+        assert (row.status, row.discarded_by, row.discard_reason, row.next_attempt_at) == (
+            MessageStatus.DISCARDED,
+            "alice",
+            "order cancelled",
+            now,
+        )
+    assert OutboxMessage.objects.get(pk=ids[2]).status == MessageStatus.DELIVERED
+    # the messages queued behind a discarded one may go now: a relay run
+    assert len(callbacks) == 1
+
+
+def test_recover_since_requeues_only_this_destinations_failures_since_then(
+    django_capture_on_commit_callbacks,
+):
+    # given: the merchant's endpoint broke at 02:00 and was fixed at 03:00
+    broke = timezone.now() - timedelta(hours=1)
+    merchant = destination(
+        "merchant-7",
+        breaker_threshold=3,
+        consecutive_failures=5,
+        paused_until=timezone.now() + timedelta(minutes=10),
+    )
+    other = destination("warehouse")
+    since_the_break = [
+        failed(merchant, "k-after-1", last_attempt_at=broke + timedelta(minutes=1)),
+        # created before the break, but failed after it
+        failed(
+            merchant,
+            "k-after-2",
+            last_attempt_at=broke + timedelta(minutes=30),
+            created_at=broke - timedelta(hours=3),
+        ),
+    ]
+    before = failed(merchant, "k-before", last_attempt_at=broke - timedelta(minutes=1))
+    pending = message(merchant, "k-pending", attempts=2, failures=2)
+    elsewhere = failed(other, "k-elsewhere", last_attempt_at=broke + timedelta(minutes=1))
+    now = timezone.now()
+
+    # when
+    with django_capture_on_commit_callbacks() as callbacks:
+        count = destination_recover_since(destination=merchant, since=broke, by="alice", now=now)
+
+    # then: the two failures since the break are due now with a fresh budget
+    assert count == 2
+    for row in since_the_break:
+        row.refresh_from_db()
+        assert (row.status, row.next_attempt_at, row.failures) == (MessageStatus.PENDING, now, 0)
+    # the older failure, the other destination's and the pending one are untouched
+    assert OutboxMessage.objects.get(pk=before.pk).status == MessageStatus.FAILED
+    assert OutboxMessage.objects.get(pk=elsewhere.pk).status == MessageStatus.FAILED
+    pending.refresh_from_db()
+    assert (pending.status, pending.failures) == (MessageStatus.PENDING, 2)
+    # the breaker's pause is over: half-open, so the next run sends one probe
+    merchant.refresh_from_db()
+    assert merchant.paused_until is None and merchant.consecutive_failures == 5
+    assert destination_breaker(merchant).state == "half-open"
+    assert len(callbacks) == 1

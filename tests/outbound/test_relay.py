@@ -1,0 +1,379 @@
+"""The relay against a real HTTP receiver on loopback: keys, signatures, outcomes,
+order, limits and the breaker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.test import TestCase
+from django.utils import timezone
+from standardwebhooks import Webhook
+
+from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
+from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound.relay.claim import relay_claim
+from webhook_receiver.outbound.relay.record import relay_record
+from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.transport import relay_send
+
+pytestmark = pytest.mark.django_db
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+
+
+def destination(url: str, **fields) -> WebhookDestination:
+    return WebhookDestination.objects.create(
+        name=fields.pop("name", "merchant"),
+        url=url,
+        secrets=fields.pop("secrets", [SECRET]),
+        event_types=["order.paid"],
+        **fields,
+    )
+
+
+def admit(dest, key, ordering_key=None):
+    with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
+        enqueue_webhook(
+            dest,
+            "order.paid",
+            key,
+            {"type": "order.paid", "data": {"key": key}},
+            ordering_key=ordering_key,
+        )
+
+
+def later(seconds: float):
+    return timezone.now() + timedelta(seconds=seconds)
+
+
+def test_a_delivery_carries_the_key_and_a_signature_the_library_verifies(receiver):
+    # given
+    dest = destination(receiver.url, secrets=[OLD_SECRET, SECRET])
+    admit(dest, "order:ord_1:paid:v1")
+
+    # when
+    sent, _ = relay_destination(destination_id=dest.pk)
+
+    # then: delivered, once, with the stable key in both headers
+    assert sent == 1
+    request = receiver.received[0]
+    assert (
+        request.headers["webhook-id"] == request.headers["idempotency-key"] == "order:ord_1:paid:v1"
+    )
+    # each secret of a rotation verifies on its own
+    for secret in (SECRET, OLD_SECRET):
+        assert Webhook(secret).verify(request.body, request.headers) == {
+            "type": "order.paid",
+            "data": {"key": "order:ord_1:paid:v1"},
+        }
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.attempts, message.last_status_code) == ("delivered", 1, 200)
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.number, attempt.status_code) == (1, 200)
+    assert WebhookDestination.objects.get().last_success_at is not None
+
+
+def test_429_with_retry_after_waits_without_losing_its_place_or_its_budget(receiver):
+    # given: three attempts failed already; the fourth is answered 429, Retry-After: 120
+    dest = destination(receiver.url)
+    admit(dest, "first")
+    admit(dest, "second")
+    OutboxMessage.objects.filter(key="first").update(attempts=3, failures=3)
+    receiver.answer(429, {"Retry-After": "120"}, key="first")
+
+    # when: a round claims both, oldest first
+    round_ = relay_claim(destination=dest)
+    relay_record(dest, relay_send(dest, round_.claimed))
+
+    # then: "first" waits about 120 s, as pending, its failures unspent
+    assert [m.key for m in round_.claimed] == ["first", "second"]
+    first = OutboxMessage.objects.get(key="first")
+    assert (first.status, first.attempts, first.failures) == ("pending", 4, 3)
+    assert later(110) < first.next_attempt_at < later(130)
+    # no worker holds it: nothing is in flight, and it is not claimable before then
+    assert relay_claim(destination=dest).claimed == []
+    # once due, it is claimed again before anything newer: its place was kept
+    admit(dest, "third")
+    claimed = relay_claim(destination=dest, now=later(125)).claimed
+    assert [m.key for m in claimed] == ["first", "third"]
+    assert claimed[0].attempt == 5
+
+
+def test_a_server_error_backs_off_and_the_retry_keeps_the_key(receiver):
+    dest = destination(receiver.url, backoff_base_seconds=10, backoff_cap_seconds=60)
+    admit(dest, "order:ord_2:paid:v1")
+    receiver.answer(500)
+
+    relay_destination(destination_id=dest.pk)
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.failures) == ("pending", 1)
+    assert message.next_attempt_at <= later(11)
+
+    # when: due again
+    OutboxMessage.objects.update(next_attempt_at=timezone.now())
+    relay_destination(destination_id=dest.pk)
+
+    # then: delivered, and both requests carried the same key
+    assert receiver.keys() == ["order:ord_2:paid:v1", "order:ord_2:paid:v1"]
+    assert OutboxMessage.objects.get().status == "delivered"
+
+
+def test_each_message_of_a_round_is_recorded_by_its_own_answer(receiver):
+    # given: four messages to a receiver that answers each its own way, one to a port
+    # where nothing listens
+    merchant = destination(receiver.url, max_attempts=2)
+    warehouse = destination("http://127.0.0.1:9/hooks", name="warehouse", max_attempts=1)
+    for key in ("refused", "flaky", "paced", "paid"):
+        admit(merchant, key)
+    admit(warehouse, "unreachable")
+    receiver.answer(404, key="refused")
+    receiver.answer(503, key="flaky")
+    receiver.answer(500, key="flaky")
+    receiver.answer(429, {"retry-after": "240"}, key="paced")
+    start = timezone.now()
+
+    # when: one round each, then the merchant's next once the flaky one's backoff (at
+    # most 2 s) has passed
+    for dest, now in ((merchant, start), (warehouse, start), (merchant, later(5))):
+        claimed = relay_claim(destination=dest, now=now).claimed
+        relay_record(dest, relay_send(dest, claimed), now=now)
+
+    # then: each message as its own answers left it; a failure spends the budget, a
+    # Retry-After does not
+    rows = {m.key: m for m in OutboxMessage.objects.all()}
+    assert {
+        key: (m.status, m.attempts, m.failures, m.last_status_code) for key, m in rows.items()
+    } == {
+        "refused": ("failed", 1, 1, 404),
+        "flaky": ("failed", 2, 2, 500),
+        "paced": ("pending", 1, 0, 429),
+        "paid": ("delivered", 1, 0, 200),
+        "unreachable": ("failed", 1, 1, None),
+    }
+    assert rows["paced"].next_attempt_at == start + timedelta(seconds=240)
+    assert rows["unreachable"].last_error.startswith("ConnectError")
+    # one attempt row per request, numbered, with what was answered
+    attempts = {
+        key: list(m.attempt_set.order_by("number").values_list("number", "status_code"))
+        for key, m in rows.items()
+    }
+    assert attempts == {
+        "refused": [(1, 404)],
+        "flaky": [(1, 503), (2, 500)],
+        "paced": [(1, 429)],
+        "paid": [(1, 200)],
+        "unreachable": [(1, None)],
+    }
+    assert sorted(receiver.keys()) == ["flaky", "flaky", "paced", "paid", "refused"]
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 422])
+def test_a_refusal_is_terminal_at_once(receiver, status):
+    dest = destination(receiver.url)
+    admit(dest, "k")
+    receiver.answer(status)
+
+    relay_destination(destination_id=dest.pk)
+
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.last_status_code) == ("failed", status)
+    assert len(receiver.received) == 1
+
+
+def test_attempts_exhausted_is_terminal(receiver):
+    dest = destination(receiver.url, max_attempts=2, backoff_base_seconds=60)
+    admit(dest, "k")
+    for _ in range(2):
+        receiver.answer(502)
+        OutboxMessage.objects.update(next_attempt_at=timezone.now())
+        relay_destination(destination_id=dest.pk)
+    assert OutboxMessage.objects.get().status == "failed"
+
+
+def test_messages_of_one_ordering_key_go_strictly_one_after_another(receiver):
+    # given: two updates of one order, and an unrelated message admitted after them
+    dest = destination(receiver.url)
+    admit(dest, "order:o1:paid:v1", ordering_key="order:o1")
+    admit(dest, "order:o1:fulfilled:v2", ordering_key="order:o1")
+    admit(dest, "order:o2:paid:v1", ordering_key="order:o2")
+    receiver.answer(503, {"Retry-After": "60"}, key="order:o1:paid:v1")
+
+    # when: the first of o1 is deferred
+    round_ = relay_claim(destination=dest)
+    relay_record(dest, relay_send(dest, round_.claimed))
+
+    # then: o1's second waited for it; o2 did not
+    assert [m.key for m in round_.claimed] == ["order:o1:paid:v1", "order:o2:paid:v1"]
+    assert relay_claim(destination=dest).claimed == []
+    # when the first is delivered, the second follows
+    first = relay_claim(destination=dest, now=later(61)).claimed
+    assert [m.key for m in first] == ["order:o1:paid:v1"]
+    relay_record(dest, relay_send(dest, first))
+    assert [m.key for m in relay_claim(destination=dest).claimed] == ["order:o1:fulfilled:v2"]
+
+
+def test_a_failing_destination_does_not_delay_another(receiver):
+    down = destination("http://127.0.0.1:9/refused", name="down", timeout_seconds=1)
+    up = destination(receiver.url, name="up")
+    for n in range(3):
+        admit(down, f"down-{n}")
+    admit(up, "up-0")
+
+    relay_destination(destination_id=down.pk)
+    sent, _ = relay_destination(destination_id=up.pk)
+
+    assert sent == 1 and receiver.keys() == ["up-0"]
+    assert set(OutboxMessage.objects.filter(destination=down).values_list("status", flat=True)) == {
+        "pending"
+    }
+
+
+def test_the_concurrency_limit_counts_leases_on_every_worker(receiver):
+    dest = destination(receiver.url, max_in_flight=2, burst=100, rate_count=100)
+    for n in range(5):
+        admit(dest, f"k{n}")
+
+    first = relay_claim(destination=dest)
+    second = relay_claim(destination=dest)
+
+    assert len(first.claimed) == 2 and second.claimed == []
+    # a lease that ran out (a worker that died) frees its slot, and the message returns
+    again = relay_claim(destination=dest, now=later(dest.timeout_seconds + 31))
+    assert [m.key for m in again.claimed] == ["k0", "k1"]
+
+
+def test_the_token_bucket_limits_starts_and_says_when_the_next_is_due(receiver):
+    dest = destination(receiver.url, rate_count=2, rate_seconds=1, burst=2, max_in_flight=10)
+    for n in range(5):
+        admit(dest, f"k{n}")
+    now = timezone.now()
+
+    first = relay_claim(destination=dest, now=now)
+    assert len(first.claimed) == 2
+    empty = relay_claim(destination=dest, now=now)
+    assert empty.claimed == [] and 0.4 < empty.wait <= 0.5
+    assert len(relay_claim(destination=dest, now=now + timedelta(seconds=0.5)).claimed) == 1
+
+
+def test_the_breaker_opens_after_consecutive_failures_and_one_probe_decides(receiver):
+    dest = destination(receiver.url, breaker_threshold=2, breaker_cooldown_seconds=30)
+    for n in range(3):
+        admit(dest, f"k{n}")
+    receiver.answer(500)
+    receiver.answer(500)
+
+    round_ = relay_claim(destination=dest, limit=2)
+    relay_record(dest, relay_send(dest, round_.claimed))
+
+    dest.refresh_from_db()
+    assert dest.consecutive_failures == 2 and dest.paused_until > timezone.now()
+    assert relay_claim(destination=dest).claimed == []
+    # after the cool-down: one probe only
+    probe = relay_claim(destination=dest, now=later(31)).claimed
+    assert len(probe) == 1
+    relay_record(dest, relay_send(dest, probe))
+    dest.refresh_from_db()
+    assert dest.consecutive_failures == 0 and dest.paused_until is None
+
+
+# --- with a real Celery worker, and a receiver built on this project ---------------------
+
+
+@pytest.mark.postgres_only("a Celery worker must see the test database")
+@pytest.mark.django_db(transaction=True)
+def test_commit_triggers_a_relay_run_on_a_real_worker(broker, receiver, tmp_path):
+    from tests.support.worker import start_worker, wait_for
+
+    dest = destination(receiver.url)
+    log = tmp_path / "worker.log"
+    worker = start_worker(log)
+    try:
+        wait_for(lambda: "ready" in log.read_text(), 60, "the worker to start")
+        # when: a message is admitted and its transaction commits
+        with transaction.atomic():
+            enqueue_webhook(dest, "order.paid", "order:ord_5:paid:v1", {"type": "order.paid"})
+        admitted = time.monotonic()
+        # then: the on-commit trigger, not a sweep, delivers it at once
+        wait_for(lambda: receiver.received, 30, f"the delivery ({log.read_text()[-2000:]})")
+        # the worker records the answer just after: waited for before it is killed
+        delivered = OutboxMessage.objects.filter(status="delivered")
+        wait_for(delivered.exists, 10, "the record")
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
+    assert receiver.received[0].at - admitted < 2.0
+    assert receiver.keys() == ["order:ord_5:paid:v1"]
+
+
+@pytest.mark.postgres_only("pg_stat_activity shows which sessions hold a transaction open")
+@pytest.mark.django_db(transaction=True)
+def test_no_transaction_is_open_while_a_request_is_in_flight(receiver):
+    from django.db import connections
+
+    # given: a receiver that looks, during each request, for sessions of this database
+    # holding a transaction open
+    dest = destination(receiver.url, max_in_flight=3)
+    for n in range(3):
+        admit(dest, f"k{n}")
+    open_transactions: list[int] = []
+
+    def look(headers):
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()"
+            )
+            open_transactions.append(cursor.fetchone()[0])
+        connections["default"].close()
+
+    receiver.on_request = look
+
+    # when
+    sent, _ = relay_destination(destination_id=dest.pk)
+
+    # then: three requests, none of them with a transaction open anywhere
+    assert sent == 3
+    assert open_transactions == [0, 0, 0]
+
+
+@pytest.mark.postgres_only("another session holding the destination's row lock")
+@pytest.mark.django_db(transaction=True)
+def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiver):
+    import threading
+
+    from django.db import connections
+
+    dest = destination(receiver.url)
+    admit(dest, "k0")
+    locked, release = threading.Event(), threading.Event()
+
+    def claimer_holding_the_row():
+        try:
+            with transaction.atomic():
+                WebhookDestination.objects.select_for_update().get(pk=dest.pk)
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=claimer_holding_the_row)
+    holder.start()
+    locked.wait(10)
+    try:
+        # when: a trigger's run meets the busy row
+        started = time.monotonic()
+        sent, wait = relay_destination(destination_id=dest.pk)
+        took = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join()
+
+    # then: it left at once, sending nothing; the holder's run (or the next) sends it
+    assert (sent, wait) == (0, None) and took < 1.0
+    assert receiver.received == []
+    assert relay_destination(destination_id=dest.pk)[0] == 1

@@ -1,0 +1,1 @@
+"""Helpers the tests share: signers, servers, browsers, workers, misbehaving handlers."""

@@ -1,0 +1,60 @@
+"""The outbox's records with known values, written directly: destinations, messages in
+any status, and failed messages with their last attempt."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from webhook_receiver.models import (
+    DeliveryAttempt,
+    MessageStatus,
+    OutboxMessage,
+    WebhookDestination,
+)
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+CLOSED_PORT = "http://127.0.0.1:9/hooks"  # the discard port: nothing listens
+
+
+def destination(name: str, url: str = CLOSED_PORT, **fields) -> WebhookDestination:
+    return WebhookDestination.objects.create(
+        name=name,
+        url=url,
+        secrets=fields.pop("secrets", [SECRET, OLD_SECRET]),
+        event_types=["order.paid", "order.cancelled"],
+        **fields,
+    )
+
+
+def message(dest, key, status=MessageStatus.PENDING, **fields) -> OutboxMessage:
+    now = timezone.now()
+    return OutboxMessage.objects.create(
+        destination=dest,
+        key=key,
+        event_type=fields.pop("event_type", "order.paid"),
+        payload=fields.pop("payload", {"type": "order.paid", "data": {"key": key}}),
+        status=status,
+        next_attempt_at=fields.pop("next_attempt_at", now),
+        created_at=fields.pop("created_at", now),
+        **fields,
+    )
+
+
+def failed(dest, key, *, last_attempt_at, **fields) -> OutboxMessage:
+    """A terminal message whose last attempt started at ``last_attempt_at``."""
+    row = message(
+        dest,
+        key,
+        MessageStatus.FAILED,
+        attempts=1,
+        failures=1,
+        last_status_code=404,
+        last_error='{"error": "no such hook"}',
+        next_attempt_at=last_attempt_at,
+        **fields,
+    )
+    DeliveryAttempt.objects.create(
+        message=row, number=1, started_at=last_attempt_at, duration_ms=12, status_code=404
+    )
+    return row

@@ -1,0 +1,108 @@
+"""A forwarding proxy on loopback, in a thread, for the outbox's crash tests.
+
+It stands between the relay and a receiver built on this project: every request is
+recorded and forwarded, and once the receiver has answered (its transaction committed),
+a hook may act (kill or freeze the relay's worker, say) and choose the relay's answer:
+the receiver's, another, or none at all, the connection dropped. That is "committed,
+but the response was lost" on a real socket.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+
+from tests.support.receiver import Received
+
+# headers the relay signs or that name the delivery: forwarded as they came
+FORWARDED = ("content-type", "user-agent", "idempotency-key")
+FORWARDED_PREFIX = "webhook-"
+
+
+@dataclass
+class Forwarded:
+    status: int
+    body: bytes
+
+
+@dataclass
+class Proxy:
+    url: str
+    target: str
+    # called with (request number from 0, the receiver's answer) once the receiver
+    # answered; returns the relay's answer, or None to drop its connection unanswered
+    after_forward: Callable[[int, Forwarded], Forwarded | None] | None = None
+    received: list[Received] = field(default_factory=list)
+    answers: list[Forwarded] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def keys(self) -> list[str]:
+        return [r.headers.get("webhook-id", "") for r in self.received]
+
+
+def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            with proxy.lock:
+                number = len(proxy.received)
+                proxy.received.append(Received(self.path, headers, body, time.monotonic()))
+            forward = {
+                k: v for k, v in headers.items() if k in FORWARDED or k.startswith(FORWARDED_PREFIX)
+            }
+            response = httpx.post(proxy.target, content=body, headers=forward, timeout=30)
+            answer = Forwarded(response.status_code, response.content)
+            with proxy.lock:
+                proxy.answers.append(answer)
+            if proxy.after_forward is not None:
+                answer = proxy.after_forward(number, answer)
+            if answer is None:
+                with proxy.lock:
+                    proxy.dropped.append(number)
+                # the receiver committed; the relay never hears of it
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            self.send_response(answer.status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(answer.body)))
+            self.end_headers()
+            self.wfile.write(answer.body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def forwarding_proxy(
+    target: str, after_forward: Callable[[int, Forwarded], Forwarded | None] | None = None
+) -> Iterator[Proxy]:
+    """A proxy to ``target`` on a free loopback port, for the block's duration."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), None)
+    proxy = Proxy(
+        url=f"http://127.0.0.1:{server.server_address[1]}/hooks",
+        target=target,
+        after_forward=after_forward,
+    )
+    server.RequestHandlerClass = _handler(proxy)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        server.shutdown()
+        server.server_close()

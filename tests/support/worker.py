@@ -1,0 +1,103 @@
+"""A real Celery worker on the real Redis broker, for the tests where Celery matters.
+
+The worker is a subprocess on the test database (PostgreSQL only: SQLite's test database
+is in memory), in a process group of its own so that SIGKILL reaches its pool child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from tests.support.paths import REPO
+
+
+@pytest.fixture
+def broker():
+    """The real Redis on this machine, on a database of the tests' own."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+def start_worker(log: Path, marker_dir: Path | None = None) -> subprocess.Popen:
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+    }
+    if marker_dir is not None:
+        env["WEBHOOK_TEST_MARKER_DIR"] = str(marker_dir)
+    command = [sys.executable, "-m", "celery", "-A", "project", "worker"]
+    command += ["--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO"]
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: SIGKILL reaches the pool child too
+    )
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen
+    log: Path
+
+    def kill(self) -> None:
+        """SIGKILL to its whole process group: the pool child dies with it."""
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture
+def workers(broker, tmp_path, monkeypatch) -> Iterator[Callable[[int], list[Worker]]]:
+    """Start real Celery workers (concurrency 1 each, each its own process group), named
+    apart, and wait until they are ready; all are killed at the end."""
+    started: list[Worker] = []
+
+    def start(count: int = 1) -> list[Worker]:
+        new = []
+        for _ in range(count):
+            n = len(started) + 1
+            log = tmp_path / f"worker{n}.log"
+            # celery reads its options from CELERY_<COMMAND>_<OPTION>: a node name each
+            monkeypatch.setenv("CELERY_WORKER_HOSTNAME", f"relay{n}@%h")
+            worker = Worker(start_worker(log), log)
+            started.append(worker)
+            new.append(worker)
+        for worker in new:
+            wait_for(lambda w=worker: " ready." in w.log.read_text(), 60, "a worker to start")
+        return new
+
+    yield start
+    for worker in started:
+        worker.kill()

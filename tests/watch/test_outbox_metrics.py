@@ -1,0 +1,170 @@
+"""The outbox's metrics on /metrics/: stored state read from the database, and what
+admission and the relay counted."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.db import transaction
+from django.test import TestCase
+from django.utils import timezone
+
+from tests.support.metrics import parse, scrape, value
+from tests.support.worker import wait_for
+from webhook_receiver.models import OutboxMessage, WebhookDestination
+from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound.relay.run import relay_destination
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_on")]
+
+
+def admit(dest, key):
+    with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
+        return enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
+
+
+def test_backlog_failures_in_flight_and_the_breaker_equal_the_tables(client):
+    # given: a destination with two pending messages (one due for 90 s), one terminal,
+    # one in flight of a limit of 4, and its breaker open
+    dest = WebhookDestination.objects.create(
+        name="merchant",
+        url="http://127.0.0.1:9/",
+        max_in_flight=4,
+        paused_until=timezone.now() + timedelta(seconds=60),
+    )
+    for key in ("a", "b", "c", "d"):
+        admit(dest, key)
+    now = timezone.now()
+    OutboxMessage.objects.filter(key="a").update(created_at=now - timedelta(seconds=90))
+    OutboxMessage.objects.filter(key="b").update(next_attempt_at=now + timedelta(seconds=60))
+    OutboxMessage.objects.filter(key="c").update(status="failed")
+    OutboxMessage.objects.filter(key="d").update(
+        status="sending", lease_until=now + timedelta(seconds=30)
+    )
+    WebhookDestination.objects.create(name="idle", url="http://127.0.0.1:9/")
+
+    # when
+    samples = scrape(client)
+
+    # then
+    def gauge(name, destination="merchant"):
+        return value(samples, f"webhook_receiver_outbox_{name}", destination=destination)
+
+    assert gauge("backlog") == 3
+    assert gauge("failed") == 1
+    assert gauge("in_flight") == 1
+    assert gauge("limiter_utilisation") == 0.25
+    assert gauge("breaker_open") == 1
+    assert 89 <= gauge("oldest_eligible_age_seconds") < 120
+    # a destination with nothing still has its series
+    assert (gauge("backlog", "idle"), gauge("breaker_open", "idle")) == (0, 0)
+
+
+def test_messages_held_back_by_a_failed_one_are_counted_apart_from_the_oldest_due(client):
+    # given: one order's first message failed (terminal) 20 minutes ago; its later two
+    # wait behind it, due for as long; another order's message is due for 30 s
+    dest = WebhookDestination.objects.create(name="merchant", url="http://127.0.0.1:9/")
+    for key in ("o1:paid", "o1:cancelled", "o1:fulfilled"):
+        with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
+            enqueue_webhook(dest, "order.paid", key, {"k": key}, ordering_key="o1")
+    admit(dest, "o2:paid")
+    now = timezone.now()
+    OutboxMessage.objects.filter(ordering_key="o1").update(created_at=now - timedelta(minutes=20))
+    OutboxMessage.objects.filter(key="o1:paid").update(status="failed")
+    OutboxMessage.objects.filter(key="o2:paid").update(created_at=now - timedelta(seconds=30))
+
+    # when
+    samples = scrape(client)
+
+    # then: the held-back two have a gauge of their own; the oldest due is the one the
+    # relay would send now, not the ones waiting for an operator
+    def gauge(name):
+        return value(samples, f"webhook_receiver_outbox_{name}", destination="merchant")
+
+    assert gauge("held_back") == 2
+    assert (gauge("backlog"), gauge("failed")) == (3, 1)
+    assert 29 <= gauge("oldest_eligible_age_seconds") < 120
+
+
+def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
+    client, receiver, django_capture_on_commit_callbacks
+):
+    dest = WebhookDestination.objects.create(name="counted", url=receiver.url)
+    before = scrape(client)
+
+    admit(dest, "k1")
+    admit(dest, "k1")  # a duplicate admission
+    admit(dest, "k2")
+    receiver.answer(410, key="k2")
+    # the test's transaction never commits: the commit is played by hand
+    with django_capture_on_commit_callbacks() as on_commit:
+        relay_destination(destination_id=dest.pk)
+    uncommitted = scrape(client)
+    for callback in on_commit:
+        callback()
+    after = scrape(client)
+
+    def delta(samples, name):
+        return value(samples, name, destination="counted") - value(
+            before, name, destination="counted"
+        )
+
+    assert delta(after, "webhook_receiver_outbox_dedup_hits_total") == 1
+    assert delta(after, "webhook_receiver_outbox_delivery_seconds_count") == 1
+    assert delta(after, "webhook_receiver_outbox_attempts_per_delivery_sum") == 1
+    assert delta(after, "webhook_receiver_outbox_terminal_total") == 1
+    # a round's answers are counted once they are committed, not before
+    assert delta(uncommitted, "webhook_receiver_outbox_delivery_seconds_count") == 0
+    assert delta(uncommitted, "webhook_receiver_outbox_terminal_total") == 0
+
+
+@pytest.mark.postgres_only("a Celery worker in another process must see the test database")
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_serves_the_relays_counters_itself(receiver, workers, tmp_path, monkeypatch):
+    # given: a worker told to serve its metrics, its directory holding a previous run's
+    # file, and a destination that refuses one of three messages
+    port = _free_port()
+    directory = tmp_path / "worker-metrics"
+    directory.mkdir()
+    (directory / "counter_1.db").write_bytes(b"a previous run's")
+    monkeypatch.setenv("CELERY_METRICS_PORT", str(port))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+    dest = WebhookDestination.objects.create(name="merchant", url=receiver.url)
+    receiver.answer(410, key="k3")
+    (worker,) = workers(1)
+
+    # when: three messages commit, and the worker relays them
+    with transaction.atomic():
+        for key in ("k1", "k2", "k3"):
+            enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
+    settled = OutboxMessage.objects.filter(status__in=["delivered", "failed"])
+    wait_for(lambda: settled.count() == 3, 30, f"three answers ({worker.tail()})")
+
+    # then: its port serves what its pool process counted, and the old file is gone
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    samples = parse(response.text)
+    merchant = {"destination": "merchant"}
+    assert value(samples, "webhook_receiver_outbox_delivery_seconds_count", **merchant) == 2
+    assert value(samples, "webhook_receiver_outbox_attempts_per_delivery_sum", **merchant) == 2
+    assert value(samples, "webhook_receiver_outbox_terminal_total", **merchant) == 1
+    assert not (directory / "counter_1.db").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serving_a_workers_metrics_without_a_directory_says_what_to_set(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from webhook_receiver.watch.metrics import worker_metrics_serve
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+    with pytest.raises(ImproperlyConfigured, match="PROMETHEUS_MULTIPROC_DIR"):
+        worker_metrics_serve(_free_port())

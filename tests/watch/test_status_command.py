@@ -1,0 +1,151 @@
+"""``manage.py webhook_status``: its lines, its JSON, and its exit code for each state
+(0 ok, 1 attention, 2 alert, 3 the status could not be read). The command reads the
+clock itself: records are placed relative to the real now."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+
+from tests.support.status import accepted, failed, refused, silence, status_command
+
+pytestmark = pytest.mark.django_db
+
+SOURCES = ["shop", "stripe", "github", "small", "keyed"]  # tests/settings.py, in order
+
+
+@pytest.fixture
+def time_machine_now():
+    """The command reads the clock itself: records are placed relative to the real now."""
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def test_command_all_ok_exits_0(time_machine_now):
+    accepted("shop", time_machine_now - timedelta(minutes=2))
+
+    code, out = status_command()
+
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == "OK: All 5 sources OK"
+    header = lines[3].split()
+    assert header[:4] == ["SOURCE", "STATE", "LAST", "ACCEPTED"]
+    shop = next(line for line in lines if line.startswith("shop "))
+    assert shop.split()[:5] == ["shop", "OK", "2", "min", "ago"]
+    assert "1 / 0" in shop
+
+
+def test_command_attention_exits_1_and_says_why(time_machine_now):
+    failed("shop", "dead", first=time_machine_now - timedelta(hours=1))
+    refused("stripe", time_machine_now - timedelta(minutes=1))
+
+    code, out = status_command()
+
+    assert code == 1
+    assert (
+        "ATTENTION: 2 sources need attention: shop — 1 dead letter; stripe — 1 request refused\n"
+        in out
+    )
+    assert "\nshop: ATTENTION\n  ATTENTION  1 dead letter\n" in out
+    assert "\nstripe: ATTENTION\n  ATTENTION  1 request refused in the last hour" in out
+
+
+def test_command_alert_exits_2(time_machine_now):
+    silence("github", opened=time_machine_now - timedelta(minutes=3), last=None)
+
+    code, out = status_command()
+
+    assert code == 2
+    assert "ALERT: 1 source in alert: github — silent, never sent an event" in out
+    assert "  ALERT      silent: no accepted event ever (window 20 min)" in out
+    github = next(line for line in out.splitlines() if line.startswith("github "))
+    assert "ALERT" in github and "open 3 min" in github
+
+
+def test_command_json_shape(time_machine_now):
+    # given: one of everything on shop
+    now = time_machine_now
+    accepted("shop", now - timedelta(minutes=2))
+    refused("shop", now - timedelta(minutes=1))
+    failed("shop", "retrying", first=now - timedelta(minutes=5), due=now + timedelta(minutes=1))
+    failed("shop", "dead", first=now - timedelta(hours=2))
+
+    # when
+    code, out = status_command("--json")
+
+    # then: valid JSON with the documented keys (docs/overview.md)
+    document = json.loads(out)
+    assert code == 1 == document["exit_code"]
+    assert set(document) == {
+        "generated_at",
+        "state",
+        "verdict",
+        "exit_code",
+        "sources",
+        "destinations",
+    }
+    assert document["destinations"] == []  # no outbox destination here
+    assert document["state"] == "attention"
+    assert [s["source"] for s in document["sources"]] == SOURCES
+    shop = document["sources"][0]
+    assert set(shop) == {
+        "source",
+        "configured",
+        "state",
+        "reasons",
+        "last_accepted_at",
+        "last_accepted_age_seconds",
+        "last_hour",
+        "failed_events",
+        "silence",
+        "reconciliation",
+    }
+    assert shop["state"] == "attention"
+    assert [r["code"] for r in shop["reasons"]] == ["dead_letters", "rejected"]
+    assert shop["reasons"][0] == {
+        "code": "dead_letters",
+        "state": "attention",
+        "summary": "1 dead letter",
+        "text": "1 dead letter",
+    }
+    assert shop["last_hour"] == {
+        "requests": 2,
+        "accepted": 1,
+        "rejected": 1,
+        "accepted_by_result": {"applied": 1},
+        "rejected_by_reason": {"invalid_signature": 1},
+        "rejected_unrecorded": 0,
+    }
+    assert shop["failed_events"]["retrying"] == 1
+    assert shop["failed_events"]["dead"] == 1
+    assert 299 <= shop["failed_events"]["oldest_retry_age_seconds"] <= 310
+    assert shop["silence"] == {
+        "after_seconds": 1200.0,
+        "active_hours": None,
+        "in_active_hours": None,
+        "open_alert": None,
+    }
+    assert shop["reconciliation"] == {"last_run": None, "open_repair_items": {}}
+    assert 119 <= shop["last_accepted_age_seconds"] <= 130
+
+
+def test_command_exits_3_when_the_status_cannot_be_read(time_machine_now):
+    # given: a real database fault, a table the status reads is gone (rolled back after)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE webhook_receiver_silencealert")
+    err = io.StringIO()
+
+    # when
+    with pytest.raises(SystemExit) as exit, transaction.atomic():
+        call_command("webhook_status", stdout=io.StringIO(), stderr=err)
+
+    # then
+    assert exit.value.code == 3
+    assert "the status could not be read" in err.getvalue()

@@ -24,7 +24,7 @@ from . import storable
 # Format characters (Unicode category Cf: the bidirectional controls U+202A-202E,
 # U+2066-2069, U+200E/200F and U+061C among them, the zero-width ones, the tags),
 # control characters (Cc) but newline and tab, the line and paragraph separators (Zl,
-# Zp) and surrogates (Cs), as of Unicode 15.1. tests/test_peer_text_display.py checks
+# Zp) and surrogates (Cs), as of Unicode 15.1. tests/core/test_display.py checks
 # the class against the running Python's own tables.
 INVISIBLE = re.compile(
     "["

@@ -49,7 +49,7 @@ RESTORE_LOCK_BOUND = """
 
 # The destination's row, locked (the limiter's state lives on it: one claimer at a
 # time), with its requests in flight on every worker: its unexpired leases.
-_LOCKED_DESTINATION = f"""
+DESTINATION_WITH_IN_FLIGHT = f"""
     SELECT d.*, (
         SELECT count(*) FROM webhook_receiver_outboxmessage m
         WHERE m.destination_id = d.id AND m.status = '{SENDING}' AND m.lease_until > %(now)s
@@ -58,11 +58,11 @@ _LOCKED_DESTINATION = f"""
     WHERE d.id = %(destination_id)s
 """
 
-# keyed by (vendor, skip_if_busy); SQLite serialises writers: its IMMEDIATE transactions
-# do the locking's job
+# its locking variants on PostgreSQL, keyed by (vendor, skip_if_busy); SQLite serialises
+# writers: its IMMEDIATE transactions do the locking's job with the plain one
 LOCKED_DESTINATION = {
-    ("postgresql", False): _LOCKED_DESTINATION + " FOR UPDATE OF d",
-    ("postgresql", True): _LOCKED_DESTINATION + " FOR UPDATE OF d SKIP LOCKED",
+    ("postgresql", False): DESTINATION_WITH_IN_FLIGHT + " FOR UPDATE OF d",
+    ("postgresql", True): DESTINATION_WITH_IN_FLIGHT + " FOR UPDATE OF d SKIP LOCKED",
 }
 
 # Eligible messages of one destination, oldest first: pending and due, or claimed by a
@@ -70,7 +70,7 @@ LOCKED_DESTINATION = {
 # open ones, so delivered history costs nothing). A message waits while an older one
 # with its ordering key is still open (pending, sending, or failed until an operator
 # acts).
-_ELIGIBLE = f"""
+ELIGIBLE_IDS = f"""
     SELECT m.id FROM webhook_receiver_outboxmessage m
     WHERE m.destination_id = %(destination_id)s
       AND m.status IN ('{PENDING}', '{SENDING}')
@@ -84,8 +84,9 @@ _ELIGIBLE = f"""
     LIMIT %(limit)s
 """
 
-# PostgreSQL: rows another worker is claiming are skipped, not waited for
-ELIGIBLE = {"postgresql": _ELIGIBLE + " FOR UPDATE OF m SKIP LOCKED"}
+# PostgreSQL: rows another worker is claiming are skipped, not waited for (SQLite: the
+# plain one)
+ELIGIBLE = {"postgresql": ELIGIBLE_IDS + " FOR UPDATE OF m SKIP LOCKED"}
 
 # The claim: the eligible rows (selected once: MATERIALIZED) take a lease and count an
 # attempt, and come back to be sent. One still sending had a lease that ran out: its

@@ -25,11 +25,8 @@ from .policy import answer_log, ops_notice_terminal
 
 # a lease outlives the request's own timeout by this much
 LEASE_MARGIN = timedelta(seconds=30)
-
-
+# messages claimed (and sent concurrently) a round at most
 CLAIM_BATCH = 10
-
-
 # the last error of a message whose unrecorded attempt spent its budget
 UNRECORDED = (
     "its last attempt was never recorded (the worker stopped, or the database refused "
@@ -57,7 +54,7 @@ def relay_claim(
     # last round
     with faults.bounded_transaction():
         locked = queries.LOCKED_DESTINATION.get(
-            (connection.vendor, skip_if_busy), queries._LOCKED_DESTINATION
+            (connection.vendor, skip_if_busy), queries.DESTINATION_WITH_IN_FLIGHT
         )
         dest = next(iter(WebhookDestination.objects.raw(locked, params)), None)
         if dest is None:
@@ -129,7 +126,7 @@ def _claim_rows(params: dict[str, Any]) -> tuple[list[Claimed], list[Claimed]]:
     fences the claim's result): the messages to send, and those it failed instead.
     Read through the ORM's raw(): typed as the model's fields are, on either database."""
     claim = queries.CLAIM.format(
-        eligible=queries.ELIGIBLE.get(connection.vendor, queries._ELIGIBLE)
+        eligible=queries.ELIGIBLE.get(connection.vendor, queries.ELIGIBLE_IDS)
     )
     rows = OutboxMessage.objects.raw(claim, params)
     claimed: list[Claimed] = []

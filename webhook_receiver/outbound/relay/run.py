@@ -29,7 +29,7 @@ def relay_destination(
 
     A round's answers are recorded in the transaction that claims the next round: one
     transaction a round. If that transaction fails, the answers are recorded one by one,
-    each in a transaction of its own (``_record_each``), unless the database itself is
+    each in a transaction of its own (``record_each``), unless the database itself is
     failing (a bound that fired, a lost connection): then the error is noted on the
     destination and raised, and the messages are sent again, under the same keys and
     with the lost attempt counted, when their leases end."""

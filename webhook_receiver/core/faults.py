@@ -55,15 +55,22 @@ def bounds_params(*, lock_timeout_ms: int, statement_timeout_ms: int) -> dict[st
     }
 
 
-def transaction_bound(*, lock_timeout_ms: int, statement_timeout_ms: int) -> None:
-    """Bound the rest of the current transaction, by a statement of its own (PostgreSQL;
-    off the hot path, where a round trip more does not matter)."""
+def configured_bounds() -> dict[str, str]:
+    """BOUND's parameters for LOCK_TIMEOUT_MS and STATEMENT_TIMEOUT_MS: a delivery's
+    bounds, which a failure's capture, a retry, a refusal's record and the relay share."""
+    config = app_settings()
+    return bounds_params(
+        lock_timeout_ms=config.lock_timeout_ms, statement_timeout_ms=config.statement_timeout_ms
+    )
+
+
+def transaction_bound(params: Mapping[str, str] | None = None) -> None:
+    """Bound the rest of the current transaction by ``params`` (bounds_params; by default
+    the configured bounds), in a statement of its own (PostgreSQL; off the hot path, where
+    a round trip more does not matter)."""
     if connection.vendor == "postgresql":
-        params = bounds_params(
-            lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms
-        )
         with connection.cursor() as cursor:
-            cursor.execute(BOUND, params)
+            cursor.execute(BOUND, configured_bounds() if params is None else params)
 
 
 @contextlib.contextmanager
@@ -77,11 +84,7 @@ def bounded_transaction(*, savepoint: bool = False) -> Iterator[None]:
     outermost = not connection.in_atomic_block
     with transaction.atomic(savepoint=savepoint):
         if outermost:
-            config = app_settings()
-            transaction_bound(
-                lock_timeout_ms=config.lock_timeout_ms,
-                statement_timeout_ms=config.statement_timeout_ms,
-            )
+            transaction_bound()
         yield
 
 
@@ -114,7 +117,9 @@ def database_deadline(seconds: float) -> Iterator[None]:
     milliseconds = max(1, int(seconds * 1000))
     try:
         with transaction.atomic(), connection.execute_wrapper(before_each):
-            transaction_bound(lock_timeout_ms=milliseconds, statement_timeout_ms=milliseconds)
+            transaction_bound(
+                bounds_params(lock_timeout_ms=milliseconds, statement_timeout_ms=milliseconds)
+            )
             yield
     except NotAnswering:
         raise

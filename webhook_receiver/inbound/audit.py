@@ -78,10 +78,7 @@ class AuditDraft:
             statement = queries.RECORD_REFUSAL_RELAXED if relax else queries.RECORD_REFUSAL
             # bounded as a delivery's first statement is: a locked audit table must not
             # hold a worker for every refusal of a flood
-            params |= faults.bounds_params(
-                lock_timeout_ms=config.lock_timeout_ms,
-                statement_timeout_ms=config.statement_timeout_ms,
-            )
+            params |= faults.configured_bounds()
             with connection.cursor() as cursor:
                 faults.execute_bounded(cursor, statement, params)
                 recorded = cursor.rowcount == 1

@@ -140,20 +140,13 @@ def _params(
         # the request's arrival, when there is one: the receipt and audit times agree
         "received_at": audit.received_at if audit is not None else received_at or timezone.now(),
         **_result_values(event, result),
-        **_bounds(),
+        # the delivery's bounds (faults.BOUND): they bound its first statement, and the
+        # claim's whole transaction
+        **faults.configured_bounds(),
     }
     if audit is not None:
         row |= audit.claim_values()
     return sql.adapt(row, WebhookReceipt, RequestAudit)
-
-
-def _bounds() -> dict[str, str]:
-    """The delivery's lock and statement timeouts (LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS),
-    for faults.BOUND: they bound its first statement, and the claim's whole transaction."""
-    config = app_settings()
-    return faults.bounds_params(
-        lock_timeout_ms=config.lock_timeout_ms, statement_timeout_ms=config.statement_timeout_ms
-    )
 
 
 def _result_values(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:

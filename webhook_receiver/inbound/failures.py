@@ -250,10 +250,7 @@ def _bound() -> None:
     """A capture's, a retry's or a replay's transaction waits no longer than a
     delivery's: a locked table fails it (a retry stays due) instead of holding the
     sender, the worker or the page."""
-    config = app_settings()
-    faults.transaction_bound(
-        lock_timeout_ms=config.lock_timeout_ms, statement_timeout_ms=config.statement_timeout_ms
-    )
+    faults.transaction_bound()
 
 
 def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = None) -> int:

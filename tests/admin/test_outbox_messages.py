@@ -134,10 +134,10 @@ def test_the_search_looks_keys_up_in_the_indexes(rf, admin_user):
         cursor.execute(
             """
             INSERT INTO webhook_receiver_outboxmessage
-                (destination_id, key, event_type, payload, ordering_key, status, attempts,
-                 failures, next_attempt_at, origin_source, origin_event_key, created_at,
-                 last_error, discarded_by, discard_reason)
-            SELECT %s[1 + g %% 4], 'order:' || g || ':paid:v1', 'order.paid', '{}',
+                (destination_id, key, event_type, payload, metadata, ordering_key, status,
+                 attempts, failures, next_attempt_at, origin_source, origin_event_key,
+                 created_at, last_error, discarded_by, discard_reason)
+            SELECT %s[1 + g %% 4], 'order:' || g || ':paid:v1', 'order.paid', '{}', '{}',
                    'order:' || (g / 3), 'delivered', 1, 0, now(), '', '', now(), '', '', ''
             FROM generate_series(1, 40000) g
             """,
@@ -183,6 +183,34 @@ def test_the_message_page_shows_payload_attempts_and_origin(admin_client, histor
     # the buttons of a failed message, for a user with both permissions
     for button in ("wr-retry", "wr-discard", "wr-trace"):
         assert f'id="{button}"' in content
+
+
+def test_the_message_page_shows_its_metadata_indented_and_escaped(admin_client):
+    # given: a message a model wrote, whose metadata holds markup
+    metadata = {"prompt_version": "<script>alert(1)</script>", "tokens": 812}
+    row = message(destination("merchant-7"), "summary:ord_1:v1", metadata=metadata)
+
+    # when
+    response = admin_client.get(change_url(row))
+
+    # then: read-only, indented, as text
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert "<script>alert" not in content
+    assert "&quot;prompt_version&quot;: &quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;,\n" in (
+        content
+    )
+    assert "&quot;tokens&quot;: 812\n" in content
+    assert 'name="metadata"' not in content  # no input: read-only
+
+
+def test_a_message_without_metadata_shows_a_dash(admin_client):
+    row = message(destination("merchant-7"), "order:ord_1:paid:v1")
+
+    content = admin_client.get(change_url(row)).content.decode()
+
+    field = content[content.index("field-pretty_metadata") :]
+    assert field[: field.index("</div>") + 6].endswith('<div class="readonly">-</div>')
 
 
 def test_the_attempt_table_lists_every_attempt_in_order(admin_client, history):

@@ -13,9 +13,10 @@ from django.urls import reverse
 from tests.support.browser import screenshot
 from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
-from tests.support.trace import APPLIED, DEAD, FULFILLED
+from tests.support.trace import APPLIED, DEAD, FULFILLED, ORDER, PAID
 from webhook_receiver.admin.cells import trace_url
-from webhook_receiver.models import FailedEvent, RepairItem
+from webhook_receiver.models import FailedEvent, RepairItem, WebhookDestination
+from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.watch.trace import event_trace
 
 pytestmark = pytest.mark.usefixtures("shop_effects")
@@ -65,6 +66,25 @@ def test_the_admin_page_of_an_applied_event_shows_its_effects(story, admin_clien
     assert " s ago" in page
     receipt_time = event_trace(source="shop", event_key=APPLIED).receipt.received_at
     assert f"{receipt_time:%Y-%m-%d %H:%M:%S}" in page
+
+
+@pytest.mark.django_db
+def test_the_admin_page_shows_each_message_s_metadata_under_it_escaped(summarised, admin_client):
+    # given: one more message of the event, whose metadata holds markup
+    merchant = WebhookDestination.objects.get(name="merchant")
+    note = {"note": "<script>alert(1)</script>"}
+    enqueue_webhook(merchant, "order.note", "note:1", {}, origin=("shop", PAID), metadata=note)
+
+    # when
+    page = admin_client.get(trace_url("shop", PAID)).content.decode()
+
+    # then: as compact JSON, as text, under its message; none for the message with none
+    quoted = html.escape('metadata: {"prompt_version":"v3","tokens":812}')
+    assert quoted in page
+    assert page.index(f"summary:{ORDER}:v2") < page.index(quoted)
+    assert html.escape('metadata: {"note":"<script>alert(1)</script>"}') in page
+    assert "<script>alert" not in page
+    assert page.count('<tr class="metadata">') == 2
 
 
 @pytest.mark.django_db

@@ -231,10 +231,10 @@ def _fill(connection, receipts: int, failed: int) -> dict[str, int]:
         cursor.execute(
             """
             INSERT INTO webhook_receiver_outboxmessage (destination_id, key, event_type,
-                payload, ordering_key, status, attempts, failures, next_attempt_at,
+                payload, metadata, ordering_key, status, attempts, failures, next_attempt_at,
                 lease_until, origin_source, origin_event_key, created_at, delivered_at,
                 last_error, discarded_by, discard_reason)
-            SELECT d.id, 'order:' || n || ':paid:v1', 'order.paid', '{}'::jsonb, '',
+            SELECT d.id, 'order:' || n || ':paid:v1', 'order.paid', '{}'::jsonb, '{}'::jsonb, '',
                 CASE WHEN n <= 100000 THEN 'delivered' WHEN n % 10 = 0 THEN 'failed'
                      WHEN n % 10 = 1 THEN 'sending' ELSE 'pending' END,
                 1, 0, now() + (n % 20 - 10) * interval '1 minute',

@@ -15,6 +15,7 @@ from tests.support.http import post
 from tests.support.signing import event_body, standard_headers
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook, message_key
+from webhook_receiver.outbound.admission import METADATA_MAX_BYTES
 
 pytestmark = pytest.mark.django_db
 
@@ -106,6 +107,77 @@ def test_another_destination_or_key_is_another_message(merchant):
     assert admit(other).created
     assert admit(merchant, key="order:ord_1:paid:v4").created
     assert OutboxMessage.objects.count() == 3
+
+
+# --- metadata: beside the message, outside its identity ---------------------------------
+
+MODEL_METADATA = {"prompt_version": "v3", "tokens": {"prompt": 640, "completion": 172}}
+
+
+def test_the_metadata_is_stored_beside_the_message(merchant):
+    assert admit(merchant, metadata=MODEL_METADATA).created
+
+    message = OutboxMessage.objects.get()
+    assert message.metadata == MODEL_METADATA
+    assert message.payload == {"type": "order.paid", "data": {"order_id": "ord_1"}}
+
+
+def test_without_metadata_an_empty_object_is_stored(merchant):
+    admit(merchant)
+
+    assert OutboxMessage.objects.get().metadata == {}
+
+
+@pytest.mark.parametrize("window", ["open", "expired"])
+def test_other_metadata_under_the_same_key_is_a_duplicate_that_changes_nothing(merchant, window):
+    # given: a message admitted with the metadata of the prompt's version 3
+    admit(merchant, metadata=MODEL_METADATA)
+    if window == "expired":
+        cache.clear()  # the table, not the window, answers
+
+    # when: the same key, made again with another prompt
+    again = admit(merchant, metadata={"prompt_version": "v4", "tokens": 901})
+
+    # then: the key is the identity; the first message's metadata stays
+    assert not again.created
+    assert OutboxMessage.objects.get().metadata == MODEL_METADATA
+
+
+INVALID_METADATA = [
+    (["v3", 812], "metadata must be a JSON object (a dict with str keys), not list"),
+    ("v3", "metadata must be a JSON object (a dict with str keys), not str"),
+    ({1: "v3"}, "metadata's keys must be str at every depth, not int (1)"),
+    ({"tokens": {2: 812}}, "metadata's keys must be str at every depth, not int (2)"),
+    ({"at": object()}, "metadata must hold JSON values only"),
+    ({"tags": {"a", "b"}}, "Object of type set is not JSON serializable"),
+    ({"score": float("nan")}, "no NaN nor infinity"),
+    ({"prompt": "a\x00b"}, "metadata cannot hold NUL nor a lone surrogate"),
+    ({"prompt": "\ud800"}, "metadata cannot hold NUL nor a lone surrogate"),
+    ({"prompt": "x" * 4096}, "metadata is 4109 bytes as JSON, over the limit of 4096"),
+]
+
+
+@pytest.mark.parametrize(("metadata", "says"), INVALID_METADATA)
+def test_invalid_metadata_is_refused_before_any_statement(merchant, metadata, says):
+    # when: admitted in the test's transaction, which goes on (nothing rolls back)
+    with CaptureQueriesContext(connection) as queries, pytest.raises(ValueError) as refused:
+        enqueue_webhook(merchant, "order.paid", "order:ord_1:paid:v3", {}, metadata=metadata)
+
+    # then: it says what is wrong, and nothing was written
+    assert says in str(refused.value)
+    assert len(queries) == 0
+    assert not OutboxMessage.objects.exists()
+
+
+def test_metadata_of_exactly_the_limit_is_admitted(merchant):
+    # {"prompt":"…"} is 13 bytes around the text; "é" is two bytes in UTF-8
+    fits = {"prompt": "é" * 2000 + "x" * (METADATA_MAX_BYTES - 13 - 4000)}
+    over = {"prompt": fits["prompt"] + "x"}
+
+    assert admit(merchant, metadata=fits).created
+    with pytest.raises(ValueError, match="4097 bytes as JSON, over the limit of 4096"):
+        admit(merchant, key="order:ord_1:paid:v4", metadata=over)
+    assert OutboxMessage.objects.get().metadata == fits
 
 
 @pytest.mark.postgres_only("two transactions admitting one key at the same moment")

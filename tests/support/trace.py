@@ -15,10 +15,12 @@ from django.utils import timezone
 from tests.support import handlers
 from tests.support.failing import CRASH, fail_crash
 from tests.support.http import post
+from tests.support.outbox import destination
 from tests.support.reconciling import reconcile_with
 from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.inbound.failures import failed_events_retry_due
 from webhook_receiver.models import FailedEvent, RepairItem
+from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.reconcile.run import reconciliation_run
 
 APPLIED = "msg_trace_applied"
@@ -85,3 +87,21 @@ def story(client, crash_handler, settings, tmp_path) -> Story:
     reconciliation_run(source_slug="shop", now=now + timedelta(minutes=15))
     assert list(RepairItem.objects.values_list("kind", "event_key")) == [("failed", DEAD)]
     return Story(applied_body=applied_body)
+
+
+# what a model reports of the summary it wrote: kept beside the message, never sent
+MODEL_METADATA = {"prompt_version": "v3", "tokens": 812}
+
+
+@pytest.fixture
+def summarised(story) -> None:
+    """The paid order's handler also admitted, to a "merchant" destination, a summary a
+    model wrote (with its metadata) and the paid event itself (with none)."""
+    merchant = destination("merchant")
+    payload = {"type": "order.summary", "data": {"order_id": ORDER}}
+    origin = ("shop", PAID)
+    summary = f"summary:{ORDER}:v2"
+    enqueue_webhook(
+        merchant, "order.summary", summary, payload, origin=origin, metadata=MODEL_METADATA
+    )
+    enqueue_webhook(merchant, "order.paid", f"order:{ORDER}:paid:v2", payload, origin=origin)

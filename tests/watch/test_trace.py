@@ -72,6 +72,20 @@ def test_an_applied_event_has_every_delivery_its_receipt_and_its_ledger_lines(st
 
 
 @pytest.mark.django_db
+def test_the_messages_an_event_admitted_have_their_metadata_beside_them(summarised):
+    # when
+    trace = event_trace(source="shop", event_key=PAID)
+
+    # then: one section for the destination, each message's metadata as compact JSON
+    (section,) = trace.outbox
+    assert section.title == "to merchant"
+    assert [(row[0], metadata) for row, metadata in section.lines] == [
+        (f"summary:{ORDER}:v2", '{"prompt_version":"v3","tokens":812}'),
+        (f"order:{ORDER}:paid:v2", ""),
+    ]
+
+
+@pytest.mark.django_db
 def test_the_order_state_says_which_event_set_it(story):
     paid = effect(event_trace(source="shop", event_key=PAID), "Order state").rows
     fulfilled = effect(event_trace(source="shop", event_key=FULFILLED), "Order state").rows
@@ -199,6 +213,19 @@ def test_the_command_prints_the_story_one_line_per_delivery_and_attempt(story):
     assert "no outbox messages" in text
     deliveries = [line for line in lines if " deferred " in line]
     assert len(deliveries) == 1 and "202" in deliveries[0]
+
+
+@pytest.mark.django_db
+def test_the_command_prints_a_message_s_metadata_under_its_row(summarised):
+    out = StringIO()
+    call_command("webhook_trace", PAID, "--source", "shop", stdout=out, no_color=True)
+
+    lines = out.getvalue().splitlines()
+    summary = next(n for n, line in enumerate(lines) if f"summary:{ORDER}:v2" in line)
+    assert lines[summary + 1] == '      metadata: {"prompt_version":"v3","tokens":812}'
+    # the message with none has no such line
+    assert sum("metadata:" in line for line in lines) == 1
+    assert any(f"order:{ORDER}:paid:v2" in line for line in lines[summary + 2 :])
 
 
 @pytest.mark.django_db

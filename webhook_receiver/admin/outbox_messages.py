@@ -46,6 +46,10 @@ LAST_ANSWER_TITLE_CHARS = 2000
 # a message's page shows its newest attempts (a destination pacing us with 429s can
 # make many: they do not spend the retry budget)
 ATTEMPTS_SHOWN = 100
+METADATA_NOTE = (
+    "How the payload was made (a prompt's version, token usage): kept beside the message, "
+    "never sent, and not part of its identity."
+)
 
 
 def short_status(status: str) -> str:
@@ -152,15 +156,17 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         ("Origin", {"fields": ("origin",)}),
         ("Operator", {"fields": ("discarded_by", "discarded_at", "discard_reason")}),
         ("Attempts, oldest first", {"fields": ("attempt_history",)}),
+        ("Metadata", {"fields": ("pretty_metadata",), "description": METADATA_NOTE}),
         ("Payload", {"fields": ("pretty_payload",)}),
     )
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
-        # the list needs none of the payload (the detail page loads it on use), and no
-        # page of messages needs their destination's secrets, decrypted as they are read
+        # the list needs none of the payload nor the metadata (the detail page loads them
+        # on use), and no page of messages needs their destination's secrets, decrypted
+        # as they are read
         queryset = super().get_queryset(request).select_related("destination")
-        return queryset.defer("payload", "destination__secrets")
+        return queryset.defer("payload", "metadata", "destination__secrets")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage], search_term: str
@@ -293,6 +299,10 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     @admin.display(description="payload")
     def pretty_payload(self, obj: OutboxMessage) -> str:
         return pre(display.json_text(obj.payload))
+
+    @admin.display(description="metadata")
+    def pretty_metadata(self, obj: OutboxMessage) -> str:
+        return pre(display.json_text(obj.metadata)) if obj.metadata else "-"
 
     @admin.display(description="attempts")
     def attempt_history(self, obj: OutboxMessage) -> str:

@@ -17,11 +17,17 @@ PostgreSQL), far less than the claim's LOCK_TIMEOUT_MS: an insert into the outbo
 waits in normal work, so a wait means the table is held (a migration, a VACUUM FULL), and
 an event whose effect admits a message is better deferred fast than holding a web
 worker for the whole bound.
+
+A message may carry ``metadata`` beside its payload: a small JSON object saying how the
+payload was made (a prompt's version, a model's token usage). It is stored, shown on the
+message's page and its event's trace, and never sent; it is not part of the identity, so
+a second admission of the key with other metadata is a duplicate that changes nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +46,8 @@ from .trigger import cache_outage, relay_soon
 logger = logging.getLogger(__name__)
 
 ADMISSION_WINDOW_SECONDS = 5 * 60
+# a message's metadata, as compact UTF-8 JSON, at most: a few labels and numbers
+METADATA_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ def enqueue_webhook(
     *,
     ordering_key: str | None = None,
     origin: tuple[str, str] | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Admission:
     """Admit one message for ``destination``, inside the caller's transaction.
 
@@ -82,8 +91,12 @@ def enqueue_webhook(
     deduplicates on it. Messages sharing an ``ordering_key`` (one aggregate's: an
     order's) are delivered to this destination one after another, in admission order.
     ``origin`` is the inbound event (source, event key) whose handler admits it, for the
-    trace page. Returns whether a message was created.
+    trace page. ``metadata`` (a JSON object of at most METADATA_MAX_BYTES; None: ``{}``)
+    is kept beside the message, outside its identity: a duplicate leaves the first
+    message's as it is. Invalid metadata raises ValueError before anything is written.
+    Returns whether a message was created.
     """
+    metadata = _checked_metadata(metadata)
     if not isinstance(destination, WebhookDestination):
         destination = WebhookDestination.objects.only("id", "name").get(name=destination)
     window_key = _window_key(destination.pk, key)
@@ -97,6 +110,7 @@ def enqueue_webhook(
         "key": key,
         "event_type": event_type,
         "payload": payload,
+        "metadata": metadata,
         "ordering_key": ordering_key or "",
         "status": MessageStatus.PENDING,
         "next_attempt_at": now,
@@ -123,6 +137,63 @@ def enqueue_webhook(
         # low latency without polling hard: a relay run as soon as the message exists
         transaction.on_commit(lambda: relay_soon(destination.pk), robust=True)
     return Admission(destination=destination.name, key=key, created=created)
+
+
+def _checked_metadata(metadata: Any) -> dict[str, Any]:
+    """``metadata`` as admission stores it: ``{}`` for None, else a JSON object (str keys
+    at every depth, JSON values only, no NUL nor lone surrogate, which PostgreSQL's jsonb
+    refuses) of at most METADATA_MAX_BYTES as compact UTF-8 JSON; ValueError otherwise."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise ValueError(
+            f"metadata must be a JSON object (a dict with str keys), not {type(metadata).__name__}"
+        )
+    try:
+        text = json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except RecursionError:
+        raise ValueError("metadata is nested too deep to be JSON") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            "metadata must hold JSON values only (str, int, float, bool, None, lists and "
+            f"dicts; no NaN nor infinity): {exc}"
+        ) from None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > METADATA_MAX_BYTES:
+        raise ValueError(
+            f"metadata is {size} bytes as JSON, over the limit of {METADATA_MAX_BYTES} "
+            "(METADATA_MAX_BYTES): keep it to a few labels and numbers"
+        )
+    # its keys and strings at every depth, walked with a stack (no recursion)
+    todo: list[Any] = [metadata]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for name in node:
+                if not isinstance(name, str):
+                    raise ValueError(
+                        f"metadata's keys must be str at every depth, not "
+                        f"{type(name).__name__} ({name!r})"
+                    )
+            todo.extend(node)
+            todo.extend(node.values())
+        elif isinstance(node, list | tuple):
+            todo.extend(node)
+        elif isinstance(node, str) and not _storable_in_json(node):
+            raise ValueError(
+                f"metadata cannot hold NUL nor a lone surrogate (in {node!r}): "
+                "a JSON column on PostgreSQL refuses them"
+            )
+    return metadata
+
+
+def _storable_in_json(text: str) -> bool:
+    # isascii: the usual case, at C speed
+    return "\x00" not in text and (text.isascii() or not any(_surrogate(c) for c in text))
+
+
+def _surrogate(char: str) -> bool:
+    return "\ud800" <= char <= "\udfff"
 
 
 def _remember(window_key: str) -> None:

@@ -88,6 +88,10 @@ class OutboxMessage(models.Model):
     key = models.CharField(max_length=255)
     event_type = models.CharField(max_length=255)
     payload = models.JSONField()
+    # a small JSON object about how the payload was made (a prompt's version, a model's
+    # token usage), kept beside the message and never sent: outside its identity, so a
+    # second admission of the key with other metadata is a duplicate that changes nothing
+    metadata = models.JSONField(default=dict, blank=True)
     # messages sharing one, to one destination, are delivered one after another
     ordering_key = models.CharField(max_length=255, blank=True)
     status = models.CharField(max_length=16, choices=MessageStatus.choices)

@@ -19,16 +19,17 @@ FAILED = MessageStatus.FAILED.value
 
 # --- admission ---------------------------------------------------------------------------
 
-# One message per (destination, key), forever: a conflict creates nothing.
+# One message per (destination, key), forever: a conflict creates nothing (and leaves the
+# first message's metadata as it is: the metadata is not part of the identity).
 INSERT_MESSAGE = """
     INSERT INTO webhook_receiver_outboxmessage
-        (destination_id, key, event_type, payload, ordering_key, status, attempts, failures,
-         next_attempt_at, origin_source, origin_event_key, created_at, last_error,
+        (destination_id, key, event_type, payload, metadata, ordering_key, status, attempts,
+         failures, next_attempt_at, origin_source, origin_event_key, created_at, last_error,
          discarded_by, discard_reason)
     VALUES
-        (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(ordering_key)s,
-         %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s, %(origin_event_key)s,
-         %(created_at)s, '', '', '')
+        (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(metadata)s,
+         %(ordering_key)s, %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s,
+         %(origin_event_key)s, %(created_at)s, '', '', '')
     ON CONFLICT (destination_id, key) DO NOTHING
     RETURNING id
 """

@@ -9,6 +9,7 @@ webhook_trace`` both print it. A selector: it writes nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -20,6 +21,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from ..conf import app_settings
+from ..core import display
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage
 from ..reconcile.models import RepairItem
@@ -44,6 +46,19 @@ class EffectSection:
 
 
 EffectsHook = Callable[..., Sequence[EffectSection]]
+
+
+@dataclass(frozen=True)
+class OutboxSection(EffectSection):
+    """One destination's messages: with each row, its message's metadata as compact JSON
+    ("" when it has none), shown under the row."""
+
+    metadata: Sequence[str] = ()
+
+    @property
+    def lines(self) -> list[tuple[Sequence[str], str]]:
+        """(row, metadata) per message."""
+        return list(zip(self.rows, self.metadata, strict=True))
 
 
 @dataclass(frozen=True)
@@ -130,7 +145,7 @@ class EventTrace:
     failed: FailedHistory | None = None
     repairs: tuple[Repair, ...] = ()
     # the outbox messages its handler enqueued, one section per destination
-    outbox: tuple[EffectSection, ...] = ()
+    outbox: tuple[OutboxSection, ...] = ()
 
     @property
     def found(self) -> bool:
@@ -184,16 +199,18 @@ def event_trace(*, source: str, event_key: str, tracebacks: bool = False) -> Eve
     )
 
 
-def _outbox(source: str, event_key: str) -> tuple[EffectSection, ...]:
+def _outbox(source: str, event_key: str) -> tuple[OutboxSection, ...]:
     """The messages the event's handler admitted (index on origin_event_key), with their
-    delivery state, grouped by destination."""
+    delivery state and metadata, grouped by destination."""
     rows = (
         OutboxMessage.objects.filter(origin_event_key=event_key, origin_source=source)
         .select_related("destination")
         .order_by("destination__name", "id")
     )
     sections: dict[str, list[tuple[str, ...]]] = {}
+    metadata: dict[str, list[str]] = {}
     for m in rows:
+        metadata.setdefault(m.destination.name, []).append(_metadata_text(m.metadata))
         sections.setdefault(m.destination.name, []).append(
             (
                 m.key,
@@ -206,9 +223,19 @@ def _outbox(source: str, event_key: str) -> tuple[EffectSection, ...]:
         )
     columns = ("key", "type", "status", "attempts", "delivered / next attempt", "last answer")
     return tuple(
-        EffectSection(title=f"to {name}", columns=columns, rows=rows)
+        OutboxSection(title=f"to {name}", columns=columns, rows=rows, metadata=metadata[name])
         for name, rows in sections.items()
     )
+
+
+def _metadata_text(metadata: Any) -> str:
+    """A message's metadata on one line, its keys sorted; "" when it has none."""
+    if not metadata:
+        return ""
+    try:
+        return json.dumps(metadata, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:  # deeper than admission allows (written some other way)
+        return display.json_text(metadata, indent=None)
 
 
 def _moment_text(moment: datetime | None) -> str:

@@ -15,7 +15,14 @@ from django.utils import timezone
 
 from ...conf import app_settings
 from ...core import display
-from ...watch.trace import EffectSection, EventTrace, ago, event_key_sources, event_trace
+from ...watch.trace import (
+    EffectSection,
+    EventTrace,
+    OutboxSection,
+    ago,
+    event_key_sources,
+    event_trace,
+)
 
 MAX_CELL_CHARS = 100
 
@@ -170,7 +177,10 @@ class Command(BaseCommand):
 
     def _section(self, section: EffectSection) -> None:
         self.stdout.write(f"  {_cell(section.title, None)}")
-        self._table(section.columns, section.rows, empty="none", indent="    ")
+        # an outbox message's metadata, whole, on a line under its row
+        metadata = section.metadata if isinstance(section, OutboxSection) else ()
+        notes = [f"metadata: {m}" if m else "" for m in metadata]
+        self._table(section.columns, section.rows, empty="none", indent="    ", notes=notes)
         if section.note:
             self.stdout.write(f"    {_cell(section.note, None)}")
 
@@ -186,7 +196,10 @@ class Command(BaseCommand):
         *,
         empty: str,
         indent: str = "  ",
+        notes: Sequence[str] = (),
     ) -> None:
+        """``rows`` in aligned columns under ``columns``; a row's note (if any) on a line
+        of its own under it, whole."""
         if not rows:
             self.stdout.write(f"{indent}{empty}")
             return
@@ -197,6 +210,8 @@ class Command(BaseCommand):
             self.stdout.write(f"{indent}{line}".rstrip())
             if n == 0:
                 self.stdout.write(indent + "  ".join("-" * width for width in widths))
+            elif n <= len(notes) and notes[n - 1]:
+                self.stdout.write(f"{indent}  {_cell(notes[n - 1], None)}")
 
 
 def _when(moment: datetime) -> str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 from django.utils import timezone
@@ -33,6 +35,10 @@ _clients: dict[tuple[int, str, float], httpx.Client] = {}
 _clients_lock = threading.Lock()
 
 
+# the evaluation harness's network (webhook_eval), in place of the sockets; None: real
+_simulated: httpx.BaseTransport | None = None
+
+
 def _client(dest: WebhookDestination) -> httpx.Client:
     """One client per destination and process: its connections are reused."""
     ident = (dest.pk, dest.url, dest.timeout_seconds)
@@ -40,9 +46,30 @@ def _client(dest: WebhookDestination) -> httpx.Client:
         client = _clients.get(ident)
         if client is None:
             limits = httpx.Limits(max_connections=max(1, dest.max_in_flight))
-            client = peer_client(timeout=dest.timeout_seconds, limits=limits)
+            if _simulated is not None:
+                client = httpx.Client(transport=_simulated, timeout=dest.timeout_seconds)
+            else:
+                client = peer_client(timeout=dest.timeout_seconds, limits=limits)
             _clients[ident] = client
         return client
+
+
+@contextmanager
+def simulated_network(transport: httpx.BaseTransport) -> Iterator[None]:
+    """Every request the relay sends in this block goes to ``transport`` (an
+    ``httpx.MockTransport``) instead of a socket: the evaluation harness's merchants.
+    Everything above the client (signing, the deadline, what an answer means) is
+    unchanged."""
+    global _simulated
+    with _clients_lock:
+        _clients.clear()
+        _simulated = transport
+    try:
+        yield
+    finally:
+        with _clients_lock:
+            _clients.clear()
+            _simulated = None
 
 
 def signed_request(

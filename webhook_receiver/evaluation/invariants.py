@@ -1,0 +1,420 @@
+"""The invariants checked after every run, each a function of what the run left
+(``Observations``), each naming the first event that broke it.
+
+They are read at the merchant (what a destination actually received, and when) and in
+the database (what the app recorded), never from the app's own claims about itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .simulation import Observations
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    title: str
+    held: bool
+    checked: int
+    first: str = ""  # the first event that broke it, in words
+    # the ledger: a run that does not balance proves nothing
+    voids: bool = False
+
+
+def when(seconds: float | None) -> str:
+    """Simulated time since the start, as +HH:MM:SS(.fff)."""
+    if seconds is None or seconds == INF:
+        return "never"
+    whole = int(seconds)
+    text = f"+{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+    frac = round(seconds - whole, 3)
+    return f"{text}.{int(frac * 1000):03d}" if frac else text
+
+
+class _View:
+    """The observations indexed the way the checks read them."""
+
+    def __init__(self, obs: Observations) -> None:
+        self.obs = obs
+        self.by_dest: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for m in obs.messages:
+            self.by_dest[m["destination"]].append(m)
+        # the claims that were never recorded (a relay that crashed)
+        crashed: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for c in obs.crashes:
+            for key in c["keys"]:
+                crashed[(c["destination"], key)].append(c["at"])
+        self.first_attempt: dict[int, float] = {}
+        for m in obs.messages:
+            starts = [a["started"] for a in obs.attempts.get(m["id"], [])]
+            starts += crashed.get((m["destination"], m["key"]), [])
+            self.first_attempt[m["id"]] = min(starts) if starts else INF
+        self.arrivals_of: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for name, arrivals in obs.arrivals.items():
+            for a in arrivals:
+                self.arrivals_of[(name, a.event)].append(a)
+
+    def delivered_seq(self, m: dict[str, Any]) -> int | None:
+        """The merchant's arrival that delivered ``m`` (its last 2xx)."""
+        ok = [
+            a.seq
+            for a in self.arrivals_of[(m["destination"], m["key"])]
+            if a.outcome in ("applied", "duplicate")
+        ]
+        return ok[-1] if ok else None
+
+
+def one_message_per_event(v: _View) -> Verdict:
+    title = "one durable message per logical event and destination"
+    admitted = {(a["destination"], a["key"]) for a in v.obs.admissions}
+    created = Counter((a["destination"], a["key"]) for a in v.obs.admissions if a["created"])
+    rows = Counter((m["destination"], m["key"]) for m in v.obs.messages)
+    for a in v.obs.admissions:
+        pair = (a["destination"], a["key"])
+        if rows[pair] != 1 or created[pair] != 1:
+            return Verdict(
+                "one-message-per-event",
+                title,
+                False,
+                len(admitted),
+                f"{a['key']} to {a['destination']} (admitted at {when(a['at'])}): "
+                f"{rows[pair]} message rows, {created[pair]} admissions that created one",
+            )
+    extra = sorted(set(rows) - admitted)
+    if extra:
+        d, key = extra[0]
+        return Verdict(
+            "one-message-per-event",
+            title,
+            False,
+            len(admitted),
+            f"{key} to {d}: a message nothing admitted",
+        )
+    return Verdict("one-message-per-event", title, True, len(admitted))
+
+
+def key_on_every_attempt(v: _View) -> Verdict:
+    title = "every attempt of a message carries its key (webhook-id, Idempotency-Key)"
+    count = 0
+    for name, arrivals in v.obs.arrivals.items():
+        for a in arrivals:
+            count += 1
+            if not (a.webhook_id == a.idempotency_key == a.event):
+                return Verdict(
+                    "key-on-every-attempt",
+                    title,
+                    False,
+                    count,
+                    f"{a.event} at {name}, its request {a.seen} at {when(a.at)}: webhook-id "
+                    f"{a.webhook_id!r}, Idempotency-Key {a.idempotency_key!r}",
+                )
+    return Verdict("key-on-every-attempt", title, True, count)
+
+
+def fifo_per_destination(v: _View) -> Verdict:
+    """First attempts follow admission order among a destination's messages that nothing
+    held back: a message admitted earlier, and not waiting for an older one of its
+    ordering key, is never first tried after a later one."""
+    title = "FIFO among a destination's eligible messages (first attempts)"
+    count = 0
+    for name, messages in v.by_dest.items():
+        seen_keys: set[str] = set()
+        latest: tuple[float, dict[str, Any] | None] = (-INF, None)
+        for m in messages:  # in admission (id) order
+            count += 1
+            first = v.first_attempt[m["id"]]
+            if latest[0] > first and latest[1] is not None:
+                earlier = latest[1]
+                return Verdict(
+                    "fifo-per-destination",
+                    title,
+                    False,
+                    count,
+                    f"{name}: {m['key']} (admitted {when(m['created'])}) was first tried at "
+                    f"{when(first)}, before the older {earlier['key']} (admitted "
+                    f"{when(earlier['created'])}, first tried {when(latest[0])})",
+                )
+            held_back = bool(m["ordering_key"]) and m["ordering_key"] in seen_keys
+            if m["ordering_key"]:
+                seen_keys.add(m["ordering_key"])
+            if not held_back and v.first_attempt[m["id"]] > latest[0]:
+                latest = (v.first_attempt[m["id"]], m)
+    return Verdict("fifo-per-destination", title, True, count)
+
+
+def order_within_key(v: _View) -> Verdict:
+    title = "strict order within an ordering key"
+    count = 0
+    for name, messages in v.by_dest.items():
+        previous: dict[str, dict[str, Any]] = {}
+        for m in messages:
+            key = m["ordering_key"]
+            if not key:
+                continue
+            before = previous.get(key)
+            previous[key] = m
+            if before is None:
+                continue
+            count += 1
+            first = v.first_attempt[m["id"]]
+            done = before["delivered"]
+            broken = first != INF and (done is None or first < done)
+            if not broken and done is not None and first == done:
+                seq = v.delivered_seq(before)
+                nexts = [a.seq for a in v.arrivals_of[(name, m["key"])]]
+                broken = seq is None or (bool(nexts) and min(nexts) < seq)
+            if broken:
+                return Verdict(
+                    "order-within-key",
+                    title,
+                    False,
+                    count,
+                    f"{name}: {m['key']} was tried at {when(first)} while the earlier "
+                    f"{before['key']} of {key} was delivered {when(done)}",
+                )
+    return Verdict("order-within-key", title, True, count)
+
+
+def limiter_within_rate(v: _View) -> Verdict:
+    """Counted at the merchant: in any span of T seconds, at most rate × T + burst
+    requests started; and never more in flight than max_in_flight."""
+    title = "the limiter never exceeds its rate plus burst, nor its concurrency, at the merchant"
+    count = 0
+    specs = {d.name: d for d in v.obs.scenario.destinations}
+    for name, arrivals in v.obs.arrivals.items():
+        spec = specs[name]
+        rate = spec.rate_count / spec.rate_seconds
+        capacity = max(1, spec.burst)
+        times = sorted(a.at for a in arrivals)
+        best, best_i = -INF, 0
+        for j, t in enumerate(times):
+            count += 1
+            if rate * t - j > best:
+                best, best_i = rate * t - j, j
+            if (j + 1 - rate * t) + best > capacity + 1e-6:
+                span = t - times[best_i]
+                return Verdict(
+                    "limiter-within-rate",
+                    title,
+                    False,
+                    count,
+                    f"{name}: {j - best_i + 1} requests from {when(times[best_i])} to "
+                    f"{when(t)} ({span:g} s), above {spec.rate_count}/{spec.rate_seconds:g}s "
+                    f"plus a burst of {capacity} ({rate * span + capacity:g})",
+                )
+        peak = v.obs.max_concurrency.get(name, 0)
+        if peak > spec.max_in_flight:
+            return Verdict(
+                "limiter-within-rate",
+                title,
+                False,
+                count,
+                f"{name}: {peak} requests in flight at once, above max_in_flight "
+                f"{spec.max_in_flight}",
+            )
+    return Verdict("limiter-within-rate", title, True, count)
+
+
+def no_early_attempt(v: _View) -> Verdict:
+    """No attempt before the time its previous answer set: the recorded next_attempt_at,
+    and, at the merchant, the Retry-After it asked for (up to the destination's cap)."""
+    title = "no attempt before its next_attempt_at or Retry-After"
+    count = 0
+    for m in v.obs.messages:
+        attempts = v.obs.attempts.get(m["id"], [])
+        for before, after in zip(attempts, attempts[1:], strict=False):
+            count += 1
+            if before["next"] is not None and after["started"] < before["next"] - 1e-6:
+                return Verdict(
+                    "no-early-attempt",
+                    title,
+                    False,
+                    count,
+                    f"{m['key']} to {m['destination']}: attempt {after['number']} at "
+                    f"{when(after['started'])}, before {when(before['next'])} as attempt "
+                    f"{before['number']} set",
+                )
+    caps = {d.name: d.retry_after_cap_seconds for d in v.obs.scenario.destinations}
+    for (name, event), arrivals in sorted(v.arrivals_of.items()):
+        for before, after in zip(arrivals, arrivals[1:], strict=False):
+            if before.retry_after is None:
+                continue
+            count += 1
+            due = before.at + min(before.retry_after, caps[name])
+            if after.at < due - 1e-6:
+                return Verdict(
+                    "no-early-attempt",
+                    title,
+                    False,
+                    count,
+                    f"{event} at {name}: asked to wait {before.retry_after:g} s at "
+                    f"{when(before.at)} (Retry-After), tried again at {when(after.at)}",
+                )
+    return Verdict("no-early-attempt", title, True, count)
+
+
+def one_effect_per_key(v: _View) -> Verdict:
+    title = "one effect per key, at the merchant and at this app's receiver"
+    count = 0
+    for m in v.obs.messages:
+        count += 1
+        effects = v.obs.merchant_effects.get(m["destination"], Counter())[m["key"]]
+        if effects > 1 or (m["status"] == "delivered" and effects != 1):
+            return Verdict(
+                "one-effect-per-key",
+                title,
+                False,
+                count,
+                f"{m['key']} at {m['destination']}: {effects} effects ({m['status']})",
+            )
+    for key, effects in sorted(v.obs.inbound_effects.items()):
+        count += 1
+        if effects > 1:
+            return Verdict(
+                "one-effect-per-key",
+                title,
+                False,
+                count,
+                f"{key} at this app's receiver: applied {effects} times",
+            )
+    return Verdict("one-effect-per-key", title, True, count)
+
+
+def ledger_balances(v: _View) -> Verdict:
+    """Outbound: admitted = delivered + terminal with a reason + pending at the cut-off.
+    Inbound: sent = applied + dead-lettered + awaiting a retry. Nothing else."""
+    title = "the ledger balances (admitted = delivered + terminal + pending at the cut-off)"
+    admitted = {(a["destination"], a["key"]) for a in v.obs.admissions}
+    states = Counter()
+    for m in v.obs.messages:
+        if m["status"] == "failed" and not (m["last_error"] or m["last_status_code"]):
+            states["terminal without a reason"] += 1
+        else:
+            states[m["status"]] += 1
+    accounted = states["delivered"] + states["failed"] + states["pending"] + states["sending"]
+    if accounted != len(admitted) or len(v.obs.messages) != len(admitted):
+        others = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        return Verdict(
+            "ledger-balances",
+            title,
+            False,
+            len(admitted),
+            f"{len(admitted)} admitted, {others}: the run is void",
+            voids=True,
+        )
+    sent = {s["key"] for s in v.obs.inbound_sent}
+    applied = {k for k, n in v.obs.inbound_effects.items() if n}
+    held = {k for k, status in v.obs.inbound_failed.items() if status in ("dead", "retrying")}
+    missing = sorted(sent - applied - held)
+    if missing:
+        return Verdict(
+            "ledger-balances",
+            title,
+            False,
+            len(admitted) + len(sent),
+            f"{missing[0]}: sent to this app, neither applied nor held as a failed event "
+            f"({len(missing)} such): the run is void",
+            voids=True,
+        )
+    return Verdict("ledger-balances", title, True, len(admitted) + len(sent))
+
+
+def silence_alert_once(v: _View) -> Verdict:
+    """Every gap in the sender's traffic longer than the silence window (plus one check
+    interval) opens exactly one alert, none opens otherwise, and each resolves once
+    traffic returns."""
+    title = "a silent sender opens one alert per silence, and it resolves"
+    spec = v.obs.scenario.inbound
+    if spec is None:
+        return Verdict("silence-alert-once", title, True, 0)
+    times = sorted({s["at"] for s in v.obs.inbound_sent})
+    gaps = list(zip(times, times[1:], strict=False))
+    slack = v.obs.scenario.beat.silence_check
+    sure = [g for g in gaps if g[1] - g[0] > spec.silence_after + slack]
+    maybe = [g for g in gaps if g[1] - g[0] > spec.silence_after]
+    notes = v.obs.silence
+    opened = [n for n in notes if n["note"] == "opened"]
+    resolved = [n for n in notes if n["note"] == "resolved"]
+    problem = ""
+    if not len(sure) <= len(opened) <= len(maybe):
+        problem = f"{len(opened)} alerts opened for {len(sure)} silences"
+        if sure and len(opened) < len(sure):
+            problem += f" (the first from {when(sure[0][0])} to {when(sure[0][1])})"
+    elif [n["note"] for n in notes] != ["opened", "resolved"] * len(opened):
+        problem = "notices out of turn: " + ", ".join(
+            f"{n['note']} {when(n['at'])}" for n in notes[:6]
+        )
+    elif len(resolved) != len(opened):
+        problem = f"{len(opened)} alerts opened, {len(resolved)} resolved"
+    return Verdict("silence-alert-once", title, not problem, len(gaps), problem)
+
+
+CHECKS: list[Callable[[_View], Verdict]] = [
+    ledger_balances,
+    one_message_per_event,
+    key_on_every_attempt,
+    fifo_per_destination,
+    order_within_key,
+    limiter_within_rate,
+    no_early_attempt,
+    one_effect_per_key,
+    silence_alert_once,
+]
+
+NAMES = [
+    "ledger-balances",
+    "one-message-per-event",
+    "key-on-every-attempt",
+    "fifo-per-destination",
+    "order-within-key",
+    "destinations-isolated",
+    "limiter-within-rate",
+    "no-early-attempt",
+    "one-effect-per-key",
+    "silence-alert-once",
+]
+
+
+def destinations_isolated(obs: Observations, alone: Observations | None) -> Verdict:
+    """A limited (or failing) destination does not delay another: each destination named
+    ``isolated`` gets every delivery at the same simulated time as in a run of the same
+    scenario where it is the only destination."""
+    title = "a limited destination does not delay another"
+    if alone is None:
+        return Verdict("destinations-isolated", title, True, 0)
+    then = {(m["destination"], m["key"]): m["delivered"] for m in alone.messages}
+    count = 0
+    for m in obs.messages:
+        pair = (m["destination"], m["key"])
+        if pair not in then:
+            continue
+        count += 1
+        with_others, by_itself = m["delivered"], then[pair]
+        late = (with_others is None) != (by_itself is None) or (
+            with_others is not None and by_itself is not None and with_others > by_itself + 1e-6
+        )
+        if late:
+            return Verdict(
+                "destinations-isolated",
+                title,
+                False,
+                count,
+                f"{m['key']} to {m['destination']}: delivered {when(with_others)} beside the "
+                f"others, {when(by_itself)} alone",
+            )
+    return Verdict("destinations-isolated", title, True, count)
+
+
+def check(obs: Observations, alone: Observations | None = None) -> list[Verdict]:
+    view = _View(obs)
+    verdicts = {c.__name__.replace("_", "-"): c(view) for c in CHECKS}
+    verdicts["destinations-isolated"] = destinations_isolated(obs, alone)
+    return [verdicts[name] for name in NAMES]

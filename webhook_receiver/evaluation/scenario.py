@@ -1,0 +1,426 @@
+"""A scenario: the frozen inputs of one evaluation, read from a YAML or JSON file and
+checked, with an error that names the file, the place and what to write instead.
+
+The format is documented in docs/eval.md; the built-in scenarios (``scenarios/``) are
+examples of every key. Durations are seconds or text (``90s``, ``5m``, ``1h30m``); rates
+are ``count/duration`` (``5/s``, ``300/1m``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .reading import Reader, ScenarioError
+
+BUILT_IN = Path(__file__).resolve().parent / "scenarios"
+
+# a fixed Monday morning: a report never depends on the day it was run
+DEFAULT_START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float  # seconds from the scenario's start
+    end: float
+
+    def holds(self, at: float) -> bool:
+        return self.start <= at < self.end
+
+
+@dataclass(frozen=True)
+class Fault:
+    """How a simulated merchant misbehaves for some requests: an answer (``status``,
+    with ``retry_after``), a response lost after it committed, a timeout, or being down
+    (connection refused). It applies to the keys of a seeded ``share`` (the same keys
+    for every fault of the same ``group``), on the merchant's ``attempts`` of a key
+    (1 is the first request it sees of that key; empty: every one), to ``events``
+    (empty: all), inside ``window`` (None: always)."""
+
+    kind: str  # "status", "lose_response", "timeout", "down"
+    status: int | None = None
+    retry_after: str | None = None
+    attempts: tuple[int, ...] = ()
+    share: float = 1.0
+    group: str = "default"
+    events: tuple[str, ...] = ()
+    window: Window | None = None
+
+
+@dataclass(frozen=True)
+class Destination:
+    name: str
+    rate_count: int = 10
+    rate_seconds: float = 1.0
+    burst: int = 10
+    max_in_flight: int = 4
+    timeout_seconds: float = 10.0
+    max_attempts: int = 12
+    backoff_base_seconds: float = 2.0
+    backoff_cap_seconds: float = 3600.0
+    retry_after_cap_seconds: float = 300.0
+    breaker_threshold: int = 10
+    breaker_cooldown_seconds: float = 60.0
+    faults: tuple[Fault, ...] = ()
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """Admit a share of the keys again, ``after`` their first admission."""
+
+    share: float
+    after: float
+
+
+@dataclass(frozen=True)
+class Admissions:
+    """Orders whose events are admitted to the outbox: ``orders`` of them, evenly
+    spread over ``over`` from ``start``; each order's ``events`` ``gap`` apart, to
+    ``destinations`` (empty: all), under one ordering key per order if ``ordering``."""
+
+    orders: int
+    start: float = 0.0
+    over: float = 60.0
+    events: tuple[str, ...] = ("paid",)
+    gap: float = 1.0
+    destinations: tuple[str, ...] = ()
+    ordering: bool = False
+    repeats: tuple[Repeat, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+    prefix: str = "ord"
+
+
+@dataclass(frozen=True)
+class Crash:
+    """The relay of ``destination`` dies at ``at``, after claiming (``after: claim``) or
+    after sending (``after: send``), before recording anything."""
+
+    at: float
+    destination: str
+    after: str = "send"
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A sender posting signed events to this app's receiver: ``events`` evenly over
+    ``over``; a share redelivered (``duplicates``, ``after`` the first), a share
+    delivered late (``late``, by up to ``by``: out of order), quiet during ``silent``
+    windows, and a share whose handler fails after writing its effect on the first try
+    (``fail_after_effect``: the claim's transaction must take the effect back)."""
+
+    events: int
+    over: float = 600.0
+    silence_after: float = 1200.0
+    duplicates: float = 0.0
+    duplicates_after: float = 30.0
+    late: float = 0.0
+    late_by: float = 300.0
+    silent: tuple[Window, ...] = ()
+    fail_after_effect: float = 0.0
+
+
+@dataclass(frozen=True)
+class Beat:
+    relay_sweep: float = 5.0
+    retry_sweep: float = 15.0
+    silence_check: float = 60.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    duration: float
+    destinations: tuple[Destination, ...] = ()
+    admissions: tuple[Admissions, ...] = ()
+    crashes: tuple[Crash, ...] = ()
+    inbound: Inbound | None = None
+    beat: Beat = Beat()
+    start: datetime = DEFAULT_START
+    # a destination whose deliveries must not change when the others are removed
+    isolated: tuple[str, ...] = ()
+    path: str = ""
+
+    def only(self, names: tuple[str, ...]) -> Scenario:
+        """The same scenario with only the destinations ``names`` (the counterfactual
+        the isolation invariant compares with)."""
+        keep = set(names)
+        admissions = []
+        for a in self.admissions:
+            targets = tuple(d for d in (a.destinations or self.names()) if d in keep)
+            if targets:
+                admissions.append(replace(a, destinations=targets))
+        return replace(
+            self,
+            destinations=tuple(d for d in self.destinations if d.name in keep),
+            admissions=tuple(admissions),
+            crashes=tuple(c for c in self.crashes if c.destination in keep),
+            inbound=None,
+            isolated=(),
+        )
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.destinations)
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def built_in_names() -> list[str]:
+    return sorted(p.stem for p in BUILT_IN.glob("*.yaml"))
+
+
+def load(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or a scenario file (.yaml, .yml, .json)."""
+    path = Path(name_or_path)
+    if not path.exists():
+        built_in = BUILT_IN / f"{name_or_path}.yaml"
+        if not built_in.exists():
+            raise ScenarioError(
+                f"{name_or_path}: no such file, and no built-in scenario of that name "
+                f"(built in: {', '.join(built_in_names())})"
+            )
+        path = built_in
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path.name}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    return parse(data, where=path.name, path=str(path))
+
+
+def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
+    r = Reader(where)
+    top = r.mapping(data, "")
+    r.known(
+        top,
+        "",
+        {
+            "name",
+            "description",
+            "duration",
+            "start",
+            "destinations",
+            "admissions",
+            "crashes",
+            "inbound",
+            "beat",
+            "isolated",
+        },
+    )
+    destinations = tuple(
+        _destination(r, item, f"destinations[{i}]")
+        for i, item in enumerate(r.listing(top.get("destinations", []), "destinations"))
+    )
+    names = [d.name for d in destinations]
+    if len(set(names)) != len(names):
+        raise r.error("destinations", "two destinations share a name")
+    admissions = tuple(
+        _admissions(r, item, f"admissions[{i}]", names)
+        for i, item in enumerate(r.listing(top.get("admissions", []), "admissions"))
+    )
+    crashes = tuple(
+        _crash(r, item, f"crashes[{i}]", names)
+        for i, item in enumerate(r.listing(top.get("crashes", []), "crashes"))
+    )
+    isolated = tuple(r.text(n, "isolated") for n in r.listing(top.get("isolated", []), "isolated"))
+    for n in isolated:
+        if n not in names:
+            raise r.error("isolated", f"{n!r} is not one of the destinations {names}")
+    beat = r.mapping(top.get("beat", {}), "beat")
+    r.known(beat, "beat", {"relay_sweep", "retry_sweep", "silence_check"})
+    start = top.get("start")
+    scenario = Scenario(
+        name=r.text(top.get("name"), "name"),
+        description=r.text(top.get("description", ""), "description", empty=True),
+        duration=r.duration(top.get("duration"), "duration"),
+        destinations=destinations,
+        admissions=admissions,
+        crashes=crashes,
+        inbound=_inbound(r, top["inbound"], "inbound") if "inbound" in top else None,
+        beat=Beat(
+            **{k: r.duration(v, f"beat.{k}", positive=True) for k, v in beat.items()},
+        ),
+        start=r.moment(start, "start") if start is not None else DEFAULT_START,
+        isolated=isolated,
+        path=path,
+    )
+    if not scenario.admissions and scenario.inbound is None:
+        raise r.error("", "nothing happens: give it admissions, inbound events, or both")
+    if scenario.admissions and not scenario.destinations:
+        raise r.error("destinations", "admissions need at least one destination")
+    return scenario
+
+
+def _destination(r: Reader, data: Any, at: str) -> Destination:
+    d = r.mapping(data, at)
+    fields = {
+        "name",
+        "rate",
+        "burst",
+        "max_in_flight",
+        "timeout",
+        "max_attempts",
+        "backoff_base",
+        "backoff_cap",
+        "retry_after_cap",
+        "breaker_threshold",
+        "breaker_cooldown",
+        "faults",
+    }
+    r.known(d, at, fields)
+    values: dict[str, Any] = {"name": r.slug(d.get("name"), f"{at}.name")}
+    if "rate" in d:
+        values["rate_count"], values["rate_seconds"] = r.rate(d["rate"], f"{at}.rate")
+    for key in ("burst", "max_in_flight", "max_attempts", "breaker_threshold"):
+        if key in d:
+            values[key] = r.integer(d[key], f"{at}.{key}", minimum=1)
+    for key, attr in (
+        ("timeout", "timeout_seconds"),
+        ("backoff_base", "backoff_base_seconds"),
+        ("backoff_cap", "backoff_cap_seconds"),
+        ("retry_after_cap", "retry_after_cap_seconds"),
+        ("breaker_cooldown", "breaker_cooldown_seconds"),
+    ):
+        if key in d:
+            values[attr] = r.duration(d[key], f"{at}.{key}", positive=True)
+    values["faults"] = tuple(
+        _fault(r, item, f"{at}.faults[{i}]")
+        for i, item in enumerate(r.listing(d.get("faults", []), f"{at}.faults"))
+    )
+    return Destination(**values)
+
+
+FAULT_KINDS = ("status", "lose_response", "timeout", "down")
+
+
+def _fault(r: Reader, data: Any, at: str) -> Fault:
+    f = r.mapping(data, at)
+    r.known(
+        f,
+        at,
+        {*FAULT_KINDS, "retry_after", "attempts", "share", "group", "events", "from", "until"},
+    )
+    kinds = [k for k in FAULT_KINDS if k in f]
+    if len(kinds) != 1:
+        raise r.error(at, f"give exactly one of {', '.join(FAULT_KINDS)}")
+    kind = kinds[0]
+    status = None
+    if kind == "status":
+        status = r.integer(f["status"], f"{at}.status", minimum=100)
+        if status > 599 or 200 <= status < 300:
+            raise r.error(f"{at}.status", f"{status} is not an HTTP error status (300-599)")
+    elif f[kind] is not True:
+        raise r.error(f"{at}.{kind}", "write it as `true`")
+    window = None
+    if "from" in f or "until" in f:
+        window = Window(
+            r.duration(f.get("from", 0), f"{at}.from"),
+            r.duration(f.get("until", 10**9), f"{at}.until"),
+        )
+    retry_after = f.get("retry_after")
+    return Fault(
+        kind=kind,
+        status=status,
+        retry_after=None if retry_after is None else str(retry_after),
+        attempts=tuple(
+            r.integer(n, f"{at}.attempts", minimum=1)
+            for n in r.listing(f.get("attempts", []), f"{at}.attempts")
+        ),
+        share=r.share(f.get("share", 1.0), f"{at}.share"),
+        group=r.text(f.get("group", "default"), f"{at}.group"),
+        events=tuple(r.text(e, f"{at}.events") for e in r.listing(f.get("events", []), at)),
+        window=window,
+    )
+
+
+def _admissions(r: Reader, data: Any, at: str, names: list[str]) -> Admissions:
+    a = r.mapping(data, at)
+    r.known(
+        a,
+        at,
+        {"orders", "start", "over", "events", "gap", "destinations", "ordering", "repeat"}
+        | {"metadata", "prefix"},
+    )
+    targets = tuple(
+        r.text(n, f"{at}.destinations") for n in r.listing(a.get("destinations", []), at)
+    )
+    for n in targets:
+        if n not in names:
+            raise r.error(f"{at}.destinations", f"{n!r} is not one of the destinations {names}")
+    repeats = []
+    for i, item in enumerate(r.listing(a.get("repeat", []), f"{at}.repeat")):
+        rep = r.mapping(item, f"{at}.repeat[{i}]")
+        r.known(rep, f"{at}.repeat[{i}]", {"share", "after"})
+        repeats.append(
+            Repeat(
+                r.share(rep.get("share"), f"{at}.repeat[{i}].share"),
+                r.duration(rep.get("after"), f"{at}.repeat[{i}].after"),
+            )
+        )
+    metadata = r.mapping(a.get("metadata", {}), f"{at}.metadata")
+    events = tuple(r.slug(e, f"{at}.events") for e in r.listing(a.get("events", ["paid"]), at))
+    if not events:
+        raise r.error(f"{at}.events", "name at least one event")
+    return Admissions(
+        orders=r.integer(a.get("orders"), f"{at}.orders", minimum=1),
+        start=r.duration(a.get("start", 0), f"{at}.start"),
+        over=r.duration(a.get("over", 60), f"{at}.over"),
+        events=events,
+        gap=r.duration(a.get("gap", 1), f"{at}.gap"),
+        destinations=targets,
+        ordering=r.boolean(a.get("ordering", False), f"{at}.ordering"),
+        repeats=tuple(repeats),
+        metadata=dict(metadata),
+        prefix=r.slug(a.get("prefix", "ord"), f"{at}.prefix"),
+    )
+
+
+def _crash(r: Reader, data: Any, at: str, names: list[str]) -> Crash:
+    c = r.mapping(data, at)
+    r.known(c, at, {"at", "destination", "after"})
+    destination = r.text(c.get("destination"), f"{at}.destination")
+    if destination not in names:
+        raise r.error(f"{at}.destination", f"{destination!r} is not one of {names}")
+    after = c.get("after", "send")
+    if after not in ("claim", "send"):
+        raise r.error(f"{at}.after", f"{after!r}: write `claim` or `send`")
+    return Crash(r.duration(c.get("at"), f"{at}.at"), destination, after)
+
+
+def _inbound(r: Reader, data: Any, at: str) -> Inbound:
+    i = r.mapping(data, at)
+    r.known(
+        i,
+        at,
+        {"events", "over", "silence_after", "duplicates", "late", "silent", "fail_after_effect"},
+    )
+    dup = r.mapping(i.get("duplicates", {"share": 0}), f"{at}.duplicates")
+    r.known(dup, f"{at}.duplicates", {"share", "after"})
+    late = r.mapping(i.get("late", {"share": 0}), f"{at}.late")
+    r.known(late, f"{at}.late", {"share", "by"})
+    silent = []
+    for n, item in enumerate(r.listing(i.get("silent", []), f"{at}.silent")):
+        w = r.mapping(item, f"{at}.silent[{n}]")
+        r.known(w, f"{at}.silent[{n}]", {"from", "until"})
+        start = r.duration(w.get("from"), f"{at}.silent[{n}].from")
+        end = r.duration(w.get("until"), f"{at}.silent[{n}].until")
+        if end <= start:
+            raise r.error(f"{at}.silent[{n}]", "`until` must come after `from`")
+        silent.append(Window(start, end))
+    return Inbound(
+        events=r.integer(i.get("events"), f"{at}.events", minimum=1),
+        over=r.duration(i.get("over", 600), f"{at}.over"),
+        silence_after=r.duration(i.get("silence_after", 1200), f"{at}.silence_after"),
+        duplicates=r.share(dup.get("share", 0), f"{at}.duplicates.share"),
+        duplicates_after=r.duration(dup.get("after", 30), f"{at}.duplicates.after"),
+        late=r.share(late.get("share", 0), f"{at}.late.share"),
+        late_by=r.duration(late.get("by", 300), f"{at}.late.by"),
+        silent=tuple(silent),
+        fail_after_effect=r.share(i.get("fail_after_effect", 0), f"{at}.fail_after_effect"),
+    )

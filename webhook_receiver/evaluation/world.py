@@ -1,0 +1,268 @@
+"""What the simulation puts around the app's real code: the merchants behind the network
+(``httpx.MockTransport``), the sender in front of the receiver, the effect the
+receiver's handler applies, and a cache every simulated process shares.
+
+A simulated merchant is a careful receiver: it verifies the Standard Webhooks signature
+over the body, deduplicates on ``webhook-id`` (the first request with a key applies its
+effect, a later one is answered 200 from memory), and keeps the effects it applied per
+logical event (the ``id`` the payload names), which the invariants count. Its faults are
+decided per key and attempt from the seed, never from the order in which the relay's
+threads reach it, so a run is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
+from django.core.cache.backends.locmem import LocMemCache
+from django.db import connection
+
+from ..exceptions import RejectedRequest, TransientError
+from ..handlers import WebhookEvent
+from ..schemes.standard import StandardWebhooks
+from .scenario import Destination, Fault
+
+MERCHANT_DOMAIN = "merchant.test"
+EFFECT_TABLE = "webhook_eval_effect"
+
+
+def chance(seed: int, *parts: object) -> float:
+    """A number in [0, 1) decided by the seed and ``parts`` alone (a key, a purpose)."""
+    digest = hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request as a merchant saw it."""
+
+    at: float  # simulated seconds since the scenario's start
+    seq: int  # its place among this merchant's arrivals
+    destination: str
+    event: str  # the logical event the payload names
+    webhook_id: str
+    idempotency_key: str
+    seen: int  # the merchant's count of requests for this event, this one included
+    outcome: str  # applied, duplicate, refused, answered, lost, timeout, down
+    status: int | None = None
+    retry_after: float | None = None  # what it asked for, in seconds
+
+
+class Merchant:
+    def __init__(self, spec: Destination, *, secret: str, seed: int, clock: Callable[[], float]):
+        self.spec = spec
+        self.secret = secret
+        self.seed = seed
+        self.clock = clock
+        self.arrivals: list[Arrival] = []
+        self.effects: Counter[str] = Counter()
+        self.applied_ids: set[str] = set()
+        self.seen: Counter[str] = Counter()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            with self._lock:
+                return self._answer(request)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        at = self.clock()
+        body = request.content
+        try:
+            payload = json.loads(body)
+            event = str(payload["id"])
+            event_type = str(payload.get("type", ""))
+        except (ValueError, KeyError, TypeError):
+            event, event_type = "", ""
+        self.seen[event] += 1
+        seen = self.seen[event]
+        webhook_id = request.headers.get("webhook-id", "")
+        base = {
+            "at": at,
+            "seq": len(self.arrivals),
+            "destination": self.spec.name,
+            "event": event,
+            "webhook_id": webhook_id,
+            "idempotency_key": request.headers.get("idempotency-key", ""),
+            "seen": seen,
+        }
+        fault = self._fault(event, event_type, seen, at)
+        if fault is not None and fault.kind in ("down", "timeout"):
+            self.arrivals.append(Arrival(**base, outcome=fault.kind))
+            if fault.kind == "down":
+                raise httpx.ConnectError("connection refused (the merchant is down)")
+            raise httpx.ReadTimeout("the merchant did not answer in time")
+        try:
+            StandardWebhooks().verify(secrets=(self.secret,), headers=request.headers, body=body)
+        except RejectedRequest:
+            self.arrivals.append(Arrival(**base, outcome="refused", status=401))
+            return _response(401, "bad signature")
+        if fault is not None and fault.kind == "status":
+            wait = _seconds(fault.retry_after)
+            headers = {"retry-after": fault.retry_after} if fault.retry_after else {}
+            self.arrivals.append(
+                Arrival(**base, outcome="answered", status=fault.status, retry_after=wait)
+            )
+            return _response(fault.status or 500, "try again", headers)
+        if webhook_id in self.applied_ids:
+            self.arrivals.append(Arrival(**base, outcome="duplicate", status=200))
+            return _response(200, '{"duplicate":true}')
+        self.applied_ids.add(webhook_id)
+        self.effects[event] += 1
+        if fault is not None and fault.kind == "lose_response":
+            self.arrivals.append(Arrival(**base, outcome="lost"))
+            raise httpx.RemoteProtocolError("the connection dropped after the merchant committed")
+        self.arrivals.append(Arrival(**base, outcome="applied", status=200))
+        return _response(200, '{"applied":true}')
+
+    def _fault(self, event: str, event_type: str, seen: int, at: float) -> Fault | None:
+        for fault in self.spec.faults:
+            if fault.window is not None and not fault.window.holds(at):
+                continue
+            if fault.attempts and seen not in fault.attempts:
+                continue
+            if fault.events and event_type.rpartition(".")[2] not in fault.events:
+                continue
+            if fault.share < 1 and chance(self.seed, self.spec.name, fault.group, event) >= (
+                fault.share
+            ):
+                continue
+            return fault
+        return None
+
+
+class _Body(httpx.SyncByteStream):
+    """An answer's body as a stream, as a socket gives it: the relay reads its first
+    bytes itself (a body given as bytes would arrive already read)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.data
+
+
+def _response(status: int, text: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.Response(status, headers=headers, stream=_Body(text.encode()))
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class Network:
+    """The merchants behind one ``httpx.MockTransport``: a request to
+    ``http://<destination>.merchant.test/…`` reaches that destination's merchant."""
+
+    def __init__(self, merchants: dict[str, Merchant]):
+        self.merchants = merchants
+        self.transport = httpx.MockTransport(self._route)
+
+    @staticmethod
+    def url(name: str) -> str:
+        return f"http://{name}.{MERCHANT_DOMAIN}/webhooks"
+
+    def _route(self, request: httpx.Request) -> httpx.Response:
+        name = request.url.host.removesuffix(f".{MERCHANT_DOMAIN}")
+        merchant = self.merchants.get(name)
+        if merchant is None:
+            raise httpx.ConnectError(f"no such host: {request.url.host}")
+        return merchant.handle(request)
+
+
+# --- the receiver's side -------------------------------------------------------------------
+
+
+class Receiver:
+    """The effect this app's handler applies for the simulated sender's events: a row in
+    a table of the evaluation's own database, in the claim's transaction. For a share of
+    events the handler fails after writing it, on the first try only (a dependency that
+    failed mid-way): the claim's rollback must take the effect back."""
+
+    def __init__(self) -> None:
+        self.fail_first: set[str] = set()
+        self.tries: Counter[str] = Counter()
+
+    @staticmethod
+    def create_table() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {EFFECT_TABLE}")
+            cursor.execute(
+                f"CREATE TABLE {EFFECT_TABLE} (event_key varchar(255) NOT NULL, "
+                "applied_at varchar(40) NOT NULL)"
+            )
+
+    @staticmethod
+    def effects() -> Counter[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT event_key FROM {EFFECT_TABLE}")
+            return Counter(row[0] for row in cursor.fetchall())
+
+    def apply(self, event: WebhookEvent) -> None:
+        self.tries[event.event_key] += 1
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {EFFECT_TABLE} (event_key, applied_at) VALUES (%s, %s)",
+                [event.event_key, str(event.payload.get("created", ""))],
+            )
+        if event.event_key in self.fail_first and self.tries[event.event_key] == 1:
+            raise TransientError("the stock service timed out after the effect was written")
+
+
+# the receiver of the run in progress (the handler setting names a dotted path)
+current_receiver = Receiver()
+
+
+def apply_effect(event: WebhookEvent) -> None:
+    """The handler the evaluation registers for its sender's event types."""
+    current_receiver.apply(event)
+
+
+class SharedMemoryCache(BaseCache):
+    """Local memory that the app takes for a cache every process shares (as Redis is in
+    production): the simulation is one process playing all of them, so the relay's
+    "a run is already queued" marks behave as they do on a deployment."""
+
+    def __init__(self, location: str, params: dict[str, Any]) -> None:
+        super().__init__(params)
+        self._local = LocMemCache(f"webhook-eval-{location}", params)
+
+    def add(self, key, value, timeout=DEFAULT_TIMEOUT, version=None):  # type: ignore[no-untyped-def]
+        return self._local.add(key, value, timeout, version)
+
+    def get(self, key, default=None, version=None):  # type: ignore[no-untyped-def]
+        return self._local.get(key, default, version)
+
+    def set(self, key, value, timeout=DEFAULT_TIMEOUT, version=None):  # type: ignore[no-untyped-def]
+        self._local.set(key, value, timeout, version)
+
+    def touch(self, key, timeout=DEFAULT_TIMEOUT, version=None):  # type: ignore[no-untyped-def]
+        return self._local.touch(key, timeout, version)
+
+    def delete(self, key, version=None):  # type: ignore[no-untyped-def]
+        return self._local.delete(key, version)
+
+    def has_key(self, key, version=None):  # type: ignore[no-untyped-def]
+        return self._local.has_key(key, version)
+
+    def clear(self) -> None:
+        self._local.clear()

@@ -18,8 +18,9 @@ from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDesti
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import relay_claim
 from webhook_receiver.outbound.relay.record import relay_record
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import relay_destination, relay_run
 from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.trigger import relay_sweep
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -256,8 +257,20 @@ def test_the_token_bucket_limits_starts_and_says_when_the_next_is_due(receiver):
     first = relay_claim(destination=dest, now=now)
     assert len(first.claimed) == 2
     empty = relay_claim(destination=dest, now=now)
-    assert empty.claimed == [] and 0.4 < empty.wait <= 0.5
+    # the next run is for a round's worth (the burst of 2, at 2/s), not the next token
+    assert empty.claimed == [] and 0.9 < empty.wait <= 1.0
     assert len(relay_claim(destination=dest, now=now + timedelta(seconds=0.5)).claimed) == 1
+
+
+def test_a_bucket_a_few_ulps_short_of_a_whole_token_holds_it(receiver):
+    # a refill's float arithmetic (0.9999999999999982 + 1.0) must not cost a claim a token
+    dest = destination(receiver.url, rate_count=5, rate_seconds=1, burst=10, max_in_flight=10)
+    for n in range(5):
+        admit(dest, f"k{n}")
+    now = timezone.now()
+    WebhookDestination.objects.filter(pk=dest.pk).update(tokens=0.9999999999999982, tokens_at=now)
+
+    assert len(relay_claim(destination=dest, now=now + timedelta(seconds=0.2)).claimed) == 2
 
 
 def test_the_breaker_opens_after_consecutive_failures_and_one_probe_decides(receiver):
@@ -377,3 +390,43 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
     assert (sent, wait) == (0, None) and took < 1.0
     assert receiver.received == []
     assert relay_destination(destination_id=dest.pk)[0] == 1
+
+
+def test_the_sweep_queues_one_run_per_destination_with_something_due(receiver, broker):
+    # a backlog of many due messages is one run per destination on the broker, not one
+    # per message (the model's ordering must not reach the sweep's DISTINCT)
+    first = destination(receiver.url, name="first")
+    second = destination(receiver.url, name="second")
+    for n in range(6):
+        admit(first, f"a{n}")
+    for n in range(3):
+        admit(second, f"b{n}")
+
+    assert relay_sweep() == 2
+    assert broker.llen("celery") == 2
+
+
+def test_a_queued_follow_up_is_the_run_an_admission_would_have_queued(receiver, broker, settings):
+    # with a cache every process shares: while a destination waits for its next token,
+    # an admission queues no run of its own (one could claim nothing before the
+    # follow-up); the follow-up takes the new message
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": settings.CELERY_BROKER_URL,
+        }
+    }
+    dest = destination(receiver.url, rate_count=1, rate_seconds=10, burst=1)
+
+    def admit_and_commit(key):
+        with TestCase.captureOnCommitCallbacks(execute=True), transaction.atomic():
+            enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
+
+    admit_and_commit("k0")
+    assert broker.llen("celery") == 1  # the admission's run
+    relay_run(dest.pk)  # sends k0, spends the token, queues the follow-up
+    assert receiver.keys() == ["k0"] and broker.llen("celery") == 2
+
+    admit_and_commit("k1")
+
+    assert broker.llen("celery") == 2

@@ -112,6 +112,12 @@ def follow_up(destination_id: int, wait: float) -> None:
     # cache.add is atomic: only the first run to find the bucket empty queues one
     if cache.add(_follow_up_key(destination_id), 1, timeout=countdown + FOLLOW_UP_SLACK):
         tasks.relay_destination.apply_async((destination_id,), countdown=countdown)
+        # The follow-up is the run queued for this destination: until it starts, an
+        # admission queues none of its own (relay_soon finds this mark), since a run
+        # before the next token is due could claim nothing. In a backlog (a flash
+        # sale) that spares each admission a run of its own. The sweep still queues
+        # runs, whatever the marks say.
+        cache.set(queued_key(destination_id), 1, timeout=countdown + FOLLOW_UP_SLACK)
 
 
 def relay_sweep() -> int:
@@ -125,6 +131,9 @@ def relay_sweep() -> int:
     with later_when_bounded("the relay sweep"), faults.bounded_transaction():
         destinations = list(
             OutboxMessage.objects.filter(due, destination__enabled=True)
+            # no ordering: the model's (-id) would make DISTINCT one row per message, and
+            # the sweep queue a run per due message instead of one per destination
+            .order_by()
             .values_list("destination_id", flat=True)
             .distinct()
         )

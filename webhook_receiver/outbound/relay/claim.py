@@ -27,6 +27,9 @@ from .policy import answer_log, ops_notice_terminal
 LEASE_MARGIN = timedelta(seconds=30)
 # messages claimed (and sent concurrently) a round at most
 CLAIM_BATCH = 10
+# a refill's float arithmetic drifts by a few ulps: a bucket this close to a whole
+# token holds it (else a 5/s bucket could claim one message a run where two are due)
+TOKEN_EPSILON = 1e-9
 # the last error of a message whose unrecorded attempt spent its budget
 UNRECORDED = (
     "its last attempt was never recorded (the worker stopped, or the database refused "
@@ -68,7 +71,8 @@ def relay_claim(
             # half-open after the cool-down: one probe decides
             slots = min(slots, 1 if dest.in_flight == 0 else 0)
         tokens = _refilled(dest, now)
-        allowed = min(limit, slots, math.floor(tokens))
+        # whole tokens, forgiving the float's last bits: 1.9999999999999982 is two
+        allowed = min(limit, slots, math.floor(tokens + TOKEN_EPSILON))
         claimed: list[Claimed] = []
         spent: list[Claimed] = []
         if allowed > 0:
@@ -91,8 +95,13 @@ def relay_claim(
         with connection.cursor() as cursor:
             cursor.execute(queries.TOKENS_SPENT, [tokens, adapt(tokens_at), dest.pk])
     wait = None
-    if len(claimed) < limit and slots > len(claimed) and tokens < 1:
-        wait = (1 - tokens) * dest.rate_seconds / dest.rate_count
+    if len(claimed) < limit and slots > len(claimed) and tokens + TOKEN_EPSILON < 1:
+        # Out of tokens: the next run is for when a round's worth is due (as many as
+        # the free slots take, up to the burst), not the next single token: in a
+        # backlog one run then sends a batch, for the statements of one, at the same
+        # rate.
+        batch = max(1, min(limit, slots, max(1, dest.burst)))
+        wait = (batch - tokens) * dest.rate_seconds / dest.rate_count
     return RelayRound(claimed=claimed, wait=wait)
 
 

@@ -3,6 +3,7 @@ and says what to write instead."""
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -97,7 +98,7 @@ def _seconds(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value) if value >= 0 else None
+        return float(value) if math.isfinite(value) and value >= 0 else None
     if not isinstance(value, str):
         return None
     text = value.strip().lower()
@@ -106,7 +107,8 @@ def _seconds(value: Any) -> float | None:
     parts = _DURATION.findall(text)
     if not parts or _DURATION.sub("", text).strip():
         return None
-    return sum(float(n) * _UNITS[unit] for n, unit in parts)
+    seconds = sum(float(n) * _UNITS[unit] for n, unit in parts)
+    return seconds if math.isfinite(seconds) else None
 
 
 def _kind(value: Any) -> str:

@@ -45,10 +45,17 @@ def verdict_lines(export: dict[str, Any]) -> list[str]:
         if broken:
             words += ": broken " + ", ".join(v["name"] for v in broken)
         lines.append(f"  {state:<5} {s['name']:<24} {words}")
+        if broken or s["void"]:
+            lines.append(f"        replay (seed {s['seed']}): {s['replay']}")
     return lines
 
 
 def text_report(export: dict[str, Any]) -> str:
+    """The report: its body (the same wherever it runs), then this machine's figures."""
+    return body_text(export) + machine_text(export)
+
+
+def body_text(export: dict[str, Any]) -> str:
     scenarios = export["scenarios"]
     out = [
         f"webhook_eval: {len(scenarios)} scenario{'s' if len(scenarios) != 1 else ''}, "
@@ -60,7 +67,13 @@ def text_report(export: dict[str, Any]) -> str:
     for s in scenarios:
         out += ["", LINE, f"{s['name']}: {s['description']}".rstrip(": "), LINE]
         out += _scenario_lines(s)
-    out += ["", LINE, "Measured on this machine and database (not compared byte for byte)", LINE]
+    return "\n".join(out) + "\n"
+
+
+def machine_text(export: dict[str, Any]) -> str:
+    """What differs by database engine and machine, under a heading that says so."""
+    scenarios = export["scenarios"]
+    out = ["", LINE, "Measured on this machine and database (not compared byte for byte)", LINE]
     out.append(f"  database: {export['database']}; code: {export['code_version']}")
     for s in scenarios:
         e = s["metrics"]["engine_dependent"]

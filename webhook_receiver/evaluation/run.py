@@ -3,6 +3,7 @@ as one JSON-ready dict (``--save`` writes it; the report and ``--compare`` read 
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ def replay_command(scenario: Scenario, seed: int) -> str:
     a team's by its file."""
     built_in = not scenario.path or Path(scenario.path).parent == BUILT_IN
     target = scenario.name if built_in else scenario.path
-    return f"python manage.py webhook_eval {target} --seed {seed}"
+    return f"python manage.py webhook_eval {shlex.quote(target)} --seed {seed}"
 
 
 def evaluate(scenario: Scenario, *, seed: int) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from .reading import Reader, ScenarioError
 
 BUILT_IN = Path(__file__).resolve().parent / "scenarios"
 
+# a run's simulated time at most: a month, as retention horizons go
+MAX_DURATION = 31 * 86400
 # a fixed Monday morning: a report never depends on the day it was run
 DEFAULT_START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
@@ -250,6 +252,8 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
         isolated=isolated,
         path=path,
     )
+    if scenario.duration > MAX_DURATION:
+        raise r.error("duration", f"at most {MAX_DURATION // 86400:g} days of simulated time")
     if not scenario.admissions and scenario.inbound is None:
         raise r.error("", "nothing happens: give it admissions, inbound events, or both")
     if scenario.admissions and not scenario.destinations:

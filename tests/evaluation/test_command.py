@@ -60,9 +60,10 @@ def test_a_run_prints_its_report_and_saves_it_and_its_page(eval_command, tmp_pat
     assert page.read_text().startswith("<!DOCTYPE html>")
     # the host's database was never touched: nothing was even created in it
     if connection.vendor == "sqlite":
-        assert not (tmp_path / "host.sqlite3").exists() or not (
-            tmp_path / "host.sqlite3"
-        ).stat().st_size
+        assert (
+            not (tmp_path / "host.sqlite3").exists()
+            or not (tmp_path / "host.sqlite3").stat().st_size
+        )
 
 
 def test_compare_exits_2_on_a_regression_and_names_it(eval_command, tmp_path):

@@ -10,7 +10,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/webhook_receiver
 # The test database pytest creates and drops; give each concurrent run its own name.
 TEST_DATABASE_NAME ?= test_webhook_receiver
 
-.PHONY: install run test test-postgres test-sqlite bench bench-reconcile bench-metrics bench-relay lint
+.PHONY: install run test test-postgres test-sqlite eval eval-baseline bench bench-reconcile bench-metrics bench-relay lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,20 @@ test-postgres: install
 
 test-sqlite: install
 	DATABASE_URL=sqlite:///$(CURDIR)/var/test.sqlite3 $(BIN)/pytest
+
+# The evaluation harness: the built-in scenarios in simulated time (a database of their
+# own), the report on the terminal and in var/eval/report.html, compared with the
+# baseline kept in deploy/eval/ (exit 1: an invariant broke; 2: a regression). On
+# PostgreSQL unless DATABASE_URL says otherwise.
+EVAL_DATABASE_URL ?= $(PG_TEST_URL)
+eval: install .env
+	DATABASE_URL=$(EVAL_DATABASE_URL) $(BIN)/python manage.py webhook_eval \
+		--html var/eval/report.html --save var/eval/run.json --compare deploy/eval/baseline.json
+
+# After a deliberate change of policy: run again and keep the run as the new baseline
+eval-baseline: install .env
+	DATABASE_URL=$(EVAL_DATABASE_URL) $(BIN)/python manage.py webhook_eval \
+		--save deploy/eval/baseline.json --html var/eval/report.html
 
 bench: install
 	$(BIN)/python -m tests.bench.run

@@ -141,6 +141,7 @@ def test_the_lowest_layers_import_only_what_is_below_them():
 
 def test_inbound_and_outbound_never_import_each_other_nor_what_reads_them():
     readers = {"watch", "reconcile", "admin", "management", "checks", "urls", "models"}
+    readers |= {"evaluation"}
     wrong = [
         (m, t)
         for m, t in imports_of("inbound", "outbound")
@@ -161,6 +162,20 @@ def test_reconcile_reads_inbound_and_nothing_above_it():
 def test_watch_never_imports_the_admin_nor_the_aggregate_models_module():
     wrong = [(m, t) for m, t in imports_of("watch") if room(t) in {"admin", "management"}]
     wrong += [(m, t) for m, t in imports_of("watch") if t == f"{NAME}.models"]
+    assert wrong == []
+
+
+def test_the_evaluation_reads_the_rooms_and_only_its_command_reads_it():
+    # webhook_eval drives the real code from outside: nothing of the app depends on it
+    wrong = [(m, t) for m, t in imports_of("evaluation") if room(t) in {"admin", "reconcile"}]
+    wrong += [
+        (m, t)
+        for m, targets in graph().items()
+        for t in targets
+        if room(t) == "evaluation"
+        and room(m) != "evaluation"
+        and m != f"{NAME}.management.commands.webhook_eval"
+    ]
     assert wrong == []
 
 

@@ -199,7 +199,8 @@ def limiter_within_rate(v: _View) -> Verdict:
             count += 1
             if rate * t - j > best:
                 best, best_i = rate * t - j, j
-            if (j + 1 - rate * t) + best > capacity + 1e-6:
+            # (times are to the microsecond: the bound allows for that much)
+            if (j + 1 - rate * t) + best > capacity + 1e-6 + rate * 1e-6:
                 span = t - times[best_i]
                 return Verdict(
                     "limiter-within-rate",

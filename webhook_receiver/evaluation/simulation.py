@@ -105,8 +105,9 @@ class Simulation:
     # --- the clock and the schedule ---
 
     def now(self) -> float:
-        """Simulated seconds since the scenario's start."""
-        return time.time() - self._start.timestamp()
+        """Simulated seconds since the scenario's start, to the microsecond (the clock
+        moves in whole microseconds; a float epoch carries about 0.2 µs of noise)."""
+        return round(time.time() - self._start.timestamp(), 6)
 
     def at(self, offset: float, kind: str, payload: Any = None) -> None:
         heapq.heappush(self._queue, (offset, next(self._order), kind, payload))

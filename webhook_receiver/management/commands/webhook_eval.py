@@ -80,10 +80,10 @@ class Command(BaseCommand):
             app_logger.setLevel(level)
         self.stdout.write(report.text_report(export), ending="")
         if options["save"]:
-            Path(options["save"]).write_text(json.dumps(export, indent=1, sort_keys=True) + "\n")
+            _write(options["save"], json.dumps(export, indent=1, sort_keys=True) + "\n")
             self.stderr.write(f"saved the run to {options['save']}")
         if options["html"]:
-            Path(options["html"]).write_text(html_report(export), encoding="utf-8")
+            _write(options["html"], html_report(export))
             self.stderr.write(f"wrote the report to {options['html']}")
         regressions: list[str] = []
         if saved is not None:
@@ -93,6 +93,12 @@ class Command(BaseCommand):
             sys.exit(1)
         if regressions:
             sys.exit(2)
+
+
+def _write(path: str, text: str) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
 
 
 def _read_saved(path: str) -> dict[str, Any]:

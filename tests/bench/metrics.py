@@ -189,7 +189,7 @@ def _fill(connection, receipts: int, failed: int) -> dict[str, int]:
         # repair items: 20,000 resolved, 200 open, of every kind
         cursor.execute(
             f"""
-            INSERT INTO webhook_receiver_repairitem (source, kind, event_key, order_id,
+            INSERT INTO webhook_receiver_repairitem (source, kind, event_key, subject,
                 event_type, occurred_at, sender_says, we_hold, status, created_at,
                 updated_at, resolved_by, resolution_note, history, first_run_id,
                 last_run_id)
@@ -221,10 +221,10 @@ def _fill(connection, receipts: int, failed: int) -> dict[str, int]:
                 rate_count, rate_seconds, burst, max_in_flight, timeout_seconds, max_attempts,
                 backoff_base_seconds, backoff_cap_seconds, retry_after_cap_seconds,
                 breaker_threshold, breaker_cooldown_seconds, enabled, replay_horizon_days,
-                tokens, consecutive_failures, created_at, updated_at)
+                tokens, consecutive_failures, record_error, created_at, updated_at)
             SELECT 'merchant-' || n, 'https://merchant.example/' || n, '[]'::jsonb,
                 '["order.paid"]'::jsonb, 10, 1, 10, 4, 10, 12, 2, 3600, 300, 10, 60, true, 30,
-                0, 0, now(), now()
+                0, 0, '', now(), now()
             FROM generate_series(1, 3) AS n
             """
         )

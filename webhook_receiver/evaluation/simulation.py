@@ -25,6 +25,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -119,11 +120,9 @@ class Simulation:
             self._relays_queued.add((destination_id, when))
             self.at(when, "relay", destination_id)
 
-    def _fake_apply_async(self, args: tuple[Any, ...] = (), kwargs: Any = None, **options: Any):
+    def _queue_task(self, args: tuple[Any, ...] = (), kwargs: Any = None, **options: Any) -> None:
+        """``relay_destination.apply_async`` as the code calls it, countdown included."""
         self._queue_relay(args[0], options.get("countdown"))
-
-    def _fake_delay(self, destination_id: int) -> None:
-        self._queue_relay(destination_id, None)
 
     # --- the run ---
 
@@ -145,11 +144,18 @@ class Simulation:
         self.obs.wall_seconds = time.perf_counter() - began
         return self.obs
 
-    def _patched(self) -> Any:
-        stack = mock.patch.multiple(
-            tasks.relay_destination, apply_async=self._fake_apply_async, delay=self._fake_delay
+    def _patched(self) -> ExitStack:
+        """The broker's place taken by the schedule, and the network by the merchants."""
+        stack = ExitStack()
+        stack.enter_context(
+            mock.patch.multiple(
+                tasks.relay_destination,
+                apply_async=self._queue_task,
+                delay=lambda destination_id: self._queue_relay(destination_id, None),
+            )
         )
-        return _Both(stack, simulated_network(self.network.transport))
+        stack.enter_context(simulated_network(self.network.transport))
+        return stack
 
     def _reset(self) -> None:
         call_command("flush", interactive=False, verbosity=0)
@@ -422,20 +428,3 @@ class Simulation:
 
 def _offset(moment: datetime, start: datetime) -> float:
     return round((moment - start).total_seconds(), 6)
-
-
-class _Both:
-    """Two context managers as one."""
-
-    def __init__(self, first: Any, second: Any) -> None:
-        self.first, self.second = first, second
-
-    def __enter__(self) -> None:
-        self.first.__enter__()
-        self.second.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self.second.__exit__(*exc)
-        finally:
-            self.first.__exit__(*exc)

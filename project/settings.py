@@ -9,6 +9,7 @@ from pathlib import Path
 
 import environ
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 from project import logs
 
@@ -94,6 +95,31 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
         "connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5)
     )
+
+
+def for_transaction_pooling(database: dict) -> None:
+    """Settings for a pooler in transaction mode (PgBouncer's ``pool_mode =
+    transaction``), which hands each transaction whichever server connection is free:
+    nothing may live on a session. psycopg prepares a statement on its server
+    connection after ``prepare_threshold`` runs, and the next transaction on another one
+    fails with 'prepared statement "_pg3_0" already exists' (or 'does not exist'): no
+    prepared statements. A server-side cursor (``QuerySet.iterator()``) outlives its
+    transaction: off. The app itself keeps nothing on a session (its SET are
+    set_config(…, true), local to the transaction; no advisory lock, LISTEN or WITH HOLD
+    cursor), and PgBouncer restores TimeZone and client_encoding per client."""
+    database.setdefault("OPTIONS", {})["prepare_threshold"] = None
+    database["DISABLE_SERVER_SIDE_CURSORS"] = True
+
+
+# "session" (a direct connection, or a pooler in session mode) or "transaction"
+DATABASE_POOL_MODE = env.str("DATABASE_POOL_MODE", default="session")
+if DATABASE_POOL_MODE not in ("session", "transaction"):
+    raise ImproperlyConfigured(
+        f"DATABASE_POOL_MODE={DATABASE_POOL_MODE!r}: write session (the default) or transaction"
+    )
+if DATABASE_POOL_MODE == "transaction" and "postgresql" in DATABASES["default"]["ENGINE"]:
+    for_transaction_pooling(DATABASES["default"])
+
 # Persistent connections, checked before reuse: no per-request connection set-up.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -15,7 +15,8 @@ DATABASES = {
         "DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/webhook_receiver"
     ),
 }
-DATABASES["default"]["CONN_MAX_AGE"] = 0
+# a served instance may keep its connections, as the demo does (tests/test_pgbouncer.py)
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=0)
 # PostgreSQL: the database pytest creates and drops; two runs on one server need two names
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME", default=None)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -23,6 +24,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     # as in production: server-side binding, prepared statements
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+    if DATABASE_POOL_MODE == "transaction":  # noqa: F405 (a served instance behind PgBouncer)
+        for_transaction_pooling(DATABASES["default"])  # noqa: F405
 
 SHOP_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SHOP_OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"

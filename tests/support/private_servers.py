@@ -1,6 +1,6 @@
-"""Servers of a test's own, to stop and start mid-test: a Redis and a PostgreSQL cluster
-on free loopback ports, in a temporary directory. The shared servers of this machine are
-never stopped; a fault that stops a server stops one of these.
+"""Servers of a test's own, to stop and start mid-test: a Redis, a PostgreSQL cluster
+and a PgBouncer on free loopback ports, in a temporary directory. The shared servers of
+this machine are never stopped; a fault that stops a server stops one of these.
 
 PostgreSQL refuses to run as root: under root, its commands run as the ``postgres``
 user (Debian's), and the cluster's directory is given to that user.
@@ -115,6 +115,61 @@ class PrivatePostgres:
         return psycopg.connect(self._dsn(self.database))
 
 
+class PrivatePgBouncer:
+    """PgBouncer (Debian's package) on a port of its own, in front of this machine's
+    PostgreSQL, pooling in ``pool_mode`` with at most ``pool_size`` server connections
+    per database: every client's transactions share them, as on a deployment where
+    web nodes and workers multiply."""
+
+    def __init__(self, directory: Path, *, pool_mode: str = "transaction", pool_size: int = 4):
+        self.directory = directory
+        self.port = free_port()
+        self.pool_mode = pool_mode
+        self.pool_size = pool_size
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+        if binary is None:
+            pytest.skip("needs pgbouncer (apt-get install pgbouncer; .ci/run installs it)")
+        (self.directory / "users.txt").write_text('"postgres" ""\n')
+        config = self.directory / "pgbouncer.ini"
+        config.write_text(
+            "[databases]\n* = host=127.0.0.1 port=5432\n[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.directory / 'users.txt'}\n"
+            f"pool_mode = {self.pool_mode}\ndefault_pool_size = {self.pool_size}\n"
+            "max_client_conn = 500\n" + ("user = postgres\n" if os.geteuid() == 0 else "")
+            # PgBouncer refuses to run as root: it becomes Debian's postgres user
+        )
+        if os.geteuid() == 0:
+            shutil.chown(self.directory, "postgres")
+        with (self.directory / "pgbouncer.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [binary, str(config)], stdout=log, stderr=subprocess.STDOUT
+            )
+        _wait(self._answers, "pgbouncer")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            process.wait(timeout=10)
+
+    def _answers(self) -> bool:
+        try:
+            with psycopg.connect(
+                f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
+                connect_timeout=1,
+            ):
+                return True
+        except psycopg.Error:
+            return False
+
+
 @contextmanager
 def _directory(prefix: str) -> Iterator[Path]:
     # not pytest's tmp_path: PostgreSQL's user must reach it, and a socket path must be short
@@ -146,3 +201,16 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         finally:
             with suppress(subprocess.CalledProcessError):  # stopped by the test already
                 server.stop()
+
+
+@pytest.fixture
+def pgbouncer() -> Iterator[PrivatePgBouncer]:
+    """PgBouncer in transaction mode, 4 server connections a database."""
+    with _directory("wr-pgb-") as directory:
+        directory.chmod(0o755)
+        server = PrivatePgBouncer(directory)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()

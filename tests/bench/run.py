@@ -1,6 +1,6 @@
 """`make bench`: the receive path under gunicorn on PostgreSQL, against two floors.
 
-    python -m tests.bench.run [--requests N] [--concurrency C] [--rounds R]
+    python -m tests.bench.run [--requests N] [--concurrency C] [--rounds R] [--pgbouncer]
 
 Recreates the bench database (BENCH_DATABASE_URL), migrates it, creates the claim
 floor's tables, serves ``project.wsgi`` with gunicorn (2 sync workers), and loads three
@@ -13,12 +13,17 @@ an unexpected answer; figures below target are reported, not failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import environ
+
+from tests.support.private_servers import running_pgbouncer
 
 from .common import BARE_PATH, CLAIM_PATH, DEFAULT_DATABASE_URL, FULL_PATH
 from .load import PhaseResult, event_bodies, run_phase, signed_requests
@@ -95,6 +100,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4, help="client processes")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (median)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "receive.json")
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="serve through PgBouncer in transaction mode (DATABASE_POOL_MODE=transaction), "
+        "started on a port of its own",
+    )
     args = parser.parse_args(argv)
     if min(args.requests, args.concurrency, args.rounds) < 1:
         parser.error("--requests, --concurrency and --rounds must be at least 1")
@@ -166,11 +177,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor_tables_create(database_url)
 
     errors = ErrorLog()
-    server = GunicornServer(env, RESULTS_DIR / "gunicorn.log")
-    print(f"serving on {server.host}:{server.port} with gunicorn, 2 sync workers", flush=True)
-    with server:
-        rounds = bench(args, server, errors)
-        server_log = server.log_tail(lines=10) if errors.count else ""
+    with contextlib.ExitStack() as stack:
+        if args.pgbouncer:
+            bouncer = stack.enter_context(running_pgbouncer())
+            name = environ.Env.db_url_config(database_url)["NAME"]
+            env["BENCH_SERVE_DATABASE_URL"] = bouncer.url(name)
+            env["DATABASE_POOL_MODE"] = "transaction"
+            print(f"through PgBouncer (transaction mode) on port {bouncer.port}", flush=True)
+        server = GunicornServer(env, RESULTS_DIR / "gunicorn.log")
+        print(f"serving on {server.host}:{server.port} with gunicorn, 2 sync workers", flush=True)
+        with server:
+            rounds = bench(args, server, errors)
+            server_log = server.log_tail(lines=10) if errors.count else ""
 
     config = {
         "commit": git_commit(),
@@ -180,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup_requests": WARMUP_REQUESTS,
         "gunicorn_workers": 2,
         "cpu_count": os.cpu_count(),
+        "pgbouncer": args.pgbouncer,
     }
     result = summary(rounds)
     print()

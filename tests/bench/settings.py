@@ -12,7 +12,10 @@ from tests.bench.common import DEFAULT_DATABASE_URL, SHOP_SECRET, SOURCE, TOLERA
 
 # The project's settings read DATABASE_URL themselves: point it at the bench database
 # first, so connection persistence, health checks and driver options are the project's.
-os.environ["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
+# (or, with --pgbouncer, at the pooler in front of it)
+os.environ["DATABASE_URL"] = os.environ.get("BENCH_SERVE_DATABASE_URL") or os.environ.get(
+    "BENCH_DATABASE_URL", DEFAULT_DATABASE_URL
+)
 
 from project.settings import *  # noqa: E402, F403
 from project.settings import WEBHOOK_RECEIVER as _PROJECT_WEBHOOK_RECEIVER  # noqa: E402

@@ -203,9 +203,10 @@ def private_postgres() -> Iterator[PrivatePostgres]:
                 server.stop()
 
 
-@pytest.fixture
-def pgbouncer() -> Iterator[PrivatePgBouncer]:
-    """PgBouncer in transaction mode, 4 server connections a database."""
+@contextmanager
+def running_pgbouncer() -> Iterator[PrivatePgBouncer]:
+    """PgBouncer in transaction mode, 4 server connections a database (the tests' and
+    ``make bench``'s ``--pgbouncer``)."""
     with _directory("wr-pgb-") as directory:
         directory.chmod(0o755)
         server = PrivatePgBouncer(directory)
@@ -214,3 +215,9 @@ def pgbouncer() -> Iterator[PrivatePgBouncer]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture
+def pgbouncer() -> Iterator[PrivatePgBouncer]:
+    with running_pgbouncer() as server:
+        yield server

@@ -21,7 +21,7 @@ import pytest
 from django.db import connection
 
 from tests.support.paths import REPO
-from tests.support.private_servers import PrivatePgBouncer, pgbouncer  # noqa: F401 (fixture)
+from tests.support.private_servers import PrivatePgBouncer, pgbouncer, running_pgbouncer  # noqa: F401 (fixture)
 from tests.support.served import served_gunicorn
 from tests.support.signing import event_body, standard_headers
 from webhook_receiver.models import WebhookReceipt
@@ -109,12 +109,12 @@ def test_the_served_app_behind_the_pooler_applies_every_concurrent_delivery(
 
 @pytest.mark.postgres_only("PgBouncer pools PostgreSQL connections")
 @pytest.mark.django_db(transaction=True)
-def test_without_the_pool_mode_the_served_app_defers_what_it_should_apply(
-    pgbouncer,  # noqa: F811
-    tmp_path,
-):
-    # the fault the setting is for, shown: nothing is lost, but deliveries are deferred
-    statuses, log = served_statuses(pgbouncer, tmp_path, "session")
+def test_without_the_pool_mode_the_served_app_defers_what_it_should_apply(tmp_path):
+    # the fault the setting is for, shown: nothing is lost, but deliveries are deferred.
+    # One server connection for both gunicorn workers: each prepares its statements
+    # under the same names on it, so the collision is certain, not a matter of timing
+    with running_pgbouncer(pool_size=1) as bouncer:
+        statuses, log = served_statuses(bouncer, tmp_path, "session")
 
     assert 202 in statuses and "prepared statement" in log
 

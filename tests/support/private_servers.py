@@ -204,12 +204,12 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 
 
 @contextmanager
-def running_pgbouncer() -> Iterator[PrivatePgBouncer]:
-    """PgBouncer in transaction mode, 4 server connections a database (the tests' and
-    ``make bench``'s ``--pgbouncer``)."""
+def running_pgbouncer(pool_size: int = 4) -> Iterator[PrivatePgBouncer]:
+    """PgBouncer in transaction mode, ``pool_size`` server connections a database (the
+    tests' and ``make bench``'s ``--pgbouncer``)."""
     with _directory("wr-pgb-") as directory:
         directory.chmod(0o755)
-        server = PrivatePgBouncer(directory)
+        server = PrivatePgBouncer(directory, pool_size=pool_size)
         server.start()
         try:
             yield server

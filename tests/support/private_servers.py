@@ -34,6 +34,13 @@ def _wait(condition, what: str, seconds: float = STARTUP_SECONDS) -> None:
         time.sleep(0.05)
 
 
+def _terminate(process: subprocess.Popen[bytes] | None) -> None:
+    """Stop a server started here, if it still runs (SIGTERM: a clean shutdown)."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 class PrivateRedis:
     """``redis-server`` on a port of its own, nothing persisted."""
 
@@ -55,9 +62,7 @@ class PrivateRedis:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            process.wait(timeout=10)
+        _terminate(process)
 
     def _answers(self) -> bool:
         try:
@@ -155,9 +160,7 @@ class PrivatePgBouncer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            process.wait(timeout=10)
+        _terminate(process)
 
     def _answers(self) -> bool:
         try:

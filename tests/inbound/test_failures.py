@@ -7,6 +7,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -357,8 +358,9 @@ def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
         finally:
             connections.close_all()
 
-    # when: four sweepers start at the same instant
-    with receiver_settings(**handlers(test_slow="tests.support.handlers.tracks_concurrency")):
+    # when: four sweepers start at the same instant, each locking 5 events a transaction
+    slow = handlers(test_slow="tests.support.handlers.tracks_concurrency")
+    with receiver_settings(**slow, SWEEP_BATCH_SIZE=5):
         threads = [threading.Thread(target=sweep) for _ in range(4)]
         for thread in threads:
             thread.start()
@@ -372,6 +374,71 @@ def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
     assert sum(1 for n in tried if n > 0) >= 2
     assert FailedEvent.objects.filter(status="resolved").count() == len(keys)
     assert InventoryLedgerEntry.objects.count() == len(keys)
+
+
+@pytest.mark.postgres_only("txid_current() names the transaction each event ran in")
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_retries_a_batch_in_one_transaction_and_one_failure_spoils_none_of_it():
+    # given: ten due events, three of which fail again
+    keys = [f"msg_batch_{i}" for i in range(10)]
+    for i, key in enumerate(keys):
+        order = f"ord_{key}_fail" if i in (2, 5, 8) else f"ord_{key}"
+        failure_capture(
+            captured=CapturedEvent("shop", key, "test.batch", key, None,
+                                   event_body("test.batch", order_id=order), {}),
+            exc=TransientError("dependency down"),
+        )  # fmt: skip
+    test_handlers.transactions.clear()
+    test_handlers.sweep_delay["seconds"] = 0.0
+
+    # when
+    with receiver_settings(**handlers(test_batch="tests.support.handlers.records_its_transaction")):
+        tried = failed_events_retry_due(now=timezone.now() + LATER)
+
+    # then: one transaction ran them all; the seven applied once, with their receipts,
+    # and the three have their second error on record, no effect and no receipt
+    assert tried == 10
+    assert len({txid for _, txid in test_handlers.transactions}) == 1
+    failing = {keys[2], keys[5], keys[8]}
+    assert set(WebhookReceipt.objects.values_list("event_key", flat=True)) == set(keys) - failing
+    assert set(InventoryLedgerEntry.objects.values_list("event_key", flat=True)) == (
+        set(keys) - failing
+    )
+    statuses = dict(FailedEvent.objects.values_list("event_key", "status"))
+    assert {k for k, s in statuses.items() if s == "resolved"} == set(keys) - failing
+    for failed in FailedEvent.objects.filter(event_key__in=failing):
+        assert failed.status == "retrying" and failed.attempts == 2
+        assert failed.errors[-1]["exception"] == "builtins.RuntimeError"
+        assert failed.next_attempt_at is not None
+
+
+@pytest.mark.postgres_only("txid_current() names the transaction each event ran in")
+@pytest.mark.django_db(transaction=True)
+def test_slow_handlers_cut_a_sweeps_transaction_short_so_its_receipts_are_not_held_long():
+    # given: eight due events whose handler takes 0.2 s each
+    keys = [f"msg_slow_{i}" for i in range(8)]
+    for key in keys:
+        _capture_due(key, "test.batch")
+    test_handlers.transactions.clear()
+    test_handlers.sweep_delay["seconds"] = 0.2
+
+    # when
+    try:
+        with receiver_settings(
+            **handlers(test_batch="tests.support.handlers.records_its_transaction")
+        ):
+            tried = failed_events_retry_due(now=timezone.now() + LATER, limit=8)
+    finally:
+        test_handlers.sweep_delay["seconds"] = 0.0
+
+    # then: every event was tried in this one call, no transaction took on more than
+    # half a second's worth (three at 0.2 s), and all of them applied
+    per_transaction = Counter(txid for _, txid in test_handlers.transactions)
+    assert tried == 8
+    assert len(per_transaction) >= 3
+    assert max(per_transaction.values()) <= 3
+    assert FailedEvent.objects.filter(status="resolved").count() == 8
+    assert InventoryLedgerEntry.objects.count() == 8
 
 
 @pytest.mark.postgres_only("a Celery worker must see the test database (SQLite's is in memory)")

@@ -87,3 +87,22 @@ def flaky_order_key(*, payload, message) -> str:
         key_failures_left["count"] -= 1
         raise KeyError("order_ref")
     return f"order:{payload['data']['order_id']}:{payload['type']}"
+
+
+sweep_delay = {"seconds": 0.0}
+transactions: list[tuple[str, int]] = []
+
+
+def records_its_transaction(event: WebhookEvent) -> HandlerResult:
+    """Takes ``sweep_delay`` seconds, writes its ledger row and records the database
+    transaction it ran in; then fails for an order whose id ends in ``_fail``."""
+    from django.db import connection
+
+    time.sleep(sweep_delay["seconds"])
+    _write_ledger_row(event)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT txid_current()")
+        transactions.append((event.event_key, cursor.fetchone()[0]))
+    if event.data["order_id"].endswith("_fail"):
+        raise RuntimeError("this order's dependency is down")
+    return HandlerResult(subject=event.data["order_id"])

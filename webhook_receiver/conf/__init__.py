@@ -46,7 +46,8 @@ DEFAULTS: dict[str, Any] = {
     # retry n waits a random time in [0, min(RETRY_MAX_DELAY, RETRY_BASE_DELAY * 2**(n-1))]
     "RETRY_BASE_DELAY_SECONDS": 60,
     "RETRY_MAX_DELAY_SECONDS": 3600,
-    # failed events retried per sweep transaction batch
+    # failed events retried per sweep task run, in one transaction (cut short after half
+    # a second); concurrent sweepers share a backlog batch by batch
     "SWEEP_BATCH_SIZE": 50,
     # resolved and discarded failed events older than this are deleted; dead ones never
     "FAILED_EVENT_RETENTION_DAYS": 30,

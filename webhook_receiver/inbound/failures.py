@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import logging
 import random
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -209,9 +210,13 @@ def _stored_event(failed: FailedEvent) -> WebhookEvent:
     return dataclasses.replace(event, event_key=failed.event_key)  # the original key
 
 
-def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
-    """Run the stored event through the claim again. The caller holds the row lock,
-    inside a transaction; a failure rolls back only the savepoint of the claim."""
+def _apply_stored(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
+    """Run the stored event through the claim again; return its result, or FAILED.
+
+    The caller holds the row lock, inside a transaction; a failure rolls back only the
+    savepoint of the claim, and is recorded on the row. A success is said in the log
+    once it commits; marking the row resolved is the caller's (one UPDATE per batch).
+    """
     try:
         event = _stored_event(failed)
         with transaction.atomic():
@@ -220,17 +225,11 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
                 body=bytes(failed.body),
                 headers=failed.headers,
                 received_at=failed.first_attempt_at,  # the sender's delivery, not now
-                resolve_failures=False,  # this row is resolved below, under our lock
+                resolve_failures=False,  # this row is resolved by the caller, under our lock
             )
     except Exception as exc:
         _record_failure(failed, exc, trigger=trigger, now=now)
         return Result.FAILED
-    if failed.status != FailureStatus.RESOLVED:  # a resolved record keeps how it ended
-        failed.status = FailureStatus.RESOLVED
-        failed.resolution = outcome.status
-        failed.resolved_at = now
-        failed.next_attempt_at = None
-    failed.save()
     fields = {
         "source": failed.source,
         "event_key": failed.event_key,
@@ -246,6 +245,20 @@ def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
     return outcome.status
 
 
+def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
+    """One event's attempt with its row saved: a replay's. The caller holds the lock."""
+    result = _apply_stored(failed, trigger=trigger, now=now)
+    if result == Result.FAILED:
+        return result  # recorded and saved by _record_failure
+    if failed.status != FailureStatus.RESOLVED:  # a resolved record keeps how it ended
+        failed.status = FailureStatus.RESOLVED
+        failed.resolution = result
+        failed.resolved_at = now
+        failed.next_attempt_at = None
+    failed.save()
+    return result
+
+
 def _bound() -> None:
     """A capture's, a retry's or a replay's transaction waits no longer than a
     delivery's: a locked table fails it (a retry stays due) instead of holding the
@@ -253,29 +266,55 @@ def _bound() -> None:
     faults.transaction_bound()
 
 
+# A sweep's transaction stops taking on events after this long, so that the receipts it
+# has claimed (which a concurrent redelivery of the same key waits for) are held for well
+# under a delivery's LOCK_TIMEOUT_MS, however slow the handlers.
+SWEEP_TRANSACTION_SECONDS = 0.5
+
+
 def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = None) -> int:
     """Retry the events whose ``next_attempt_at`` has come; return how many were tried.
 
-    One short transaction per event. ``SKIP LOCKED`` lets several sweepers share the
-    work without ever running the same event at once; a worker killed mid-attempt
-    rolls back, releasing the row, still due, for the next sweep.
+    A batch of due rows (SWEEP_BATCH_SIZE) is locked with ``SKIP LOCKED`` (several
+    sweepers share a backlog, batch by batch, without ever running the same event at
+    once) and retried in one transaction: each event's claim and effect in a savepoint of
+    its own, then one UPDATE per result marks the batch resolved. A worker killed mid-batch rolls it all back: its rows, still
+    due, are released for the next sweep, and no effect of theirs committed.
     """
-    limit = limit or app_settings().sweep_batch_size
+    batch = app_settings().sweep_batch_size
+    limit = limit or batch
     tried = 0
     while tried < limit:
         moment = now or timezone.now()
         with transaction.atomic():
             _bound()
-            failed = (
+            # errors (tracebacks, up to RETRY_MAX_ATTEMPTS of them) are read only for
+            # an event that fails again
+            due = list(
                 FailedEvent.objects.select_for_update(skip_locked=True)
                 .filter(status=FailureStatus.RETRYING, next_attempt_at__lte=moment)
                 .order_by("next_attempt_at", "id")
-                .first()
+                .defer("errors")[: min(limit - tried, batch)]
             )
-            if failed is None:
+            if not due:
                 break
-            _attempt(failed, trigger="retry", now=moment)
-        tried += 1
+            started = time.monotonic()
+            resolved: dict[str, list[int]] = {}
+            for failed in due:
+                result = _apply_stored(failed, trigger="retry", now=moment)
+                tried += 1
+                if result != Result.FAILED:
+                    resolved.setdefault(result, []).append(failed.pk)
+                if time.monotonic() - started > SWEEP_TRANSACTION_SECONDS:
+                    break  # the rest stay due, released at commit
+            for resolution, ids in resolved.items():
+                FailedEvent.objects.filter(pk__in=ids).update(
+                    status=FailureStatus.RESOLVED,
+                    resolution=resolution,
+                    resolved_at=moment,
+                    next_attempt_at=None,
+                    updated_at=timezone.now(),
+                )
     return tried
 
 

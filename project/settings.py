@@ -158,6 +158,7 @@ WEBHOOK_RECEIVER = {
     # reconciliation asks the shop how its order states differ from what the sender lists
     "STATE_COMPARISON": "project.shop.reconcile.OrderStates",
     "AUDIT_RETENTION_DAYS": env.int("WEBHOOK_AUDIT_RETENTION_DAYS", default=30),
+    "RECEIPT_RETENTION_DAYS": env.int("WEBHOOK_RECEIPT_RETENTION_DAYS", default=35),
     "DUPLICATE_CHECK": env.str("WEBHOOK_DUPLICATE_CHECK", default="adaptive"),
     "LOCK_TIMEOUT_MS": env.int("WEBHOOK_LOCK_TIMEOUT_MS", default=2000),
     "STATEMENT_TIMEOUT_MS": env.int("WEBHOOK_STATEMENT_TIMEOUT_MS", default=5000),
@@ -243,6 +244,10 @@ CELERY_BEAT_SCHEDULE = {
     "purge-webhook-audit-records": {
         "task": "webhook_receiver.purge_audit_records",
         "schedule": crontab(minute=17),
+    },
+    "purge-webhook-receipts": {
+        "task": "webhook_receiver.purge_receipts",
+        "schedule": crontab(minute=27),
     },
     "purge-webhook-outbox": {
         "task": "webhook_receiver.purge_outbox",

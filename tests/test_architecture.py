@@ -22,6 +22,7 @@ MAX_LINES = 450
 TASKS = {
     "retry_failed_events",
     "purge_audit_records",
+    "purge_receipts",
     "purge_failed_events",
     "relay_destination",
     "relay_sweep",

@@ -62,6 +62,20 @@ def purge_audit_records() -> int:
 
 
 @shared_task(
+    name="webhook_receiver.purge_receipts",
+    soft_time_limit=540,
+    time_limit=600,
+    **AT_LEAST_ONCE,
+)
+@healing
+def purge_receipts() -> int:
+    """Delete receipts past ``RECEIPT_RETENTION_DAYS`` (hourly on beat)."""
+    from .inbound.retention import receipts_purge
+
+    return receipts_purge()
+
+
+@shared_task(
     name="webhook_receiver.purge_failed_events",
     soft_time_limit=540,
     time_limit=600,

@@ -39,6 +39,13 @@ DEFAULTS: dict[str, Any] = {
     # client's address: how many there are (nginx alone: 1), or their addresses and
     # networks ("10.0.0.0/8"); None: the header is ignored, and REMOTE_ADDR is the client
     "TRUSTED_PROXIES": None,
+    # receipts older than this are deleted by the purge task. A receipt is the memory of
+    # a key: a redelivery of a key whose receipt is gone is applied again, so this must
+    # outlast every sender's redeliveries. 35 days: Stripe retries for 3 days and keeps
+    # 30 days of events to resend, Svix retries for about 28 hours, Standard Webhooks'
+    # example schedule spans about 75 hours. It must also outlast every source's
+    # reconciliation window (RECONCILE LOOKBACK_SECONDS + MARGIN_SECONDS).
+    "RECEIPT_RETENTION_DAYS": 35,
     # rows deleted per statement by the purge tasks
     "PURGE_BATCH_SIZE": 1000,
     # attempts per failed event, the first delivery included, before it is dead
@@ -129,6 +136,7 @@ POSITIVE_KEYS = (
     "OUTBOX_RETENTION_DAYS",
     "RECONCILE_RUN_TIMEOUT_SECONDS",
     "AUDIT_RETENTION_DAYS",
+    "RECEIPT_RETENTION_DAYS",
     "PURGE_BATCH_SIZE",
     "RETRY_MAX_ATTEMPTS",
     "RETRY_BASE_DELAY_SECONDS",
@@ -165,6 +173,7 @@ class AppSettings:
     audit_retention: timedelta
     rejected_audit_per_minute: int
     trusted_proxies: TrustedProxies | None
+    receipt_retention: timedelta
     purge_batch_size: int
     redacted_headers: frozenset[str]
     # the signature headers of every built-in scheme and every configured source's scheme
@@ -213,6 +222,8 @@ def app_settings() -> AppSettings:
             f"not {merged['DUPLICATE_CHECK']!r}."
         )
     sources = {slug: source_config(slug, opts) for slug, opts in merged["SOURCES"].items()}
+    receipt_retention = timedelta(days=merged["RECEIPT_RETENTION_DAYS"])
+    _check_receipts_outlast_reconciliation(sources, receipt_retention)
     schemes = [*SCHEMES.values(), *(get_scheme(s.scheme) for s in sources.values())]
     return AppSettings(
         sources=sources,
@@ -220,6 +231,7 @@ def app_settings() -> AppSettings:
         audit_retention=timedelta(days=merged["AUDIT_RETENTION_DAYS"]),
         rejected_audit_per_minute=int(merged["REJECTED_AUDIT_PER_MINUTE"]),
         trusted_proxies=_trusted_proxies(merged["TRUSTED_PROXIES"]),
+        receipt_retention=receipt_retention,
         purge_batch_size=int(merged["PURGE_BATCH_SIZE"]),
         redacted_headers=frozenset(h.lower() for h in merged["REDACTED_HEADERS"]),
         signature_headers=frozenset(h.lower() for s in schemes for h in s.signature_headers),
@@ -244,6 +256,25 @@ def app_settings() -> AppSettings:
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
         ops_destination=merged["OPS_DESTINATION"] or None,
     )
+
+
+def _check_receipts_outlast_reconciliation(
+    sources: Mapping[str, SourceConfig], retention: timedelta
+) -> None:
+    """Reconciliation looks for a receipt of every event its sender lists in its window:
+    a receipt purged inside that window would be reported missing, and repaired (the
+    event applied a second time)."""
+    for slug, source in sources.items():
+        if source.reconcile is None:
+            continue
+        reach = source.reconcile.lookback + source.reconcile.margin
+        if reach >= retention:
+            raise ImproperlyConfigured(
+                f"WEBHOOK_RECEIVER['RECEIPT_RETENTION_DAYS'] ({retention.days}) must be "
+                f"longer than the reconciliation window of source {slug!r} "
+                f"(LOOKBACK_SECONDS + MARGIN_SECONDS = {int(reach.total_seconds())} s): "
+                "receipts purged inside it would be reported missing and applied again."
+            )
 
 
 NEW_KEY_HINT = (

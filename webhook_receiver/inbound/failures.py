@@ -278,8 +278,9 @@ def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = 
     A batch of due rows (SWEEP_BATCH_SIZE) is locked with ``SKIP LOCKED`` (several
     sweepers share a backlog, batch by batch, without ever running the same event at
     once) and retried in one transaction: each event's claim and effect in a savepoint of
-    its own, then one UPDATE per result marks the batch resolved. A worker killed mid-batch rolls it all back: its rows, still
-    due, are released for the next sweep, and no effect of theirs committed.
+    its own, then one UPDATE per result marks the batch resolved. A worker killed
+    mid-batch rolls it all back: its rows, still due, are released for the next sweep,
+    and no effect of theirs committed.
     """
     batch = app_settings().sweep_batch_size
     limit = limit or batch

@@ -10,7 +10,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/webhook_receiver
 # The test database pytest creates and drops; give each concurrent run its own name.
 TEST_DATABASE_NAME ?= test_webhook_receiver
 
-.PHONY: install run test test-postgres test-sqlite eval eval-baseline bench bench-reconcile bench-metrics bench-relay lint
+.PHONY: install run test test-postgres test-sqlite eval eval-baseline bench bench-reconcile bench-metrics bench-relay bench-retention lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ bench-reconcile: install
 # A /metrics/ scrape against 1,000,000 receipts and 100,000 failed events (about a minute)
 bench-metrics: install
 	$(BIN)/python -m tests.bench.metrics
+
+# Retention: each purge job on 1,000,000-row tables, and the claim's latency while it runs
+bench-retention: install
+	$(BIN)/python -m tests.bench.retention
 
 # The outbox relay: throughput against an httpx floor, the limiter, the on-commit latency
 bench-relay: install

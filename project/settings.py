@@ -24,6 +24,22 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="insecure-dev-only-set-DJANGO_SECRET_KEY")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
+# Served over HTTPS, with TLS ended by nginx (or a load balancer) in front: the proxy says
+# so in X-Forwarded-Proto (deploy/nginx.conf sets it), plain HTTP is redirected, the
+# admin's cookies travel over TLS only, and browsers are told to stay on HTTPS
+# (DJANGO_HSTS_SECONDS: an hour to start with; raise it once HTTPS is known to stay).
+# Senders never follow a redirect of a POST: give them the https:// address.
+if env.bool("DJANGO_HTTPS", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=3600)
+    # a host name of its own (webhooks.example.com) can promise these; a shared one
+    # must decide for every subdomain first
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=False)
+    SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=False)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

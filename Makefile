@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Where `make run` serves: the command line (make run PORT=8150), else the environment,
-# else HOST= and PORT= lines in .env, else these. send_test_webhook reads the same.
+# else HOST= and PORT= lines in .env, else these. While it runs, it writes the address to
+# var/devserver-address, where send_test_webhook finds it.
 HOST ?= $(or $(shell sed -n 's/^HOST=//p' .env 2>/dev/null | tail -n 1),127.0.0.1)
 PORT ?= $(or $(shell sed -n 's/^PORT=//p' .env 2>/dev/null | tail -n 1),8000)
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/webhook_receiver
@@ -41,8 +42,8 @@ run: install .env
 	@echo "  Admin:     http://$(HOST):$(PORT)/admin/"
 	@echo "  In another terminal, create an admin user:"
 	@echo "      $(BIN)/python manage.py createsuperuser"
-	@echo "  and send a signed test event (add --print-curl for a curl command instead):"
-	@echo "      $(BIN)/python manage.py send_test_webhook --url http://$(HOST):$(PORT)/webhooks/shop/"
+	@echo "  and send a signed test event (it finds this server; --print-curl for a curl command):"
+	@echo "      $(BIN)/python manage.py send_test_webhook"
 	@echo "  Stop with Ctrl-C. This serves gunicorn directly, for development only."
 	@echo
 	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m project.devserver --host $(HOST) --port $(PORT)

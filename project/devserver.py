@@ -26,7 +26,15 @@ from pathlib import Path
 from types import FrameType
 
 STOP_SECONDS = 10
-GUNICORN_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "gunicorn.conf.py"
+BASE_DIR = Path(__file__).resolve().parent.parent
+GUNICORN_CONFIG = BASE_DIR / "deploy" / "gunicorn.conf.py"
+# Where it serves, for send_test_webhook to find whatever the port (removed on stop)
+ADDRESS_FILE = "devserver-address"
+
+
+def address_file() -> Path:
+    """The file under the demo's var/ (DEMO_VAR_DIR, as project/settings.py reads it)."""
+    return Path(os.environ.get("DEMO_VAR_DIR") or BASE_DIR / "var") / ADDRESS_FILE
 
 
 def commands(host: str, port: int) -> dict[str, list[str]]:
@@ -84,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         name: subprocess.Popen(command, start_new_session=True)
         for name, command in commands(args.host, args.port).items()
     }
+    address = address_file()
+    address.parent.mkdir(parents=True, exist_ok=True)
+    address.write_text(f"http://{reachable(args.host)}:{args.port}\n")
     # Until a stop is asked for, or one of the three ends by itself.
     while not stop_requested and all(child.poll() is None for child in children.values()):
         time.sleep(0.2)
@@ -94,9 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         say("\nStopping web, worker and beat…")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
     stopped = stop(children)
+    address.unlink(missing_ok=True)
     if metrics_dir:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return stopped
+
+
+def reachable(host: str) -> str:
+    """The address a client on this machine uses: loopback for a server listening on
+    every address, brackets around an IPv6 one."""
+    if host in ("0.0.0.0", "", "::", "[::]"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def say(text: str) -> None:

@@ -57,6 +57,10 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         "CELERY_BROKER_URL": "filesystem://",
         "SHOP_WEBHOOK_SECRETS": SHOP_SECRET,
     }
+    subprocess.run(  # as `make run` does first
+        [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity", "0"],
+        cwd=REPO, env=env, check=True, timeout=120,
+    )  # fmt: skip
     launcher = subprocess.Popen(
         [sys.executable, "-m", "project.devserver", "--port", str(port)],
         cwd=REPO,
@@ -70,6 +74,16 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         time.sleep(3)  # the worker and beat are up too
         started = descendants(launcher.pid)
         assert len(started) >= 5  # 3 programs, gunicorn's 2 workers, the worker's pool
+        # and: the README's plain send_test_webhook finds it, whatever its port
+        address = tmp_path / "var" / "devserver-address"
+        assert address.read_text().strip() == f"http://127.0.0.1:{port}"
+        sent = subprocess.run(
+            [sys.executable, "manage.py", "send_test_webhook"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert sent.returncode == 0 and '"status":"applied"' in sent.stdout.replace(" ", ""), (
+            sent.stdout + sent.stderr
+        )
 
         # when: Ctrl-C in the terminal (SIGINT to the whole foreground group), or SIGTERM
         stopped_at = time.monotonic()
@@ -89,6 +103,7 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
     assert took < 12
     assert [pid for pid in started if alive(pid)] == []
     assert not listening(port)
+    assert not (tmp_path / "var" / "devserver-address").exists()
     # and the terminal shows a short, calm shutdown
     shutdown = text[text.index("Stopping web, worker and beat") :]
     assert len(shutdown.splitlines()) < 25, shutdown

@@ -13,16 +13,19 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from project.devserver import address_file, reachable
 from webhook_receiver import schemes
 from webhook_receiver.conf import get_source
 
 
 def default_url(slug: str) -> str:
-    """Where a local server listens: HOST and PORT from the environment (the demo's
-    settings load .env into it), as `make run` chooses them."""
-    host = os.environ.get("HOST") or "127.0.0.1"
-    if host in ("0.0.0.0", "::", "[::]"):  # listening everywhere: reach it on loopback
-        host = "127.0.0.1"
+    """Where the local server listens: the address `make run` wrote under var/ while it
+    runs (whatever its port), else HOST and PORT from the environment (the demo's
+    settings load .env into it), else 127.0.0.1:8000."""
+    written = address_file()
+    if written.exists():
+        return f"{written.read_text().strip()}/webhooks/{slug}/"
+    host = reachable(os.environ.get("HOST") or "127.0.0.1")
     port = os.environ.get("PORT") or "8000"
     return f"http://{host}:{port}/webhooks/{slug}/"
 
@@ -41,8 +44,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--url",
-            help="default: http://$HOST:$PORT/webhooks/<source>/, with HOST and PORT read as "
-            "`make run` reads them (the environment, then .env), else 127.0.0.1 and 8000",
+            help="default: where `make run` serves while it runs (it writes the address to "
+            "var/devserver-address), else http://$HOST:$PORT/webhooks/<source>/ with HOST "
+            "and PORT from the environment, then .env, else 127.0.0.1 and 8000",
         )
         parser.add_argument(
             "--type",

@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class WebhookReceiverConfig(AppConfig):
     name = "webhook_receiver"
-    verbose_name = "Webhook receiver"
+    verbose_name = _("Webhook receiver")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -8,6 +8,7 @@ Imported by ``webhook_receiver.models``, so that Django finds them; they belong 
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions
 
@@ -16,17 +17,17 @@ class Result(models.TextChoices):
     """Every answer a delivery, a retry or a replay can end with: the one list of them."""
 
     # a handler's results, which a receipt stores
-    APPLIED = "applied", "Applied"
-    STALE = "stale", "Stale (older version, nothing changed)"
-    IGNORED = "ignored", "Ignored (no handler for this type)"
+    APPLIED = "applied", _("Applied")
+    STALE = "stale", _("Stale (older version, nothing changed)")
+    IGNORED = "ignored", _("Ignored (no handler for this type)")
     # the key had a receipt already: answered with its stored outcome
-    DUPLICATE = "duplicate", "Duplicate"
+    DUPLICATE = "duplicate", _("Duplicate")
     # held as a failed event: retried later, or kept for an operator
-    DEFERRED = "deferred", "Deferred (will be retried)"
-    DEAD_LETTERED = "dead_lettered", "Dead-lettered"
+    DEFERRED = "deferred", _("Deferred (will be retried)")
+    DEAD_LETTERED = "dead_lettered", _("Dead-lettered")
     # a retry or replay: raised again, or found its event missing or locked by another
-    FAILED = "failed", "Failed again"
-    SKIPPED = "skipped", "Skipped (missing, or being processed)"
+    FAILED = "failed", _("Failed again")
+    SKIPPED = "skipped", _("Skipped (missing, or being processed)")
 
 
 # What a receipt can hold, and how a resolved failed event ended.
@@ -69,6 +70,8 @@ class WebhookReceipt(StoredEvent):
     received_at = models.DateTimeField()
 
     class Meta:
+        verbose_name = _("webhook receipt")
+        verbose_name_plural = _("webhook receipts")
         constraints = [
             # The claim's ON CONFLICT target (which matches the columns in any order);
             # event_key first, so that the admin's search by event key can use it too.
@@ -98,15 +101,15 @@ class Verification(models.TextChoices):
     """How a request fared before its event was looked at: verified, or the code of the
     rejection (each code is defined once, on its exception class)."""
 
-    VERIFIED = "verified", "Verified"
-    UNKNOWN_SOURCE = exceptions.UnknownSource.code, "Unknown source"
-    PAYLOAD_TOO_LARGE = exceptions.PayloadTooLarge.code, "Payload too large"
-    MISSING_HEADERS = exceptions.MissingSignatureHeaders.code, "Missing signature headers"
-    MALFORMED_HEADERS = exceptions.MalformedSignatureHeaders.code, "Malformed signature headers"
-    INVALID_SIGNATURE = exceptions.InvalidSignature.code, "Invalid signature"
+    VERIFIED = "verified", _("Verified")
+    UNKNOWN_SOURCE = exceptions.UnknownSource.code, _("Unknown source")
+    PAYLOAD_TOO_LARGE = exceptions.PayloadTooLarge.code, _("Payload too large")
+    MISSING_HEADERS = exceptions.MissingSignatureHeaders.code, _("Missing signature headers")
+    MALFORMED_HEADERS = exceptions.MalformedSignatureHeaders.code, _("Malformed signature headers")
+    INVALID_SIGNATURE = exceptions.InvalidSignature.code, _("Invalid signature")
     TIMESTAMP_OUT_OF_TOLERANCE = (
         exceptions.TimestampOutOfTolerance.code,
-        "Timestamp out of tolerance",
+        _("Timestamp out of tolerance"),
     )
 
 
@@ -132,6 +135,8 @@ class RequestAudit(models.Model):
     received_at = models.DateTimeField()
 
     class Meta:
+        verbose_name = _("request audit")
+        verbose_name_plural = _("request audits")
         # received_at: retention and the admin's ordering; event_key: the admin's search
         # (every request writes a row here, so nothing more is indexed)
         indexes = [
@@ -164,6 +169,8 @@ class RejectionTally(models.Model):
     unrecorded = models.PositiveIntegerField()
 
     class Meta:
+        verbose_name = _("rejection tally")
+        verbose_name_plural = _("rejection tallies")
         constraints = [
             # the upsert's ON CONFLICT target; minute first, so that it is also the index
             # of retention's and the overview's time ranges (nothing else is indexed)
@@ -178,10 +185,10 @@ class RejectionTally(models.Model):
 
 
 class FailureStatus(models.TextChoices):
-    RETRYING = "retrying", "Retrying"
-    DEAD = "dead", "Dead"
-    RESOLVED = "resolved", "Resolved"
-    DISCARDED = "discarded", "Discarded"
+    RETRYING = "retrying", _("Retrying")
+    DEAD = "dead", _("Dead")
+    RESOLVED = "resolved", _("Resolved")
+    DISCARDED = "discarded", _("Discarded")
 
 
 class FailedEvent(StoredEvent):
@@ -212,6 +219,8 @@ class FailedEvent(StoredEvent):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = _("failed event")
+        verbose_name_plural = _("failed events")
         constraints = [
             # event_key first: the admin's search by event key uses it too
             models.UniqueConstraint(fields=["event_key", "source"], name="webhook_failed_key"),

@@ -7,6 +7,7 @@ Imported by ``webhook_receiver.models`` so that Django finds them; they belong t
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from .encryption import EncryptedSecretsField
 
@@ -61,6 +62,8 @@ class WebhookDestination(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = _("webhook destination")
+        verbose_name_plural = _("webhook destinations")
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -71,11 +74,11 @@ class WebhookDestination(models.Model):
 
 
 class MessageStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    SENDING = "sending", "Sending (claimed by a worker)"
-    DELIVERED = "delivered", "Delivered"
-    FAILED = "failed", "Failed (terminal: for an operator)"
-    DISCARDED = "discarded", "Discarded"
+    PENDING = "pending", _("Pending")
+    SENDING = "sending", _("Sending (claimed by a worker)")
+    DELIVERED = "delivered", _("Delivered")
+    FAILED = "failed", _("Failed (terminal: for an operator)")
+    DISCARDED = "discarded", _("Discarded")
 
 
 class OutboxMessage(models.Model):
@@ -115,6 +118,8 @@ class OutboxMessage(models.Model):
     discard_reason = models.TextField(blank=True)
 
     class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
         constraints = [
             # the durable identity: one message per logical key and destination, forever
             models.UniqueConstraint(fields=["destination", "key"], name="webhook_outbox_key"),
@@ -162,6 +167,8 @@ class DeliveryAttempt(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = _("delivery attempt")
+        verbose_name_plural = _("delivery attempts")
         ordering = ["message", "number"]
 
     def __str__(self) -> str:

@@ -7,13 +7,14 @@ Imported by ``webhook_receiver.models``, so that Django finds them.
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 
 class RunOutcome(models.TextChoices):
-    RUNNING = "running", "Running"
-    OK = "ok", "OK (consistent)"
-    NEEDS_REPAIR = "needs_repair", "Needs repair"
-    FAILED = "failed", "Failed (the run itself)"
+    RUNNING = "running", _("Running")
+    OK = "ok", _("OK (consistent)")
+    NEEDS_REPAIR = "needs_repair", _("Needs repair")
+    FAILED = "failed", _("Failed (the run itself)")
 
 
 class ReconciliationRun(models.Model):
@@ -34,6 +35,8 @@ class ReconciliationRun(models.Model):
     error = models.TextField(blank=True)
 
     class Meta:
+        verbose_name = _("reconciliation run")
+        verbose_name_plural = _("reconciliation runs")
         constraints = [
             # one run per source at a time, enforced by the database: a second start
             # fails to insert (a run abandoned by a killed worker is closed on the next
@@ -57,15 +60,15 @@ class ReconciliationRun(models.Model):
 
 
 class RepairKind(models.TextChoices):
-    MISSING = "missing", "Missing (sent, never accepted)"
-    FAILED = "failed", "Failed (held as a failed event)"
-    UNEXPECTED = "unexpected", "Unexpected (applied, not listed by the sender)"
-    STATE_MISMATCH = "state_mismatch", "State mismatch"
+    MISSING = "missing", _("Missing (sent, never accepted)")
+    FAILED = "failed", _("Failed (held as a failed event)")
+    UNEXPECTED = "unexpected", _("Unexpected (applied, not listed by the sender)")
+    STATE_MISMATCH = "state_mismatch", _("State mismatch")
 
 
 class RepairStatus(models.TextChoices):
-    OPEN = "open", "Open"
-    RESOLVED = "resolved", "Resolved"
+    OPEN = "open", _("Open")
+    RESOLVED = "resolved", _("Resolved")
 
 
 class RepairItem(models.Model):
@@ -100,6 +103,8 @@ class RepairItem(models.Model):
     history = models.JSONField(default=list)
 
     class Meta:
+        verbose_name = _("repair item")
+        verbose_name_plural = _("repair items")
         constraints = [
             models.UniqueConstraint(
                 fields=["event_key", "source", "kind"],

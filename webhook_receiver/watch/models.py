@@ -7,6 +7,7 @@ Imported by ``webhook_receiver.models``, so that Django finds them.
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from ..inbound.models import WebhookReceipt
 
@@ -35,6 +36,8 @@ class SilenceAlert(models.Model):
     recovery_notice_sent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = _("silence alert")
+        verbose_name_plural = _("silence alerts")
         constraints = [
             models.UniqueConstraint(
                 fields=["source"],
@@ -59,6 +62,10 @@ class Heartbeat(models.Model):
     name = models.CharField(max_length=100, primary_key=True)
     seen_at = models.DateTimeField()
 
+    class Meta:
+        verbose_name = _("heartbeat")
+        verbose_name_plural = _("heartbeats")
+
     def __str__(self) -> str:
         return f"{self.name} at {self.seen_at:%Y-%m-%d %H:%M:%S}"
 
@@ -69,5 +76,5 @@ class SourceOverview(WebhookReceipt):
 
     class Meta:
         proxy = True
-        verbose_name = "overview"
-        verbose_name_plural = "overview"
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")

@@ -1,0 +1,189 @@
+"""The faults of a run, in sequence, each recorded as a window: when it began, when it
+was over (the process back, the server started, the lock released), and what was done.
+
+- ``worker_kill``: SIGKILL to a Celery worker's group while the merchant has a request
+  of the relay in flight (within a bounded wait), then a new worker;
+- ``gunicorn_kill``: SIGKILL to every gunicorn worker (the master starts new ones);
+- ``postgres_stop``: ``pg_ctl stop -m immediate`` (a crash: no shutdown checkpoint,
+  every session cut), the server down for a while, then started (crash recovery);
+- ``redis_restart``: Redis stopped and started on its port (nothing persisted: queued
+  tasks and cached windows are gone);
+- ``lock_receipts`` / ``lock_outbox``: ``LOCK TABLE … IN ACCESS EXCLUSIVE MODE`` held in
+  a connection of its own, then rolled back;
+- ``snapshot``: a ``REPEATABLE READ`` transaction that reads, then stays open (it pins
+  the xmin horizon), then ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+import psycopg
+
+from tests.chaos.processes import cpu_ticks
+
+RECEIPTS = "webhook_receiver_webhookreceipt"
+OUTBOX = "webhook_receiver_outboxmessage"
+
+
+@dataclass
+class Window:
+    name: str
+    start: float
+    end: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Holds:
+    """How long each fault holds, in seconds."""
+
+    postgres_down: float
+    lock: float
+    snapshot: float
+    gap: float  # quiet time between faults
+
+
+SHORT = Holds(postgres_down=5, lock=10, snapshot=10, gap=4)
+LONG = Holds(postgres_down=10, lock=25, snapshot=40, gap=15)
+
+
+@dataclass
+class Faults:
+    stack: object  # run.Stack: the servers and processes
+    holds: Holds
+    log: Callable[[str], None]
+    windows: list[Window] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def sequence(self) -> list[Callable[[], None]]:
+        return [
+            self.worker_kill,
+            self.gunicorn_kill,
+            self.postgres_stop,
+            self.redis_restart,
+            self.lock_receipts,
+            self.lock_outbox,
+            self.snapshot,
+        ]
+
+    def duration(self) -> float:
+        """About how long the sequence takes (to spread the sender's events over it)."""
+        h = self.holds
+        restarts = 3 * 8  # a worker, gunicorn's workers, Redis: seconds each, about
+        return h.postgres_down + 2 * h.lock + h.snapshot + restarts + 8 * h.gap
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        time.sleep(self.holds.gap)
+        for fault in self.sequence():
+            if stop():
+                return
+            try:
+                fault()
+            except Exception as exc:  # the run goes on; the report names the fault
+                self.errors.append(f"{fault.__name__}: {type(exc).__name__}: {exc}")
+                self.log(f"fault {fault.__name__} failed: {exc!r}")
+            time.sleep(self.holds.gap)
+
+    def _window(self, name: str, detail: str = "") -> Window:
+        window = Window(name, time.time(), detail=detail)
+        self.windows.append(window)
+        self.log(f"fault {name} begins {detail}")
+        return window
+
+    def _close(self, window: Window, detail: str = "") -> None:
+        window.end = time.time()
+        if detail:
+            window.detail = (window.detail + " " + detail).strip()
+        self.log(f"fault {window.name} over after {window.end - window.start:.1f} s {detail}")
+
+    # --- the faults ---------------------------------------------------------------------
+
+    def worker_kill(self) -> None:
+        stack = self.stack
+        book = stack.merchant.book
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and book.in_flight == 0:
+            time.sleep(0.005)
+        mid = book.in_flight > 0
+        window = self._window("worker_kill", f"(a relay request in flight: {mid})")
+        stack.worker.kill()
+        stack.worker_restart()
+        self._close(window, "(a new worker ready)")
+
+    def gunicorn_kill(self) -> None:
+        web = self.stack.web
+        pids = web.worker_pids()
+        # wait (a bounded while) for a worker that is using the CPU: a request in hand
+        busy, deadline = False, time.monotonic() + 10
+        before = {pid: cpu_ticks(pid) for pid in pids}
+        while not busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = {pid: cpu_ticks(pid) for pid in pids}
+            busy = any(now[pid] > ticks for pid, ticks in before.items())
+            before = now
+        window = self._window("gunicorn_kill", f"({len(pids)} workers, one busy: {busy})")
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = web.worker_pids()
+            if len(now) >= web.workers and not set(now) & set(pids) and web.answers():
+                break
+            time.sleep(0.05)
+        self._close(window, "(new workers serving)")
+
+    def postgres_stop(self) -> None:
+        pg = self.stack.postgres
+        window = self._window("postgres_stop", f"({self.holds.postgres_down:g} s down)")
+        pg._run("pg_ctl", "-D", str(pg.data), "-m", "immediate", "-w", "stop")
+        time.sleep(self.holds.postgres_down)
+        pg.start()
+        self._close(window, "(started, accepting connections)")
+
+    def redis_restart(self) -> None:
+        redis = self.stack.redis
+        window = self._window("redis_restart")
+        redis.stop()
+        time.sleep(1)
+        redis.start()
+        self._close(window, "(answering)")
+
+    def _hold(self, name: str, statements: list[str], seconds: float) -> None:
+        conn = psycopg.connect(self.stack.postgres_dsn, connect_timeout=5, autocommit=True)
+        try:
+            started = time.monotonic()
+            for statement in statements:
+                conn.execute(statement)
+            window = self._window(name, f"({seconds:g} s)")
+            window.detail += f" (taken in {time.monotonic() - started:.2f} s)"
+            time.sleep(seconds)
+            conn.execute("ROLLBACK")
+            self._close(window, "(released)")
+        finally:
+            conn.close()
+
+    def lock_receipts(self) -> None:
+        self._hold("lock_receipts", _lock(RECEIPTS), self.holds.lock)
+
+    def lock_outbox(self) -> None:
+        self._hold("lock_outbox", _lock(OUTBOX), self.holds.lock)
+
+    def snapshot(self) -> None:
+        read = [
+            "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            f"SELECT count(*) FROM {RECEIPTS}",  # the snapshot is taken: xmin pinned
+        ]
+        self._hold("snapshot", read, self.holds.snapshot)
+
+
+def _lock(table: str) -> list[str]:
+    # the LOCK itself queues behind open transactions: bounded, so a run never hangs
+    lock = f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+    return ["BEGIN", "SET LOCAL lock_timeout = '10s'", lock]

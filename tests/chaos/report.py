@@ -1,0 +1,126 @@
+"""The figures of a run and its report: answer times and throughput per fault window,
+recovery after each fault, the checks; as text (the terminal, ``--out``) and as JSON
+beside it.
+
+A fault's window runs from the fault's start to its end (the process back, the server
+started, the lock released). Its requests are those sent in it: answer time max and p99
+(of the requests that got an answer), answered requests per second, and those without an
+answer. ``calm`` is every request sent outside all windows. Recovery is measured from the
+window's end: to the first sender request answered ``applied`` (inbound), and to the
+first new effect the merchant recorded (outbound).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from tests.chaos.checks import Check, Requests
+from tests.chaos.faults import Window
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def window_figures(rows: list[list], start: float, end: float, calm: bool = False,
+                   windows: list[Window] = ()) -> dict:  # fmt: skip
+    def inside(t0: float) -> bool:
+        if calm:
+            return not any(w.start <= t0 <= w.end for w in windows) and start <= t0 <= end
+        return start <= t0 <= end
+
+    chosen = [r for r in rows if inside(r[4])]
+    times = [r[5] - r[4] for r in chosen if r[6] is not None]
+    seconds = max(end - start, 1e-6)
+    if calm:
+        seconds -= sum(max(0.0, min(w.end, end) - max(w.start, start)) for w in windows)
+    statuses: dict[str, int] = {}
+    for r in chosen:
+        key = str(r[6]) if r[6] is not None else r[8].split(":")[0]
+        statuses[key] = statuses.get(key, 0) + 1
+    return {
+        "seconds": round(seconds, 1),
+        "requests": len(chosen),
+        "answered_per_second": round(len(times) / max(seconds, 1e-6), 1),
+        "p50_ms": _ms(percentile(times, 0.5)),
+        "p99_ms": _ms(percentile(times, 0.99)),
+        "max_ms": _ms(max(times) if times else None),
+        "answers": statuses,
+    }
+
+
+def _ms(value: float | None) -> int | None:
+    return None if value is None else round(value * 1000)
+
+
+def recovery(window: Window, rows: list[list], effects: list[float]) -> dict:
+    applied = [r[5] for r in rows if r[7] == "applied" and r[5] >= window.end]
+    delivered = [t for t in effects if t >= window.end]
+    return {
+        "inbound_s": round(min(applied) - window.end, 2) if applied else None,
+        "outbound_s": round(min(delivered) - window.end, 2) if delivered else None,
+    }
+
+
+def figures(requests: Requests, windows: list[Window], effects: list[float],
+            span: tuple[float, float]) -> dict:  # fmt: skip
+    rows = requests.rows
+    result = {"calm": window_figures(rows, *span, calm=True, windows=windows)}
+    for w in windows:
+        result[w.name] = window_figures(rows, w.start, w.end) | {
+            "detail": w.detail,
+            "recovery": recovery(w, rows, effects),
+        }
+    return result
+
+
+def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, str]) -> str:
+    ok = all(c.ok for c in checks)
+    lines = [
+        f"chaos run {meta['run']}: {'PASSED' if ok else 'FAILED'}",
+        f"  {meta['mode']}, {meta['events']} events, {meta['requests']} requests over "
+        f"{meta['send_seconds']:.0f} s ({meta['requests_per_second']:.1f} req/s), drain "
+        f"{meta['drain_seconds']:.1f} s, wall time {meta['wall_seconds']:.0f} s, code "
+        f"{meta['commit']}",
+        "",
+        "checks:",
+    ]
+    for check in checks:
+        lines.append(f"  [{'ok' if check.ok else 'FAIL'}] {check.name}")
+        lines.append(f"        {check.detail}")
+    lines += [
+        "",
+        "fault windows (requests sent in the window; times of those answered):",
+        f"  {'window':15} {'secs':>6} {'reqs':>6} {'ans/s':>6} {'p50ms':>6} {'p99ms':>6} "
+        f"{'maxms':>6} {'in_rec':>7} {'out_rec':>7}  answers",
+    ]
+    for name, f in per_window.items():
+        rec = f.get("recovery", {})
+        lines.append(
+            f"  {name:15} {f['seconds']:>6} {f['requests']:>6} {f['answered_per_second']:>6} "
+            f"{_v(f['p50_ms'])} {_v(f['p99_ms'])} {_v(f['max_ms'])} "
+            f"{_v(rec.get('inbound_s'), 7)} {_v(rec.get('outbound_s'), 7)}  "
+            + " ".join(f"{k}:{n}" for k, n in sorted(f["answers"].items()))
+        )
+    lines += ["  (in_rec/out_rec: seconds from the window's end to the first event applied /"]
+    lines += ["   message newly delivered; '-' for calm, or none seen)"]
+    details = [f"  {name}: {f['detail']}" for name, f in per_window.items() if f.get("detail")]
+    lines += ["", "faults:", *details]
+    lines += ["", "logs:"] + [f"  {name}: {path}" for name, path in logs.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _v(value, width: int = 6) -> str:
+    return f"{'-' if value is None else value:>{width}}"
+
+
+def write(path: Path, text: str, meta: dict, checks: list[Check], per_window: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    data = {"meta": meta, "checks": [asdict(c) for c in checks], "windows": per_window}
+    path.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str))

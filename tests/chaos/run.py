@@ -1,0 +1,269 @@
+"""The orchestrator of ``python -m tests.chaos``: starts the run's servers and
+processes, sends the plan while the faults run, drains, checks, reports, and stops
+everything it started, whatever ended the run (an error, Ctrl-C, SIGTERM).
+
+Exit status: 0 when every check held; 1 when one failed (a loss, a double effect, a
+mismatch); 2 when the run itself could not be carried out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tests.bench.server import git_commit, raise_on_sigterm
+from tests.chaos import checks, report
+from tests.chaos.faults import LONG, SHORT, Faults
+from tests.chaos.merchant import Merchant
+from tests.chaos.plan import plan_build, plan_save
+from tests.chaos.processes import CeleryBeat, CeleryWorker, Gunicorn, Service
+from tests.support.paths import REPO
+from tests.support.private_servers import PrivatePostgres, PrivateRedis
+
+GUNICORN_WORKERS = 3
+DRAIN_SECONDS = {"short": 75, "long": 240}
+
+
+class Stack:
+    """Everything a run starts, and how to stop it."""
+
+    def __init__(self, run_dir: Path, log) -> None:
+        self.run_dir, self.log = run_dir, log
+        self.temp = Path(tempfile.mkdtemp(prefix="wr-chaos-"))  # short: a socket lives here
+        self.temp.chmod(0o755)
+        (self.temp / "pg").mkdir()
+        (self.temp / "redis").mkdir()
+        self.postgres = PrivatePostgres(self.temp / "pg")
+        self.redis = PrivateRedis(self.temp / "redis")
+        self.shop_secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+        self.merchant_secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+        # one of each for every process of the run
+        self.fernet_key = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
+        self.django_key = secrets.token_urlsafe(50)
+        self.merchant = Merchant(self.merchant_secret, run_dir / "merchant.log")
+        self.services: list[Service] = []
+        self.worker_generation = 0
+        self.web: Gunicorn | None = None
+        self.worker: CeleryWorker | None = None
+
+    @property
+    def postgres_dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.postgres.port} user=postgres dbname=webhook_receiver"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("GUNICORN_CMD_ARGS", "PROMETHEUS_MULTIPROC_DIR", "CELERY_METRICS_PORT"):
+            env.pop(name, None)
+        redis = f"redis://127.0.0.1:{self.redis.port}"
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.chaos.settings",
+            DATABASE_URL=self.postgres.url,
+            CELERY_BROKER_URL=f"{redis}/0",
+            CACHE_URL=f"{redis}/1",
+            SHOP_WEBHOOK_SECRETS=self.shop_secret,
+            WEBHOOK_DESTINATION_SECRET_KEYS=self.fernet_key,
+            DJANGO_SECRET_KEY=self.django_key,
+            DJANGO_DEBUG="false",
+            DEMO_VAR_DIR=str(self.run_dir / "var"),
+            WEBHOOK_RETRY_SWEEP_SECONDS="2",
+            WEBHOOK_RELAY_SWEEP_SECONDS="2",
+            SHOP_RECONCILE_URL="",
+            SHOP_SILENCE_AFTER_SECONDS="0",
+            WEBHOOK_NOTIFIERS="log",
+            EMAIL_URL="consolemail://",
+            LOG_LEVEL="INFO",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=REPO, env=self.env(),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        with (self.run_dir / "manage.log").open("a") as log:
+            log.write(f"$ manage.py {' '.join(args[:2])}\n{result.stdout}{result.stderr}\n")
+        if result.returncode:
+            raise RuntimeError(f"manage.py {args[0]} failed:\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def start(self, rate: str) -> None:
+        started = time.time()
+        self.postgres.create()
+        self.redis.start()
+        self.log(f"PostgreSQL on {self.postgres.port}, Redis on {self.redis.port}")
+        self.manage("migrate", "--noinput", "--verbosity", "0")
+        self.merchant.start()
+        self.manage(
+            "webhook_destination", "add", "merchant", "--url", self.merchant.url,
+            "--secret", self.merchant_secret,
+            "--events", "order.paid,order.cancelled,order.fulfilled",
+            "--rate", rate, "--concurrency", "4", "--timeout", "3",
+            "--max-attempts", "60", "--backoff-base", "0.5", "--backoff-cap", "5",
+        )  # fmt: skip
+        self.web = Gunicorn(self.env(), self.run_dir / "gunicorn.log", GUNICORN_WORKERS)
+        self.services.append(self.web)
+        self.web.start()
+        self.worker_restart(wait=False)
+        beat = CeleryBeat(self.env(), self.run_dir / "beat.log", self.run_dir / "beat-schedule")
+        self.services.append(beat)
+        beat.start()
+        self.web.wait_ready(self.web.answers)
+        self.worker.wait_ready(self.worker.ready)
+        self.log(f"serving on {self.web.url} (started in {time.time() - started:.1f} s)")
+
+    def worker_restart(self, wait: bool = True) -> None:
+        self.worker_generation += 1
+        n = self.worker_generation
+        self.worker = CeleryWorker(self.env(), self.run_dir / f"worker-{n}.log", n)
+        self.services.append(self.worker)
+        self.worker.start()
+        if wait:
+            self.worker.wait_ready(self.worker.ready)
+
+    def stop_all(self) -> None:
+        for service in reversed(self.services):
+            try:
+                service.stop()
+            except Exception as exc:  # go on: every other process must stop too
+                self.log(f"stopping {service.name}: {exc!r}")
+        for stop in (self.merchant.stop, self.redis.stop, self._postgres_stop):
+            try:
+                stop()
+            except Exception as exc:
+                self.log(f"stopping: {exc!r}")
+        for name, path in (("postgres.log", "pg/pg.log"), ("redis.log", "redis/redis.log")):
+            if (self.temp / path).exists():
+                shutil.copy(self.temp / path, self.run_dir / name)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def _postgres_stop(self) -> None:
+        if (self.postgres.data / "postmaster.pid").exists():
+            self.postgres._run("pg_ctl", "-D", str(self.postgres.data), "-m", "immediate",
+                               "-w", "stop")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--short", action="store_true", help="about 2 minutes, for CI")
+    parser.add_argument("--events", type=int, help="events to send (short 2000, long 10000)")
+    parser.add_argument("--out", type=Path, help="report file (default var/chaos/report.txt)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    mode = "short" if args.short else "long"
+    events = args.events or (2000 if args.short else 10000)
+    out = args.out or REPO / "var" / "chaos" / ("report-short.txt" if args.short else "report.txt")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_dir = REPO / "var" / "chaos" / f"{stamp}-{mode}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_log = (run_dir / "run.log").open("a", buffering=1)
+
+    def log(line: str) -> None:
+        text = f"{datetime.now(UTC):%H:%M:%S} {line}"
+        print(text, flush=True)
+        run_log.write(text + "\n")
+
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
+    wall = time.time()
+    stack = Stack(run_dir, log)
+    sender: Service | None = None
+    try:
+        log(f"chaos run {stamp} ({mode}, {events} events); logs in {run_dir}")
+        stack.start(rate="100/s")
+        faults = Faults(stack, SHORT if args.short else LONG, log)
+        duration = faults.duration()
+        planned = plan_build(events, duration, args.seed, stamp.replace("-", ""))
+        plan_save(planned, run_dir / "plan.json")
+        requests_path = run_dir / "requests.jsonl"
+        deadline = duration + 300
+        sender = Service("sender", [
+            sys.executable, "-m", "tests.chaos.sender", "--plan", str(run_dir / "plan.json"),
+            "--url", stack.web.url, "--secret", stack.shop_secret, "--out", str(requests_path),
+            "--deadline", str(deadline), "--retry-after-cap", "3" if args.short else "10",
+        ], stack.env(), run_dir / "sender.log")  # fmt: skip
+        stack.services.append(sender)
+        send_start = time.time()
+        sender.start()
+        log(f"sending {events} events over about {duration:.0f} s while the faults run")
+        fault_thread = threading.Thread(
+            target=faults.run, args=(lambda: not sender.alive(),), daemon=True
+        )
+        fault_thread.start()
+        fault_thread.join(timeout=duration + 600)
+        sender.process.wait(timeout=deadline + 60)
+        send_end = time.time()
+        log(f"sender done after {send_end - send_start:.0f} s; draining")
+        drain_limit = time.monotonic() + DRAIN_SECONDS[mode]
+        pending = (-1, -1)
+        while time.monotonic() < drain_limit:
+            try:
+                pending = checks.settled(stack.postgres_dsn)
+            except Exception as exc:  # the database may still be recovering
+                log(f"drain: {exc!r}")
+            if pending == (0, 0):
+                break
+            time.sleep(1)
+        drain = time.time() - send_end
+        log(f"drained in {drain:.1f} s (retrying, unsent: {pending})")
+        return _conclude(stack, faults, planned, requests_path, out, log, {
+            "run": stamp, "mode": mode, "events": len(planned), "commit": git_commit(),
+            "send_seconds": send_end - send_start, "drain_seconds": drain,
+            "wall_start": wall, "span": (send_start, send_end), "run_dir": str(run_dir),
+        })  # fmt: skip
+    except KeyboardInterrupt:
+        log("interrupted; stopping everything")
+        return 130
+    except Exception as exc:
+        log(f"the run could not be carried out: {exc!r}")
+        for service in stack.services:
+            log(f"--- tail of {service.log}\n{service.tail(20)}")
+        return 2
+    finally:
+        stack.stop_all()
+        log(f"stopped every process; wall time {time.time() - wall:.0f} s")
+        run_log.close()
+
+
+def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
+    lines = requests_path.read_text().splitlines()
+    tail = json.loads(lines[-1])
+    requests = checks.Requests([json.loads(x) for x in lines[:-1]], tail["gave_up"], tail["open"])
+    state = checks.database_state(stack.postgres_dsn)
+    outages = [(w.start, w.end + 5) for w in faults.windows if w.name == "postgres_stop"]
+    results = checks.inbound_checks(planned, state, requests)
+    results += checks.outbound_checks(planned, state, stack.merchant.book)
+    results.append(checks.audit_check(requests, state, outages))
+    if faults.errors:
+        results.append(checks.Check("faults: every fault carried out", False,
+                                    "; ".join(faults.errors)))  # fmt: skip
+    effects = [e.at for e in stack.merchant.book.effects.values()]
+    per_window = report.figures(requests, faults.windows, effects, meta.pop("span"))
+    meta["requests"] = len(requests.rows)
+    meta["requests_per_second"] = len(requests.rows) / max(meta["send_seconds"], 1e-6)
+    meta["wall_seconds"] = time.time() - meta.pop("wall_start")
+    names = ["run.log", "gunicorn.log", "beat.log", "sender.log", "merchant.log",
+             "postgres.log", "redis.log", "requests.jsonl", "plan.json"]  # fmt: skip
+    names += sorted(p.name for p in stack.run_dir.glob("worker-*.log"))
+    logs = {name: str(stack.run_dir / name) for name in names}
+    text = report.render(meta, results, per_window, logs)
+    for path in (out, stack.run_dir / "report.txt"):
+        report.write(path, text, meta, results, per_window)
+    print(text, flush=True)
+    log(f"report: {out} and {out.with_suffix('.json')}")
+    if all(c.ok for c in results):
+        return 0
+    for service in stack.services:
+        log(f"--- tail of {service.log}\n{service.tail(30)}")
+    return 1

@@ -92,3 +92,14 @@ bench-relay: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The fault run before a deploy (docs/chaos.md): gunicorn, a Celery worker and beat, a
+# PostgreSQL and a Redis of its own, SIGKILLs, a database stop, locks; every effect checked.
+# The long run (10,000 events, about 8 minutes) writes var/chaos/report.txt and .json.
+.PHONY: chaos chaos-short
+chaos: install
+	$(BIN)/python -m tests.chaos
+
+# The same in about 2 minutes (fewer events, shorter holds), for CI
+chaos-short: install
+	$(BIN)/python -m tests.chaos --short

@@ -101,6 +101,47 @@ class PermanentError(WebhookError):
 class InvalidPayload(PermanentError):
     """The verified body is not valid JSON or does not match the event's schema."""
 
+    def __init__(self, message: str | None = None, *, fields: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        # per field (a path: "lines[0].quantity"), its errors as a handler's serializer
+        # words them; kept with the failed attempt
+        self.fields = fields or {}
+
+    @classmethod
+    def from_serializer_errors(cls, errors: Any, *, what: str = "data") -> InvalidPayload:
+        """The errors of a DRF serializer (``serializer.errors``, or a ``ValidationError``'s
+        ``detail``), flattened to one path per field: the message names every field, on
+        one line, so a log line and a list cell show them all."""
+        fields = _error_paths(errors)
+        listed = "; ".join(f"{path}: {' '.join(found)}" for path, found in fields.items())
+        return cls(f"{what} is not valid: {listed}", fields=fields)
+
+
+def _error_paths(errors: Any, path: str = "") -> dict[str, list[str]]:
+    """{"lines": [{}, {"quantity": ["…"]}]} -> {"lines[1].quantity": ["…"]}; errors not
+    under a field (``non_field_errors``, a list's own) under their parent's path."""
+    if isinstance(errors, dict):
+        found: dict[str, list[str]] = {}
+        for name, nested in errors.items():
+            if name in ("non_field_errors", "detail"):
+                inner = path
+            elif isinstance(name, int):  # a list's item, as DRF keys a nested list's errors
+                inner = f"{path}[{name}]"
+            else:
+                inner = f"{path}.{name}" if path else str(name)
+            for key, messages in _error_paths(nested, inner).items():
+                found.setdefault(key, []).extend(messages)
+        return found
+    if isinstance(errors, list):
+        if all(isinstance(item, str) for item in errors):
+            return {path or "data": [str(item) for item in errors]} if errors else {}
+        found = {}
+        for index, item in enumerate(errors):
+            for key, messages in _error_paths(item, f"{path}[{index}]").items():
+                found.setdefault(key, []).extend(messages)
+        return found
+    return {path or "data": [str(errors)]}
+
 
 class UnknownBusinessState(PermanentError):
     """The event refers to business state this system does not know."""

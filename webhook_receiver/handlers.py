@@ -6,12 +6,22 @@ database write it makes commits or rolls back together with that claim. Returnin
 ``None`` means "applied". Raise ``PermanentError`` for an event that can never be
 applied as it is, and ``TransientError`` for one that may succeed later.
 
-Register a handler in code::
+Register a handler in code, with a DRF serializer for the event's ``data``::
 
+    from rest_framework import serializers
     from webhook_receiver.handlers import webhook_handler
 
-    @webhook_handler("invoice.paid")
-    def invoice_paid(event): ...
+    class InvoicePaid(serializers.Serializer):
+        invoice_id = serializers.CharField(max_length=100)
+        amount = serializers.IntegerField(min_value=0)
+
+    @webhook_handler("invoice.paid", serializer=InvoicePaid)
+    def invoice_paid(event, data): ...  # data: the serializer's validated_data
+
+Data the serializer refuses (or a ``serializers.ValidationError`` the handler raises)
+is an ``InvalidPayload``: a permanent failure, dead-lettered at once, whose error lists
+every field with its errors as DRF words them. Without a serializer the handler is
+``handler(event)`` and validates ``event.data`` itself.
 
 or in settings, which wins over code: ``WEBHOOK_RECEIVER["HANDLERS"] = {"invoice.paid":
 "shop.webhooks.invoice_paid"}``. Event types without a handler are recorded as ``ignored``.
@@ -30,8 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils.module_loading import import_string
+from rest_framework import serializers
 
 from .conf import app_settings
+from .exceptions import InvalidPayload
 from .inbound.models import RECEIPT_RESULTS, Result
 
 __all__ = [
@@ -41,6 +53,7 @@ __all__ = [
     "WebhookEvent",
     "get_handler",
     "subject_of",
+    "validated_by",
     "webhook_handler",
 ]
 
@@ -99,17 +112,45 @@ _registry: dict[str, Handler] = {}
 _conflicts: dict[str, list[str]] = {}
 
 
-def webhook_handler(event_type: str) -> Callable[[Handler], Handler]:
-    """Register the decorated function as the handler of ``event_type``."""
+def webhook_handler(
+    event_type: str, *, serializer: type[serializers.BaseSerializer] | None = None
+) -> Callable[[Callable[..., HandlerResult | None]], Handler]:
+    """Register the decorated function as the handler of ``event_type``; with a
+    ``serializer``, it is called ``func(event, validated_data)`` (``validated_by``)."""
 
-    def register(func: Handler) -> Handler:
-        taken = _registry.setdefault(event_type, func)
+    def register(func: Callable[..., HandlerResult | None]) -> Handler:
+        handler = func if serializer is None else validated_by(serializer)(func)
+        taken = _registry.setdefault(event_type, handler)
         # the same function again (its module imported twice) is no conflict
-        if _dotted_name(taken) != _dotted_name(func):
-            _conflicts.setdefault(event_type, [_dotted_name(taken)]).append(_dotted_name(func))
-        return func
+        if _dotted_name(taken) != _dotted_name(handler):
+            _conflicts.setdefault(event_type, [_dotted_name(taken)]).append(_dotted_name(handler))
+        return handler
 
     return register
+
+
+def validated_by(
+    serializer: type[serializers.BaseSerializer],
+) -> Callable[[Callable[[WebhookEvent, Any], HandlerResult | None]], Handler]:
+    """Make ``func(event, data)`` a handler whose ``data`` is ``event.data`` as
+    ``serializer`` validated it. The result is a plain handler: it can also be named in
+    the HANDLERS setting."""
+
+    def wrap(func: Callable[[WebhookEvent, Any], HandlerResult | None]) -> Handler:
+        @functools.wraps(func)
+        def handler(event: WebhookEvent) -> HandlerResult | None:
+            checked = serializer(data=event.data)
+            if not checked.is_valid():
+                raise InvalidPayload.from_serializer_errors(checked.errors)
+            try:
+                return func(event, checked.validated_data)
+            except serializers.ValidationError as exc:
+                raise InvalidPayload.from_serializer_errors(exc.detail) from exc
+
+        handler.serializer = serializer  # type: ignore[attr-defined]
+        return handler
+
+    return wrap
 
 
 def _dotted_name(func: Callable[..., Any]) -> str:

@@ -8,6 +8,9 @@ of applied events, so any order of arrival converges.
 in version only; an older or equal version changes nothing and is recorded as stale.
 A move is forwarded to every destination subscribed to its type, through the outbox and
 in the same transaction: the message exists if and only if the move committed.
+
+Each handler declares the serializer of its event's ``data`` and receives the validated
+data: a body that does not fit is dead-lettered with DRF's words for each field.
 """
 
 from __future__ import annotations
@@ -16,84 +19,95 @@ from typing import Any
 
 from django.db import connection
 from django.utils import timezone
+from rest_framework import serializers
 
 from webhook_receiver.core import sql
-from webhook_receiver.exceptions import InvalidPayload
 from webhook_receiver.handlers import HandlerResult, Result, WebhookEvent, webhook_handler
 from webhook_receiver.outbound import destinations_for, enqueue_webhook, message_key
 
 from .models import InventoryLedgerEntry, OrderState, OrderStatus
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidPayload(f"{what} must be a JSON object.")
-    return value
+class Text(serializers.CharField):
+    """A string as given: never a number turned into one, never trimmed, printable (no
+    NUL, which the database refuses, nor other control characters)."""
+
+    default_error_messages = {"not_printable": "Must be printable: no control characters."}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(trim_whitespace=False, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        if not data.isprintable():
+            self.fail("not_printable")
+        return super().to_internal_value(data)
 
 
-def _text(data: dict[str, Any], key: str, max_length: int = 100) -> str:
-    value = data.get(key)
-    # printable: no NUL (which the database refuses) nor other control characters
-    if (
-        not isinstance(value, str)
-        or not value
-        or len(value) > max_length
-        or not value.isprintable()
-    ):
-        raise InvalidPayload(
-            f"'{key}' must be a non-empty string of at most {max_length} printable characters."
-        )
-    return value
+class Integer(serializers.IntegerField):
+    """An integer as given: not a string of digits, not a float, not true or false."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if not isinstance(data, int) or isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 INT32_MAX = 2**31 - 1  # IntegerField
 INT64_MAX = 2**63 - 1  # BigIntegerField
 
 
-def _integer(data: dict[str, Any], key: str, minimum: int, maximum: int) -> int:
-    value = data.get(key)
-    # bool is an int subclass in Python; true is not a version
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
-        raise InvalidPayload(f"'{key}' must be an integer from {minimum} to {maximum}.")
-    return value
+class Line(serializers.Serializer):
+    sku = Text(max_length=100)
+    quantity = Integer(min_value=1, max_value=INT32_MAX)
+
+
+class StockMovement(serializers.Serializer):
+    """``inventory.reserved`` and ``inventory.released``: an order's lines."""
+
+    order_id = Text(max_length=100)
+    version = Integer(min_value=0, max_value=INT64_MAX)
+    lines = Line(many=True, allow_empty=False)
+
+
+class OrderMove(serializers.Serializer):
+    """``order.paid``, ``order.cancelled``, ``order.fulfilled``: an order at a version."""
+
+    order_id = Text(max_length=100)
+    version = Integer(min_value=0, max_value=INT64_MAX)
 
 
 # --- inventory ---------------------------------------------------------------------
 
 
-def _stock_movement(event: WebhookEvent, *, sign: int, reason: str) -> HandlerResult:
-    data = _object(event.data, "data")
-    order_id = _text(data, "order_id")
-    _integer(data, "version", minimum=0, maximum=INT64_MAX)
-    lines = data.get("lines")
-    if not isinstance(lines, list) or not lines:
-        raise InvalidPayload("'lines' must be a non-empty list.")
+def _stock_movement(
+    event: WebhookEvent, data: dict[str, Any], *, sign: int, reason: str
+) -> HandlerResult:
     now = timezone.now()
-    entries = []
-    for line in lines:
-        line = _object(line, "each line")
-        entries.append(
-            {
-                "order_id": order_id,
-                "sku": _text(line, "sku"),
-                "delta": sign * _integer(line, "quantity", minimum=1, maximum=INT32_MAX),
-                "reason": reason,
-                "event_key": event.event_key,
-                "created_at": now,
-            }
-        )
+    entries = [
+        {
+            "order_id": data["order_id"],
+            "sku": line["sku"],
+            "delta": sign * line["quantity"],
+            "reason": reason,
+            "event_key": event.event_key,
+            "created_at": now,
+        }
+        for line in data["lines"]
+    ]
     sql.insert_rows(InventoryLedgerEntry, entries)  # one statement for all the lines
     return HandlerResult()
 
 
-@webhook_handler("inventory.reserved")
-def inventory_reserved(event: WebhookEvent) -> HandlerResult:
-    return _stock_movement(event, sign=-1, reason="reserved")
+@webhook_handler("inventory.reserved", serializer=StockMovement)
+def inventory_reserved(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
+    return _stock_movement(event, data, sign=-1, reason="reserved")
 
 
-@webhook_handler("inventory.released")
-def inventory_released(event: WebhookEvent) -> HandlerResult:
-    return _stock_movement(event, sign=+1, reason="released")
+@webhook_handler("inventory.released", serializer=StockMovement)
+def inventory_released(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
+    return _stock_movement(event, data, sign=+1, reason="released")
 
 
 # --- orders ------------------------------------------------------------------------
@@ -128,10 +142,10 @@ def order_state_advance(*, order_id: str, status: str, version: int, event_key: 
         return cursor.fetchone() is not None
 
 
-def _order_transition(event: WebhookEvent, status: OrderStatus) -> HandlerResult:
-    data = _object(event.data, "data")
-    order_id = _text(data, "order_id")
-    version = _integer(data, "version", minimum=0, maximum=INT64_MAX)
+def _order_transition(
+    event: WebhookEvent, data: dict[str, Any], status: OrderStatus
+) -> HandlerResult:
+    order_id, version = data["order_id"], data["version"]
     moved = order_state_advance(
         order_id=order_id, status=status, version=version, event_key=event.event_key
     )
@@ -167,16 +181,16 @@ def order_event_forward(
         )
 
 
-@webhook_handler("order.paid")
-def order_paid(event: WebhookEvent) -> HandlerResult:
-    return _order_transition(event, OrderStatus.PAID)
+@webhook_handler("order.paid", serializer=OrderMove)
+def order_paid(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
+    return _order_transition(event, data, OrderStatus.PAID)
 
 
-@webhook_handler("order.cancelled")
-def order_cancelled(event: WebhookEvent) -> HandlerResult:
-    return _order_transition(event, OrderStatus.CANCELLED)
+@webhook_handler("order.cancelled", serializer=OrderMove)
+def order_cancelled(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
+    return _order_transition(event, data, OrderStatus.CANCELLED)
 
 
-@webhook_handler("order.fulfilled")
-def order_fulfilled(event: WebhookEvent) -> HandlerResult:
-    return _order_transition(event, OrderStatus.FULFILLED)
+@webhook_handler("order.fulfilled", serializer=OrderMove)
+def order_fulfilled(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
+    return _order_transition(event, data, OrderStatus.FULFILLED)

@@ -327,7 +327,7 @@ def test_a_failing_replay_keeps_the_event_dead_with_one_more_error(admin_client,
     [(level, message)] = flash(response)
     assert level == messages.ERROR
     assert message.startswith("Replayed 1 failed event: 1 failed. Failed: shop:msg_schema (")
-    assert "'quantity' must be an integer" in message
+    assert "lines[0].quantity: Ensure this value is greater than or equal to 1." in message
     failed.refresh_from_db()
     assert failed.status == FailureStatus.DEAD
     assert failed.attempts == 2

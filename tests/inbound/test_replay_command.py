@@ -174,7 +174,7 @@ def test_a_failing_replay_exits_non_zero_and_stays_dead(client, crash_handler):
     assert str(excinfo.value) == "1 of 1 replays failed."
     [row] = table(out.getvalue())
     assert (row["event_key"], row["result"]) == ("msg_schema", "failed")
-    assert "'quantity' must be an integer" in row["detail"]
+    assert "lines[0].quantity: Ensure this value is greater than or equal to 1." in row["detail"]
     schema.refresh_from_db()
     assert schema.status == FailureStatus.DEAD
     assert schema.attempts == 2

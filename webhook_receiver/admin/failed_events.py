@@ -17,7 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from ..inbound.failures import ReplayResult, failed_event_discard, failed_event_replay
@@ -209,16 +209,18 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
 
     @admin.display(description="errors, oldest first")
     def error_history(self, obj: FailedEvent) -> str:
+        entries = obj.errors if isinstance(obj.errors, list) else []
         return history_html(
-            obj.errors,
+            [{**e, "per_field": field_errors_html(e.get("fields"))} for e in entries
+             if isinstance(e, dict)],
             '<div style="margin-bottom: 1em">'
             "<p><strong>Attempt {}</strong> at {}: {} ({})</p>"
-            "<p><code>{}</code>: {}</p>"
+            "<p><code>{}</code>: {}</p>{}"
             '<pre style="white-space: pre-wrap; margin: 0">{}</pre>'
             "</div>",
-            ("attempt", "at", "trigger", "kind", "exception", "message", "traceback"),
+            ("attempt", "at", "trigger", "kind", "exception", "message", "per_field", "traceback"),
             missing="?",
-        )
+        )  # fmt: skip
 
     # --- the detail page's Replay and Discard buttons (base.ObjectButtons) ---------------
 
@@ -311,3 +313,18 @@ def _replay_summary(results: list[ReplayResult]) -> tuple[str, int]:
     more = len(failures) - MAX_FAILURES_LISTED
     message += f" Failed: {listed}" + (f"; and {more} more." if more > 0 else ".")
     return message, messages.ERROR if len(failures) == len(results) else messages.WARNING
+
+
+def field_errors_html(fields: Any) -> str:
+    """An invalid payload's errors, one field a line (the handler's serializer's words);
+    "" for an error that is not about fields."""
+    if not isinstance(fields, dict) or not fields:
+        return ""
+    rows = (
+        (path, " ".join(str(m) for m in found) if isinstance(found, list) else str(found))
+        for path, found in fields.items()
+    )
+    return format_html(
+        '<ul style="margin: 0 0 0.5em 1.5em">{}</ul>',
+        format_html_join("", "<li><code>{}</code>: {}</li>", rows),
+    )

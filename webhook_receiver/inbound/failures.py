@@ -37,7 +37,7 @@ from ..conf import app_settings, get_source
 from ..core import faults, logs, storable
 from ..core.backoff import full_jitter
 from ..core.retention import delete_in_batches
-from ..exceptions import PermanentError
+from ..exceptions import InvalidPayload, PermanentError
 from ..handlers import WebhookEvent
 from ..schemes import VerifiedMessage
 from .claim import event_claim_and_apply
@@ -134,18 +134,24 @@ def _record_failure(
     error_class = logs.error_name(exc)
     was = failed.status
     failed.attempts += 1
-    failed.errors = [
-        *failed.errors,
-        {
-            "attempt": failed.attempts,
-            "at": now.isoformat(),
-            "trigger": trigger,
-            "kind": kind,
-            "exception": error_class,
-            "message": str(exc)[:MAX_MESSAGE_CHARS],
-            "traceback": "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
-        },
-    ]
+    entry = {
+        "attempt": failed.attempts,
+        "at": now.isoformat(),
+        "trigger": trigger,
+        "kind": kind,
+        "exception": error_class,
+        "message": str(exc)[:MAX_MESSAGE_CHARS],
+        "traceback": "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
+    }
+    if isinstance(exc, InvalidPayload) and exc.fields:
+        # per field, as the handler's serializer worded them: the pages list them
+        # (bounded: a hostile body can fail on every one of its fields, with its own
+        # bytes quoted in a message)
+        entry["fields"] = {
+            path[:200]: [text[:300] for text in found[:5]]
+            for path, found in list(exc.fields.items())[:50]
+        }
+    failed.errors = [*failed.errors, entry]
     failed.last_error_class = error_class[:255]
     failed.last_error_message = str(exc)[:MAX_MESSAGE_CHARS]
     failed.last_attempt_at = now

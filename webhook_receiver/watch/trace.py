@@ -99,6 +99,8 @@ class Attempt:
     exception: str
     message: str
     traceback: str = ""
+    # an invalid payload's errors, per field: (path, the serializer's words)
+    fields: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -309,6 +311,16 @@ def _attempt(entry: dict[str, Any], tracebacks: bool) -> Attempt:
         exception=str(entry.get("exception", "")),
         message=str(entry.get("message", "")),
         traceback=str(entry.get("traceback", "")) if tracebacks else "",
+        fields=_field_errors(entry.get("fields")),
+    )
+
+
+def _field_errors(fields: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(fields, dict):
+        return ()
+    return tuple(
+        (str(path), " ".join(map(str, found)) if isinstance(found, list) else str(found))
+        for path, found in fields.items()
     )
 
 

@@ -147,6 +147,8 @@ class Command(BaseCommand):
                     for a in failed.history
                 ],
                 empty="no attempts recorded",
+                # an invalid payload's errors, a field a line, under its attempt
+                notes=[[f"{path}: {words}" for path, words in a.fields] for a in failed.history],
             )
 
         self._heading("Repair items")
@@ -196,7 +198,7 @@ class Command(BaseCommand):
         *,
         empty: str,
         indent: str = "  ",
-        notes: Sequence[str] = (),
+        notes: Sequence[str | Sequence[str]] = (),
     ) -> None:
         """``rows`` in aligned columns under ``columns``; a row's note (if any) on a line
         of its own under it, whole."""
@@ -211,7 +213,9 @@ class Command(BaseCommand):
             if n == 0:
                 self.stdout.write(indent + "  ".join("-" * width for width in widths))
             elif n <= len(notes) and notes[n - 1]:
-                self.stdout.write(f"{indent}  {_cell(notes[n - 1], None)}")
+                note = notes[n - 1]
+                for text in [note] if isinstance(note, str) else note:  # a line each
+                    self.stdout.write(f"{indent}  {_cell(text, None)}")
 
 
 def _when(moment: datetime) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils.translation import gettext_lazy as _
 
 from ..inbound.models import RequestAudit
 from .base import ReadOnlyAdmin
@@ -34,6 +35,6 @@ class RequestAuditAdmin(ReadOnlyAdmin):
     # the trace link last
     readonly_fields = ("trace",)
 
-    @admin.display(description="trace")
+    @admin.display(description=_("trace"))
     def trace(self, obj: RequestAudit) -> str:
         return trace_link(obj.source, obj.event_key)

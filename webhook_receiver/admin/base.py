@@ -19,6 +19,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import SimpleTemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from ..core import display
 from ..inbound.models import FailedEvent, WebhookReceipt
@@ -130,7 +132,7 @@ class ObjectButtons:
 
     object_buttons: dict[str, ObjectButton] = {}
     # "event", "message": in the warning for a button pressed on the wrong status
-    object_noun = "object"
+    object_noun = _("object")
 
     def get_urls(self) -> list[URLPattern]:
         buttons = [
@@ -187,12 +189,12 @@ class ObjectButtons:
         ):
             raise PermissionDenied
         if not button.applies_to(obj):
-            self.message_user(
-                request,
-                f"A {self.object_status_text(obj).lower()} {self.object_noun} "
-                f"cannot be {button.done}.",
-                messages.WARNING,
-            )
+            text = gettext("A %(status)s %(noun)s cannot be %(done)s.") % {
+                "status": self.object_status_text(obj).lower(),
+                "noun": self.object_noun,
+                "done": button.done,
+            }
+            self.message_user(request, text, messages.WARNING)
             return HttpResponseRedirect(self.object_url("change", obj))
         selection = self.get_queryset(request).filter(pk=obj.pk)
         response = getattr(self, button.method)(request, selection)
@@ -209,11 +211,11 @@ class StoredEventDisplay:
     # what identifies a stored event, first on its page
     event_fields = ("source", "event_key", "event_type", "message_id", "signature_timestamp")
 
-    @admin.display(description="body")
+    @admin.display(description=_("body"))
     def pretty_body(self, obj: WebhookReceipt | FailedEvent) -> str:
         return pre(display.body_text(bytes(obj.body)))
 
-    @admin.display(description="headers")
+    @admin.display(description=_("headers"))
     def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
         headers = obj.headers if isinstance(obj.headers, dict) else {}
         shown = display.redacted_headers(headers)

@@ -19,12 +19,14 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 TEMPLATE = "admin/webhook_receiver/action_confirmation.html"
 # a confirmation page lists this many of the selection; the action takes them all
 SELECTION_SHOWN = 100
-LEFT_AS_IT_IS = "(left as it is)"
+LEFT_AS_IT_IS = _("(left as it is)")
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,9 @@ class Confirmation:
     explanation: Sequence[str]
     # the note the action keeps (admin/forms.py): a form of one field
     form: type[forms.Form]
-    # the submit button: singular and plural, each with %d for the count
-    submit: tuple[str, str]
+    # the submit button, for the count: ngettext_lazy(singular, plural, "count"), each
+    # with %(count)d; or (singular, plural), each with %d, as ngettext takes them
+    submit: Promise | tuple[str, str]
     selection: Selection
     # the statuses of the records the action changes (None: every record's); the others'
     # status cell says that they are left as they are
@@ -98,7 +101,7 @@ def confirm_then_act(
         "untouched": len(untouched),
         "form": form,
         "note_field": form[next(iter(form.fields))],
-        "submit_label": ngettext(*confirmation.submit, count) % count,
+        "submit_label": _counted(confirmation.submit, count, count),
         "action_name": confirmation.action,
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "media": model_admin.media + form.media,
@@ -110,21 +113,31 @@ def confirm_then_act(
 def report_changed(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,
-    done: tuple[str, str],
+    done: Promise | tuple[str, str],
     *,
     changed: int,
     selected: int,
     why_left: tuple[str, str],
 ) -> None:
     """An action's outcome, in one message: how many it changed (``done``: singular and
-    plural, each with %(count)d), and how many of the selection it left as they were and
-    why (``why_left``: for one, for several); a warning when any were left."""
-    message = ngettext(*done, changed) % {"count": changed}
+    plural, each with %(count)d: ngettext_lazy(…, "count") or the pair), and how many of
+    the selection it left as they were and why (``why_left``: for one, for several); a
+    warning when any were left."""
+    message = _counted(done, changed, {"count": changed})
     left = selected - changed
     if left:
+        why = why_left[0] if left == 1 else why_left[1]
         message += " " + ngettext(
-            f"%(count)d was left as it was ({why_left[0]}).",
-            f"%(count)d were left as they were ({why_left[1]}).",
+            "%(count)d was left as it was (%(why)s).",
+            "%(count)d were left as they were (%(why)s).",
             left,
-        ) % {"count": left}
+        ) % {"count": left, "why": why}
     model_admin.message_user(request, message, messages.WARNING if left else messages.SUCCESS)
+
+
+def _counted(text: Promise | tuple[str, str], count: int, pair_values: Any) -> str:
+    """``text`` for ``count``: a string of ngettext_lazy(…, "count")'s, with %(count)d; or
+    a (singular, plural) pair as ngettext takes them, filled with ``pair_values``."""
+    if isinstance(text, tuple):
+        return ngettext(*text, count) % pair_values
+    return text % {"count": count}

@@ -20,7 +20,8 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
-from django.utils.translation import ngettext
+from django.utils.translation import gettext, ngettext, ngettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 from ..core.admin_links import admin_url
 from ..core.words import duration_text
@@ -51,56 +52,72 @@ class BreakerShown:
         failures = breaker.consecutive_failures
         if breaker.state == "open" and breaker.until is not None:
             return cls(
-                "open",
+                gettext("open"),
                 "wr-open",
-                f"until {compact_time(breaker.until)}",
+                gettext("until %(time)s") % {"time": compact_time(breaker.until)},
                 full_time(breaker.until),
-                f"open until {full_time(breaker.until)}, after {failures} consecutive "
-                "failures; then one probe decides",
+                gettext(
+                    "open until %(time)s, after %(failures)d consecutive failures; then one "
+                    "probe decides"
+                )
+                % {"time": full_time(breaker.until), "failures": failures},
             )
         if breaker.state == "half-open":
             return cls(
-                "half-open",
+                gettext("half-open"),
                 "wr-half",
-                "one probe at a time",
-                sentence="half-open: one probe at a time decides whether it closes",
+                gettext("one probe at a time"),
+                sentence=gettext("half-open: one probe at a time decides whether it closes"),
             )
         if failures:
             in_a_row = ngettext("%d failure in a row", "%d failures in a row", failures) % failures
             return cls(
-                "closed",
+                gettext("closed"),
                 under=in_a_row,
-                sentence=f"closed ({failures} consecutive failures; it opens at "
-                f"{dest.breaker_threshold})",
+                sentence=gettext(
+                    "closed (%(failures)d consecutive failures; it opens at %(threshold)d)"
+                )
+                % {"failures": failures, "threshold": dest.breaker_threshold},
             )
-        return cls("closed", sentence="closed")
+        return cls(gettext("closed"), sentence=gettext("closed"))
 
 
 def _recover_confirmation(count: int) -> Confirmation:
-    these = "this destination" if count == 1 else "these destinations"
+    these = gettext("this destination") if count == 1 else gettext("these destinations")
     return Confirmation(
         action="recover_since_selected",
-        title="Recover failed messages",
+        title=gettext("Recover failed messages"),
         explanation=(
-            f"Once a merchant has fixed its endpoint: every failed message of {these} whose "
-            "last attempt started at or after the time below is sent again, oldest first, "
-            "under its own key. Each gets the whole retry policy again (its failures go back "
-            "to 0). Failed messages from before that time stay failed. An open breaker is "
-            "ended: the destination goes half-open at once, and its first answer decides.",
+            gettext(
+                "Once a merchant has fixed its endpoint: every failed message of %(these)s "
+                "whose last attempt started at or after the time below is sent again, oldest "
+                "first, under its own key. Each gets the whole retry policy again (its failures "
+                "go back to 0). Failed messages from before that time stay failed. An open "
+                "breaker is ended: the destination goes half-open at once, and its first "
+                "answer decides."
+            )
+            % {"these": these},
         ),
         form=RecoverForm,
-        submit=(
-            "Recover %d destination's failed messages",
-            "Recover %d destinations' failed messages",
+        submit=ngettext_lazy(
+            "Recover %(count)d destination's failed messages",
+            "Recover %(count)d destinations' failed messages",
+            "count",
         ),
         selection=Selection(
-            ("destination", "enabled", "failed now", "last success", "last failure"),
+            (
+                gettext("destination"),
+                gettext("enabled"),
+                gettext("failed now"),
+                gettext("last success"),
+                gettext("last failure"),
+            ),
             lambda dest: (
                 dest.name,
-                "yes" if dest.enabled else "no (it sends nothing until enabled)",
+                gettext("yes") if dest.enabled else gettext("no (it sends nothing until enabled)"),
                 dest.failed_count,
-                dest.last_success_at or "never",
-                dest.last_failure_at or "never",
+                dest.last_success_at or gettext("never"),
+                dest.last_failure_at or gettext("never"),
             ),
         ),
     )
@@ -117,9 +134,9 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     # "Recover since…" on a destination's page: the list action on that one destination
     object_buttons = {
-        "recover": ObjectButton("recover_since_selected", None, "recovered", "Recover since…")
+        "recover": ObjectButton("recover_since_selected", None, _("recovered"), _("Recover since…"))
     }
-    object_noun = "destination"
+    object_noun = _("destination")
 
     form = DestinationForm
     list_display = (
@@ -147,12 +164,12 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple]:
         secrets = ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
         # the health first: what an operator opens this page for
-        fieldsets: list[tuple] = [("Health", {"fields": self.health_fields})] if obj else []
+        fieldsets: list[tuple] = [(_("Health"), {"fields": self.health_fields})] if obj else []
         fieldsets += [
-            ("Destination", {"fields": ("name", "url", "enabled", "event_types")}),
-            ("Secrets", {"fields": secrets}),
+            (_("Destination"), {"fields": ("name", "url", "enabled", "event_types")}),
+            (_("Secrets"), {"fields": secrets}),
             (
-                "Limits",
+                _("Limits"),
                 {
                     "fields": (
                         ("rate_count", "rate_seconds", "burst"),
@@ -162,7 +179,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
                 },
             ),
             (
-                "Retries",
+                _("Retries"),
                 {
                     "fields": (
                         "max_attempts",
@@ -172,7 +189,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
                     )
                 },
             ),
-            ("Breaker", {"fields": (("breaker_threshold", "breaker_cooldown_seconds"),)}),
+            (_("Breaker"), {"fields": (("breaker_threshold", "breaker_cooldown_seconds"),)}),
         ]
         return fieldsets
 
@@ -199,7 +216,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     # --- the list ------------------------------------------------------------------------
 
-    @admin.display(description="destination", ordering="name")
+    @admin.display(description=_("destination"), ordering="name")
     def destination(self, obj: WebhookDestination) -> str:
         return format_html(
             '<a href="{}" class="wr-key">{}</a><span class="wr-under" title="{}">{}</span>',
@@ -209,7 +226,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
             obj.url,
         )
 
-    @admin.display(description="breaker", ordering="paused_until")
+    @admin.display(description=_("breaker"), ordering="paused_until")
     def breaker(self, obj: WebhookDestination) -> str:
         shown = BreakerShown.of(obj)
         if not shown.under:
@@ -222,34 +239,34 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
             shown.under,
         )
 
-    @admin.display(description="backlog", ordering="backlog")
+    @admin.display(description=_("backlog"), ordering="backlog")
     def backlog_figure(self, obj: WebhookDestination) -> str:
         return self._messages_link(obj, obj.backlog, MessageStatus.PENDING, "wr-figure")
 
-    @admin.display(description="oldest due", ordering="oldest_eligible_at")
+    @admin.display(description=_("oldest due"), ordering="oldest_eligible_at")
     def oldest_eligible(self, obj: WebhookDestination) -> str:
         if obj.oldest_eligible_at is None:
             return "-"
         return format_html(
-            '<span title="waiting since {}">{}</span>',
-            full_time(obj.oldest_eligible_at),
+            '<span title="{}">{}</span>',
+            gettext("waiting since %(time)s") % {"time": full_time(obj.oldest_eligible_at)},
             duration_text(timezone.now() - obj.oldest_eligible_at),
         )
 
-    @admin.display(description="failed", ordering="failed_count")
+    @admin.display(description=_("failed"), ordering="failed_count")
     def failed_figure(self, obj: WebhookDestination) -> str:
         css = "wr-figure wr-failed" if obj.failed_count else "wr-figure"
         return self._messages_link(obj, obj.failed_count, MessageStatus.FAILED, css)
 
-    @admin.display(description="last success", ordering="last_success_at")
+    @admin.display(description=_("last success"), ordering="last_success_at")
     def last_success(self, obj: WebhookDestination) -> str:
-        return moment_cell(obj.last_success_at, "never")
+        return moment_cell(obj.last_success_at, gettext("never"))
 
-    @admin.display(description="last failure", ordering="last_failure_at")
+    @admin.display(description=_("last failure"), ordering="last_failure_at")
     def last_failure(self, obj: WebhookDestination) -> str:
-        return moment_cell(obj.last_failure_at, "never")
+        return moment_cell(obj.last_failure_at, gettext("never"))
 
-    @admin.display(description="secrets")
+    @admin.display(description=_("secrets"))
     def secret_count(self, obj: WebhookDestination) -> str:
         count = len(obj.secrets or [])
         return ngettext("%d secret", "%d secrets", count) % count
@@ -266,17 +283,17 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     # --- the change form -----------------------------------------------------------------
 
-    @admin.display(description="breaker")
+    @admin.display(description=_("breaker"))
     def breaker_state(self, obj: WebhookDestination) -> str:
         return BreakerShown.of(obj).sentence
 
-    @admin.display(description="last success")
+    @admin.display(description=_("last success"))
     def last_success_exactly(self, obj: WebhookDestination) -> str:
-        return full_time(obj.last_success_at) if obj.last_success_at else "never"
+        return full_time(obj.last_success_at) if obj.last_success_at else gettext("never")
 
-    @admin.display(description="last failure")
+    @admin.display(description=_("last failure"))
     def last_failure_exactly(self, obj: WebhookDestination) -> str:
-        return full_time(obj.last_failure_at) if obj.last_failure_at else "never"
+        return full_time(obj.last_failure_at) if obj.last_failure_at else gettext("never")
 
     # --- Recover since… ------------------------------------------------------------------
 
@@ -284,7 +301,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         """ObjectButtons' check: the one button is Recover since…"""
         return action == "recover" and self.has_recover_permission(request)
 
-    @admin.action(description="Recover failed messages since…", permissions=["recover"])
+    @admin.action(description=_("Recover failed messages since…"), permissions=["recover"])
     def recover_since_selected(
         self, request: HttpRequest, queryset: QuerySet[WebhookDestination]
     ) -> TemplateResponse | None:
@@ -311,6 +328,6 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
             self.log_change(request, dest, note)
             text = f"{dest.name}: {note[0].lower()}{note[1:]}"
             if count and not dest.enabled:
-                text += " It is disabled: they are sent once it is enabled again."
+                text += " " + gettext("It is disabled: they are sent once it is enabled again.")
             ok = count and dest.enabled
             self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)

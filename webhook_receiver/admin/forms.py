@@ -10,16 +10,20 @@ from typing import Any
 
 from django import forms
 from django.utils import timezone
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..schemes.standard import secret_key
 
 
-def note_form(field: str, *, required: bool, help_text: str, rows: int = 3) -> type[forms.Form]:
+def note_form(
+    field: str, *, label: str, required: bool, help_text: str, rows: int = 3
+) -> type[forms.Form]:
     """A form of one text field (a reason, a note) that an action keeps on its records."""
     note = forms.CharField(
-        label=field.capitalize(),
+        label=label,
         required=required,
         widget=forms.Textarea(attrs={"rows": rows, "cols": 80}),
         help_text=help_text,
@@ -30,39 +34,49 @@ def note_form(field: str, *, required: bool, help_text: str, rows: int = 3) -> t
 # failed events
 ReplayForm = note_form(
     "reason",
+    label=_("Reason"),
     required=False,
-    help_text="Optional: why, e.g. the fix deployed. Kept in the event's history with "
-    "your name and the time.",
+    help_text=_(
+        "Optional: why, e.g. the fix deployed. Kept in the event's history with "
+        "your name and the time."
+    ),
 )
 DiscardEventsForm = note_form(
     "reason",
+    label=_("Reason"),
     required=True,
     rows=4,
-    help_text="Kept on each discarded event, with your name and the time.",
+    help_text=_("Kept on each discarded event, with your name and the time."),
 )
 # outbox messages
 RetryForm = note_form(
     "reason",
+    label=_("Reason"),
     required=False,
-    help_text="Optional: why, e.g. the merchant fixed its endpoint. Kept in each "
-    "message's history with your name and the time.",
+    help_text=_(
+        "Optional: why, e.g. the merchant fixed its endpoint. Kept in each "
+        "message's history with your name and the time."
+    ),
 )
 DiscardMessagesForm = note_form(
     "reason",
+    label=_("Reason"),
     required=True,
     rows=4,
-    help_text="Kept on each discarded message, with your name and the time.",
+    help_text=_("Kept on each discarded message, with your name and the time."),
 )
 # repair items
 NoteForm = note_form(
     "note",
+    label=_("Note"),
     required=False,
-    help_text="Why: kept in each item's history, with your name and the time.",
+    help_text=_("Why: kept in each item's history, with your name and the time."),
 )
 RequiredNoteForm = note_form(
     "note",
+    label=_("Note"),
     required=True,
-    help_text="Required: why the item needs no repair, or how it was repaired elsewhere.",
+    help_text=_("Required: why the item needs no repair, or how it was repaired elsewhere."),
 )
 
 
@@ -94,30 +108,34 @@ class DestinationForm(forms.ModelForm):
     which sign alongside those kept (a rotation)."""
 
     url = forms.URLField(
-        label="URL",
+        label=_("URL"),
         max_length=2000,
         assume_scheme="https",
         widget=forms.URLInput(attrs={"class": "vURLField"}),
     )
     event_types = forms.CharField(
-        label="Event types",
+        label=_("Event types"),
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="One per line (or comma-separated), e.g. order.paid. None: it is sent nothing.",
+        help_text=_(
+            "One per line (or comma-separated), e.g. order.paid. None: it is sent nothing."
+        ),
     )
     keep_secrets = forms.MultipleChoiceField(
-        label="Current secrets",
+        label=_("Current secrets"),
         required=False,
         widget=forms.CheckboxSelectMultiple,
-        help_text="Untick a secret to stop signing with it (the end of a rotation).",
+        help_text=_("Untick a secret to stop signing with it (the end of a rotation)."),
     )
     new_secrets = forms.CharField(
-        label="Add secrets",
+        label=_("Add secrets"),
         required=False,
         widget=WriteOnlyTextarea(attrs={"rows": 2, "cols": 60, "autocomplete": "off"}),
-        help_text="One per line, whsec_ followed by base64. During a rotation every secret "
-        "kept or added signs each request. Secrets are never shown again, not even when "
-        "the form comes back with an error: type them again then.",
+        help_text=_(
+            "One per line, whsec_ followed by base64. During a rotation every secret "
+            "kept or added signs each request. Secrets are never shown again, not even when "
+            "the form comes back with an error: type them again then."
+        ),
     )
 
     class Meta:
@@ -141,17 +159,25 @@ class DestinationForm(forms.ModelForm):
             "replay_horizon_days",
         )
         help_texts = {
-            "enabled": "Untick to pause it: its messages wait, and are sent once it is "
-            "enabled again.",
-            "rate_count": "Requests started per the interval in seconds, refilled "
-            "continuously, at most the burst at once.",
-            "max_in_flight": "Requests in flight at once, across every worker.",
-            "max_attempts": "Failed attempts before a message is failed for an operator "
-            "(a 429 or 503 with Retry-After does not count).",
-            "breaker_threshold": "Consecutive failures that pause it for the cool-down; "
-            "then one probe decides.",
-            "replay_horizon_days": "How long the receiving end remembers a key: delivered "
-            "messages are kept at least this long.",
+            "enabled": _(
+                "Untick to pause it: its messages wait, and are sent once it is enabled again."
+            ),
+            "rate_count": _(
+                "Requests started per the interval in seconds, refilled "
+                "continuously, at most the burst at once."
+            ),
+            "max_in_flight": _("Requests in flight at once, across every worker."),
+            "max_attempts": _(
+                "Failed attempts before a message is failed for an operator "
+                "(a 429 or 503 with Retry-After does not count)."
+            ),
+            "breaker_threshold": _(
+                "Consecutive failures that pause it for the cool-down; then one probe decides."
+            ),
+            "replay_horizon_days": _(
+                "How long the receiving end remembers a key: delivered "
+                "messages are kept at least this long."
+            ),
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -179,7 +205,11 @@ class DestinationForm(forms.ModelForm):
             except ValueError:
                 # the message names the line, never the secret
                 raise forms.ValidationError(
-                    f"Line {n} is not a Standard Webhooks secret: whsec_ followed by base64."
+                    gettext(
+                        "Line %(line)d is not a Standard Webhooks secret: whsec_ followed by "
+                        "base64."
+                    )
+                    % {"line": n}
                 ) from None
         return secrets
 
@@ -192,7 +222,9 @@ class DestinationForm(forms.ModelForm):
         secrets = added + kept
         if not secrets:
             raise forms.ValidationError(
-                "A destination needs at least one secret: every request it is sent is signed."
+                gettext(
+                    "A destination needs at least one secret: every request it is sent is signed."
+                )
             )
         try:
             secrets_encrypt(secrets)  # as saving will: with no key set, say so here
@@ -205,14 +237,13 @@ class DestinationForm(forms.ModelForm):
 
 class RecoverForm(forms.Form):
     since = forms.DateTimeField(
-        label="Failed since",
+        label=_("Failed since"),
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["since"].help_text = (
-            f"In {timezone.get_current_timezone_name()}. Every failed message whose last "
-            "attempt started at or after this time is sent again. Filled in: the last "
-            "successful delivery."
-        )
+        self.fields["since"].help_text = gettext(
+            "In %(time_zone)s. Every failed message whose last attempt started at or after "
+            "this time is sent again. Filled in: the last successful delivery."
+        ) % {"time_zone": timezone.get_current_timezone_name()}

@@ -19,7 +19,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
-from django.utils.translation import ngettext
+from django.utils.translation import gettext, ngettext, ngettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 from ..core import display
 from ..core.admin_links import admin_url
@@ -30,6 +31,7 @@ from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, custom_permission
 from .cells import (
     compact_time,
     full_time,
+    last_answer_text,
     moment_cell,
     pre,
     stacked_lines,
@@ -46,7 +48,8 @@ LAST_ANSWER_TITLE_CHARS = 2000
 # a message's page shows its newest attempts (a destination pacing us with 429s can
 # make many: they do not spend the retry budget)
 ATTEMPTS_SHOWN = 100
-METADATA_NOTE = (
+ATTEMPT_COLUMNS = (_("started"), _("took"), _("answer"), _("response"), _("next eligible"))
+METADATA_NOTE = _(
     "How the payload was made (a prompt's version, token usage): kept beside the message, "
     "never sent, and not part of its identity."
 )
@@ -57,15 +60,6 @@ def short_status(status: str) -> str:
     return MessageStatus(status).label.split(" (")[0]
 
 
-def last_answer_text(status_code: int | None, error: str) -> str:
-    """ "HTTP 503: upstream unavailable" or "ConnectError: …": what the destination last
-    answered, or why it could not."""
-    text = " ".join(error.split())
-    if status_code is not None:
-        return f"HTTP {status_code}: {text}" if text else f"HTTP {status_code}"
-    return text
-
-
 def _selection_row(m: OutboxMessage) -> tuple[Any, ...]:
     """A message as a confirmation page lists it."""
     code = m.last_status_code
@@ -74,38 +68,42 @@ def _selection_row(m: OutboxMessage) -> tuple[Any, ...]:
 
 
 MESSAGES = Selection(
-    ("key", "destination", "event type", "status", "attempts", "last answer"),
+    (_("key"), _("destination"), _("event type"), _("status"), _("attempts"), _("last answer")),
     _selection_row,
     status_column=3,
 )
 RETRY = Confirmation(
     action="retry_now_selected",
-    title="Retry outbox messages now",
+    title=_("Retry outbox messages now"),
     explanation=(
-        "Each failed or pending message is sent again as soon as its destination allows: it "
-        "becomes pending now, and its retry budget starts again (its failures go back to 0), "
-        "so it gets the destination's whole retry policy once more. It keeps its key, so the "
-        "destination can tell a message it already has. A destination whose breaker is open "
-        "sends when the cool-down ends, and a disabled one not at all. Delivered, sending and "
-        "discarded messages are left as they are. Your name, the time and the reason are kept "
-        "in each message's history.",
+        _(
+            "Each failed or pending message is sent again as soon as its destination allows: it "
+            "becomes pending now, and its retry budget starts again (its failures go back to 0), "
+            "so it gets the destination's whole retry policy once more. It keeps its key, so the "
+            "destination can tell a message it already has. A destination whose breaker is open "
+            "sends when the cool-down ends, and a disabled one not at all. Delivered, sending and "
+            "discarded messages are left as they are. Your name, the time and the reason are kept "
+            "in each message's history."
+        ),
     ),
     form=RetryForm,
-    submit=("Retry %d message now", "Retry %d messages now"),
+    submit=ngettext_lazy("Retry %(count)d message now", "Retry %(count)d messages now", "count"),
     selection=MESSAGES,
     applies=RETRYABLE,
 )
 DISCARD = Confirmation(
     action="discard_selected",
-    title="Discard outbox messages",
+    title=_("Discard outbox messages"),
     explanation=(
-        "Discarding is final: a discarded message is never sent, and it cannot be retried. A "
-        "message queued after it under the same ordering key is no longer held back by it. "
-        "Your name and the reason are kept on each message, and the time in its history. "
-        "Delivered, sending and already discarded messages are left as they are.",
+        _(
+            "Discarding is final: a discarded message is never sent, and it cannot be retried. A "
+            "message queued after it under the same ordering key is no longer held back by it. "
+            "Your name and the reason are kept on each message, and the time in its history. "
+            "Delivered, sending and already discarded messages are left as they are."
+        ),
     ),
     form=DiscardMessagesForm,
-    submit=("Discard %d message", "Discard %d messages"),
+    submit=ngettext_lazy("Discard %(count)d message", "Discard %(count)d messages", "count"),
     selection=MESSAGES,
     applies=DISCARDABLE,
 )
@@ -131,7 +129,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     list_filter = (("destination", DestinationFilter), "status", "event_type")
     # exact, case-sensitive values: see get_search_results
     search_fields = ("key__exact", "ordering_key__exact")
-    search_help_text = "An exact message key or ordering key."
+    search_help_text = _("An exact message key or ordering key.")
     # the table grows by millions: no count of all of it on every page
     show_full_result_count = False
     actions = ["retry_now_selected", "discard_selected"]
@@ -153,11 +151,11 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
                 )
             },
         ),
-        ("Origin", {"fields": ("origin",)}),
-        ("Operator", {"fields": ("discarded_by", "discarded_at", "discard_reason")}),
-        ("Attempts, oldest first", {"fields": ("attempt_history",)}),
-        ("Metadata", {"fields": ("pretty_metadata",), "description": METADATA_NOTE}),
-        ("Payload", {"fields": ("pretty_payload",)}),
+        (_("Origin"), {"fields": ("origin",)}),
+        (_("Operator"), {"fields": ("discarded_by", "discarded_at", "discard_reason")}),
+        (_("Attempts, oldest first"), {"fields": ("attempt_history",)}),
+        (_("Metadata"), {"fields": ("pretty_metadata",), "description": METADATA_NOTE}),
+        (_("Payload"), {"fields": ("pretty_payload",)}),
     )
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
@@ -189,11 +187,13 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     has_discard_permission = custom_permission("discard")
     # --- the list ------------------------------------------------------------------------
 
-    @admin.display(description="key", ordering="id")
+    @admin.display(description=_("key"), ordering="id")
     def message(self, obj: OutboxMessage) -> str:
         under = []
         if obj.ordering_key:
-            under.append(format_html("ordering key {}", wrap_words(obj.ordering_key)))
+            under.append(
+                format_html(gettext("ordering key {key}"), key=wrap_words(obj.ordering_key))
+            )
         if obj.origin_event_key:
             under.append(trace_link(obj.origin_source, obj.origin_event_key))
         return format_html(
@@ -205,15 +205,15 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             else "",
         )
 
-    @admin.display(description="destination", ordering="destination__name")
+    @admin.display(description=_("destination"), ordering="destination__name")
     def destination_name(self, obj: OutboxMessage) -> str:
         return obj.destination.name
 
-    @admin.display(description="event type", ordering="event_type")
+    @admin.display(description=_("event type"), ordering="event_type")
     def type_name(self, obj: OutboxMessage) -> str:
         return wrap_words(obj.event_type)
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def state(self, obj: OutboxMessage) -> str:
         """The status, then the attempts, then when the next is due (pending), the lease
         ends (sending) or it was delivered."""
@@ -221,16 +221,17 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         lines = [(short_status(obj.status), f"wr-status wr-{obj.status}", None)]
         lines.append((attempts, "wr-under", None))
         if obj.status == MessageStatus.PENDING:
-            lines.append(
-                (f"next {compact_time(obj.next_attempt_at)}", "wr-under", obj.next_attempt_at)
-            )
+            next_at = gettext("next %(time)s") % {"time": compact_time(obj.next_attempt_at)}
+            lines.append((next_at, "wr-under", obj.next_attempt_at))
         elif obj.status == MessageStatus.SENDING and obj.lease_until:
-            lines.append((f"lease {compact_time(obj.lease_until)}", "wr-under", obj.lease_until))
+            lease = gettext("lease %(time)s") % {"time": compact_time(obj.lease_until)}
+            lines.append((lease, "wr-under", obj.lease_until))
         elif obj.status == MessageStatus.DELIVERED and obj.delivered_at:
-            lines.append((f"at {compact_time(obj.delivered_at)}", "wr-under", obj.delivered_at))
+            at = gettext("at %(time)s") % {"time": compact_time(obj.delivered_at)}
+            lines.append((at, "wr-under", obj.delivered_at))
         return stacked_lines(lines)
 
-    @admin.display(description="last answer", ordering="last_status_code")
+    @admin.display(description=_("last answer"), ordering="last_status_code")
     def last_answer(self, obj: OutboxMessage) -> str:
         full = last_answer_text(obj.last_status_code, obj.last_error)
         if not full:
@@ -240,13 +241,13 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             short = short[: LAST_ANSWER_CHARS - 1].rstrip() + "…"
         return format_html('<span title="{}">{}</span>', full[:LAST_ANSWER_TITLE_CHARS], short)
 
-    @admin.display(description="created", ordering="created_at")
+    @admin.display(description=_("created"), ordering="created_at")
     def created(self, obj: OutboxMessage) -> str:
         return moment_cell(obj.created_at)
 
     # --- the detail page -----------------------------------------------------------------
 
-    @admin.display(description="destination")
+    @admin.display(description=_("destination"))
     def destination_link(self, obj: OutboxMessage) -> str:
         dest = obj.destination
         return format_html(
@@ -256,59 +257,61 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             dest.url,
         )
 
-    @admin.display(description="next attempt")
+    @admin.display(description=_("next attempt"))
     def next_attempt(self, obj: OutboxMessage) -> str:
         """What happens next, in words: a closed message's next_attempt_at is when it
         closed, not a time anything will happen."""
         at = full_time(obj.next_attempt_at)
+        text = _("none: discarded at %(time)s")
         if obj.status == MessageStatus.PENDING:
-            return f"at {at}, or later if the destination's limits or breaker hold it"
-        if obj.status == MessageStatus.SENDING:
-            lease = full_time(obj.lease_until) if obj.lease_until else "-"
-            return f"being sent by a worker; if that worker dies, tried again after {lease}"
-        if obj.status == MessageStatus.FAILED:
-            return f"none: failed at {at}, waiting for an operator (retry now or discard)"
-        if obj.status == MessageStatus.DELIVERED:
-            delivered = full_time(obj.delivered_at) if obj.delivered_at else at
-            return f"none: delivered at {delivered}"
-        return f"none: discarded at {at}"
+            text = _("at %(time)s, or later if the destination's limits or breaker hold it")
+        elif obj.status == MessageStatus.SENDING:
+            at = full_time(obj.lease_until) if obj.lease_until else "-"
+            text = _("being sent by a worker; if that worker dies, tried again after %(time)s")
+        elif obj.status == MessageStatus.FAILED:
+            text = _("none: failed at %(time)s, waiting for an operator (retry now or discard)")
+        elif obj.status == MessageStatus.DELIVERED:
+            at = full_time(obj.delivered_at) if obj.delivered_at else at
+            text = _("none: delivered at %(time)s")
+        return text % {"time": at}
 
-    @admin.display(description="created")
+    @admin.display(description=_("created"))
     def created_exactly(self, obj: OutboxMessage) -> str:
         return full_time(obj.created_at)
 
-    @admin.display(description="retry budget")
+    @admin.display(description=_("retry budget"))
     def retry_budget(self, obj: OutboxMessage) -> str:
-        return f"{obj.failures} of {obj.destination.max_attempts} failures spent"
+        budget = {"spent": obj.failures, "budget": obj.destination.max_attempts}
+        return gettext("%(spent)d of %(budget)d failures spent") % budget
 
-    @admin.display(description="last answer")
+    @admin.display(description=_("last answer"))
     def last_answer_full(self, obj: OutboxMessage) -> str:
         return last_answer_text(obj.last_status_code, obj.last_error) or "-"
 
-    @admin.display(description="origin")
+    @admin.display(description=_("origin"))
     def origin(self, obj: OutboxMessage) -> str:
         if not obj.origin_event_key:
-            return "- (enqueued outside an inbound event's handler)"
+            return gettext("- (enqueued outside an inbound event's handler)")
         return format_html(
-            "{} event {} · {}",
-            obj.origin_source,
-            obj.origin_event_key,
-            trace_link(obj.origin_source, obj.origin_event_key),
+            gettext("{source} event {key} · {trace}"),
+            source=obj.origin_source,
+            key=obj.origin_event_key,
+            trace=trace_link(obj.origin_source, obj.origin_event_key),
         )
 
-    @admin.display(description="payload")
+    @admin.display(description=_("payload"))
     def pretty_payload(self, obj: OutboxMessage) -> str:
         return pre(display.json_text(obj.payload))
 
-    @admin.display(description="metadata")
+    @admin.display(description=_("metadata"))
     def pretty_metadata(self, obj: OutboxMessage) -> str:
         return pre(display.json_text(obj.metadata)) if obj.metadata else "-"
 
-    @admin.display(description="attempts")
+    @admin.display(description=_("attempts"))
     def attempt_history(self, obj: OutboxMessage) -> str:
         newest = list(obj.attempt_set.order_by("-number")[:ATTEMPTS_SHOWN])
         if not newest:
-            return "None yet."
+            return gettext("None yet.")
         earlier = obj.attempt_set.count() - len(newest) if len(newest) == ATTEMPTS_SHOWN else 0
         rows = format_html_join(
             "",
@@ -326,21 +329,23 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
                 for a in reversed(newest)
             ),
         )
-        note = format_html("<p>{} earlier attempts are not shown.</p>", earlier) if earlier else ""
+        note = gettext("%(count)d earlier attempts are not shown.") % {"count": earlier}
         return format_html(
-            '{}<table class="wr-attempts"><thead><tr><th>#</th><th>started</th>'
-            "<th>took</th><th>answer</th><th>response</th><th>next eligible</th>"
-            "</tr></thead><tbody>{}</tbody></table>",
-            note,
+            '{}<table class="wr-attempts"><thead><tr><th>#</th>{}</tr></thead><tbody>{}</tbody>'
+            "</table>",
+            format_html("<p>{}</p>", note) if earlier else "",
+            format_html_join("", "<th>{}</th>", ((column,) for column in ATTEMPT_COLUMNS)),
             rows,
         )
 
     # --- the detail page's Retry now and Discard buttons (base.ObjectButtons) ----------
 
-    object_noun = "message"
+    object_noun = _("message")
     object_buttons = {
-        "retry": ObjectButton("retry_now_selected", RETRYABLE, "retried", "Retry now…"),
-        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded", "Discard…", "stop"),
+        "retry": ObjectButton("retry_now_selected", RETRYABLE, _("retried"), _("Retry now…")),
+        "discard": ObjectButton(
+            "discard_selected", DISCARDABLE, _("discarded"), _("Discard…"), "stop"
+        ),
     }
 
     def button_context(self, request: HttpRequest, message: OutboxMessage) -> dict[str, Any]:
@@ -352,7 +357,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
 
     # --- actions -------------------------------------------------------------------------
 
-    @admin.action(description="Retry selected messages now…", permissions=["retry"])
+    @admin.action(description=_("Retry selected messages now…"), permissions=["retry"])
     def retry_now_selected(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
     ) -> TemplateResponse | None:
@@ -365,13 +370,17 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         self._log(request, changed, "Retried now" + (f". Reason: {reason}" if reason else ""))
         self._report(
             request,
-            ("Queued %(count)d message to send now.", "Queued %(count)d messages to send now."),
+            ngettext_lazy(
+                "Queued %(count)d message to send now.",
+                "Queued %(count)d messages to send now.",
+                "count",
+            ),
             selected,
             changed,
         )
         self._warn_held_back(request, selected, changed)
 
-    @admin.action(description="Discard selected messages…", permissions=["discard"])
+    @admin.action(description=_("Discard selected messages…"), permissions=["discard"])
     def discard_selected(
         self, request: HttpRequest, queryset: QuerySet[OutboxMessage]
     ) -> TemplateResponse | None:
@@ -384,7 +393,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         self._log(request, changed, f"Discarded: {reason.strip()}")
         self._report(
             request,
-            ("Discarded %(count)d message.", "Discarded %(count)d messages."),
+            ngettext_lazy("Discarded %(count)d message.", "Discarded %(count)d messages.", "count"),
             selected,
             changed,
         )
@@ -400,9 +409,9 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             )
 
     def _report(
-        self, request: HttpRequest, done: tuple[str, str], selected: list[Any], changed: list[int]
+        self, request: HttpRequest, done: Any, selected: list[Any], changed: list[int]
     ) -> None:
-        why = ("its status does not allow it", "their status does not allow it")
+        why = (gettext("its status does not allow it"), gettext("their status does not allow it"))
         report_changed(
             self, request, done, changed=len(changed), selected=len(selected), why_left=why
         )
@@ -417,16 +426,18 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         for dest in sorted(destinations.values(), key=lambda d: d.name):
             dest.refresh_from_db()
             breaker = destination_breaker(dest, now=now)
+            held = {"destination": dest.name}
             if not dest.enabled:
-                why = f"{dest.name} is disabled: its messages wait until it is enabled."
+                why = _("%(destination)s is disabled: its messages wait until it is enabled.")
             elif breaker.state == "open" and breaker.until is not None:
-                why = (
-                    f"{dest.name}'s breaker is open until {full_time(breaker.until)}: its "
-                    "messages go then (Recover since… on the destination ends the pause)."
+                held["time"] = full_time(breaker.until)
+                why = _(
+                    "%(destination)s's breaker is open until %(time)s: its messages go then "
+                    "(Recover since… on the destination ends the pause)."
                 )
             else:
                 continue
-            self.message_user(request, why, messages.WARNING)
+            self.message_user(request, why % held, messages.WARNING)
 
 
 def _attempt_answer(attempt: DeliveryAttempt) -> str:

@@ -22,6 +22,8 @@ from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
 from ..core.admin_links import admin_url
@@ -43,7 +45,7 @@ from .trace import trace_page
 TEMPLATE = "admin/webhook_receiver/overview.html"
 # a word and a shape for each state, so that colour is never the only signal
 ICONS = {State.OK: "✔", State.ATTENTION: "▲", State.ALERT: "✖"}
-WORDS = {State.OK: "OK", State.ATTENTION: "Attention", State.ALERT: "Alert"}
+WORDS = {State.OK: _("OK"), State.ATTENTION: _("Attention"), State.ALERT: _("Alert")}
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,11 @@ class Row(_Stated):
     @property
     def last_run_age(self) -> str:
         run = self.status.last_run
-        return f"started {duration_text(self.status.now - run.started_at)} ago" if run else ""
+        if run is None:
+            return ""
+        return gettext("started %(age)s ago") % {
+            "age": duration_text(self.status.now - run.started_at)
+        }
 
 
 @dataclass(frozen=True)
@@ -138,13 +144,15 @@ class DestinationRow(_Stated):
     def breaker(self) -> str:
         breaker = self.status.breaker
         if breaker.state == "open" and breaker.until is not None:
-            return f"open, probe in {duration_text(breaker.until - self.status.now)}"
+            return gettext("open, probe in %(wait)s") % {
+                "wait": duration_text(breaker.until - self.status.now)
+            }
         return breaker.state
 
     @property
     def last_success(self) -> str:
         at = self.status.last_success_at
-        return "never" if at is None else f"{duration_text(self.status.now - at)} ago"
+        return _ago(self.status.now - at) if at is not None else gettext("never")
 
 
 def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
@@ -153,7 +161,7 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
     now = timezone.now()
     context = {
         **model_admin.admin_site.each_context(request),
-        "title": "Overview",
+        "title": gettext("Overview"),
         "subtitle": None,
         "opts": model_admin.opts,
         "now": now,
@@ -166,7 +174,7 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
         with database_deadline(app_settings().status_timeout_seconds):
             context |= _figures(model_admin, request, now)
     except DatabaseError as exc:  # NotAnswering too: "database not answering within 3 s"
-        context["unreadable"] = f"The status could not be read: {exc}"
+        context["unreadable"] = gettext("The status could not be read: %(error)s") % {"error": exc}
         return TemplateResponse(request, TEMPLATE, context, status=503)
     return TemplateResponse(request, TEMPLATE, context)
 
@@ -237,17 +245,23 @@ class _Links:
             status=s,
             gaps=gaps,
             last_accepted=Link(
-                "never" if age is None else f"{duration_text(age)} ago",
+                gettext("never") if age is None else _ago(age),
                 self.url(WebhookReceipt, source=source),
             ),
-            accepted=Link(f"{s.accepted_total} accepted", self.audit_url(source)),
-            refused=Link(f"{s.rejected_total} refused", self.audit_url(source)),
-            retrying=Link(f"{s.retrying} retrying", failed["retrying"]),
-            dead=Link(f"{s.dead} dead", failed["dead"]),
+            accepted=Link(
+                gettext("%(count)d accepted") % {"count": s.accepted_total}, self.audit_url(source)
+            ),
+            refused=Link(
+                gettext("%(count)d refused") % {"count": s.rejected_total}, self.audit_url(source)
+            ),
+            retrying=Link(
+                gettext("%(count)d retrying") % {"count": s.retrying}, failed["retrying"]
+            ),
+            dead=Link(gettext("%(count)d dead") % {"count": s.dead}, failed["dead"]),
             silence_alert=None
             if alert is None
             else Link(
-                f"alert open {duration_text(self.now - alert.opened_at)}",
+                gettext("alert open %(age)s") % {"age": duration_text(self.now - alert.opened_at)},
                 self.url(SilenceAlert, source=source, resolved_at__isnull="True"),
             ),
             last_run=None
@@ -257,7 +271,10 @@ class _Links:
                 self.url(ReconciliationRun, source=source),
             ),
             repairs=Link(
-                f"{s.open_repair_total} open repair item{'' if s.open_repair_total == 1 else 's'}",
+                ngettext(
+                    "%(count)d open repair item", "%(count)d open repair items", s.open_repair_total
+                )
+                % {"count": s.open_repair_total},
                 self.url(RepairItem, source=source, status__exact="open"),
             )
             if s.open_repair_total
@@ -285,9 +302,11 @@ class _Links:
         return DestinationRow(
             status=d,
             name=Link(d.name, self.change_url(WebhookDestination, d.pk)),
-            backlog=Link(f"{d.backlog} to send", messages["backlog"]),
-            failed=Link(f"{d.failed} failed", messages["failed"]),
-            reasons=[ReasonLine(r, Link("show", reason_urls.get(r.code))) for r in d.reasons],
+            backlog=Link(gettext("%(count)d to send") % {"count": d.backlog}, messages["backlog"]),
+            failed=Link(gettext("%(count)d failed") % {"count": d.failed}, messages["failed"]),
+            reasons=[
+                ReasonLine(r, Link(gettext("show"), reason_urls.get(r.code))) for r in d.reasons
+            ],
         )
 
     def audit_url(self, source: str) -> str | None:
@@ -305,7 +324,7 @@ class _Links:
             "rejected": lambda: self.audit_url(source),
             "reconcile_failed": lambda: self.url(ReconciliationRun, source=source),
         }.get(reason.code, lambda: None)()
-        return Link("show", url)
+        return Link(gettext("show"), url)
 
 
 @admin.register(SourceOverview)
@@ -323,3 +342,8 @@ class SourceOverviewAdmin(ReadOnlyAdmin):
 
     def trace_view(self, request: HttpRequest) -> HttpResponse:
         return visible_response(trace_page(self, request))
+
+
+def _ago(age: Any) -> str:
+    """ "42 min ago": how long ago, in words."""
+    return gettext("%(age)s ago") % {"age": duration_text(age)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils.translation import gettext_lazy as _
 
 from ..core import display
 from ..inbound.models import WebhookReceipt
@@ -36,10 +37,10 @@ class WebhookReceiptAdmin(StoredEventDisplay, ReadOnlyAdmin):
         "pretty_headers",
     )
 
-    @admin.display(description="outcome")
+    @admin.display(description=_("outcome"))
     def pretty_outcome(self, obj: WebhookReceipt) -> str:
         return pre(display.json_text(obj.outcome))
 
-    @admin.display(description="trace")
+    @admin.display(description=_("trace"))
     def trace(self, obj: WebhookReceipt) -> str:
         return trace_link(obj.source, obj.event_key)

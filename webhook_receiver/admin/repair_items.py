@@ -16,6 +16,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..core import display
@@ -27,7 +29,7 @@ from .confirm import Confirmation, Selection, confirm_then_act
 from .forms import NoteForm, RequiredNoteForm
 
 ITEMS = Selection(
-    ("id", "source", "kind", "status", "event key", "subject", "event type"),
+    (_("id"), _("source"), _("kind"), _("status"), _("event key"), _("subject"), _("event type")),
     lambda item: (
         item.pk,
         item.source,
@@ -42,16 +44,16 @@ ITEMS = Selection(
 ITEM_FIELDS = ("source", "kind", "status", "event_key", "subject", "event_type", "occurred_at")
 
 
-def _confirmation(action: str, label: str, explanation: str, form=NoteForm) -> Confirmation:
+def _confirmation(action: str, label: Any, explanation: Any, form=NoteForm) -> Confirmation:
     return Confirmation(
         action=action,
         title=label,
         explanation=(
             explanation,
-            "Your name, the time, the note and the result are kept in each item's history.",
+            _("Your name, the time, the note and the result are kept in each item's history."),
         ),
         form=form,
-        submit=(f"{label} (%d)", f"{label} (%d)"),
+        submit=format_lazy("{} (%(count)d)", label),
         selection=ITEMS,
     )
 
@@ -61,36 +63,42 @@ REPAIRS: dict[str, tuple[Confirmation, Callable[..., repair.RepairResult]]] = {
     "replay_selected": (
         _confirmation(
             "replay_selected",
-            "Replay",
-            "Each failed item's event is replayed under its original key, as the failed "
-            "events' admin would; an event applied since answers duplicate.",
+            _("Replay"),
+            _(
+                "Each failed item's event is replayed under its original key, as the failed "
+                "events' admin would; an event applied since answers duplicate."
+            ),
         ),
         repair.repair_item_replay,
     ),
     "apply_selected": (
         _confirmation(
             "apply_selected",
-            "Fetch and apply",
-            "Each missing event is applied as the sender's list gave it, through the claim "
-            "under its own key. No signature vouches for it: the sender's API does, and your "
-            "approval, which the receipt records. Applying twice answers duplicate.",
+            _("Fetch and apply"),
+            _(
+                "Each missing event is applied as the sender's list gave it, through the claim "
+                "under its own key. No signature vouches for it: the sender's API does, and "
+                "your approval, which the receipt records. Applying twice answers duplicate."
+            ),
         ),
         repair.repair_item_fetch_and_apply,
     ),
     "redeliver_selected": (
         _confirmation(
             "redeliver_selected",
-            "Request redelivery",
-            "The sender is asked to deliver each missing event again, where the source's "
-            "adapter can ask; the item closes when a later run finds it received.",
+            _("Request redelivery"),
+            _(
+                "The sender is asked to deliver each missing event again, where the source's "
+                "adapter can ask; the item closes when a later run finds it received."
+            ),
         ),
         repair.repair_item_request_redelivery,
     ),
     "resolve_selected": (
         _confirmation(
             "resolve_selected",
-            "Resolve",
-            "Resolving closes an item by hand. Nothing is applied or changed.",
+            _("Resolve"),
+            _("Resolving closes an item by hand. Nothing is applied or changed."),
             form=RequiredNoteForm,
         ),
         repair.repair_item_resolve,
@@ -98,7 +106,7 @@ REPAIRS: dict[str, tuple[Confirmation, Callable[..., repair.RepairResult]]] = {
 }
 
 
-def _repair_action(name: str, description: str, permission: str) -> Callable[..., Any]:
+def _repair_action(name: str, description: Any, permission: str) -> Callable[..., Any]:
     """The list action ``name``: its confirmation page, then its service (REPAIRS)."""
 
     @admin.action(description=description, permissions=[permission])
@@ -144,16 +152,16 @@ class RepairItemAdmin(ReadOnlyAdmin):
     # --- actions: each its confirmation, then its service on every item ---------------
 
     replay_selected = _repair_action(
-        "replay_selected", "Replay the failed events of selected items…", "replay"
+        "replay_selected", _("Replay the failed events of selected items…"), "replay"
     )
     apply_selected = _repair_action(
-        "apply_selected", "Fetch and apply selected missing events…", "apply"
+        "apply_selected", _("Fetch and apply selected missing events…"), "apply"
     )
     redeliver_selected = _repair_action(
-        "redeliver_selected", "Ask the sender to redeliver selected events…", "redeliver"
+        "redeliver_selected", _("Ask the sender to redeliver selected events…"), "redeliver"
     )
     resolve_selected = _repair_action(
-        "resolve_selected", "Resolve selected items with a note…", "resolve"
+        "resolve_selected", _("Resolve selected items with a note…"), "resolve"
     )
 
     def _run(
@@ -181,7 +189,7 @@ class RepairItemAdmin(ReadOnlyAdmin):
         level = messages.WARNING if problems else messages.SUCCESS
         self.message_user(request, message, level)
 
-    @admin.display(description="history, oldest first")
+    @admin.display(description=_("history, oldest first"))
     def action_history(self, obj: RepairItem) -> str:
         return history_html(
             obj.history,
@@ -189,10 +197,10 @@ class RepairItemAdmin(ReadOnlyAdmin):
             ("at", "by", "action", "result", "detail", "note"),
         )
 
-    @admin.display(description="the sender says")
+    @admin.display(description=_("the sender says"))
     def pretty_sender_says(self, obj: RepairItem) -> str:
         return pre(display.json_text(obj.sender_says))
 
-    @admin.display(description="we hold")
+    @admin.display(description=_("we hold"))
     def pretty_we_hold(self, obj: RepairItem) -> str:
         return pre(display.json_text(obj.we_hold))

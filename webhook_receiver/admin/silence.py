@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -12,6 +13,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from ..core.admin_links import admin_url
 from ..core.words import duration_text
@@ -24,11 +27,11 @@ NOWRAP = '{}<br><span style="white-space: nowrap">{}</span>'
 
 
 class StateFilter(admin.SimpleListFilter):
-    title = "state"
+    title = _("state")
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple]:
-        return [("open", "Open"), ("resolved", "Resolved")]
+        return [("open", _("Open")), ("resolved", _("Resolved"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() == "open":
@@ -43,7 +46,7 @@ def _moment(moment: datetime) -> str:
 
 
 def _exactly(
-    field: str, description: str, empty: str = "-"
+    field: str, description: Any, empty: Any = "-"
 ) -> Callable[[admin.ModelAdmin, SilenceAlert], str]:
     @admin.display(description=description, ordering=field)
     def show(model_admin: admin.ModelAdmin, obj: SilenceAlert) -> str:
@@ -77,35 +80,39 @@ class SilenceAlertAdmin(ReadOnlyAdmin):
     )
     readonly_fields = fields
 
-    @admin.display(description="state", ordering="resolved_at")
+    @admin.display(description=_("state"), ordering="resolved_at")
     def state(self, obj: SilenceAlert) -> str:
         if obj.resolved_at is None:
-            return format_html('<strong style="color: var(--error-fg)">{}</strong>', "open")
-        return format_html(NOWRAP, "resolved", _moment(obj.resolved_at))
+            return format_html(
+                '<strong style="color: var(--error-fg)">{}</strong>', gettext("open")
+            )
+        return format_html(NOWRAP, gettext("resolved"), _moment(obj.resolved_at))
 
-    @admin.display(description="silent since", ordering="last_accepted_at")
+    @admin.display(description=_("silent since"), ordering="last_accepted_at")
     def silent_since(self, obj: SilenceAlert) -> str:
         # the last accepted event
-        return _moment(obj.last_accepted_at) if obj.last_accepted_at else "never accepted an event"
+        if obj.last_accepted_at is None:
+            return gettext("never accepted an event")
+        return _moment(obj.last_accepted_at)
 
-    @admin.display(description="silent for")
+    @admin.display(description=_("silent for"))
     def duration(self, obj: SilenceAlert) -> str:
         if obj.last_accepted_at is None:
             return "-"
         end = obj.resolved_by_event_at or obj.resolved_at or timezone.now()
         text = duration_text(end - obj.last_accepted_at)
-        return text if obj.resolved_at else f"{text} so far"
+        return text if obj.resolved_at else gettext("%(duration)s so far") % {"duration": text}
 
-    @admin.display(description="window")
+    @admin.display(description=_("window"))
     def silence_after(self, obj: SilenceAlert) -> str:
         return (
             f"{duration_text(timedelta(seconds=obj.silence_after_seconds))} (SILENCE_AFTER_SECONDS)"
         )
 
-    @admin.display(description="refused (last window)")
+    @admin.display(description=_("refused (last window)"))
     def rejected(self, obj: SilenceAlert) -> str:
         if not obj.rejected_total:
-            return "none"
+            return gettext("none")
         # one reason per line: the codes are long, and the list must fit a laptop
         reasons = sorted(obj.rejected_counts.items(), key=lambda item: (-item[1], item[0]))
         return format_html(
@@ -116,21 +123,23 @@ class SilenceAlertAdmin(ReadOnlyAdmin):
             ),
         )
 
-    @admin.display(description="opened", ordering="opened_at")
+    @admin.display(description=_("opened"), ordering="opened_at")
     def opened(self, obj: SilenceAlert) -> str:
         return _moment(obj.opened_at)
 
-    @admin.display(description="requests")
+    @admin.display(description=_("requests"))
     def requests(self, obj: SilenceAlert) -> str:
         path = admin_url(RequestAudit, source=obj.source)
-        text = f"every request from {obj.source}, accepted or refused"
+        text = gettext("every request from %(source)s, accepted or refused") % {
+            "source": obj.source
+        }
         return format_html('<a href="{}">{}</a>', path, text) if path else "-"
 
     # the alert's page: every moment to the second, with its time zone
-    last_accepted = _exactly("last_accepted_at", "last accepted event", "never")
-    opened_exactly = _exactly("opened_at", "opened")
-    last_checked = _exactly("last_checked_at", "last checked")
-    resolved_exactly = _exactly("resolved_at", "resolved")
-    resolved_by_event = _exactly("resolved_by_event_at", "accepted event that resolved it")
-    opened_notice_sent = _exactly("opened_notice_sent_at", "notice sent")
-    recovery_notice_sent = _exactly("recovery_notice_sent_at", "recovery notice sent")
+    last_accepted = _exactly("last_accepted_at", _("last accepted event"), _("never"))
+    opened_exactly = _exactly("opened_at", _("opened"))
+    last_checked = _exactly("last_checked_at", _("last checked"))
+    resolved_exactly = _exactly("resolved_at", _("resolved"))
+    resolved_by_event = _exactly("resolved_by_event_at", _("accepted event that resolved it"))
+    opened_notice_sent = _exactly("opened_notice_sent_at", _("notice sent"))
+    recovery_notice_sent = _exactly("recovery_notice_sent_at", _("recovery notice sent"))

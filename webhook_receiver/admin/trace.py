@@ -15,6 +15,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
 from ..core import display
@@ -25,8 +27,8 @@ ANY_SOURCE = ""
 
 
 class TraceForm(forms.Form):
-    source = forms.ChoiceField(required=False)
-    key = forms.CharField(max_length=255, strip=True, label="Event key")
+    source = forms.ChoiceField(required=False, label=_("Source"))
+    key = forms.CharField(max_length=255, strip=True, label=_("Event key"))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -36,7 +38,7 @@ class TraceForm(forms.Form):
         if requested:
             sources.add(requested)
         self.fields["source"].choices = [
-            (ANY_SOURCE, "any source"),
+            (ANY_SOURCE, gettext("any source")),
             *((slug, slug) for slug in sorted(sources)),
         ]
         self.fields["key"].widget.attrs.update(size=60, autofocus=True)
@@ -56,7 +58,7 @@ def trace_page(model_admin: Any, request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     context = {
         **model_admin.admin_site.each_context(request),
-        "title": f"Trace {key}" if key else "Trace an event",
+        "title": gettext("Trace %(key)s") % {"key": key} if key else gettext("Trace an event"),
         "subtitle": None,
         "opts": model_admin.opts,
         "form": form,

@@ -118,7 +118,7 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
             not lost and not doubled and not requests.gave_up,
             f"{len(planned)} events: "
             + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
-            + (f"; LOST {len(lost)}: {_sample(lost)}" if lost else "")
+            + (f"; NOT APPLIED {len(lost)}: {_sample(lost)}" if lost else "")
             + (f"; DOUBLE EFFECT {len(doubled)}: {_sample(doubled)}" if doubled else "")
             + (f"; sender gave up on {len(requests.gave_up)}" if requests.gave_up else "")
             + (f"; dead letters: {_sample(f'{k}: {v}' for k, v in dead.items())}" if dead else "")

@@ -111,9 +111,10 @@ class Faults:
         while time.monotonic() < deadline and book.in_flight == 0:
             time.sleep(0.005)
         mid = book.in_flight > 0
-        window = self._window("worker_kill", f"(a relay request in flight: {mid})")
-        stack.worker.kill()
-        stack.worker_restart()
+        with stack.process_lock:
+            window = self._window("worker_kill", f"(a relay request in flight: {mid})")
+            stack.worker.kill()
+            stack.worker_restart()
         self._close(window, "(a new worker ready)")
 
     def gunicorn_kill(self) -> None:

@@ -93,6 +93,9 @@ def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, st
     for check in checks:
         lines.append(f"  [{'ok' if check.ok else 'FAIL'}] {check.name}")
         lines.append(f"        {check.detail}")
+    for exit in meta.get("unplanned_exits", []):
+        lines.append(f"  [warn] {exit['process']} exited on its own (code {exit['code']}, "
+                     f"during {exit['during']}) and was started again: {exit['line']}")  # fmt: skip
     lines += [
         "",
         "fault windows (requests sent in the window; times of those answered):",

@@ -57,6 +57,11 @@ class Stack:
         self.worker_generation = 0
         self.web: Gunicorn | None = None
         self.worker: CeleryWorker | None = None
+        self.beat: CeleryBeat | None = None
+        # held while a fault or the supervisor replaces the worker
+        self.process_lock = threading.Lock()
+        self.unplanned_exits: list[dict] = []
+        self._supervising = threading.Event()
 
     @property
     def postgres_dsn(self) -> str:
@@ -117,12 +122,43 @@ class Stack:
         self.services.append(self.web)
         self.web.start()
         self.worker_restart(wait=False)
-        beat = CeleryBeat(self.env(), self.run_dir / "beat.log", self.run_dir / "beat-schedule")
-        self.services.append(beat)
-        beat.start()
+        self.beat_start()
         self.web.wait_ready(self.web.answers)
         self.worker.wait_ready(self.worker.ready)
         self.log(f"serving on {self.web.url} (started in {time.time() - started:.1f} s)")
+
+    def beat_start(self) -> None:
+        n = sum(1 for s in self.services if isinstance(s, CeleryBeat)) + 1
+        log = self.run_dir / ("beat.log" if n == 1 else f"beat-{n}.log")
+        self.beat = CeleryBeat(self.env(), log, self.run_dir / "beat-schedule")
+        self.services.append(self.beat)
+        self.beat.start()
+
+    def supervise(self) -> None:
+        """Start a worker or beat again when it exits on its own, as systemd's
+        Restart=always would (a second later); each such exit is reported."""
+        self._supervising.set()
+        threading.Thread(target=self._supervise, daemon=True).start()
+
+    def _supervise(self) -> None:
+        while self._supervising.is_set():
+            time.sleep(0.5)
+            with self.process_lock:
+                for service, restart in ((self.worker, self.worker_restart),
+                                         (self.beat, self.beat_start)):  # fmt: skip
+                    if service is None or service.alive() or not self._supervising.is_set():
+                        continue
+                    last = _last_error(service.tail(200))
+                    self.unplanned_exits.append({
+                        "process": service.name, "at": time.time(), "line": last,
+                        "code": service.process.returncode, "log": str(service.log),
+                    })  # fmt: skip
+                    self.log(f"{service.name} exited on its own ({last}); starting another")
+                    time.sleep(1)
+                    try:
+                        restart(**({"wait": False} if restart == self.worker_restart else {}))
+                    except Exception as exc:
+                        self.log(f"could not start it again: {exc!r}")
 
     def worker_restart(self, wait: bool = True) -> None:
         self.worker_generation += 1
@@ -134,6 +170,9 @@ class Stack:
             self.worker.wait_ready(self.worker.ready)
 
     def stop_all(self) -> None:
+        self._supervising.clear()
+        with self.process_lock:
+            pass  # a restart under way has finished
         for service in reversed(self.services):
             try:
                 service.stop()
@@ -153,6 +192,24 @@ class Stack:
         if (self.postgres.data / "postmaster.pid").exists():
             self.postgres._run("pg_ctl", "-D", str(self.postgres.data), "-m", "immediate",
                                "-w", "stop")  # fmt: skip
+
+
+def _last_error(text: str) -> str:
+    """The last CRITICAL or ERROR line of a log (what a process said before it died)."""
+    lines = text.splitlines()
+    for level in (" CRITICAL ", " ERROR "):
+        for line in reversed(lines):
+            if level in line:
+                return line.strip()[:300]
+    return (lines or ["(empty log)"])[-1][:300]
+
+
+def _line_time(line: str, default: float) -> float:
+    """The time a log line begins with (project/logs.py: local time, to the millisecond)."""
+    try:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return default
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"chaos run {stamp} ({mode}, {events} events); logs in {run_dir}")
         stack.start(rate="100/s")
+        stack.supervise()
         faults = Faults(stack, SHORT if args.short else LONG, log)
         duration = faults.duration()
         planned = plan_build(events, duration, args.seed, stamp.replace("-", ""))
@@ -251,6 +309,10 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     effects = [e.at for e in stack.merchant.book.effects.values()]
     per_window = report.figures(requests, faults.windows, effects, meta.pop("span"))
     meta["requests"] = len(requests.rows)
+    meta["unplanned_exits"] = [
+        exit | {"during": _during(_line_time(exit["line"], exit["at"]), faults.windows)}
+        for exit in stack.unplanned_exits
+    ]
     meta["requests_per_second"] = len(requests.rows) / max(meta["send_seconds"], 1e-6)
     meta["wall_seconds"] = time.time() - meta.pop("wall_start")
     names = ["run.log", "gunicorn.log", "beat.log", "sender.log", "merchant.log",
@@ -267,3 +329,11 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     for service in stack.services:
         log(f"--- tail of {service.log}\n{service.tail(30)}")
     return 1
+
+
+def _during(at: float, windows) -> str:
+    """The fault an instant fell in (or just after: within 5 s of its end)."""
+    for window in windows:
+        if window.start <= at <= window.end + 5:
+            return window.name
+    return "no fault"

@@ -421,14 +421,15 @@ PROJECTED_WORKERS = (1, 2, 4)
 
 
 def projection(result: dict[str, Any]) -> dict[str, Any]:
-    """Minutes for each backlog and W: the measured rate a process for a measured W, the
-    largest W measured's for the rest (on 2 cores, shared with PostgreSQL, more
-    processes than that add little: extrapolated, and optimistic)."""
+    """Minutes for each backlog and W: a measured W at its measured rate a process; any
+    other at one process's rate, times W (ideal scaling: each process with a core of its
+    own and PostgreSQL with more; on this 2-core machine, shared with PostgreSQL, W = 2
+    already runs out of cores)."""
     measured = {int(w): d["per_process"]["median"] for w, d in result["drains"].items()}
-    top = max(measured)
+    single = measured.get(1, min(measured.values()))
     table = {}
     for workers in PROJECTED_WORKERS:
-        rate = measured.get(workers, measured[top])
+        rate = measured.get(workers, single)
         table[workers] = {
             "per_process": rate,
             "measured": workers in measured,
@@ -481,7 +482,7 @@ def render(result: dict[str, Any], config: dict[str, Any]) -> str:
     lines.append(head)
     for workers, row in result["projection"].items():
         cells = "".join(f"{_duration(row['minutes'][n]):>14}" for n in PROJECTED_BACKLOGS)
-        how = "measured" if row["measured"] else "extrapolated"
+        how = "measured" if row["measured"] else "extrapolated: ideal scaling"
         lines.append(f"  {workers}  {row['per_process']:8.1f}/s    {cells}   ({how} rate)")
     return "\n".join(lines)
 

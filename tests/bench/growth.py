@@ -26,6 +26,7 @@ index sizes, and EXPLAIN (ANALYZE, BUFFERS) of the claim statements
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -66,6 +67,8 @@ EMPTY, LARGE = "empty", "large"
 NEW, DUPLICATE = "new", "duplicate"
 TARGET = 0.90
 WARMUP_REQUESTS = 300
+# an idle backend reports its table and index counters within 10 s (PostgreSQL 15+)
+STATS_FLUSH_SECONDS = 11
 PAST_SHARE = 0.10  # receipts past retention, which the purge deletes
 RECEIPTS = "webhook_receiver_webhookreceipt"
 AUDIT = "webhook_receiver_requestaudit"
@@ -246,6 +249,9 @@ def large_prepare(args: argparse.Namespace, env: dict[str, str]) -> dict[str, An
         conn.execute(f"VACUUM ANALYZE {RECEIPTS}")  # holes left: space for new rows
         conn.execute(f"VACUUM ANALYZE {AUDIT}")
         conn.execute(f"VACUUM ANALYZE {LEDGER}")
+        # what the fill, the clean-up and the purge dirtied is written out now, not by a
+        # checkpoint in the middle of the rounds
+        conn.execute("CHECKPOINT")
         info["receipts"], info["audit_records"] = conn.execute(
             f"SELECT (SELECT count(*) FROM {RECEIPTS}), (SELECT count(*) FROM {AUDIT})"
         ).fetchone()
@@ -388,6 +394,59 @@ def explain(urls: dict[str, str]) -> dict[str, Any]:
 # --- the rounds ------------------------------------------------------------------------
 
 
+def _cpu_seconds(pids: Sequence[int]) -> float:
+    """User and system CPU so far of these processes (those that are gone: nothing)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+class PhaseCost:
+    """What one phase cost, per request: the WAL it wrote (the cluster's, but only this
+    side is served then), the CPU of its database's backends and of its gunicorn
+    workers. The other server idles meanwhile; other tenants' work is not excluded."""
+
+    def __init__(self, url: str, server: GunicornServer) -> None:
+        self.conn = _connect(url)
+        self.dbname = environ.Env.db_url_config(url)["NAME"]
+        assert server.process is not None
+        self.master = server.process.pid
+
+    def _sample(self) -> tuple[int, list[int], list[int]]:
+        lsn, pids = self.conn.execute(
+            "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, array_agg(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            (self.dbname,),
+        ).fetchone()
+        return int(lsn), list(pids or []), _children(self.master)
+
+    def measure(self, run: Any, requests: int) -> tuple[Stats, dict[str, float]]:
+        lsn, backends, workers = self._sample()
+        pg_cpu, worker_cpu = _cpu_seconds(backends), _cpu_seconds(workers)
+        stats = run()
+        after_lsn, _, _ = self._sample()
+        return stats, {
+            "wal_bytes": (after_lsn - lsn) / requests,
+            "pg_cpu_ms": (_cpu_seconds(backends) - pg_cpu) * 1000 / requests,
+            "worker_cpu_ms": (_cpu_seconds(workers) - worker_cpu) * 1000 / requests,
+        }
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def _phase(server: GunicornServer, phase: str, bodies: list[bytes], tag: str) -> Stats:
     requests = signed_requests(
         host=f"{server.host}:{server.port}",
@@ -399,25 +458,37 @@ def _phase(server: GunicornServer, phase: str, bodies: list[bytes], tag: str) ->
     return stats_of(run_phase(server.host, server.port, requests, 4))
 
 
+Costs = dict[str, dict[str, list[dict[str, float]]]]
+
+
 def growth_rounds(
-    args: argparse.Namespace, servers: dict[str, GunicornServer]
-) -> dict[str, dict[str, list[Stats]]]:
+    args: argparse.Namespace, servers: dict[str, GunicornServer], urls: dict[str, str]
+) -> tuple[dict[str, dict[str, list[Stats]]], Costs]:
     rounds: dict[str, dict[str, list[Stats]]] = {side: {NEW: [], DUPLICATE: []} for side in servers}
-    for number in range(args.growth_rounds):
-        tag = f"g{number}"
-        bodies = event_bodies(args.requests, tag)
-        order = [EMPTY, LARGE] if number % 2 == 0 else [LARGE, EMPTY]
-        for phase in (NEW, DUPLICATE):
-            for side in order:
-                stats = _phase(servers[side], phase, bodies, tag)
-                rounds[side][phase].append(stats)
-                print(
-                    f"  round {number + 1}/{args.growth_rounds} {side:<6} {phase:<10} "
-                    f"{stats.rps:8.1f} req/s  p50 {stats.p50_ms:.2f} ms"
-                    f"{f'  !! {stats.errors} errors' if stats.errors else ''}",
-                    flush=True,
-                )
-    return rounds
+    costs: Costs = {side: {NEW: [], DUPLICATE: []} for side in servers}
+    meters = {side: PhaseCost(urls[side], servers[side]) for side in servers}
+    try:
+        for number in range(args.growth_rounds):
+            tag = f"g{number}"
+            bodies = event_bodies(args.requests, tag)
+            order = [EMPTY, LARGE] if number % 2 == 0 else [LARGE, EMPTY]
+            for phase in (NEW, DUPLICATE):
+                for side in order:
+                    stats, cost = meters[side].measure(
+                        functools.partial(_phase, servers[side], phase, bodies, tag), len(bodies)
+                    )
+                    rounds[side][phase].append(stats)
+                    costs[side][phase].append(cost)
+                    print(
+                        f"  round {number + 1}/{args.growth_rounds} {side:<6} {phase:<10} "
+                        f"{stats.rps:8.1f} req/s  p50 {stats.p50_ms:.2f} ms"
+                        f"{f'  !! {stats.errors} errors' if stats.errors else ''}",
+                        flush=True,
+                    )
+    finally:
+        for meter in meters.values():
+            meter.close()
+    return rounds, costs
 
 
 def summary(rounds: dict[str, dict[str, list[Stats]]]) -> dict[str, Any]:
@@ -470,6 +541,14 @@ def render(result: dict[str, Any], config: dict[str, Any]) -> str:
             f"  {phase:<10} {r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}]  "
             f"target >= {TARGET:.2f} {verdict}"
         )
+    lines += ["", "cost a request (median of rounds): WAL bytes, PostgreSQL CPU, gunicorn CPU"]
+    for phase in (NEW, DUPLICATE):
+        for side in (EMPTY, LARGE):
+            c = result["costs"][side][phase]
+            lines.append(
+                f"  {phase:<10} {side:<6} {c['wal_bytes']:7.0f} B  {c['pg_cpu_ms']:6.3f} ms"
+                f"  {c['worker_cpu_ms']:6.3f} ms"
+            )
     lines += ["", "buffers a request during the rounds (hit in shared_buffers / read: missed)"]
     for side in (EMPTY, LARGE):
         for table, io in result["io"][side].items():
@@ -515,11 +594,20 @@ def bench_growth(args: argparse.Namespace, empty: GunicornServer, empty_url: str
         # empty gets plans for an empty table
         for url in urls.values():
             database_analyze(url)
+        time.sleep(STATS_FLUSH_SECONDS)  # the warm-up's counters, in before the snapshot
         before = {side: io_snapshot(url) for side, url in urls.items()}
-        rounds = growth_rounds(args, servers)
+        rounds, costs = growth_rounds(args, servers, urls)
+        time.sleep(STATS_FLUSH_SECONDS)
         after = {side: io_snapshot(url) for side, url in urls.items()}
     requests = 2 * args.requests * args.growth_rounds
     result = summary(rounds) | {"large": large}
+    result["costs"] = {
+        side: {
+            phase: {key: statistics.median(c[key] for c in cs) for key in cs[0]}
+            for phase, cs in phases.items()
+        }
+        for side, phases in costs.items()
+    }
     result["io"] = {side: io_per_request(before[side], after[side], requests) for side in urls}
     result["sizes"] = {side: relation_sizes(url) for side, url in urls.items()}
     with _connect(empty_url) as conn:

@@ -1,6 +1,8 @@
 """`make bench`: the receive path under gunicorn on PostgreSQL, against two floors.
 
     python -m tests.bench.run [--requests N] [--concurrency C] [--rounds R] [--pgbouncer]
+                              [--no-drain] [--no-growth] [--rebuild] …
+
 
 Recreates the bench database (BENCH_DATABASE_URL), migrates it, creates the claim
 floor's tables, serves ``project.wsgi`` with gunicorn (2 sync workers), and loads three
@@ -8,6 +10,12 @@ endpoints in interleaved rounds: the bare DRF view, the minimal claim floor and 
 path, each with N new events and then the same N again as duplicates. Prints medians,
 ratios and targets, and writes bench-results/receive.json. Exits 1 if any request got
 an unexpected answer; figures below target are reported, not failed.
+
+Then, on the same server, two sections of their own (each runnable alone):
+``tests.bench.drain``, the retry sweeper draining a backlog of failed events beside the
+full path's receive rate (bench-results/drain.json), and ``tests.bench.growth``, the full
+path on a database of a million receipts against this one (bench-results/growth.json;
+the large database is built once, a few minutes, and reused).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import environ
 
 from tests.support.private_servers import running_pgbouncer
 
+from . import drain, growth
 from .common import BARE_PATH, CLAIM_PATH, DEFAULT_DATABASE_URL, FULL_PATH
 from .load import PhaseResult, event_bodies, run_phase, signed_requests
 from .report import (
@@ -106,9 +115,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="serve through PgBouncer in transaction mode (DATABASE_POOL_MODE=transaction), "
         "started on a port of its own",
     )
+    parser.add_argument("--no-drain", dest="drain", action="store_false", help="skip the drain")
+    parser.add_argument(
+        "--no-growth", dest="growth", action="store_false", help="skip the growth section"
+    )
+    drain.add_arguments(parser)
+    growth.add_arguments(parser)
     args = parser.parse_args(argv)
     if min(args.requests, args.concurrency, args.rounds) < 1:
         parser.error("--requests, --concurrency and --rounds must be at least 1")
+    if args.pgbouncer and (args.drain or args.growth):
+        # their drainers and second server connect directly: not comparable to a server
+        # behind the pooler
+        print("--pgbouncer: the drain and growth sections are skipped")
+        args.drain = args.growth = False
     return args
 
 
@@ -189,6 +209,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with server:
             rounds = bench(args, server, errors)
             server_log = server.log_tail(lines=10) if errors.count else ""
+            _report(args, rounds, errors, server_log)
+            sections_failed = False
+            if args.drain:
+                drained = drain.bench_drain(args, server, database_url)
+                sections_failed |= drain.failed(drained)
+            if args.growth:
+                grown = growth.bench_growth(args, server, database_url)
+                sections_failed |= growth.failed(grown)
+    return 1 if errors.count or sections_failed else 0
+
+
+def _report(args: argparse.Namespace, rounds: Rounds, errors: ErrorLog, server_log: str) -> None:
+    """The receive rounds' figures, printed and written."""
 
     config = {
         "commit": git_commit(),
@@ -216,8 +249,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nwrote {args.output}")
     if errors.count:
         _report_errors(errors, server_log)
-        return 1
-    return 0
 
 
 def _report_errors(errors: ErrorLog, server_log: str) -> None:

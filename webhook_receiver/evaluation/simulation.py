@@ -21,7 +21,6 @@ from __future__ import annotations
 import heapq
 import io
 import itertools
-import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from .. import schemes, signals, tasks
+from ..core import backoff
 from ..inbound import claim as inbound_claim
 from ..inbound.failures import failed_events_retry_due
 from ..inbound.models import FailedEvent
@@ -163,7 +163,7 @@ class Simulation:
         cache.clear()
         inbound_claim.duplicate_share.__init__()
         world.current_receiver.__init__()
-        random.seed(self.seed)  # the production code's jitter draws from `random`
+        backoff.jitter.seed(self.seed)  # the production code's retry jitter
 
     def _setup(self) -> None:
         s = self.scenario

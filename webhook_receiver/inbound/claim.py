@@ -31,7 +31,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..core import faults, sql, storable
+from ..core import faults, sql, storable, tracing
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from . import queries
 from .audit import AuditDraft
@@ -102,7 +102,11 @@ def event_claim_and_apply(
                     stored = _read_duplicate(cursor, params, audited=unrecorded) or {}
                 return _duplicate(event, stored)
 
-            result = (handler(event) or expected) if handler else expected
+            if handler:
+                with tracing.span("webhook.handler", event_type=event.event_type):
+                    result = handler(event) or expected
+            else:
+                result = expected
             if result != expected:
                 params |= sql.adapt(_result_values(event, result), WebhookReceipt)
                 params |= {"receipt_id": claim.receipt_id, "audit_id": claim.audit_id}

@@ -28,7 +28,7 @@ from django.utils.datastructures import CaseInsensitiveMapping
 
 from .. import schemes
 from ..conf import app_settings, get_source
-from ..core import faults, logs, storable
+from ..core import faults, logs, storable, tracing
 from ..exceptions import (
     NotStored,
     PayloadTooLarge,
@@ -64,7 +64,32 @@ def webhook_receive(
     event and answered ``deferred`` (transient) or ``dead_lettered`` (permanent). Only
     when even that capture fails (the database is down) does it raise ``NotStored``, so
     that the sender keeps the event and retries.
+
+    With OpenTelemetry, in a ``webhook.receive`` span, child of the request's
+    ``traceparent`` (core/tracing.py).
     """
+    with tracing.span(
+        "webhook.receive", kind=tracing.SERVER, headers=headers, source=source_slug
+    ) as span:
+        outcome = _receive(
+            source_slug=source_slug,
+            stream=stream,
+            content_length=content_length,
+            headers=headers,
+            remote_addr=remote_addr,
+        )
+        tracing.annotate(span, event_key=outcome.event_key, result=outcome.status)
+        return outcome
+
+
+def _receive(
+    *,
+    source_slug: str,
+    stream: IO[bytes] | None,
+    content_length: int | None,
+    headers: Mapping[str, str],
+    remote_addr: str | None,
+) -> ReceiveOutcome:
     audit = AuditDraft(source=source_slug, received_at=timezone.now(), remote_addr=remote_addr)
     if not isinstance(headers, CaseInsensitiveMapping):  # request.headers already is one
         headers = CaseInsensitiveMapping(headers)
@@ -76,13 +101,14 @@ def webhook_receive(
             raise UnknownSource()
         body = read_limited_body(stream, content_length, source.max_body_bytes)
         audit.set_body(body)
-        message = schemes.verify(
-            scheme=source.scheme,
-            secrets=source.secrets,
-            headers=headers,
-            body=body,
-            tolerance_seconds=source.tolerance_seconds,
-        )
+        with tracing.span("webhook.verify", scheme=source.scheme):
+            message = schemes.verify(
+                scheme=source.scheme,
+                secrets=source.secrets,
+                headers=headers,
+                body=body,
+                tolerance_seconds=source.tolerance_seconds,
+            )
     except RejectedRequest as exc:
         if isinstance(exc, TimestampOutOfTolerance) and exc.verified is not None:
             # authentic but late (or early): worth knowing which delivery it was
@@ -106,7 +132,8 @@ def webhook_receive(
     try:
         event = parse_event(source, message, headers, body)
         audit.event_key = event.event_key
-        return event_claim_and_apply(event=event, body=body, headers=headers, audit=audit)
+        with tracing.span("webhook.claim", event_key=event.event_key, event_type=event.event_type):
+            return event_claim_and_apply(event=event, body=body, headers=headers, audit=audit)
     except Exception as exc:
         # The claim has rolled back. Keep the verified event, in a transaction of its own.
         captured = CapturedEvent(

@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..core import faults, sql
+from ..core import faults, sql, tracing
 from . import queries
 from .metrics import dedup_hit_count
 from .models import MessageStatus, OutboxMessage, WebhookDestination
@@ -116,6 +116,9 @@ def enqueue_webhook(
         "next_attempt_at": now,
         "origin_source": origin[0] if origin else "",
         "origin_event_key": origin[1] if origin else "",
+        # the admitting span (the handler's, in a traced delivery): its deliveries
+        # continue that trace
+        "traceparent": tracing.current_traceparent(),
         "created_at": now,
     }
     params = sql.adapt(row, OutboxMessage)

@@ -109,6 +109,9 @@ class OutboxMessage(models.Model):
     # the inbound event whose handler enqueued it, for the trace page
     origin_source = models.CharField(max_length=100, blank=True)
     origin_event_key = models.CharField(max_length=255, blank=True)
+    # with OpenTelemetry, the W3C traceparent of the span that admitted it: its
+    # deliveries continue that trace (core/tracing.py); "" without one
+    traceparent = models.CharField(max_length=128, blank=True, default="", db_default="")
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)

@@ -24,12 +24,12 @@ FAILED = MessageStatus.FAILED.value
 INSERT_MESSAGE = """
     INSERT INTO webhook_receiver_outboxmessage
         (destination_id, key, event_type, payload, metadata, ordering_key, status, attempts,
-         failures, next_attempt_at, origin_source, origin_event_key, created_at, last_error,
-         discarded_by, discard_reason)
+         failures, next_attempt_at, origin_source, origin_event_key, traceparent, created_at,
+         last_error, discarded_by, discard_reason)
     VALUES
         (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(metadata)s,
          %(ordering_key)s, %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s,
-         %(origin_event_key)s, %(created_at)s, '', '', '')
+         %(origin_event_key)s, %(traceparent)s, %(created_at)s, '', '', '')
     ON CONFLICT (destination_id, key) DO NOTHING
     RETURNING id
 """
@@ -105,7 +105,8 @@ CLAIM = f"""
         last_error = CASE WHEN {_SPENT} THEN %(unrecorded)s ELSE last_error END,
         failures = failures + CASE WHEN status = '{SENDING}' THEN 1 ELSE 0 END
     WHERE id IN (SELECT id FROM claimable)
-    RETURNING id, key, event_type, payload, attempts, failures, created_at, status
+    RETURNING id, key, event_type, payload, attempts, failures, created_at, status,
+        traceparent
 """
 
 # The token bucket as the claim left it.

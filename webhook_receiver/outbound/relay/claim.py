@@ -149,6 +149,7 @@ def _claim_rows(params: dict[str, Any]) -> tuple[list[Claimed], list[Claimed]]:
             attempt=m.attempts,
             failures=m.failures,
             created_at=m.created_at,
+            traceparent=m.traceparent or "",
         )
         (spent if m.status == MessageStatus.FAILED else claimed).append(message)
     # RETURNING keeps no order: sent (and recorded) oldest first

@@ -16,6 +16,7 @@ class Claimed:
     attempt: int
     failures: int
     created_at: datetime
+    traceparent: str = ""  # the admitting span's, with OpenTelemetry
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import time
 
 from django.db import DatabaseError, OperationalError
 
-from ...core import faults, logs
+from ...core import faults, logs, tracing
 from .. import trigger
 from ..models import WebhookDestination
 from .claim import relay_claim
@@ -67,7 +67,13 @@ def relay_destination(
             return sent_count, 0.0
         if not round_.claimed:
             return sent_count, round_.wait
-        results = relay_send(dest, round_.claimed)
+        with tracing.span(
+            "webhook.relay_round",
+            destination=dest.name,
+            messages=len(round_.claimed),
+            links=[m.traceparent for m in round_.claimed],
+        ):
+            results = relay_send(dest, round_.claimed)
         sent_count += len(results)
 
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import httpx
 from django.utils import timezone
 
-from ...core import storable
+from ...core import storable, tracing
 from ...core.peer_http import body_start, charset_of, text_of
 from ...core.peer_http import client as peer_client
 from ...core.peer_http import deadline as request_deadline
@@ -115,12 +115,31 @@ def relay_send(dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
     """Send each claimed message once, concurrently; never raises for a message."""
     if not claimed:
         return []
+    context = tracing.current_context()  # the round's span, for the sending threads
     if len(claimed) == 1:
-        return [_send_one(dest, claimed[0])]
-    return list(_executor().map(lambda m: _send_one(dest, m), claimed))
+        return [_send_one(dest, claimed[0], context)]
+    return list(_executor().map(lambda m: _send_one(dest, m, context), claimed))
 
 
-def _send_one(dest: WebhookDestination, message: Claimed) -> Sent:
+def _send_one(dest: WebhookDestination, message: Claimed, context: object = None) -> Sent:
+    """One delivery in a ``webhook.deliver`` span (with OpenTelemetry): a child of the
+    span that admitted the message, else of the round's."""
+    with tracing.span(
+        "webhook.deliver",
+        kind=tracing.CLIENT,
+        traceparent=message.traceparent,
+        context=context,
+        destination=dest.name,
+        message_key=message.key,
+        attempt=message.attempt,
+    ) as span:
+        sent = _request(dest, message)
+        error = sent.error.split(":", 1)[0] if sent.error else None  # the class, no more
+        tracing.annotate(span, status_code=sent.status_code, error=error)
+        return sent
+
+
+def _request(dest: WebhookDestination, message: Claimed) -> Sent:
     """One request, over by the destination's timeout from connect to the last byte of
     the excerpt, whatever the destination does (a status line, headers or a body that
     trickle): its lease, timeout + LEASE_MARGIN, always outlives it. What is kept of the
@@ -129,6 +148,7 @@ def _send_one(dest: WebhookDestination, message: Claimed) -> Sent:
     started_at = timezone.now()
     began = time.monotonic()
     body, headers = signed_request(dest, message, int(time.time()))
+    tracing.inject(headers)  # the delivery's span goes on at the merchant's end
     try:
         client = _client(dest)
         with (

@@ -77,7 +77,7 @@ def span(
     """A span named ``name`` around the block (None without OpenTelemetry). Its parent:
     the trace context in ``headers`` or ``traceparent`` when valid, else ``context``,
     else the current span. ``links``: traceparents this span is linked to."""
-    if trace is None:
+    if trace is None or not _configured():
         yield None
         return
     parent = _parent(headers, traceparent, context)
@@ -96,6 +96,12 @@ def span(
         except BaseException as exc:
             current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             raise
+
+
+def _configured() -> bool:
+    """Whether a host set a tracer provider (an SDK): until then the API's spans would
+    record nothing, and cost a delivery tens of microseconds for it."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def annotate(current: Any, **attributes: str | int | None) -> None:

@@ -18,7 +18,8 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.translation import ngettext
+from django.utils.translation import gettext, ngettext, ngettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 from ..inbound.failures import ReplayResult, failed_event_discard, failed_event_replay
 from ..inbound.models import FailedEvent, FailureStatus, Result
@@ -57,34 +58,47 @@ def _selection_row(event: FailedEvent) -> tuple[Any, ...]:
 
 
 EVENTS = Selection(
-    ("id", "source", "event key", "event type", "status", "attempts", "last error"),
+    (
+        _("id"),
+        _("source"),
+        _("event key"),
+        _("event type"),
+        _("status"),
+        _("attempts"),
+        _("last error"),
+    ),
     _selection_row,
     status_column=4,
 )
 REPLAY = Confirmation(
     action="replay_selected",
-    title="Replay failed events",
+    title=_("Replay failed events"),
     explanation=(
-        "Replaying runs each event's stored, verified bytes through the claim now, under its "
-        "original key: an event applied meanwhile answers duplicate and changes nothing. A "
-        "replay that fails again adds an attempt to the event's error history. Your name and "
-        "the time are kept on each event, and the reason, if you give one, in its history.",
+        _(
+            "Replaying runs each event's stored, verified bytes through the claim now, under "
+            "its original key: an event applied meanwhile answers duplicate and changes "
+            "nothing. A replay that fails again adds an attempt to the event's error history. "
+            "Your name and the time are kept on each event, and the reason, if you give one, in "
+            "its history."
+        ),
     ),
     form=ReplayForm,
-    submit=("Replay %d event", "Replay %d events"),
+    submit=ngettext_lazy("Replay %(count)d event", "Replay %(count)d events", "count"),
     selection=EVENTS,
 )
 DISCARD = Confirmation(
     action="discard_selected",
-    title="Discard failed events",
+    title=_("Discard failed events"),
     explanation=(
-        "Discarding gives up on an event: it is not retried any more, and it is deleted once "
-        "its retention has passed (until then it can still be replayed by hand). Your name, "
-        "the time and the reason are kept on each event. Events already resolved or discarded "
-        "are left as they are.",
+        _(
+            "Discarding gives up on an event: it is not retried any more, and it is deleted "
+            "once its retention has passed (until then it can still be replayed by hand). Your "
+            "name, the time and the reason are kept on each event. Events already resolved or "
+            "discarded are left as they are."
+        ),
     ),
     form=DiscardEventsForm,
-    submit=("Discard %d event", "Discard %d events"),
+    submit=ngettext_lazy("Discard %(count)d event", "Discard %(count)d events", "count"),
     selection=EVENTS,
     applies=DISCARDABLE,
 )
@@ -133,7 +147,7 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
             },
         ),
         (
-            "Operator",
+            _("Operator"),
             {
                 "fields": (
                     "resolution",
@@ -162,7 +176,7 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
     has_discard_permission = custom_permission("discard")
     # --- list and detail ---------------------------------------------------------------
 
-    @admin.display(description="event key", ordering="event_key")
+    @admin.display(description=_("event key"), ordering="event_key")
     def event(self, obj: FailedEvent) -> str:
         change = reverse(
             f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change",
@@ -176,11 +190,11 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
             trace_link(obj.source, obj.event_key),
         )
 
-    @admin.display(description="event type", ordering="event_type")
+    @admin.display(description=_("event type"), ordering="event_type")
     def type_name(self, obj: FailedEvent) -> str:
         return wrap_words(obj.event_type)
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def state(self, obj: FailedEvent) -> str:
         """The status, then the attempts and when the last one failed, then (retrying)
         when the next one is due."""
@@ -193,7 +207,7 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
             lines.append((when, "wr-under", obj.next_attempt_at))
         return stacked_lines(lines)
 
-    @admin.display(description="last error", ordering="last_error_class")
+    @admin.display(description=_("last error"), ordering="last_error_class")
     def last_error(self, obj: FailedEvent) -> str:
         """ "TimeoutError: the warehouse did not answer…": the class's own name and the
         start of the message, on one line; the full class and message in the title."""
@@ -207,7 +221,7 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
         full = f"{obj.last_error_class}: {obj.last_error_message}"[:LAST_ERROR_TITLE_CHARS]
         return format_html('<span title="{}">{}</span>', full, short)
 
-    @admin.display(description="errors, oldest first")
+    @admin.display(description=_("errors, oldest first"))
     def error_history(self, obj: FailedEvent) -> str:
         entries = obj.errors if isinstance(obj.errors, list) else []
         return history_html(
@@ -224,10 +238,12 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
 
     # --- the detail page's Replay and Discard buttons (base.ObjectButtons) ---------------
 
-    object_noun = "event"
+    object_noun = _("event")
     object_buttons = {
-        "replay": ObjectButton("replay_confirmed", REPLAYABLE, "replayed", "Replay…"),
-        "discard": ObjectButton("discard_selected", DISCARDABLE, "discarded", "Discard…", "stop"),
+        "replay": ObjectButton("replay_confirmed", REPLAYABLE, _("replayed"), _("Replay…")),
+        "discard": ObjectButton(
+            "discard_selected", DISCARDABLE, _("discarded"), _("Discard…"), "stop"
+        ),
     }
 
     def button_context(self, request: HttpRequest, failed: FailedEvent) -> dict[str, Any]:
@@ -244,7 +260,7 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
 
     # --- actions -----------------------------------------------------------------------
 
-    @admin.action(description="Replay selected failed events now", permissions=["replay"])
+    @admin.action(description=_("Replay selected failed events now"), permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> None:
         events = list(queryset.order_by("id").only("id", "source", "event_key", "status"))
         self._replay(request, events, "")
@@ -262,11 +278,11 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
                 note = f"Replayed: {result.result}" + (f". Reason: {reason}" if reason else "")
                 self.log_change(request, failed, note)
         if not results:
-            self.message_user(request, "Nothing to replay.", messages.WARNING)
+            self.message_user(request, gettext("Nothing to replay."), messages.WARNING)
             return
         self.message_user(request, *_replay_summary(results))
 
-    @admin.action(description="Discard selected failed events…", permissions=["discard"])
+    @admin.action(description=_("Discard selected failed events…"), permissions=["discard"])
     def discard_selected(
         self, request: HttpRequest, queryset: QuerySet[FailedEvent]
     ) -> TemplateResponse | None:
@@ -282,10 +298,12 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
         report_changed(
             self,
             request,
-            ("Discarded %(count)d failed event.", "Discarded %(count)d failed events."),
+            ngettext_lazy(
+                "Discarded %(count)d failed event.", "Discarded %(count)d failed events.", "count"
+            ),
             changed=discarded,
             selected=len(events),
-            why_left=("already resolved or discarded",) * 2,
+            why_left=(gettext("already resolved or discarded"),) * 2,
         )
 
 
@@ -311,7 +329,13 @@ def _replay_summary(results: list[ReplayResult]) -> tuple[str, int]:
         f"{r.source}:{r.event_key} ({r.detail[:200]})" for r in failures[:MAX_FAILURES_LISTED]
     )
     more = len(failures) - MAX_FAILURES_LISTED
-    message += f" Failed: {listed}" + (f"; and {more} more." if more > 0 else ".")
+    if more > 0:
+        message += " " + gettext("Failed: %(listed)s; and %(more)d more.") % {
+            "listed": listed,
+            "more": more,
+        }
+    else:
+        message += " " + gettext("Failed: %(listed)s.") % {"listed": listed}
     return message, messages.ERROR if len(failures) == len(results) else messages.WARNING
 
 

@@ -9,6 +9,7 @@ list's actions and change the event the same way.
 from __future__ import annotations
 
 import html
+import json
 
 import pytest
 from django.contrib import messages
@@ -309,3 +310,40 @@ def test_the_replay_button_applies_a_crash_once_its_handler_is_fixed(admin_clien
     log = LogEntry.objects.get(object_id=str(failed.pk))
     assert log.change_message == "Replayed: applied. Reason: warehouse client fixed"
     assert buttons(admin_client.get(change_url(failed))) == set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_invalid_payload_lists_its_fields_on_the_detail_and_trace_pages(
+    admin_browser,  # noqa: F811
+    live_server,
+    client,
+):
+    from selenium.webdriver.common.by import By
+
+    # given: a reservation that the shop's serializer refuses on three fields
+    lines = [{"sku": "SKU-1", "quantity": 1}, {"sku": "", "quantity": 0}]
+    body = json.dumps({"type": "inventory.reserved", "data": {"order_id": "ord_F", "lines": lines}})
+    answer = post(client, "shop", body.encode(), standard_headers(body.encode(), msg_id="msg_F"))
+    assert answer.json()["status"] == "dead_lettered"
+    failed = FailedEvent.objects.get(event_key="msg_F")
+    expected = [
+        "version: This field is required.",
+        "lines[1].sku: This field may not be blank.",
+        "lines[1].quantity: Ensure this value is greater than or equal to 1.",
+    ]
+
+    # when: the failed event's page, then its trace
+    admin_browser.get(live_server.url + change_url(failed))
+    shown = [
+        li.text for li in admin_browser.find_elements(By.CSS_SELECTOR, ".field-error_history li")
+    ]
+    history = admin_browser.find_element(By.CSS_SELECTOR, ".field-error_history")
+    admin_browser.execute_script("arguments[0].scrollIntoView()", history)
+    screenshot(admin_browser, "failed-event-field-errors")
+    admin_browser.get(live_server.url + trace_url("shop", "msg_F"))
+    traced = [li.text for li in admin_browser.find_elements(By.CSS_SELECTOR, "ul.fields li")]
+    screenshot(admin_browser, "trace-field-errors")
+
+    # then: one field a line, in DRF's words, on both
+    assert shown == expected
+    assert traced == expected

@@ -95,7 +95,7 @@ lint: install
 
 # The fault run before a deploy (docs/chaos.md): gunicorn, a Celery worker and beat, a
 # PostgreSQL and a Redis of its own, SIGKILLs, a database stop, locks; every effect checked.
-# The long run (10,000 events, about 8 minutes) writes var/chaos/report.txt and .json.
+# The long run (10,000 events, about 5 minutes) writes var/chaos/report.txt and .json.
 .PHONY: chaos chaos-short
 chaos: install
 	$(BIN)/python -m tests.chaos

@@ -123,9 +123,13 @@ class Merchant:
                 time.sleep(merchant.roll() * 0.05)  # the merchant's own work
                 try:
                     payload = merchant.webhook.verify(body, dict(self.headers.items()))
-                except WebhookVerificationError:
+                except WebhookVerificationError as exc:
                     with book.lock:
                         book.answers["401"] += 1
+                    merchant.log.write(
+                        f"{time.time():.3f} 401 {self.headers.get('webhook-id')}: {exc} "
+                        f"(body {len(body)} of {length} bytes)\n"
+                    )
                     return self._answer(401, {"error": "bad signature"})
                 key = self.headers["webhook-id"]
                 roll = merchant.roll()

@@ -148,7 +148,7 @@ class Stack:
                                          (self.beat, self.beat_start)):  # fmt: skip
                     if service is None or service.alive() or not self._supervising.is_set():
                         continue
-                    last = _last_error(service.tail(200))
+                    last = _last_error(service.tail(5000))
                     self.unplanned_exits.append({
                         "process": service.name, "at": time.time(), "line": last,
                         "code": service.process.returncode, "log": str(service.log),

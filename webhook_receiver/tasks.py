@@ -14,13 +14,26 @@ is one log line a run (``faults.healing``), and the next run tries again.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from celery import shared_task
 
 from .conf import app_settings
 from .core.faults import healing
 
+
+class _TaskOptions(TypedDict):
+    acks_late: bool
+    reject_on_worker_lost: bool
+    ignore_result: bool
+
+
 # at-least-once: acknowledged after the work, redelivered if the worker dies
-AT_LEAST_ONCE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+AT_LEAST_ONCE: _TaskOptions = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "ignore_result": True,
+}
 
 
 # --- inbound ---------------------------------------------------------------------------

@@ -332,8 +332,6 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
 
 
 def _during(at: float, windows) -> str:
-    """The fault an instant fell in (or just after: within 5 s of its end)."""
-    for window in windows:
-        if window.start <= at <= window.end + 5:
-            return window.name
-    return "no fault"
+    """The latest fault begun before an instant, if the instant is within it or 5 s after."""
+    begun = [w for w in windows if w.start <= at <= w.end + 5]
+    return max(begun, key=lambda w: w.start).name if begun else "no fault"

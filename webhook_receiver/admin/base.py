@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
@@ -25,6 +25,15 @@ from django.utils.translation import gettext_lazy as _
 from ..core import display
 from ..inbound.models import FailedEvent, WebhookReceipt
 from .cells import pre
+
+# The mixins below are model admins' (they call its methods and override its views): the
+# checker sees ModelAdmin as their base; at run time it is object, as a mixin's
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+    _ModelAdminMixin = admin.ModelAdmin[Any]
+else:
+    _ModelAdminMixin = object
 
 
 def visible_response(response: HttpResponse) -> HttpResponse:
@@ -44,7 +53,7 @@ def _visible_content(response: HttpResponse) -> None:
         response.content = shown.encode(response.charset)
 
 
-class VisibleText:
+class VisibleText(_ModelAdminMixin):
     """Every page of a model admin (list, actions and their confirmation pages, detail,
     history, delete) passed through visible_response: what peers sent is shown with its
     bidirectional controls and invisible characters as escapes, whichever field, filter,
@@ -111,16 +120,16 @@ class ObjectButton:
     # the statuses it applies to (None: an object without one, any object), and the
     # past participle for "cannot be …"
     statuses: tuple[str, ...] | None
-    done: str
+    done: StrOrPromise
     # the button's words, and "go" (it sends or runs something) or "stop" (it gives up)
-    label: str
+    label: StrOrPromise
     tone: str = "go"
 
     def applies_to(self, obj: Any) -> bool:
         return self.statuses is None or obj.status in self.statuses
 
 
-class ObjectButtons:
+class ObjectButtons(_ModelAdminMixin):
     """Buttons on an object's own page (Replay, Discard, Retry now…) that run the list's
     own actions on that one object: the same permission (the button's name is the
     action of a Meta permission), the same confirmation page, the same service.
@@ -131,6 +140,10 @@ class ObjectButtons:
     """
 
     object_buttons: dict[str, ObjectButton] = {}
+    if TYPE_CHECKING:
+        # the host's (ReadOnlyAdmin's, or the model admin's own)
+        def has_custom_permission(self, request: HttpRequest, action: str) -> bool: ...
+
     # "event", "message": in the warning for a button pressed on the wrong status
     object_noun = _("object")
 

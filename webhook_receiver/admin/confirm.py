@@ -12,16 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 TEMPLATE = "admin/webhook_receiver/action_confirmation.html"
 # a confirmation page lists this many of the selection; the action takes them all
@@ -34,7 +36,7 @@ class Selection:
     """How a confirmation page lists the selected records: its headings, the cells of one
     record, and which cell shows the record's status."""
 
-    columns: Sequence[str]
+    columns: Sequence[StrOrPromise]
     row: Callable[[Any], Sequence[Any]]
     status_column: int = 0
 
@@ -45,14 +47,14 @@ class Confirmation:
 
     # the list action's name, which the page's form posts back to
     action: str
-    title: str
+    title: StrOrPromise
     # what the action does, a paragraph each
-    explanation: Sequence[str]
+    explanation: Sequence[StrOrPromise]
     # the note the action keeps (admin/forms.py): a form of one field
     form: type[forms.Form]
     # the submit button, for the count: ngettext_lazy(singular, plural, "count"), each
     # with %(count)d; or (singular, plural), each with %d, as ngettext takes them
-    submit: Promise | tuple[str, str]
+    submit: StrOrPromise | tuple[str, str]
     selection: Selection
     # the statuses of the records the action changes (None: every record's); the others'
     # status cell says that they are left as they are
@@ -113,7 +115,7 @@ def confirm_then_act(
 def report_changed(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,
-    done: Promise | tuple[str, str],
+    done: StrOrPromise | tuple[str, str],
     *,
     changed: int,
     selected: int,
@@ -135,7 +137,7 @@ def report_changed(
     model_admin.message_user(request, message, messages.WARNING if left else messages.SUCCESS)
 
 
-def _counted(text: Promise | tuple[str, str], count: int, pair_values: Any) -> str:
+def _counted(text: StrOrPromise | tuple[str, str], count: int, pair_values: Any) -> str:
     """``text`` for ``count``: a string of ngettext_lazy(…, "count")'s, with %(count)d; or
     a (singular, plural) pair as ngettext takes them, filled with ``pair_values``."""
     if isinstance(text, tuple):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -33,6 +33,9 @@ from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
 from .confirm import Confirmation, Selection, confirm_then_act
 from .forms import DestinationForm, RecoverForm
+
+if TYPE_CHECKING:
+    from ..outbound.selectors import DestinationWithHealth
 
 
 @dataclass(frozen=True)
@@ -240,11 +243,11 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         )
 
     @admin.display(description=_("backlog"), ordering="backlog")
-    def backlog_figure(self, obj: WebhookDestination) -> str:
+    def backlog_figure(self, obj: DestinationWithHealth) -> str:
         return self._messages_link(obj, obj.backlog, MessageStatus.PENDING, "wr-figure")
 
     @admin.display(description=_("oldest due"), ordering="oldest_eligible_at")
-    def oldest_eligible(self, obj: WebhookDestination) -> str:
+    def oldest_eligible(self, obj: DestinationWithHealth) -> str:
         if obj.oldest_eligible_at is None:
             return "-"
         return format_html(
@@ -254,7 +257,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         )
 
     @admin.display(description=_("failed"), ordering="failed_count")
-    def failed_figure(self, obj: WebhookDestination) -> str:
+    def failed_figure(self, obj: DestinationWithHealth) -> str:
         css = "wr-figure wr-failed" if obj.failed_count else "wr-figure"
         return self._messages_link(obj, obj.failed_count, MessageStatus.FAILED, css)
 
@@ -272,7 +275,8 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         return ngettext("%d secret", "%d secrets", count) % count
 
     def _messages_link(self, obj: WebhookDestination, count: int, status: str, css: str) -> str:
-        query = urlencode({"destination__id__exact": obj.pk, "status__exact": status})
+        filters: dict[str, int | str] = {"destination__id__exact": obj.pk, "status__exact": status}
+        query = urlencode(filters)
         return format_html(
             '<a class="{}" href="{}?{}">{}</a>',
             css,

@@ -9,10 +9,11 @@ as the list's actions.
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import flatten_fieldsets, quote
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -164,7 +165,7 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
         ("Error history", {"fields": ("error_history",)}),
     )
     # every field shown is read-only: the record is evidence
-    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+    readonly_fields = tuple(flatten_fieldsets(fieldsets))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[FailedEvent]:
         # The list needs none of the bulky columns; the detail page loads them on use.
@@ -199,8 +200,8 @@ class FailedEventAdmin(ObjectButtons, StoredEventDisplay, ReadOnlyAdmin):
         """The status, then the attempts and when the last one failed, then (retrying)
         when the next one is due."""
         attempts = ngettext("%d attempt", "%d attempts", obj.attempts) % obj.attempts
-        lines = [(obj.get_status_display(), "", None)]
-        lines.append((attempts, "wr-under", ""))
+        lines: list[tuple[str, str, datetime | None]] = [(obj.get_status_display(), "", None)]
+        lines.append((attempts, "wr-under", None))
         lines.append((f"last {compact_time(obj.last_attempt_at)}", "wr-under", obj.last_attempt_at))
         if obj.next_attempt_at is not None:
             when = f"next {compact_time(obj.next_attempt_at)}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 from django.utils import timezone
@@ -17,9 +17,12 @@ from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..schemes.standard import secret_key
 
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
 
 def note_form(
-    field: str, *, label: str, required: bool, help_text: str, rows: int = 3
+    field: str, *, label: StrOrPromise, required: bool, help_text: StrOrPromise, rows: int = 3
 ) -> type[forms.Form]:
     """A form of one text field (a reason, a note) that an action keeps on its records."""
     note = forms.CharField(
@@ -184,9 +187,8 @@ class DestinationForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         current = self.instance.secrets if self.instance.pk else []
         if "keep_secrets" in self.fields:
-            self.fields["keep_secrets"].choices = [
-                (secret_fingerprint(s), secret_label(s)) for s in current
-            ]
+            keep_field = cast(forms.MultipleChoiceField, self.fields["keep_secrets"])
+            keep_field.choices = [(secret_fingerprint(s), secret_label(s)) for s in current]
             self.initial.setdefault("keep_secrets", [secret_fingerprint(s) for s in current])
         if "event_types" in self.fields:
             self.initial["event_types"] = "\n".join(self.instance.event_types or [])
@@ -214,7 +216,8 @@ class DestinationForm(forms.ModelForm):
         return secrets
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        # ModelForm's clean() returns its cleaned_data (the stubs allow an override's None)
+        cleaned = cast(dict[str, Any], super().clean())
         keep = set(cleaned.get("keep_secrets") or [])
         current = self.instance.secrets if self.instance.pk else []
         kept = [s for s in current if secret_fingerprint(s) in keep]

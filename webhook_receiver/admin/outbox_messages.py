@@ -7,11 +7,12 @@ from the list or from a message's page. The admin only calls the services of
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import flatten_fieldsets, quote
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -157,7 +158,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         (_("Metadata"), {"fields": ("pretty_metadata",), "description": METADATA_NOTE}),
         (_("Payload"), {"fields": ("pretty_payload",)}),
     )
-    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+    readonly_fields = tuple(flatten_fieldsets(fieldsets))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
         # the list needs none of the payload nor the metadata (the detail page loads them
@@ -189,7 +190,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
 
     @admin.display(description=_("key"), ordering="id")
     def message(self, obj: OutboxMessage) -> str:
-        under = []
+        under: list[str] = []
         if obj.ordering_key:
             under.append(
                 format_html(gettext("ordering key {key}"), key=wrap_words(obj.ordering_key))
@@ -218,7 +219,9 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         """The status, then the attempts, then when the next is due (pending), the lease
         ends (sending) or it was delivered."""
         attempts = ngettext("%d attempt", "%d attempts", obj.attempts) % obj.attempts
-        lines = [(short_status(obj.status), f"wr-status wr-{obj.status}", None)]
+        lines: list[tuple[str, str, datetime | None]] = [
+            (short_status(obj.status), f"wr-status wr-{obj.status}", None)
+        ]
         lines.append((attempts, "wr-under", None))
         if obj.status == MessageStatus.PENDING:
             next_at = gettext("next %(time)s") % {"time": compact_time(obj.next_attempt_at)}
@@ -402,7 +405,8 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         """One admin history entry per changed message: who, when, what and why."""
         if changed:
             LogEntry.objects.log_actions(
-                user_id=request.user.pk,
+                # the admin's views let only a logged-in user in: the pk is never None
+                user_id=cast(int, request.user.pk),
                 queryset=OutboxMessage.objects.filter(pk__in=changed).only("id", "key", "status"),
                 action_flag=CHANGE,
                 change_message=note,

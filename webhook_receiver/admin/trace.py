@@ -8,7 +8,7 @@ traced. Guarded by the view permission on the overview (SourceOverview).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import PermissionDenied
@@ -37,7 +37,7 @@ class TraceForm(forms.Form):
         requested = (self.data.get("source") or "")[:100]
         if requested:
             sources.add(requested)
-        self.fields["source"].choices = [
+        cast(forms.ChoiceField, self.fields["source"]).choices = [
             (ANY_SOURCE, gettext("any source")),
             *((slug, slug) for slug in sorted(sources)),
         ]

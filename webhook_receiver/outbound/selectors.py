@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import (
     Count,
@@ -32,9 +33,26 @@ BACKLOG = (MessageStatus.PENDING, MessageStatus.SENDING)
 OPEN = (*BACKLOG, MessageStatus.FAILED)
 
 
+class Health(TypedDict):
+    """The figures destinations_with_health() adds to each destination."""
+
+    backlog: int
+    oldest_eligible_at: datetime | None
+    failed_count: int
+    in_flight: int
+    held_back: int
+
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    # a destination read through destinations_with_health(), its figures with it
+    DestinationWithHealth = WithAnnotations[WebhookDestination, Health]
+
+
 def destinations_with_health(
     queryset: QuerySet[WebhookDestination], *, now: datetime | None = None
-) -> QuerySet[WebhookDestination]:
+) -> QuerySet[DestinationWithHealth]:
     """Each destination with its figures, from one grouped query however many rows:
 
     - ``backlog``: pending and sending messages (what the relay still has to send);

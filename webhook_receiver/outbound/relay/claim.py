@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -22,6 +22,14 @@ from .. import metrics, queries
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
 from .messages import Claimed, RelayRound
 from .policy import answer_log, ops_notice_terminal
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    class _InFlight(TypedDict):
+        # the locking query's column: the destination's requests in flight
+        in_flight: int
+
 
 # a lease outlives the request's own timeout by this much
 LEASE_MARGIN = timedelta(seconds=30)
@@ -59,7 +67,8 @@ def relay_claim(
         locked = queries.LOCKED_DESTINATION.get(
             (connection.vendor, skip_if_busy), queries.DESTINATION_WITH_IN_FLIGHT
         )
-        dest = next(iter(WebhookDestination.objects.raw(locked, params)), None)
+        rows = WebhookDestination.objects.raw(locked, params)
+        dest = cast("WithAnnotations[WebhookDestination, _InFlight] | None", next(iter(rows), None))
         if dest is None:
             if not WebhookDestination.objects.filter(pk=destination_id).exists():
                 raise WebhookDestination.DoesNotExist(f"no destination {destination_id}")

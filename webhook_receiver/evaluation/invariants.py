@@ -294,7 +294,7 @@ def ledger_balances(v: _View) -> Verdict:
     Inbound: sent = applied + dead-lettered + awaiting a retry. Nothing else."""
     title = "the ledger balances (admitted = delivered + terminal + pending at the cut-off)"
     admitted = {(a["destination"], a["key"]) for a in v.obs.admissions}
-    states = Counter()
+    states: Counter[str] = Counter()
     for m in v.obs.messages:
         if m["status"] == "failed" and not (m["last_error"] or m["last_status_code"]):
             states["terminal without a reason"] += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, overload
 
 from .simulation import Observations
 
@@ -27,13 +27,19 @@ def percentile(values: list[float], share: float) -> float | None:
     return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
+@overload
+def _r(value: float, digits: int = 3) -> float: ...
+@overload
+def _r(value: None, digits: int = 3) -> None: ...
+@overload
+def _r(value: float | None, digits: int = 3) -> float | None: ...
 def _r(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
 def measure(obs: Observations) -> dict[str, Any]:
     scheduled: dict[tuple[str, str], float] = {}
-    ours = defaultdict(Counter)
+    ours: defaultdict[str, Counter[str]] = defaultdict(Counter)
     for a in obs.admissions:
         scheduled.setdefault((a["destination"], a["key"]), a["at"])
         if not a["created"]:
@@ -124,7 +130,7 @@ def _reason(m: dict[str, Any]) -> str:
 
 
 def _metadata_sums(messages: list[dict[str, Any]]) -> dict[str, float]:
-    sums: Counter[str] = Counter()
+    sums: defaultdict[str, float] = defaultdict(int)  # as a Counter: an int stays one
     for m in messages:
         for key, value in (m.get("metadata") or {}).items():
             if isinstance(value, int | float) and not isinstance(value, bool):

@@ -161,8 +161,8 @@ class Simulation:
         call_command("flush", interactive=False, verbosity=0)
         world.Receiver.create_table()
         cache.clear()
-        inbound_claim.duplicate_share.__init__()
-        world.current_receiver.__init__()
+        type(inbound_claim.duplicate_share).__init__(inbound_claim.duplicate_share)
+        type(world.current_receiver).__init__(world.current_receiver)
         backoff.jitter.seed(self.seed)  # the production code's retry jitter
 
     def _setup(self) -> None:
@@ -402,15 +402,17 @@ class Simulation:
             "last_status_code",
             "metadata",
         )
-        for row in rows:
+        for values in rows:
+            row: dict[str, Any] = dict(values)
             row["destination"] = self._names.get(row["destination_id"], "?")
             row["created"] = _offset(row.pop("created_at"), self._start)
             delivered = row.pop("delivered_at")
             row["delivered"] = _offset(delivered, self._start) if delivered else None
             obs.messages.append(row)
-        for a in DeliveryAttempt.objects.order_by("message_id", "number").values(
+        for attempt in DeliveryAttempt.objects.order_by("message_id", "number").values(
             "message_id", "number", "started_at", "status_code", "error", "next_attempt_at"
         ):
+            a: dict[str, Any] = dict(attempt)
             a["started"] = _offset(a.pop("started_at"), self._start)
             nxt = a.pop("next_attempt_at")
             a["next"] = _offset(nxt, self._start) if nxt else None

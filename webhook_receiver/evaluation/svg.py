@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -26,7 +27,7 @@ def colour(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
-def join(parts: Sequence[object]) -> SafeString:
+def join(parts: Sequence[Any]) -> SafeString:
     """Concatenate markup; a plain string that slipped in is escaped, not trusted."""
     return mark_safe("".join(str(conditional_escape(p)) for p in parts))
 

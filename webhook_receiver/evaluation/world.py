@@ -246,22 +246,36 @@ class SharedMemoryCache(BaseCache):
         super().__init__(params)
         self._local = LocMemCache(f"webhook-eval-{location}", params)
 
-    def add(self, key, value, timeout=DEFAULT_TIMEOUT, version=None):  # type: ignore[no-untyped-def]
+    def add(
+        self,
+        key: Any,
+        value: Any,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        version: int | None = None,
+    ) -> bool:
         return self._local.add(key, value, timeout, version)
 
-    def get(self, key, default=None, version=None):  # type: ignore[no-untyped-def]
+    def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
         return self._local.get(key, default, version)
 
-    def set(self, key, value, timeout=DEFAULT_TIMEOUT, version=None):  # type: ignore[no-untyped-def]
+    def set(
+        self,
+        key: Any,
+        value: Any,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        version: int | None = None,
+    ) -> None:
         self._local.set(key, value, timeout, version)
 
-    def touch(self, key, timeout=DEFAULT_TIMEOUT, version=None):  # type: ignore[no-untyped-def]
+    def touch(
+        self, key: Any, timeout: float | None = DEFAULT_TIMEOUT, version: int | None = None
+    ) -> bool:
         return self._local.touch(key, timeout, version)
 
-    def delete(self, key, version=None):  # type: ignore[no-untyped-def]
+    def delete(self, key: Any, version: int | None = None) -> bool:
         return self._local.delete(key, version)
 
-    def has_key(self, key, version=None):  # type: ignore[no-untyped-def]
+    def has_key(self, key: Any, version: int | None = None) -> bool:
         return self._local.has_key(key, version)
 
     def clear(self) -> None:

@@ -55,7 +55,9 @@ def check_webhook_receiver_settings(
                         id="webhook_receiver.E003",
                     )
                 )
-    paths = [(f"['HANDLERS'][{t!r}]", p) for t, p in config.handlers.items()]
+    paths: list[tuple[str, str | None]] = [
+        (f"['HANDLERS'][{t!r}]", p) for t, p in config.handlers.items()
+    ]
     paths += [(f"['SOURCES'][{s!r}]['EVENT_KEY']", c.event_key) for s, c in config.sources.items()]
     paths += [
         (

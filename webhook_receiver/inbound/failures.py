@@ -216,7 +216,7 @@ def _stored_event(failed: FailedEvent) -> WebhookEvent:
     return dataclasses.replace(event, event_key=failed.event_key)  # the original key
 
 
-def _apply_stored(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
+def _apply_stored(failed: FailedEvent, *, trigger: str, now: datetime) -> Result:
     """Run the stored event through the claim again; return its result, or FAILED.
 
     The caller holds the row lock, inside a transaction; a failure rolls back only the
@@ -251,7 +251,7 @@ def _apply_stored(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
     return outcome.status
 
 
-def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> str:
+def _attempt(failed: FailedEvent, *, trigger: str, now: datetime) -> Result:
     """One event's attempt with its row saved: a replay's. The caller holds the lock."""
     result = _apply_stored(failed, trigger=trigger, now=now)
     if result == Result.FAILED:

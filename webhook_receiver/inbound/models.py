@@ -7,10 +7,15 @@ Imported by ``webhook_receiver.models``, so that Django finds them; they belong 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 
 class Result(models.TextChoices):
@@ -35,7 +40,7 @@ RECEIPT_RESULTS = (Result.APPLIED, Result.STALE, Result.IGNORED)
 RESOLUTIONS = (*RECEIPT_RESULTS, Result.DUPLICATE)
 
 
-def _choices(members: tuple[Result, ...]) -> list[tuple[str, str]]:
+def _choices(members: tuple[Result, ...]) -> list[tuple[str, StrOrPromise]]:
     return [(member.value, member.label) for member in members]
 
 

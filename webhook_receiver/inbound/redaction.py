@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import models, transaction
+from django.db import transaction
 
 from ..conf import app_settings
 from ..core import storable
 from .models import FailedEvent, WebhookReceipt
+
+# the two models that keep a peer's headers
+_Stored = TypeVar("_Stored", WebhookReceipt, FailedEvent)
 
 DEFAULT_BATCH_SIZE = 500
 
@@ -44,8 +47,8 @@ def stored_headers_redact(
     credentials of REDACTED_HEADERS left out, every scheme's signature headers redacted
     (whatever KEEP_SIGNATURE_HEADERS says: running this is asking for it)."""
     return [
-        _redact(model, name, batch_size=batch_size, dry_run=dry_run)
-        for model, name in ((WebhookReceipt, "receipts"), (FailedEvent, "failed events"))
+        _redact(WebhookReceipt, "receipts", batch_size=batch_size, dry_run=dry_run),
+        _redact(FailedEvent, "failed events", batch_size=batch_size, dry_run=dry_run),
     ]
 
 
@@ -60,7 +63,7 @@ def redacted(headers: Any) -> Any:
     )
 
 
-def _redact(model: type[models.Model], name: str, *, batch_size: int, dry_run: bool) -> Redaction:
+def _redact(model: type[_Stored], name: str, *, batch_size: int, dry_run: bool) -> Redaction:
     rows = changed = 0
     for batch in _batches(model, batch_size):
         rows += len(batch)
@@ -71,7 +74,7 @@ def _redact(model: type[models.Model], name: str, *, batch_size: int, dry_run: b
     return Redaction(name=name, rows=rows, redacted=changed)
 
 
-def _batches(model: type[models.Model], size: int) -> Iterator[list[tuple[int, Any]]]:
+def _batches(model: type[_Stored], size: int) -> Iterator[list[tuple[int, Any]]]:
     """(id, headers) of every row, ``size`` at a time, in id order (an index range scan
     each: a keyset, never an offset)."""
     last = 0
@@ -85,7 +88,7 @@ def _batches(model: type[models.Model], size: int) -> Iterator[list[tuple[int, A
         last = batch[-1][0]
 
 
-def _rewrite(model: type[models.Model], ids: list[int]) -> None:
+def _rewrite(model: type[_Stored], ids: list[int]) -> None:
     """One short transaction: the rows locked (a failed event's retry saves its whole row
     under the same lock, so neither overwrites the other), read again, rewritten."""
     with transaction.atomic():

@@ -85,12 +85,12 @@ class WebhookView(APIView):
         if result.status in (Result.DEFERRED, Result.DEAD_LETTERED):
             return Response({"status": result.status, "event_key": result.event_key}, status=202)
         if result.status == Result.DUPLICATE:
-            body = {
+            duplicate = {
                 "status": Result.DUPLICATE.value,
                 "event_key": result.event_key,
                 "original": result.outcome,
             }
-            return Response(body, status=200)
+            return Response(duplicate, status=200)
         return Response(dict(result.outcome), status=200)
 
 

@@ -93,7 +93,7 @@ def repair_item_request_redelivery(*, item_id: int, actor: str, note: str = "") 
         source = get_source(item.source)
         config = source.reconcile if source else None
         hook = getattr(get_adapter(config.adapter), "redeliver", None) if config else None
-        if hook is None:
+        if hook is None or config is None:  # no config: no hook either
             detail = "this source's adapter cannot ask for a redelivery"
             return _done(item, REDELIVER, actor, note, Result.SKIPPED, detail)
         try:

@@ -149,7 +149,7 @@ class Command(BaseCommand):
 
 
 def _order(result: str) -> tuple[int, str]:
-    members = list(Result)
+    members: list[str] = list(Result)
     return (members.index(result) if result in members else len(members), result)
 
 

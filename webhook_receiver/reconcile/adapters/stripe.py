@@ -44,7 +44,8 @@ class BoundedHTTPClient(stripe.HTTPClient):
         verify = ssl.create_default_context(cafile=stripe.ca_bundle_path)
         self._client = peer_http.client(timeout=timeout, verify=verify)
 
-    def request(
+    # the body as bytes, as Stripe's own requests client returns it (HTTPClient says str)
+    def request(  # type: ignore[override]
         self,
         method: str,
         url: str,
@@ -94,13 +95,11 @@ def list_events(
         max_network_retries=int(options.get("MAX_NETWORK_RETRIES", 2)),
         http_client=http_client,
     )
-    params = {
-        "created": {"gte": int(since.timestamp()), "lt": int(until.timestamp())},
-        "limit": PAGE,
-    }
+    gte, lt = int(since.timestamp()), int(until.timestamp())
     page: list[SenderEvent] = []
     try:
-        for event in client.v1.events.list(params=params).auto_paging_iter():
+        listing = client.v1.events.list(params={"created": {"gte": gte, "lt": lt}, "limit": PAGE})
+        for event in listing.auto_paging_iter():
             page.append(sender_event(event.to_dict()))
             if len(page) >= PAGE:
                 yield page

@@ -25,7 +25,7 @@ try:
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the otel extra is not installed: nothing to trace with
-    trace = None
+    trace = None  # type: ignore[assignment]  # the module, or None: the checker sees one
 
 TRACER = "webhook_receiver"
 # the carrier's headers a span may read or write: W3C trace context, nothing else (not

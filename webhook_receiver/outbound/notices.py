@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+from typing import Any, cast
 
 from django.utils import timezone
 
@@ -42,7 +42,7 @@ def terminal_notice(
     if destination == app_settings().ops_destination:
         return
     notice_key = f"outbox:{destination}:{key}:failed:{message_id}"
-    if len(notice_key) > OutboxMessage._meta.get_field("key").max_length:
+    if len(notice_key) > cast(int, OutboxMessage._meta.get_field("key").max_length):
         # the failed message's key is named in the payload; here it only has to be unique
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
         notice_key = f"outbox:{destination}:sha256:{digest}:failed:{message_id}"

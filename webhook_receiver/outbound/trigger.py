@@ -9,6 +9,7 @@ are the ``webhook_receiver.relay_destination`` task (relay/run.py does the work)
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,10 +78,11 @@ def relay_on_commit(destination_ids: set[int]) -> None:
     discard or recovery). Not retried when the broker is down (robust: the operator's
     change stands): the beat sweep finds the messages due within seconds."""
     for dest_id in sorted(destination_ids):
-        transaction.on_commit(
-            lambda dest_id=dest_id: tasks.relay_destination.apply_async((dest_id,), retry=False),
-            robust=True,
-        )
+        transaction.on_commit(functools.partial(_relay_queue, dest_id), robust=True)
+
+
+def _relay_queue(destination_id: int) -> None:
+    tasks.relay_destination.apply_async((destination_id,), retry=False)
 
 
 def cache_is_shared() -> bool:

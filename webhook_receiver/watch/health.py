@@ -87,9 +87,16 @@ class Broker(HealthCheck):
         connection = app.connection_for_write(self.url, transport_options=self.transport_options)
         try:
             # one quick retry: a blip is not an outage, a refused port fails in milliseconds
-            connection.ensure_connection(max_retries=1, interval_start=0, timeout=seconds)
+            connection.ensure_connection(
+                max_retries=1,
+                interval_start=0,
+                # kombu takes any number of seconds (a float: the check's timeout); its
+                # stubs say int
+                timeout=seconds,  # type: ignore[arg-type]
+            )
             if connection.transport.driver_type == "filesystem":
-                _filesystem_folders_check(connection.transport_options)
+                # kombu keeps a dict (its stubs allow None)
+                _filesystem_folders_check(connection.transport_options or {})
         except ServiceUnavailable:
             raise
         except Exception as exc:  # kombu raises the transport's own errors

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db.models import Model
 from django.utils.dateparse import parse_datetime
@@ -26,9 +26,12 @@ from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage
 from ..reconcile.models import RepairItem
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,7 @@ def event_key_sources(*, event_key: str) -> list[str]:
 def _copy(cls: type[T], row: Model, **values: Any) -> T:
     """``cls`` (a dataclass of this module) filled from ``row``'s fields of the same names,
     ``id`` from its primary key, and ``values`` where a field is not stored as shown."""
-    names = [f.name for f in fields(cls) if f.name not in values]  # type: ignore[arg-type]
+    names = [f.name for f in fields(cls) if f.name not in values]
     stored = {name: row.pk if name == "id" else getattr(row, name) for name in names}
     return cls(**stored, **values)
 

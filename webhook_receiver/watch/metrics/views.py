@@ -75,7 +75,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         )
         return logs.logged_already(response)
     counters_zero_fill(slugs)
-    output = generate_latest(_Exposition(process_collector(), stored))  # type: ignore[arg-type]
+    output = generate_latest(_Exposition(process_collector(), stored))
     return HttpResponse(output, content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 

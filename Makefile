@@ -89,9 +89,11 @@ bench-retention: install
 bench-relay: install
 	$(BIN)/python -m tests.bench.relay
 
+# ruff, then mypy over webhook_receiver/ ([tool.mypy] in pyproject.toml; docs/testing.md)
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The fault run before a deploy (docs/chaos.md): gunicorn, a Celery worker and beat, a
 # PostgreSQL and a Redis of its own, SIGKILLs, a database stop, locks; every effect checked.

@@ -81,7 +81,7 @@ class Faults:
     def run(self, stop: Callable[[], bool]) -> None:
         time.sleep(self.holds.gap)
         for fault in self.sequence():
-            if stop():
+            if stop() or self.stack.stopping:
                 return
             try:
                 fault()
@@ -89,6 +89,14 @@ class Faults:
                 self.errors.append(f"{fault.__name__}: {type(exc).__name__}: {exc}")
                 self.log(f"fault {fault.__name__} failed: {exc!r}")
             time.sleep(self.holds.gap)
+
+    def _unless_stopping(self, start: Callable[[], None]) -> None:
+        """Start a server again, unless the run is being stopped (an interrupted run must
+        not leave a server started after its clean-up)."""
+        with self.stack.starting:
+            if self.stack.stopping:
+                raise RuntimeError("the run is stopping")
+            start()
 
     def _window(self, name: str, detail: str = "") -> Window:
         window = Window(name, time.time(), detail=detail)
@@ -114,7 +122,7 @@ class Faults:
         with stack.process_lock:
             window = self._window("worker_kill", f"(a relay request in flight: {mid})")
             stack.worker.kill()
-            stack.worker_restart()
+            self._unless_stopping(stack.worker_restart)
         self._close(window, "(a new worker ready)")
 
     def gunicorn_kill(self) -> None:
@@ -145,7 +153,7 @@ class Faults:
         window = self._window("postgres_stop", f"({self.holds.postgres_down:g} s down)")
         pg._run("pg_ctl", "-D", str(pg.data), "-m", "immediate", "-w", "stop")
         time.sleep(self.holds.postgres_down)
-        pg.start()
+        self._unless_stopping(pg.start)
         self._close(window, "(started, accepting connections)")
 
     def redis_restart(self) -> None:
@@ -153,7 +161,7 @@ class Faults:
         window = self._window("redis_restart")
         redis.stop()
         time.sleep(1)
-        redis.start()
+        self._unless_stopping(redis.start)
         self._close(window, "(answering)")
 
     def _hold(self, name: str, statements: list[str], seconds: float) -> None:

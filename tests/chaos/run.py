@@ -61,6 +61,9 @@ class Stack:
         # held while a fault or the supervisor replaces the worker
         self.process_lock = threading.Lock()
         self.unplanned_exits: list[dict] = []
+        # set once the clean-up begins; a fault restarts nothing after it (under `starting`)
+        self.stopping = False
+        self.starting = threading.Lock()
         self._supervising = threading.Event()
 
     @property
@@ -155,10 +158,14 @@ class Stack:
                     })  # fmt: skip
                     self.log(f"{service.name} exited on its own ({last}); starting another")
                     time.sleep(1)
-                    try:
-                        restart(**({"wait": False} if restart == self.worker_restart else {}))
-                    except Exception as exc:
-                        self.log(f"could not start it again: {exc!r}")
+                    with self.starting:
+                        if self.stopping:
+                            return
+                        try:
+                            kwargs = {"wait": False} if restart == self.worker_restart else {}
+                            restart(**kwargs)
+                        except Exception as exc:
+                            self.log(f"could not start it again: {exc!r}")
 
     def worker_restart(self, wait: bool = True) -> None:
         self.worker_generation += 1
@@ -171,6 +178,8 @@ class Stack:
 
     def stop_all(self) -> None:
         self._supervising.clear()
+        with self.starting:
+            self.stopping = True
         with self.process_lock:
             pass  # a restart under way has finished
         for service in reversed(self.services):
@@ -259,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
             target=faults.run, args=(lambda: not sender.alive(),), daemon=True
         )
         fault_thread.start()
-        fault_thread.join(timeout=duration + 600)
+        # short joins: a signal that lands in another thread is seen by this one only
+        # when it runs again (a long join would hold off Ctrl-C and SIGTERM)
+        until = time.monotonic() + duration + 600
+        while fault_thread.is_alive() and time.monotonic() < until:
+            fault_thread.join(timeout=0.5)
         sender.process.wait(timeout=deadline + 60)
         send_end = time.time()
         log(f"sender done after {send_end - send_start:.0f} s; draining")

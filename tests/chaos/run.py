@@ -328,7 +328,7 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     ]
     meta["requests_per_second"] = len(requests.rows) / max(meta["send_seconds"], 1e-6)
     meta["wall_seconds"] = time.time() - meta.pop("wall_start")
-    names = ["run.log", "gunicorn.log", "beat.log", "sender.log", "merchant.log",
+    names = ["run.log", "manage.log", "gunicorn.log", "beat.log", "sender.log", "merchant.log",
              "postgres.log", "redis.log", "requests.jsonl", "plan.json"]  # fmt: skip
     names += sorted(p.name for p in stack.run_dir.glob("worker-*.log"))
     logs = {name: str(stack.run_dir / name) for name in names}

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -42,6 +41,7 @@ from typing import Any
 
 from .common import DEFAULT_DATABASE_URL, FULL_PATH
 from .load import event_bodies, run_phase, signed_requests
+from .report import write_section
 from .server import (
     BASE_DIR,
     GunicornServer,
@@ -530,11 +530,7 @@ def bench_drain(
     }
     print()
     print(render(result, config))
-    args.drain_output.parent.mkdir(parents=True, exist_ok=True)
-    args.drain_output.write_text(
-        json.dumps({"config": config, **result}, indent=2, default=str) + "\n"
-    )
-    print(f"\nwrote {args.drain_output}")
+    write_section(args.drain_output, config, result)
     return result
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -45,7 +44,7 @@ import environ
 
 from .common import DEFAULT_DATABASE_URL, FULL_PATH
 from .load import event_bodies, run_phase, signed_requests
-from .report import Stats, stats_of
+from .report import Stats, stats_of, write_section
 from .server import (
     BASE_DIR,
     GunicornServer,
@@ -630,11 +629,7 @@ def bench_growth(args: argparse.Namespace, empty: GunicornServer, empty_url: str
     }
     print()
     print(render(result, config))
-    args.growth_output.parent.mkdir(parents=True, exist_ok=True)
-    args.growth_output.write_text(
-        json.dumps({"config": config, **result}, indent=2, default=str) + "\n"
-    )
-    print(f"\nwrote {args.growth_output}")
+    write_section(args.growth_output, config, result)
     return result
 
 

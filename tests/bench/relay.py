@@ -54,6 +54,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
+from tests.support.limits import bucket_excess, worst_window
+
 from .common import SHOP_SECRET
 from .server import BASE_DIR, LoggedProcess, database_recreate, git_commit, raise_on_sigterm
 
@@ -580,35 +582,15 @@ def limited_figures(
         "steady_rate": steady_rate,
         "steady_ratio": steady_rate / rate,
         "first_second": first_second,
-        "worst_1s_window": _worst_window(times, 1.0),
-        "worst_1s_window_after_burst": _worst_window(steady, 1.0),
-        "bucket_excess": _bucket_excess(times, rate, burst),
-        "starts_bucket_excess": _bucket_excess(starts, rate, burst),
-        "starts_worst_1s_window": _worst_window(starts, 1.0),
+        "worst_1s_window": worst_window(times, 1.0),
+        "worst_1s_window_after_burst": worst_window(steady, 1.0),
+        "bucket_excess": bucket_excess(times, rate, burst),
+        "starts_bucket_excess": bucket_excess(starts, rate, burst),
+        "starts_worst_1s_window": worst_window(starts, 1.0),
         "arrivals_s": [round(t - times[0], 4) for t in times],
         "starts_s": [round(t - starts[0], 4) for t in starts],
         "problems": problems,
     }
-
-
-def _bucket_excess(times: Sequence[float], rate: float, burst: int) -> float:
-    """The most that any window [t_i, t_j] holds beyond rate * (t_j - t_i) + burst:
-    max over j of (j + 1 - rate * t_j) + max over i <= j of (rate * t_i - i)."""
-    worst, best_start = -math.inf, -math.inf
-    for j, t in enumerate(times):
-        best_start = max(best_start, rate * t - j)
-        worst = max(worst, j + 1 - rate * t + best_start)
-    return worst - burst if times else 0.0
-
-
-def _worst_window(times: Sequence[float], span: float) -> int:
-    """The most arrivals in any window of ``span`` seconds."""
-    worst, j = 0, 0
-    for i in range(len(times)):
-        while j < len(times) and times[j] - times[i] < span:
-            j += 1
-        worst = max(worst, j - i)
-    return worst
 
 
 def latency(args: argparse.Namespace, receiver: Receiver, dest) -> dict[str, Any]:

@@ -173,3 +173,10 @@ def write_json(
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def write_section(path: Path, config: dict[str, Any], result: dict[str, Any]) -> None:
+    """A section's figures (drain, growth) as JSON beside the receive bench's, and say so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"config": config, **result}, indent=2, default=str) + "\n")
+    print(f"\nwrote {path}")

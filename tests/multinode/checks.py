@@ -13,13 +13,14 @@ the merchant's record: each a list of problems, empty when it holds.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psycopg
+
+from tests.support.limits import bucket_excess, worst_window
 
 from .merchant import Arrival
 from .sender import Expected
@@ -215,22 +216,3 @@ def delivery(
     if out_of_order:
         d.problems.append(f"{len(out_of_order)} orders' messages arrived out of order")
     return d
-
-
-def bucket_excess(times: Sequence[float], rate: float, burst: int) -> float:
-    """The most that any window [t_i, t_j] holds beyond rate * (t_j - t_i) + burst."""
-    worst, best_start = -math.inf, -math.inf
-    for j, t in enumerate(times):
-        best_start = max(best_start, rate * t - j)
-        worst = max(worst, j + 1 - rate * t + best_start)
-    return worst - burst if times else 0.0
-
-
-def worst_window(times: Sequence[float], span: float) -> int:
-    """The most events in any window of ``span`` seconds."""
-    worst, j = 0, 0
-    for i in range(len(times)):
-        while j < len(times) and times[j] - times[i] < span:
-            j += 1
-        worst = max(worst, j - i)
-    return worst

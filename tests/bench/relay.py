@@ -55,6 +55,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from tests.support.limits import bucket_excess, worst_window
+from tests.support.wire import read_webhook
 
 from .common import SHOP_SECRET
 from .server import BASE_DIR, LoggedProcess, database_recreate, git_commit, raise_on_sigterm
@@ -126,19 +127,7 @@ class _Arrivals:
 async def _connection(state: _Arrivals, reader: asyncio.StreamReader, writer) -> None:
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *lines = head[:-4].split(b"\r\n")
-            method, target, _ = request_line.split(b" ", 2)
-            length, key = 0, ""
-            for line in lines:
-                name, _, value = line.partition(b":")
-                name = name.strip().lower()
-                if name == b"content-length":
-                    length = int(value)
-                elif name == b"webhook-id":
-                    key = value.strip().decode()
-            if length:
-                await reader.readexactly(length)
+            method, target, key = await read_webhook(reader)
             if method == b"POST":
                 state.arrive(key)
                 writer.write(OK_RESPONSE)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from http.client import HTTPConnection
 from typing import Any
 
+from tests.support.wire import read_webhook
+
 HOST = "127.0.0.1"
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"ok": true}'
 
@@ -40,19 +42,7 @@ class _State:
 async def _serve_connection(state: _State, delay: float, reader, writer) -> None:
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *lines = head[:-4].split(b"\r\n")
-            method = request_line.split(b" ", 1)[0]
-            length, key = 0, ""
-            for line in lines:
-                name, _, value = line.partition(b":")
-                name = name.strip().lower()
-                if name == b"content-length":
-                    length = int(value)
-                elif name == b"webhook-id":
-                    key = value.strip().decode()
-            if length:
-                await reader.readexactly(length)
+            method, _, key = await read_webhook(reader)
             if method != b"POST":
                 body = json.dumps(state.stats()).encode()
                 writer.write(

@@ -161,8 +161,8 @@ class Simulation:
         call_command("flush", interactive=False, verbosity=0)
         world.Receiver.create_table()
         cache.clear()
-        type(inbound_claim.duplicate_share).__init__(inbound_claim.duplicate_share)
-        type(world.current_receiver).__init__(world.current_receiver)
+        inbound_claim.duplicate_share.reset()
+        world.current_receiver.reset()
         backoff.jitter.seed(self.seed)  # the production code's retry jitter
 
     def _setup(self) -> None:

@@ -202,6 +202,11 @@ class Receiver:
         self.fail_first: set[str] = set()
         self.tries: Counter[str] = Counter()
 
+    def reset(self) -> None:
+        """Back to a receiver that has seen nothing (between scenarios)."""
+        self.fail_first.clear()
+        self.tries.clear()
+
     @staticmethod
     def create_table() -> None:
         with connection.cursor() as cursor:

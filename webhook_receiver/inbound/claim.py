@@ -242,14 +242,19 @@ def _resolve_open_failure(event: WebhookEvent, *, resolution: str) -> None:
         .values_list("id", flat=True)
     )
     if ids:
-        now = timezone.now()
-        FailedEvent.objects.filter(id__in=ids).update(
-            status=FailureStatus.RESOLVED,
-            resolution=resolution,
-            resolved_at=now,
-            next_attempt_at=None,
-            updated_at=now,
-        )
+        failed_events_mark_resolved(ids, resolution=resolution, at=timezone.now())
+
+
+def failed_events_mark_resolved(ids: list[int], *, resolution: str, at: datetime) -> None:
+    """Mark these failed events resolved, as ``resolution``, at ``at``: nothing is due
+    any more. The caller holds their row locks."""
+    FailedEvent.objects.filter(id__in=ids).update(
+        status=FailureStatus.RESOLVED,
+        resolution=resolution,
+        resolved_at=at,
+        next_attempt_at=None,
+        updated_at=timezone.now(),
+    )
 
 
 class DuplicateShare:
@@ -269,6 +274,10 @@ class DuplicateShare:
 
     def __init__(self) -> None:
         self._shares: dict[str, float] = {}
+
+    def reset(self) -> None:
+        """Forget every share (the evaluation harness, between scenarios)."""
+        self._shares.clear()
 
     def read_first(self, source: str) -> bool:
         mode = app_settings().duplicate_check

@@ -40,7 +40,7 @@ from ..core.retention import delete_in_batches
 from ..exceptions import InvalidPayload, PermanentError
 from ..handlers import WebhookEvent
 from ..schemes import VerifiedMessage
-from .claim import event_claim_and_apply
+from .claim import event_claim_and_apply, failed_events_mark_resolved
 from .events import parse_event
 from .models import FailedEvent, FailureStatus, Result
 
@@ -315,13 +315,7 @@ def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = 
                 if time.monotonic() - started > SWEEP_TRANSACTION_SECONDS:
                     break  # the rest stay due, released at commit
             for resolution, ids in resolved.items():
-                FailedEvent.objects.filter(pk__in=ids).update(
-                    status=FailureStatus.RESOLVED,
-                    resolution=resolution,
-                    resolved_at=moment,
-                    next_attempt_at=None,
-                    updated_at=timezone.now(),
-                )
+                failed_events_mark_resolved(ids, resolution=resolution, at=moment)
     return tried
 
 

@@ -8,16 +8,25 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db.models import Sum
 from django.test import Client
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.settings import SHOP_SECRET
+from tests.support.fuzzing import THROUGH_THE_DATABASE, texts
 from tests.support.http import post
 from tests.support.signing import standard_headers
-from webhook_receiver.models import OutboxMessage, WebhookDestination
+from webhook_receiver.models import (
+    OutboxMessage,
+    RejectionTally,
+    RequestAudit,
+    WebhookDestination,
+)
 from webhook_receiver.outbound.relay.run import relay_destination
 
 pytestmark = pytest.mark.django_db
@@ -141,3 +150,46 @@ def test_a_refused_request_is_a_failed_span_that_names_the_refusal_only(spans):
     assert receive.status.status_code == trace.StatusCode.ERROR
     assert receive.status.description == "InvalidSignature"
     assert "ord_forged" not in json.dumps(dict(receive.attributes or {}))
+
+
+def accounted() -> int:
+    """Requests on the record: audit records, and refusals past the audit bound that
+    their minute's tally counts."""
+    unrecorded = RejectionTally.objects.aggregate(n=Sum("unrecorded"))["n"] or 0
+    return RequestAudit.objects.count() + unrecorded
+
+
+def traceparents() -> st.SearchStrategy[str]:
+    """Trace context a sender may send: well-formed, nearly so, or anything at all."""
+    hexes = st.text("0123456789abcdefABCDEF", min_size=0, max_size=40)
+    near = st.builds(lambda v, t, s, f: f"{v}-{t}-{s}-{f}", hexes, hexes, hexes, hexes)
+    return st.one_of(near, texts("latin1", max_size=600))
+
+
+@THROUGH_THE_DATABASE
+@given(traceparent=traceparents(), tracestate=texts("latin1", max_size=600), bad=st.booleans())
+def test_any_trace_context_a_sender_sends_is_answered_and_audited_never_a_5xx(
+    spans, traceparent, tracestate, bad
+):
+    # given: a request, authentic or not, with whatever trace context
+    body = json.dumps({"type": "test.noop", "data": {"id": "x"}}).encode()
+    headers = standard_headers(body)
+    if bad:
+        headers["webhook-signature"] = "v1,AAAA"
+    headers |= {"traceparent": traceparent, "tracestate": tracestate}
+    audits = accounted()
+
+    # when
+    answer = post(Client(), "shop", body, headers)
+
+    # then: answered as without it, on the record, in one span that holds only the
+    # app's own attributes
+    assert answer.status_code == (401 if bad else 200), answer.content
+    assert accounted() == audits + 1
+    [receive] = [s for s in spans.get_finished_spans() if s.name == "webhook.receive"][-1:]
+    assert set(receive.attributes or {}) <= {
+        "webhook.source",
+        "webhook.event_key",
+        "webhook.result",
+    }
+    spans.clear()

@@ -53,7 +53,7 @@ def test_a_run_prints_its_report_and_saves_it_and_its_page(eval_command, tmp_pat
     done = eval_command(TINY, "--seed", "5", "--save", str(saved), "--html", str(page))
 
     assert done.returncode == 0, done.stderr
-    assert "  PASS  tiny " in done.stdout and "10 of 10 invariants held" in done.stdout
+    assert "  PASS  tiny " in done.stdout and "14 of 14 invariants held" in done.stdout
     export = json.loads(saved.read_text())
     assert export["format"] == 1 and export["seed"] == 5 and export["held"]
     assert export["scenarios"][0]["metrics"]["destinations"]["shop"]["delivered"] == 10

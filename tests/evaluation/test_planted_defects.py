@@ -4,18 +4,20 @@ invariant that defect breaks, while the same scenario passes without it."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from unittest import mock
 
 import pytest
 
 from webhook_receiver.evaluation import scenario
+from webhook_receiver.evaluation import simulation as simulation_module
 from webhook_receiver.evaluation.run import evaluate
 from webhook_receiver.inbound import claim as inbound_claim
 from webhook_receiver.inbound import receive
 from webhook_receiver.models import WebhookReceipt
 from webhook_receiver.outbound import queries
-from webhook_receiver.outbound.relay import claim, policy, transport
+from webhook_receiver.outbound.relay import claim, policy, record, transport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,6 +28,10 @@ def broken(result: dict) -> list[str]:
 
 def run(data: dict) -> dict:
     return evaluate(scenario.parse({"name": "planted", "duration": "10m", **data}), seed=3)
+
+
+def first(result: dict, name: str) -> str:
+    return next(v for v in result["verdicts"] if v["name"] == name)["first"]
 
 
 BACKLOG = {
@@ -72,8 +78,82 @@ INBOUND = {
     "inbound": {"events": 40, "over": "4m", "silence_after": "1h", "fail_after_effect": 0.3},
 }
 
+# a merchant that rejects some events for good (a permanent answer, on the first attempt)
+REJECTING = {
+    "destinations": [
+        {
+            "name": "shop",
+            "faults": [
+                {"status": 400, "attempts": [1], "share": 0.2, "group": "malformed"},
+                {"status": 410, "attempts": [1], "share": 0.1, "group": "gone"},
+                {"status": 422, "attempts": [1], "share": 0.1, "group": "invalid"},
+            ],
+        }
+    ],
+    "admissions": [{"orders": 20, "over": "10s"}],
+}
 
-@pytest.mark.parametrize("data", [BACKLOG, ORDERED, LOSSY, PACED, INBOUND])
+# a merchant that answers 500 for four and a half minutes under steady traffic
+OUTAGE = {
+    "destinations": [
+        {
+            "name": "shop",
+            "breaker_threshold": 3,
+            "breaker_cooldown": "30s",
+            "faults": [{"status": 500, "from": "30s", "until": "5m"}],
+        }
+    ],
+    "admissions": [{"orders": 100, "over": "8m"}],
+}
+
+# a Retry-After of an hour, above a cap of a minute
+GREEDY = {
+    "destinations": [
+        {
+            "name": "shop",
+            "retry_after_cap": "1m",
+            "faults": [{"status": 429, "retry_after": 3600, "attempts": [1], "share": 0.3}],
+        }
+    ],
+    "admissions": [{"orders": 10, "over": "10s"}],
+}
+
+# a share of the events fails every time: their budget of three is spent
+SPENDING = {
+    "destinations": [
+        {
+            "name": "shop",
+            "max_attempts": 3,
+            "backoff_base": "1s",
+            "backoff_cap": "10s",
+            "faults": [{"status": 500, "share": 0.2}],
+        }
+    ],
+    "admissions": [{"orders": 20, "over": "10s"}],
+}
+
+# the sender goes quiet at 20 minutes in a run cut off at an hour: a silence to the end
+TRAILING_SILENCE = {
+    "duration": "1h",
+    "inbound": {"events": 40, "over": "20m", "silence_after": "10m"},
+}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        BACKLOG,
+        ORDERED,
+        LOSSY,
+        PACED,
+        INBOUND,
+        REJECTING,
+        OUTAGE,
+        GREEDY,
+        SPENDING,
+        TRAILING_SILENCE,
+    ],
+)
 def test_each_scenario_passes_without_a_defect(data):
     result = run(data)
 
@@ -123,7 +203,8 @@ def test_retry_after_ignored_breaks_no_early_attempt(monkeypatch):
 
     result = run(PACED)
 
-    assert broken(result) == ["no-early-attempt"]
+    # what was asked is not waited: too early at the merchant, and set short of it
+    assert broken(result) == ["no-early-attempt", "retry-after-capped"]
     first = next(v for v in result["verdicts"] if v["name"] == "no-early-attempt")["first"]
     assert "Retry-After" in first
 
@@ -176,3 +257,93 @@ def test_a_lost_message_voids_the_run(monkeypatch):
     result = run(BACKLOG)
 
     assert result["void"] and "ledger-balances" in broken(result)
+
+
+def test_a_permanent_answer_retried_breaks_the_terminal_answer(monkeypatch):
+    """400, 410 and 422 treated as transient: the merchant's rejections are retried."""
+    monkeypatch.setattr(policy, "TERMINAL_STATUSES", frozenset())
+
+    result = run(REJECTING)
+
+    assert broken(result) == ["terminal-answer-final"]
+    assert "later request" in first(result, "terminal-answer-final")
+
+
+def test_a_terminal_answer_given_one_more_try_breaks_the_terminal_answer(monkeypatch):
+    """A relay that tries a permanent answer once more before it gives up."""
+    decide = policy.verdict
+
+    def one_more_try(dest, sent, now):
+        if sent.status_code in policy.TERMINAL_STATUSES and sent.message.failures == 0:
+            return policy.Verdict("pending", now, spends_budget=True, breaker_failure=False)
+        return decide(dest, sent, now)
+
+    monkeypatch.setattr(record, "verdict", one_more_try)
+
+    assert broken(run(REJECTING)) == ["terminal-answer-final"]
+
+
+def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
+    """Nothing recorded on the breaker: the merchant is hammered through its outage."""
+    monkeypatch.setattr(record, "breaker_record", lambda *args, **kwargs: None)
+
+    result = run(OUTAGE)
+
+    assert broken(result) == ["breaker-limits-attempts"]
+    assert "with the breaker open since" in first(result, "breaker-limits-attempts")
+
+
+def test_a_breaker_whose_pause_ends_at_once_breaks_the_breaker(monkeypatch):
+    """The breaker opens, but for no cool-down: a probe follows each failure at once."""
+    opens = record.breaker_record
+
+    def no_cool_down(dest, **kwargs):
+        impatient = copy.copy(dest)
+        impatient.breaker_cooldown_seconds = 0
+        opens(impatient, **kwargs)
+
+    monkeypatch.setattr(record, "breaker_record", no_cool_down)
+
+    result = run(OUTAGE)
+
+    assert broken(result) == ["breaker-limits-attempts"]
+    assert "no probe due before" in first(result, "breaker-limits-attempts")
+
+
+def test_a_retry_after_above_the_cap_waited_in_full_breaks_the_cap(monkeypatch):
+    """The cap ignored: an hour's Retry-After waited for an hour."""
+    read = policy.parse_retry_after
+    monkeypatch.setattr(
+        policy, "parse_retry_after", lambda value, *, now, cap: read(value, now=now, cap=10**9)
+    )
+
+    result = run(GREEDY)
+
+    assert broken(result) == ["retry-after-capped"]
+    assert "asked to wait 3600 s (the cap 60 s)" in first(result, "retry-after-capped")
+
+
+def test_a_budget_ignored_breaks_the_budget(monkeypatch):
+    """A relay that never spends the retry budget: failing messages are tried for ever."""
+    decide = policy.verdict
+
+    def endless(dest, sent, now):
+        generous = copy.copy(dest)
+        generous.max_attempts = 10**6
+        return decide(generous, sent, now)
+
+    monkeypatch.setattr(record, "verdict", endless)
+
+    result = run(SPENDING)
+
+    assert broken(result) == ["budget-respected"]
+    assert "against a budget of 3" in first(result, "budget-respected")
+
+
+def test_a_silence_check_that_never_runs_misses_a_trailing_silence(monkeypatch):
+    monkeypatch.setattr(simulation_module, "silence_check", lambda: None)
+
+    result = run(TRAILING_SILENCE)
+
+    assert broken(result) == ["silence-alert-once"]
+    assert "to the cut-off" in first(result, "silence-alert-once")

@@ -15,7 +15,7 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from .report import _age, _num
+from .report import _age, _num, held_back_words
 from .svg import Chart, Series, colour, draw, join
 
 STYLE = """
@@ -250,10 +250,14 @@ COLUMNS = (
     ("delivered", ""),
     ("terminal", ""),
     ("pending at cut-off", ""),
+    ("held back at cut-off", "behind a terminal message of their ordering key: for an operator"),
     ("p50", "latency from the scheduled admission to the 2xx"),
     ("p95", ""),
     ("max", ""),
-    ("oldest eligible max", "the oldest message waiting while due, at its worst"),
+    (
+        "oldest eligible max",
+        "the oldest message the relay could send, at its worst (held-back ones apart)",
+    ),
     ("attempts per delivered", ""),
     ("dedup ours / merchant", "admissions deduplicated here / duplicates the merchant saw"),
     ("limiter utilisation", "requests sent over what the rate allowed while busy"),
@@ -277,6 +281,7 @@ def _destinations(s: dict[str, Any]) -> SafeString:
             _num(m["delivered"]),
             _num(m["terminal"]),
             _num(m["pending_at_cut_off"]),
+            _num(m["held_back_at_cut_off"]),
             _age(m["latency_p50_s"]),
             _age(m["latency_p95_s"]),
             _age(m["latency_max_s"]),
@@ -295,6 +300,8 @@ def _destinations(s: dict[str, Any]) -> SafeString:
         if m["terminal_reasons"]:
             reasons = "; ".join(f"{n} {r}" for r, n in m["terminal_reasons"].items())
             notes.append(format_html("<li>{}: terminal: {}</li>", d["name"], reasons))
+        if m["held_back_max"]:
+            notes.append(format_html("<li>{}: {}</li>", d["name"], held_back_words(m)))
         if m.get("metadata_sums"):
             sums = ", ".join(f"{k} {_num(v)}" for k, v in m["metadata_sums"].items())
             notes.append(format_html("<li>{}: metadata summed: {}</li>", d["name"], sums))
@@ -330,7 +337,7 @@ def _receiver(s: dict[str, Any]) -> SafeString:
 
 
 def _charts(i: int, s: dict[str, Any]) -> SafeString:
-    """Four charts, one line (or outline) per destination in the same colour in each."""
+    """Five charts, one line (or outline) per destination in the same colour in each."""
     dests = s["metrics"]["destinations"]
     if not dests:
         return mark_safe('<p class="muted">No destination: no outbound queue to chart.</p>')
@@ -374,8 +381,21 @@ def _charts(i: int, s: dict[str, Any]) -> SafeString:
                 y_time=True,
                 x_max=duration,
             ),
-            "How long the oldest message that was due (and not sent) had waited since its "
-            "admission: a queue that falls behind climbs here.",
+            "How long the oldest message the relay could send (due, and not behind an "
+            "older open one of its ordering key) had waited since its admission: a queue "
+            "that falls behind climbs here. Messages held back for an operator are apart.",
+        ),
+        (
+            Chart(
+                "Held back for an operator",
+                series(lambda m: m["series"]["held_back"]),
+                x_label="simulated time",
+                empty="nothing held back",
+                y_whole=True,
+                x_max=duration,
+            ),
+            "Messages waiting behind a terminal message of their ordering key (strict "
+            "order): they go once an operator retries or discards it, not before.",
         ),
         (
             Chart(

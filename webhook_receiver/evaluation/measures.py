@@ -67,7 +67,12 @@ def measure(obs: Observations) -> dict[str, Any]:
             "latency_p50_s": _r(percentile(latencies, 0.50)),
             "latency_p95_s": _r(percentile(latencies, 0.95)),
             "latency_max_s": _r(max(latencies) if latencies else None),
+            # what the relay could send; what waits for an operator is held back, apart
             "oldest_eligible_max_s": _r(max((s[2] for s in samples), default=0.0)),
+            "held_back_max": max((s[3] for s in samples), default=0),
+            "held_back_longest_s": _r(max((s[4] for s in samples), default=0.0)),
+            "held_back_at_cut_off": sum(e["held"] for e in obs.held_back.get(name, [])),
+            "held_behind": obs.held_back.get(name, [])[:3],
             "attempts_per_delivered": _r(
                 sum(m["attempts"] for m in delivered) / len(delivered) if delivered else None
             ),
@@ -139,22 +144,29 @@ def _metadata_sums(messages: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _series(
-    samples: list[tuple[float, int, float]], arrivals: list[Any], rate: float, cut: float
+    samples: list[tuple[float, int, float, int, float]],
+    arrivals: list[Any],
+    rate: float,
+    cut: float,
 ) -> dict[str, list[list[float]]]:
-    """Queue depth, oldest eligible age and limiter utilisation over simulated time, at
-    most SERIES_POINTS points each (each bucket keeps its largest value)."""
+    """Queue depth, oldest eligible age, messages held back and limiter utilisation over
+    simulated time, at most SERIES_POINTS points each (each bucket keeps its largest
+    value)."""
     width = max(1.0, cut / SERIES_POINTS)
     depth: dict[int, float] = {}
     oldest: dict[int, float] = {}
-    for at, count, age in samples:
+    held: dict[int, float] = {}
+    for at, count, age, held_count, _held_age in samples:
         b = min(int(at / width), SERIES_POINTS - 1)
         depth[b] = max(depth.get(b, 0), count)
         oldest[b] = max(oldest.get(b, 0.0), age)
+        held[b] = max(held.get(b, 0), held_count)
     started = Counter(min(int(a.at / width), SERIES_POINTS - 1) for a in arrivals)
     buckets = range(min(SERIES_POINTS, int(math.ceil(cut / width))))
     return {
         "depth": [[_r(b * width, 1), depth.get(b, 0)] for b in buckets],
         "oldest_age_s": [[_r(b * width, 1), _r(oldest.get(b, 0.0), 1)] for b in buckets],
+        "held_back": [[_r(b * width, 1), held.get(b, 0)] for b in buckets],
         "utilisation": [[_r(b * width, 1), _r(started[b] / (rate * width), 3)] for b in buckets],
     }
 

@@ -35,6 +35,19 @@ def _age(seconds: float | None) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
+def held_back_words(m: dict[str, Any]) -> str:
+    """Messages held behind a terminal one of their ordering key: they wait for an
+    operator, not for the relay, and are not counted in the oldest eligible age."""
+    behind = ", ".join(
+        f"{e['behind']} ({e['held']}, for {_age(e['held_for_s'])})" for e in m["held_behind"]
+    )
+    return (
+        f"held back for an operator: {_num(m['held_back_at_cut_off'])} at the cut-off "
+        f"(at most {_num(m['held_back_max'])}, the longest for {_age(m['held_back_longest_s'])})"
+        + (f", behind {behind}" if behind else "")
+    )
+
+
 def verdict_lines(export: dict[str, Any]) -> list[str]:
     lines = []
     for s in export["scenarios"]:
@@ -102,7 +115,7 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
         out += ["", "  per destination (latency from the scheduled admission to the 2xx)"]
         head = (
             f"    {'destination':<16}{'limits':>14}{'admitted':>9}{'deliv.':>8}{'term.':>6}"
-            f"{'pend.':>6}{'p50':>9}{'p95':>9}{'max':>9}{'oldest':>9}{'att/d':>7}"
+            f"{'pend.':>6}{'held':>5}{'p50':>9}{'p95':>9}{'max':>9}{'oldest':>9}{'att/d':>7}"
             f"{'dedup us/them':>15}{'util':>6}"
         )
         out.append(head)
@@ -112,7 +125,8 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
             out.append(
                 f"    {d['name']:<16}{limits:>14}{_num(m['admitted']):>9}"
                 f"{_num(m['delivered']):>8}{_num(m['terminal']):>6}"
-                f"{_num(m['pending_at_cut_off']):>6}{_age(m['latency_p50_s']):>9}"
+                f"{_num(m['pending_at_cut_off']):>6}{_num(m['held_back_at_cut_off']):>5}"
+                f"{_age(m['latency_p50_s']):>9}"
                 f"{_age(m['latency_p95_s']):>9}{_age(m['latency_max_s']):>9}"
                 f"{_age(m['oldest_eligible_max_s']):>9}{_num(m['attempts_per_delivered']):>7}"
                 f"{_num(m['dedup_hits_admission']) + '/' + _num(m['dedup_hits_merchant']):>15}"
@@ -123,6 +137,8 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
             if m["terminal_reasons"]:
                 reasons = "; ".join(f"{n} {r}" for r, n in m["terminal_reasons"].items())
                 out.append(f"    {d['name']}: terminal: {reasons}")
+            if m["held_back_max"]:
+                out.append(f"    {d['name']}: {held_back_words(m)}")
             if m["metadata_sums"]:
                 sums = ", ".join(f"{k} {_num(v)}" for k, v in m["metadata_sums"].items())
                 out.append(f"    {d['name']}: metadata summed: {sums}")

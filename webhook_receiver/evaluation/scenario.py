@@ -24,6 +24,11 @@ BUILT_IN = Path(__file__).resolve().parent / "scenarios"
 MAX_DURATION = 31 * 86400
 # a fixed Monday morning: a report never depends on the day it was run
 DEFAULT_START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+# the worker processes that run relay and beat tasks: `celery -A project worker` runs as
+# many as the machine has cores, and the documented machine has two (docs/production.md)
+DEFAULT_WORKERS = 2
+# a run's worker processes at most (each is a thread with a connection of its own)
+MAX_WORKERS = 64
 
 
 @dataclass(frozen=True)
@@ -38,14 +43,19 @@ class Window:
 @dataclass(frozen=True)
 class Fault:
     """How a simulated merchant misbehaves for some requests: an answer (``status``,
-    with ``retry_after``), a response lost after it committed, a timeout, or being down
-    (connection refused). It applies to the keys of a seeded ``share`` (the same keys
-    for every fault of the same ``group``), on the merchant's ``attempts`` of a key
-    (1 is the first request it sees of that key; empty: every one), to ``events``
-    (empty: all), inside ``window`` (None: always)."""
+    with ``retry_after``), a response lost after it committed, a timeout, being down
+    (connection refused), or a slow answer (``slow: 30s``: the answer it would give,
+    that long after the request; past the destination's timeout it is a timeout, with
+    the effect applied). ``delay`` goes with ``status`` and ``lose_response`` too. It
+    applies to the keys of a seeded ``share`` (the same keys for every fault of the same
+    ``group``), on the merchant's ``attempts`` of a key (1 is the first request it sees
+    of that key; empty: every one), to ``events`` (empty: all), inside ``window`` (None:
+    always)."""
 
-    kind: str  # "status", "lose_response", "timeout", "down"
+    kind: str  # "status", "lose_response", "timeout", "down", "slow"
     status: int | None = None
+    # seconds the answer takes (None: the destination's ``delay``)
+    delay: float | None = None
     retry_after: str | None = None
     attempts: tuple[int, ...] = ()
     share: float = 1.0
@@ -68,6 +78,8 @@ class Destination:
     retry_after_cap_seconds: float = 300.0
     breaker_threshold: int = 10
     breaker_cooldown_seconds: float = 60.0
+    # seconds every answer takes, unless a fault says otherwise
+    delay_seconds: float = 0.0
     faults: tuple[Fault, ...] = ()
 
 
@@ -146,6 +158,8 @@ class Scenario:
     start: datetime = DEFAULT_START
     # a destination whose deliveries must not change when the others are removed
     isolated: tuple[str, ...] = ()
+    # the worker processes that run the relay's and beat's tasks, one task each at a time
+    workers: int = DEFAULT_WORKERS
     path: str = ""
 
     def only(self, names: tuple[str, ...]) -> Scenario:
@@ -213,6 +227,7 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
             "inbound",
             "beat",
             "isolated",
+            "workers",
         },
     )
     destinations = tuple(
@@ -250,8 +265,11 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
         ),
         start=r.moment(start, "start") if start is not None else DEFAULT_START,
         isolated=isolated,
+        workers=r.integer(top.get("workers", DEFAULT_WORKERS), "workers", minimum=1),
         path=path,
     )
+    if scenario.workers > MAX_WORKERS:
+        raise r.error("workers", f"at most {MAX_WORKERS} worker processes")
     if scenario.duration > MAX_DURATION:
         raise r.error("duration", f"at most {MAX_DURATION // 86400:g} days of simulated time")
     if not scenario.admissions and scenario.inbound is None:
@@ -275,6 +293,7 @@ def _destination(r: Reader, data: Any, at: str) -> Destination:
         "retry_after_cap",
         "breaker_threshold",
         "breaker_cooldown",
+        "delay",
         "faults",
     }
     r.known(d, at, fields)
@@ -293,6 +312,8 @@ def _destination(r: Reader, data: Any, at: str) -> Destination:
     ):
         if key in d:
             values[attr] = r.duration(d[key], f"{at}.{key}", positive=True)
+    if "delay" in d:
+        values["delay_seconds"] = r.duration(d["delay"], f"{at}.delay")
     values["faults"] = tuple(
         _fault(r, item, f"{at}.faults[{i}]")
         for i, item in enumerate(r.listing(d.get("faults", []), f"{at}.faults"))
@@ -300,7 +321,7 @@ def _destination(r: Reader, data: Any, at: str) -> Destination:
     return Destination(**values)
 
 
-FAULT_KINDS = ("status", "lose_response", "timeout", "down")
+FAULT_KINDS = ("status", "lose_response", "timeout", "down", "slow")
 
 
 def _fault(r: Reader, data: Any, at: str) -> Fault:
@@ -308,7 +329,8 @@ def _fault(r: Reader, data: Any, at: str) -> Fault:
     r.known(
         f,
         at,
-        {*FAULT_KINDS, "retry_after", "attempts", "share", "group", "events", "from", "until"},
+        {*FAULT_KINDS, "retry_after", "delay", "attempts", "share", "group", "events"}
+        | {"from", "until"},
     )
     kinds = [k for k in FAULT_KINDS if k in f]
     if len(kinds) != 1:
@@ -319,8 +341,15 @@ def _fault(r: Reader, data: Any, at: str) -> Fault:
         status = r.integer(f["status"], f"{at}.status", minimum=100)
         if status > 599 or 200 <= status < 300:
             raise r.error(f"{at}.status", f"{status} is not an HTTP error status (300-599)")
-    elif f[kind] is not True:
+    elif kind != "slow" and f[kind] is not True:
         raise r.error(f"{at}.{kind}", "write it as `true`")
+    delay = None
+    if kind == "slow":
+        delay = r.duration(f["slow"], f"{at}.slow", positive=True)
+    elif "delay" in f:
+        if kind in ("timeout", "down"):
+            raise r.error(f"{at}.delay", f"a {kind} takes no delay of its own")
+        delay = r.duration(f["delay"], f"{at}.delay")
     window = None
     if "from" in f or "until" in f:
         window = Window(
@@ -331,6 +360,7 @@ def _fault(r: Reader, data: Any, at: str) -> Fault:
     return Fault(
         kind=kind,
         status=status,
+        delay=delay,
         retry_after=None if retry_after is None else str(retry_after),
         attempts=tuple(
             r.integer(n, f"{at}.attempts", minimum=1)

@@ -1,19 +1,25 @@
 """The simulation: one scenario run through the app's real code, in simulated time.
 
-Two things are simulated. The clock: ``time-machine`` freezes every clock Python has
-(``time.time``, ``datetime.now``, ``time.monotonic``) at a simulated instant, and the
-run moves it from one scheduled happening to the next, so an hour of traffic runs in
-seconds and a run is the same on every machine. The network: the relay's HTTP client is
-given an ``httpx.MockTransport`` (``relay.transport.simulated_network``) whose merchants
-(world.py) answer as the scenario says. Everything above the socket is the production
+Two things are simulated. The clock: ``time-machine`` freezes the wall clock
+(``time.time``, ``datetime.now``) at a simulated instant, the relay's run budget reads
+the same simulated seconds, and the run moves the clock from one scheduled happening to
+the next, so an hour of traffic runs in seconds and a run is the same on every machine.
+The network: the relay's HTTP client is given an ``httpx.MockTransport``
+(``relay.transport.simulated_network``) whose merchants (world.py) answer as the
+scenario says. Everything above the socket is the production
 code: ``enqueue_webhook`` in a transaction, the relay's claim, limiter, signing,
 recording and breaker (``relay_run``, as the ``relay_destination`` task runs it), the
 beat sweep, ``webhook_receive`` and its claim, the failed-event retry sweep and the
 silence check.
 
 The broker is played by the run's schedule: a task the code queues (a relay run on an
-admission's commit, a follow-up when a bucket is empty, the sweep's) runs at the
-simulated time its countdown names, and beat's tasks run at their intervals.
+admission's commit, a follow-up when a bucket is empty, the sweep's) is due at the
+simulated time its countdown names, and beat's tasks at their intervals. The worker
+processes are the scenario's ``workers``: threads, each with a connection of its own,
+that take due tasks first come, first served, one at a time, as prefork processes do.
+An answer takes the simulated time its merchant says (a delay; a timeout lasts the
+destination's timeout), and the worker that sent it is held that long. Only one thread
+runs at a time (the others wait for the clock), so a run stays deterministic.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from __future__ import annotations
 import heapq
 import io
 import itertools
+import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from unittest import mock
@@ -34,7 +41,6 @@ import time_machine
 from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection, transaction
-from django.db.models import Q
 
 from .. import schemes, signals, tasks
 from ..core import backoff
@@ -46,6 +52,8 @@ from ..outbound import trigger
 from ..outbound.admission import enqueue_webhook, message_key
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from ..outbound.relay import claim as relay_claim_module
+from ..outbound.relay import run as relay_run_module
+from ..outbound.relay.messages import Claimed, Sent
 from ..outbound.relay.run import relay_run
 from ..outbound.relay.transport import relay_send, simulated_network
 from ..watch.silence import silence_check
@@ -55,6 +63,24 @@ from .settings import EVENT_TYPE, SENDER, eval_settings, sender_secret
 
 # samples of queue depth and oldest age per run, whatever its length
 SAMPLES = 240
+# the tasks a worker process runs (the rest happen in the web process or the sender)
+WORKER_TASKS = frozenset({"relay", "sweep", "retry_sweep", "silence"})
+# real seconds the schedule waits for the worker threads to settle before it gives up
+SETTLE_SECONDS = 300.0
+
+
+class _Stop(BaseException):
+    """Ends a worker thread held by an answer at the cut-off (nothing may catch it)."""
+
+
+class _Worker:
+    """One worker process: a thread that runs one task at a time."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.task: tuple[str, Any] | None = None
+        self.resume = threading.Event()
+        self.thread: threading.Thread | None = None
 
 
 @dataclass
@@ -76,7 +102,11 @@ class Observations:
     inbound_effects: Counter[str] = field(default_factory=Counter)
     inbound_failed: dict[str, str] = field(default_factory=dict)
     silence: list[dict[str, Any]] = field(default_factory=list)
-    samples: dict[str, list[tuple[float, int, float]]] = field(default_factory=dict)
+    # (at, open messages, oldest eligible age, held back, longest held), per destination
+    samples: dict[str, list[tuple[float, int, float, int, float]]] = field(default_factory=dict)
+    # at the cut-off: per destination, each terminal message that holds later ones of
+    # its ordering key back, with how many and since when
+    held_back: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     statements: Counter[str] = field(default_factory=Counter)
     wall_seconds: float = 0.0
 
@@ -88,7 +118,15 @@ class Simulation:
         self._queue: list[tuple[float, int, str, Any]] = []
         self._order = itertools.count()
         self._relays_queued: set[tuple[int, float]] = set()
-        self._phase = "setup"
+        self._local = threading.local()  # the phase a thread's statements count for
+        # the workers: one runs at a time; the schedule waits until none is running
+        self._settled = threading.Condition()
+        self._running = 0
+        self._workers: list[_Worker] = []
+        self._idle: deque[_Worker] = deque()
+        self._due_tasks: deque[tuple[str, Any]] = deque()
+        self._worker_error: BaseException | None = None
+        self._stopping = False
         self.obs = Observations(scenario=scenario, seed=seed, cut_off=scenario.duration)
         self._start = scenario.start
         self._traveller: Any = None
@@ -111,7 +149,8 @@ class Simulation:
         return round(time.time() - self._start.timestamp(), 6)
 
     def at(self, offset: float, kind: str, payload: Any = None) -> None:
-        heapq.heappush(self._queue, (offset, next(self._order), kind, payload))
+        with self._settled:  # a worker thread queues its follow-ups too
+            heapq.heappush(self._queue, (offset, next(self._order), kind, payload))
 
     def _queue_relay(self, destination_id: int, countdown: float | None) -> None:
         when = round(self.now() + (countdown or 0.0), 6)
@@ -136,13 +175,134 @@ class Simulation:
                 with time_machine.travel(self._start, tick=False) as traveller:
                     self._traveller = traveller
                     self._setup()
-                    self._loop()
-                    self._collect()
+                    self._start_workers()
+                    try:
+                        self._loop()
+                        self._collect()
+                    finally:
+                        self._stop_workers()
             finally:
                 signals.silence_alert_opened.disconnect(self._silence_opened)
                 signals.silence_alert_resolved.disconnect(self._silence_resolved)
         self.obs.wall_seconds = time.perf_counter() - began
         return self.obs
+
+    # --- the worker processes ---
+
+    def _start_workers(self) -> None:
+        for number in range(self.scenario.workers):
+            worker = _Worker(number)
+            worker.thread = threading.Thread(
+                target=self._work, args=(worker,), name=f"eval-worker-{number}", daemon=True
+            )
+            self._workers.append(worker)
+            self._idle.append(worker)
+            worker.thread.start()
+
+    def _work(self, worker: _Worker) -> None:
+        """A worker's life: wait for a task, run it (held while its answers take time),
+        then take the next due task, or wait idle."""
+        self._local.worker = worker
+        try:
+            with connection.execute_wrapper(self._count_statement):
+                while True:
+                    worker.resume.wait()
+                    worker.resume.clear()
+                    task = worker.task
+                    if task is None:
+                        return
+                    while task is not None:
+                        self._local.phase = task[0]
+                        try:
+                            self._run_task(*task)
+                        except _Stop:
+                            return
+                        except BaseException as exc:  # the schedule raises it
+                            self._worker_error = self._worker_error or exc
+                        with self._settled:
+                            task = self._due_tasks.popleft() if self._due_tasks else None
+                            if task is None:
+                                worker.task = None
+                                self._idle.append(worker)
+                                self._running -= 1
+                                self._settled.notify_all()
+        finally:
+            connection.close()
+
+    def _run_task(self, kind: str, payload: Any) -> None:
+        if kind == "relay":
+            relay_run(payload)
+        elif kind == "sweep":
+            trigger.relay_sweep()
+        elif kind == "retry_sweep":
+            failed_events_retry_due()
+        elif kind == "silence":
+            silence_check()
+
+    def _submit(self, kind: str, payload: Any) -> None:
+        """A task reaches the broker: an idle worker takes it now, else it waits its turn."""
+        with self._settled:
+            if not self._idle:
+                self._due_tasks.append((kind, payload))
+                return
+            worker = self._idle.popleft()
+            worker.task = (kind, payload)
+            self._running += 1
+            worker.resume.set()
+        self._settle()
+
+    def _wake(self, worker: _Worker) -> None:
+        with self._settled:
+            self._running += 1
+            worker.resume.set()
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait until every worker waits for the clock or for work."""
+        with self._settled:
+            if not self._settled.wait_for(lambda: self._running == 0, SETTLE_SECONDS):
+                raise RuntimeError(f"the worker threads did not settle in {SETTLE_SECONDS:g} s")
+        if self._worker_error is not None:
+            error, self._worker_error = self._worker_error, None
+            raise error
+
+    def _hold(self, seconds: float) -> None:
+        """The calling worker waits ``seconds`` of simulated time (an answer on its way)."""
+        worker: _Worker = self._local.worker
+        with self._settled:
+            heapq.heappush(
+                self._queue, (round(self.now() + seconds, 6), next(self._order), "wake", worker)
+            )
+            self._running -= 1
+            self._settled.notify_all()
+        worker.resume.wait()
+        worker.resume.clear()
+        if self._stopping:
+            raise _Stop
+
+    def _stop_workers(self) -> None:
+        self._stopping = True
+        for worker in self._workers:
+            worker.task = None
+            worker.resume.set()
+        for worker in self._workers:
+            if worker.thread is not None:
+                worker.thread.join(timeout=SETTLE_SECONDS)
+
+    def _send_and_wait(self, dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
+        """``relay_send`` as the relay's run calls it, with the round's answers taking the
+        time their merchants took: the worker is held until the slowest came."""
+        self.network.round += 1
+        results = relay_send(dest, claimed)
+        merchant = self.network.merchants[self._names[dest.pk]]
+        took = [merchant.answer_seconds.pop(sent.message.key, 0.0) for sent in results]
+        results = [
+            replace(sent, duration_ms=round(seconds * 1000))
+            for sent, seconds in zip(results, took, strict=True)
+        ]
+        if max(took, default=0.0) > 0:
+            self._hold(max(took))
+        return results
 
     def _patched(self) -> ExitStack:
         """The broker's place taken by the schedule, and the network by the merchants."""
@@ -155,6 +315,12 @@ class Simulation:
             )
         )
         stack.enter_context(simulated_network(self.network.transport))
+        # a run's rounds take the time their answers take, and its budget is in the same
+        # simulated seconds (time-machine leaves time.monotonic running)
+        stack.enter_context(mock.patch.object(relay_run_module, "relay_send", self._send_and_wait))
+        stack.enter_context(
+            mock.patch.object(relay_run_module, "time", _SimulatedMonotonic(self.now))
+        )
         return stack
 
     def _reset(self) -> None:
@@ -248,36 +414,39 @@ class Simulation:
     def _loop(self) -> None:
         counting = connection.execute_wrapper(self._count_statement)
         with counting:
-            while self._queue and self._queue[0][0] <= self.scenario.duration:
-                offset, _, kind, payload = heapq.heappop(self._queue)
+            while True:
+                with self._settled:
+                    if not self._queue or self._queue[0][0] > self.scenario.duration:
+                        break
+                    offset, _, kind, payload = heapq.heappop(self._queue)
                 self._traveller.move_to(self._start + timedelta(seconds=offset))
-                self._phase = kind
+                self._local.phase = kind
                 self._do(kind, payload)
-                self._phase = "other"
+                self._local.phase = "other"
             self._traveller.move_to(self._start + timedelta(seconds=self.scenario.duration))
 
     def _count_statement(self, execute: Callable[..., Any], sql: str, *args: Any) -> Any:
         # the transaction's bounds (PostgreSQL's set_config) are not work of their own
         if not sql.lstrip().upper().startswith("SELECT SET_CONFIG"):
-            self.obs.statements[self._phase] += 1
+            self.obs.statements[getattr(self._local, "phase", "other")] += 1
         return execute(sql, *args)
 
     def _do(self, kind: str, payload: Any) -> None:
         beat = self.scenario.beat
-        if kind == "admit":
+        if kind == "wake":
+            self._wake(payload)
+        elif kind == "admit":
             self._admit(payload)
         elif kind == "relay":
             self._relays_queued.discard((payload, round(self.now(), 6)))
-            relay_run(payload)
-        elif kind == "sweep":
-            trigger.relay_sweep()
-            self.at(self.now() + beat.relay_sweep, "sweep")
-        elif kind == "retry_sweep":
-            failed_events_retry_due()
-            self.at(self.now() + beat.retry_sweep, "retry_sweep")
-        elif kind == "silence":
-            silence_check()
-            self.at(self.now() + beat.silence_check, "silence")
+            self._submit(kind, payload)
+        elif kind in WORKER_TASKS:
+            # beat sends the task at its interval, whether or not a worker is free
+            interval = {"sweep": beat.relay_sweep, "retry_sweep": beat.retry_sweep}.get(
+                kind, beat.silence_check
+            )
+            self.at(self.now() + interval, kind)
+            self._submit(kind, payload)
         elif kind == "inbound":
             self._post(payload)
         elif kind == "crash":
@@ -356,6 +525,7 @@ class Simulation:
         dest = self._destinations[crash.destination]
         round_ = relay_claim_module.relay_claim(destination=dest)
         if crash.after == "send":
+            self.network.round += 1
             relay_send(dest, round_.claimed)
         self.obs.crashes.append(
             {
@@ -368,24 +538,16 @@ class Simulation:
 
     def _sample(self) -> None:
         now = self.now()
-        moment = self._start + timedelta(seconds=now)
         for name, dest in self._destinations.items():
-            open_ = OutboxMessage.objects.filter(
-                destination=dest, status__in=["pending", "sending"]
+            queue = _Queue(dest, self._start + timedelta(seconds=now))
+            self.obs.samples[name].append(
+                (now, queue.open, queue.eligible_age, len(queue.held), queue.held_age)
             )
-            # eligible: due, or leased by a worker whose lease ran out
-            due = open_.filter(
-                Q(status="pending", next_attempt_at__lte=moment)
-                | Q(status="sending", lease_until__lte=moment)
-            ).order_by("id")
-            oldest = due.values_list("created_at", flat=True).first()
-            age = (moment - oldest).total_seconds() if oldest else 0.0
-            self.obs.samples[name].append((now, open_.count(), age))
 
     # --- what the run left ---
 
     def _collect(self) -> None:
-        self._phase = "collect"
+        self._local.phase = "collect"
         obs = self.obs
         rows = OutboxMessage.objects.order_by("id").values(
             "id",
@@ -417,6 +579,9 @@ class Simulation:
             nxt = a.pop("next_attempt_at")
             a["next"] = _offset(nxt, self._start) if nxt else None
             obs.attempts.setdefault(a["message_id"], []).append(a)
+        cut_off = self._start + timedelta(seconds=self.scenario.duration)
+        for name, dest in self._destinations.items():
+            obs.held_back[name] = _Queue(dest, cut_off).held_behind()
         for name, merchant in self.network.merchants.items():
             obs.arrivals[name] = list(merchant.arrivals)
             obs.merchant_effects[name] = Counter(merchant.effects)
@@ -426,6 +591,67 @@ class Simulation:
             obs.inbound_failed = dict(
                 FailedEvent.objects.filter(source=SENDER).values_list("event_key", "status")
             )
+
+
+class _SimulatedMonotonic:
+    """Stands in for the ``time`` module where the relay's run reads its budget."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.monotonic = clock
+
+
+class _Queue:
+    """A destination's open messages at one moment, read as the harness reads them (not
+    through the relay's own query): the ones the relay could send now (``eligible``:
+    due, or leased past their lease, with no older open message of their ordering key),
+    and the ones held back behind a terminal message of their ordering key, which wait
+    for an operator rather than the relay."""
+
+    def __init__(self, dest: WebhookDestination, moment: datetime) -> None:
+        rows = (
+            OutboxMessage.objects.filter(
+                destination=dest, status__in=["pending", "sending", "failed"]
+            )
+            .order_by("id")
+            .values_list(
+                "key", "ordering_key", "status", "next_attempt_at", "lease_until", "created_at"
+            )
+        )
+        self.open = 0
+        self.eligible_age = 0.0
+        # (held message's key, the terminal message's key, since when it holds it)
+        self.held: list[tuple[str, str, datetime]] = []
+        first_open: dict[str, tuple[str, str, datetime]] = {}  # ordering key -> its oldest
+        for key, ordering_key, status, next_at, lease_until, created in rows:
+            blocker = first_open.get(ordering_key) if ordering_key else None
+            if ordering_key and blocker is None:
+                first_open[ordering_key] = (key, status, next_at)
+            if status == "failed":
+                continue
+            self.open += 1
+            if blocker is not None:
+                if blocker[1] == "failed":
+                    # a failed message's next_attempt_at is when it failed
+                    self.held.append((key, blocker[0], blocker[2]))
+                continue
+            # pending and due, or sending with a lease that ran out
+            due_at = next_at if status == "pending" else lease_until
+            due = due_at is not None and due_at <= moment
+            if due and not self.eligible_age:
+                self.eligible_age = (moment - created).total_seconds()
+        self.held_age = max(
+            ((moment - since).total_seconds() for *_, since in self.held), default=0.0
+        )
+        self.moment = moment
+
+    def held_behind(self) -> list[dict[str, Any]]:
+        """Per terminal message that holds others back: how many, and since when."""
+        behind: dict[str, dict[str, Any]] = {}
+        for _key, blocker, since in self.held:
+            entry = behind.setdefault(blocker, {"behind": blocker, "held": 0, "held_for_s": 0.0})
+            entry["held"] += 1
+            entry["held_for_s"] = round((self.moment - since).total_seconds(), 6)
+        return sorted(behind.values(), key=lambda e: (-e["held_for_s"], e["behind"]))
 
 
 def _offset(moment: datetime, start: datetime) -> float:

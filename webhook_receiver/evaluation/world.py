@@ -52,6 +52,10 @@ class Arrival:
     idempotency_key: str
     seen: int  # the merchant's count of requests for this event, this one included
     outcome: str  # applied, duplicate, refused, answered, lost, timeout, down
+    # when its answer reached the relay, or its deadline passed (the simulated time a
+    # request takes: a merchant's delay, a timeout that lasts the destination's timeout)
+    answered: float
+    round: int  # the relay's round that sent it (requests sent together share one)
     status: int | None = None
     retry_after: float | None = None  # what it asked for, in seconds
 
@@ -66,22 +70,24 @@ class Merchant:
         self.effects: Counter[str] = Counter()
         self.applied_ids: set[str] = set()
         self.seen: Counter[str] = Counter()
+        # per key, how long the last request's answer took (read once the round is sent)
+        self.answer_seconds: dict[str, float] = {}
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
+    def handle(self, request: httpx.Request, round_: int = 0) -> httpx.Response:
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             with self._lock:
-                return self._answer(request)
+                return self._answer(request, round_)
         finally:
             with self._lock:
                 self.in_flight -= 1
 
-    def _answer(self, request: httpx.Request) -> httpx.Response:
+    def _answer(self, request: httpx.Request, round_: int) -> httpx.Response:
         at = self.clock()
         body = request.content
         try:
@@ -93,6 +99,17 @@ class Merchant:
         self.seen[event] += 1
         seen = self.seen[event]
         webhook_id = request.headers.get("webhook-id", "")
+        fault = self._fault(event, event_type, seen, at)
+        timeout = self.spec.timeout_seconds
+        if fault is not None and fault.kind == "down":
+            took = 0.0  # refused at once
+        elif fault is not None and fault.kind == "timeout":
+            took = timeout
+        else:
+            delay = fault.delay if fault is not None else None
+            took = min(timeout, self.spec.delay_seconds if delay is None else delay)
+        # what the relay waits for its answer: the simulation holds its worker that long
+        self.answer_seconds[webhook_id] = took
         base = {
             "at": at,
             "seq": len(self.arrivals),
@@ -101,35 +118,53 @@ class Merchant:
             "webhook_id": webhook_id,
             "idempotency_key": request.headers.get("idempotency-key", ""),
             "seen": seen,
+            "answered": round(at + took, 6),
+            "round": round_,
         }
-        fault = self._fault(event, event_type, seen, at)
         if fault is not None and fault.kind in ("down", "timeout"):
             self.arrivals.append(Arrival(**base, outcome=fault.kind))
             if fault.kind == "down":
                 raise httpx.ConnectError("connection refused (the merchant is down)")
             raise httpx.ReadTimeout("the merchant did not answer in time")
+        # an answer that would come at or after the deadline never reaches the relay
+        late = took >= timeout
         try:
             StandardWebhooks().verify(secrets=(self.secret,), headers=request.headers, body=body)
         except RejectedRequest:
-            self.arrivals.append(Arrival(**base, outcome="refused", status=401))
-            return _response(401, "bad signature")
+            return self._reply(base, late, "refused", 401, "bad signature")
         if fault is not None and fault.kind == "status":
             wait = _seconds(fault.retry_after)
             headers = {"retry-after": fault.retry_after} if fault.retry_after else {}
-            self.arrivals.append(
-                Arrival(**base, outcome="answered", status=fault.status, retry_after=wait)
-            )
-            return _response(fault.status or 500, "try again", headers)
+            status = fault.status or 500
+            return self._reply(base, late, "answered", status, "try again", headers, wait)
         if webhook_id in self.applied_ids:
-            self.arrivals.append(Arrival(**base, outcome="duplicate", status=200))
-            return _response(200, '{"duplicate":true}')
+            return self._reply(base, late, "duplicate", 200, '{"duplicate":true}')
         self.applied_ids.add(webhook_id)
         self.effects[event] += 1
         if fault is not None and fault.kind == "lose_response":
             self.arrivals.append(Arrival(**base, outcome="lost"))
             raise httpx.RemoteProtocolError("the connection dropped after the merchant committed")
-        self.arrivals.append(Arrival(**base, outcome="applied", status=200))
-        return _response(200, '{"applied":true}')
+        return self._reply(base, late, "applied", 200, '{"applied":true}')
+
+    def _reply(
+        self,
+        base: dict[str, Any],
+        late: bool,
+        outcome: str,
+        status: int,
+        text: str,
+        headers: dict[str, str] | None = None,
+        retry_after: float | None = None,
+    ) -> httpx.Response:
+        """The answer, or, when it comes too late, the relay's timeout (an effect applied
+        on the way stays applied: the ambiguous case)."""
+        if late:
+            self.arrivals.append(Arrival(**base, outcome="lost" if status < 300 else "timeout"))
+            raise httpx.ReadTimeout("the merchant answered after the deadline")
+        self.arrivals.append(
+            Arrival(**base, outcome=outcome, status=status, retry_after=retry_after)
+        )
+        return _response(status, text, headers)
 
     def _fault(self, event: str, event_type: str, seen: int, at: float) -> Fault | None:
         for fault in self.spec.faults:
@@ -176,6 +211,9 @@ class Network:
     def __init__(self, merchants: dict[str, Merchant]):
         self.merchants = merchants
         self.transport = httpx.MockTransport(self._route)
+        # the relay's round on its way (the simulation counts them): the requests of one
+        # round are sent together, and their answers recorded together
+        self.round = 0
 
     @staticmethod
     def url(name: str) -> str:
@@ -186,7 +224,7 @@ class Network:
         merchant = self.merchants.get(name)
         if merchant is None:
             raise httpx.ConnectError(f"no such host: {request.url.host}")
-        return merchant.handle(request)
+        return merchant.handle(request, self.round)
 
 
 # --- the receiver's side -------------------------------------------------------------------

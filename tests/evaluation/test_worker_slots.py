@@ -1,0 +1,82 @@
+"""Answers take simulated time and worker processes are few, as on real processes: a
+request waits for its answer up to the destination's timeout, and the worker that sent
+it is held that long. The harness sees what a prefork worker of two sees when merchants
+hang beside a healthy one (docs/eval.md, "Answers take time")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.paths import REPO
+from webhook_receiver.evaluation import invariants, scenario
+from webhook_receiver.evaluation.measures import percentile
+from webhook_receiver.evaluation.simulation import Observations, Simulation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOISY = str(REPO / "tests/evaluation/data/noisy-neighbours.yaml")
+
+
+def p99(obs: Observations, name: str) -> float:
+    latencies = [
+        m["delivered"] - m["created"]
+        for m in obs.messages
+        if m["destination"] == name and m["delivered"] is not None
+    ]
+    value = percentile(latencies, 0.99)
+    assert value is not None
+    return value
+
+
+def test_hanging_and_failing_neighbours_hold_both_workers_and_delay_the_healthy_one():
+    """Four merchants that never answer and two that answer 503, beside a healthy one,
+    with two workers: on today's relay each bad destination's run holds a worker for
+    its rounds (a timeout each), and the healthy one waits behind them."""
+    noisy = scenario.load(NOISY)
+
+    beside = Simulation(noisy, seed=1).run()
+    alone = Simulation(noisy.only(("healthy",)), seed=1).run()
+    verdicts = {v.name: v for v in invariants.check(beside, alone)}
+
+    assert not verdicts["destinations-isolated"].held
+    assert "to healthy: delivered" in verdicts["destinations-isolated"].first
+    assert [n for n, v in verdicts.items() if not v.held] == ["destinations-isolated"]
+    # alone, a delivery takes its answer's 50 ms; beside them, tens of seconds
+    assert p99(alone, "healthy") < 0.2
+    assert p99(beside, "healthy") > 30
+    # the first order went while both workers were free; the next waited 40 s
+    healthy = {m["key"]: m for m in beside.messages if m["destination"] == "healthy"}
+    assert healthy["order:ord_00002:paid:v1"]["delivered"] > 30
+
+
+def test_a_slow_answer_takes_its_time_and_a_late_one_is_a_timeout_with_its_effect():
+    """A merchant answering in 3 s is delivered 3 s after the request; one answering after
+    the 5 s timeout has applied its effect, and the retry is answered from its memory."""
+    slow = scenario.parse(
+        {
+            "name": "slow",
+            "duration": "5m",
+            "workers": 1,
+            "destinations": [
+                {
+                    "name": "shop",
+                    "timeout": "5s",
+                    "delay": "3s",
+                    "faults": [{"slow": "8s", "attempts": [1], "share": 0.5}],
+                }
+            ],
+            "admissions": [{"orders": 10, "over": "10s"}],
+        }
+    )
+
+    obs = Simulation(slow, seed=2).run()
+
+    late = [a for a in obs.arrivals["shop"] if a.outcome == "lost"]
+    assert late and all(a.answered == pytest.approx(a.at + 5) for a in late)
+    on_time = [a for a in obs.arrivals["shop"] if a.outcome == "applied"]
+    assert on_time and all(a.answered == pytest.approx(a.at + 3) for a in on_time)
+    assert all(m["status"] == "delivered" for m in obs.messages)
+    assert sum(obs.merchant_effects["shop"].values()) == 10  # one effect each
+    durations = {a["number"]: a for rows in obs.attempts.values() for a in rows}
+    assert durations  # every attempt recorded
+    assert all(held for held in (v.held for v in invariants.check(obs)))

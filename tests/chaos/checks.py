@@ -15,12 +15,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from tests.chaos.plan import EVIL_PREFIX, PlannedEvent, expected_state
 
+if TYPE_CHECKING:
+    from tests.chaos.merchant import MerchantBook
+
 SAMPLE = 5  # ids quoted per problem
+
+# the checks' names: the report prints them, and a planted defect names the one it breaks
+INBOUND_ONCE = "inbound: every signed event applied once or dead-lettered"
+HOSTILE = "inbound: no tampered or stale request had an effect"
+STATE = "state: ledger sums and order states exactly as sent"
+OUTBOUND_ONCE = "outbound: every message delivered once, or terminal with its reason"
+AUDIT = "audit: records equal the requests that reached the app"
 
 
 @dataclass
@@ -91,6 +102,20 @@ def _sample(ids) -> str:
     return ", ".join(ids[:SAMPLE]) + (f" (+{len(ids) - SAMPLE})" if len(ids) > SAMPLE else "")
 
 
+def every_check(
+    planned: list[PlannedEvent],
+    state: dict,
+    requests: Requests,
+    book: MerchantBook,
+    outages: list[tuple[float, float]],
+) -> list[Check]:
+    """Every end-of-run check, in the report's order."""
+    results = inbound_checks(planned, state, requests)
+    results += outbound_checks(planned, state, book)
+    results.append(audit_check(requests, state, outages))
+    return results
+
+
 def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests) -> list[Check]:
     receipts, failed, ledger_rows = state["receipts"], state["failed"], state["ledger_rows"]
     planned_ids = {e.msg_id for e in planned}
@@ -114,7 +139,7 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
     failed_by_status = Counter(s for s, _, _ in failed.values())
     checks = [
         Check(
-            "inbound: every signed event applied once or dead-lettered",
+            INBOUND_ONCE,
             not lost and not doubled and not requests.gave_up,
             f"{len(planned)} events: "
             + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
@@ -143,7 +168,7 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
     wrong = {k: n for k, n in answers.items() if k[1] not in (401, None)}
     checks.append(
         Check(
-            "inbound: no tampered or stale request had an effect",
+            HOSTILE,
             not stray and not evil_rows and not wrong,
             f"{sum(e.tamper for e in planned)} tampered, {len(stale_ids)} stale; answers "
             + ", ".join(f"{k[0]} {k[1]} {k[2]}: {n}" for k, n in sorted(answers.items(), key=str))
@@ -159,7 +184,7 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
     bad_orders = {o for o in set(orders) | set(got_orders) if orders.get(o) != got_orders.get(o)}
     checks.append(
         Check(
-            "state: ledger sums and order states exactly as sent",
+            STATE,
             not bad_skus and not bad_orders,
             f"{len(sums)} SKUs, {len(orders)} orders"
             + (
@@ -222,8 +247,7 @@ def outbound_checks(planned: list[PlannedEvent], state: dict, book) -> list[Chec
     figures = {"by_status": dict(by_status), "effects": len(book.effects),
                "answers": dict(book.answers), "redelivered_keys": redelivered,
                "terminal": terminal}  # fmt: skip
-    return [Check("outbound: every message delivered once, or terminal with its reason",
-                  ok, detail, figures)]  # fmt: skip
+    return [Check(OUTBOUND_ONCE, ok, detail, figures)]
 
 
 def audit_check(requests: Requests, state: dict, outages: list[tuple[float, float]]) -> Check:
@@ -300,5 +324,4 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
         detail += f"; MISMATCH {len(problems)}: {_sample(problems)}"
     if tally_problems:
         detail += f"; TALLY MISMATCH: {'; '.join(tally_problems)}"
-    return Check("audit: records equal the requests that reached the app",
-                 not problems and not tally_problems, detail, figures)  # fmt: skip
+    return Check(AUDIT, not problems and not tally_problems, detail, figures)

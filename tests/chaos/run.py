@@ -313,9 +313,7 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     requests = checks.Requests([json.loads(x) for x in lines[:-1]], tail["gave_up"], tail["open"])
     state = checks.database_state(stack.postgres_dsn)
     outages = [(w.start, w.end + 5) for w in faults.windows if w.name == "postgres_stop"]
-    results = checks.inbound_checks(planned, state, requests)
-    results += checks.outbound_checks(planned, state, stack.merchant.book)
-    results.append(checks.audit_check(requests, state, outages))
+    results = checks.every_check(planned, state, requests, stack.merchant.book, outages)
     if faults.errors:
         results.append(checks.Check("faults: every fault carried out", False,
                                     "; ".join(faults.errors)))  # fmt: skip

@@ -7,7 +7,8 @@ figures; any that fails makes the run exit non-zero.
 - no tampered or stale request had an effect (no receipt, no row of an ``evil-`` order);
 - ledger sums per SKU and order states exactly as the plan's events make them;
 - every outbox message delivered once as the merchant's effects show, or terminal with
-  its reason; one message per applied order move; an order's moves in version order;
+  its reason; one message per applied order move; an order's moves in version order,
+  none past an older one that failed;
 - audit records against the requests that reached the app (see ``audit_check``).
 """
 
@@ -119,6 +120,11 @@ def every_check(
 def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests) -> list[Check]:
     receipts, failed, ledger_rows = state["receipts"], state["failed"], state["ledger_rows"]
     planned_ids = {e.msg_id for e in planned}
+    # the last answer the sender got for each event: an event with neither a receipt nor
+    # a failed event that was answered (202 deferred, dead_lettered) reached the app
+    last_answer = {msg_id: f"{status} {answer}".strip()
+                   for msg_id, kind, _, _, _, _, status, answer, _ in requests.rows
+                   if kind == "real" and status is not None}  # fmt: skip
     outcomes: Counter = Counter()
     dead, lost, doubled = {}, [], []
     for event in planned:
@@ -134,8 +140,12 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
             outcomes["dead_letter"] += 1
             if rows:
                 doubled.append(f"{key} (dead with {rows} ledger rows)")
+        elif key in failed:
+            lost.append(f"{key} ({failed[key][0]})")
+        elif key in last_answer:
+            lost.append(f"{key} (no receipt nor failed event, though answered {last_answer[key]})")
         else:
-            lost.append(f"{key} ({failed.get(key, ('never received',))[0]})")
+            lost.append(f"{key} (never received)")
     failed_by_status = Counter(s for s, _, _ in failed.values())
     checks = [
         Check(
@@ -228,7 +238,23 @@ def outbound_checks(planned: list[PlannedEvent], state: dict, book) -> list[Chec
     for key in book.order:
         effect = book.effects[key]
         seen[effect.order_id].append(effect.version)
-    disorder = [o for o, v in seen.items() if v != sorted(v) or len(set(v)) != len(v)]
+    disorder = [
+        f"{o} (arrived v{', v'.join(map(str, v))})"
+        for o, v in seen.items()
+        if v != sorted(v) or len(set(v)) != len(v)
+    ]
+    # a failed message holds its ordering key for an operator: a newer move of its order
+    # that reached the merchant went past it (the arrival order alone cannot show it)
+    planned_by_id = {e.msg_id: e for e in planned}
+    for status, origin, _, _ in outbox.values():
+        event = planned_by_id.get(origin)
+        if status != "failed" or event is None:
+            continue
+        newer = [v for v in seen.get(event.order_id, []) if v > event.version]
+        if newer:
+            disorder.append(
+                f"{event.order_id} (v{newer[0]} delivered past v{event.version}, failed)"
+            )
     behind = [o for o, v in seen.items() if state["orders"].get(o, ("", -1))[1] != v[-1]]
     redelivered = sum(1 for n in book.deliveries.values() if n > 1)
     ok = not (unsettled or undelivered or orphan or missing or extra or disorder or behind)

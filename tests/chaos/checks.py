@@ -10,6 +10,9 @@ figures; any that fails makes the run exit non-zero.
   its reason; one message per applied order move; an order's moves in version order,
   none past an older one that failed;
 - audit records against the requests that reached the app (see ``audit_check``).
+
+``test_planted_defects.py`` feeds them a recorded run (``recorded.py``) with one defect
+planted in it: each defect fails the check that guards against it.
 """
 
 from __future__ import annotations

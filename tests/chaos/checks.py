@@ -7,20 +7,35 @@ figures; any that fails makes the run exit non-zero.
 - no tampered or stale request had an effect (no receipt, no row of an ``evil-`` order);
 - ledger sums per SKU and order states exactly as the plan's events make them;
 - every outbox message delivered once as the merchant's effects show, or terminal with
-  its reason; one message per applied order move; an order's moves in version order;
+  its reason; one message per applied order move; an order's moves in version order,
+  none past an older one that failed;
 - audit records against the requests that reached the app (see ``audit_check``).
+
+``test_planted_defects.py`` feeds them a recorded run (``recorded.py``) with one defect
+planted in it: each defect fails the check that guards against it.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from tests.chaos.plan import EVIL_PREFIX, PlannedEvent, expected_state
 
+if TYPE_CHECKING:
+    from tests.chaos.merchant import MerchantBook
+
 SAMPLE = 5  # ids quoted per problem
+
+# the checks' names: the report prints them, and a planted defect names the one it breaks
+INBOUND_ONCE = "inbound: every signed event applied once or dead-lettered"
+HOSTILE = "inbound: no tampered or stale request had an effect"
+STATE = "state: ledger sums and order states exactly as sent"
+OUTBOUND_ONCE = "outbound: every message delivered once, or terminal with its reason"
+AUDIT = "audit: records equal the requests that reached the app"
 
 
 @dataclass
@@ -91,9 +106,28 @@ def _sample(ids) -> str:
     return ", ".join(ids[:SAMPLE]) + (f" (+{len(ids) - SAMPLE})" if len(ids) > SAMPLE else "")
 
 
+def every_check(
+    planned: list[PlannedEvent],
+    state: dict,
+    requests: Requests,
+    book: MerchantBook,
+    outages: list[tuple[float, float]],
+) -> list[Check]:
+    """Every end-of-run check, in the report's order."""
+    results = inbound_checks(planned, state, requests)
+    results += outbound_checks(planned, state, book)
+    results.append(audit_check(requests, state, outages))
+    return results
+
+
 def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests) -> list[Check]:
     receipts, failed, ledger_rows = state["receipts"], state["failed"], state["ledger_rows"]
     planned_ids = {e.msg_id for e in planned}
+    # the last answer the sender got for each event: an event with neither a receipt nor
+    # a failed event that was answered (202 deferred, dead_lettered) reached the app
+    last_answer = {msg_id: f"{status} {answer}".strip()
+                   for msg_id, kind, _, _, _, _, status, answer, _ in requests.rows
+                   if kind == "real" and status is not None}  # fmt: skip
     outcomes: Counter = Counter()
     dead, lost, doubled = {}, [], []
     for event in planned:
@@ -109,12 +143,16 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
             outcomes["dead_letter"] += 1
             if rows:
                 doubled.append(f"{key} (dead with {rows} ledger rows)")
+        elif key in failed:
+            lost.append(f"{key} ({failed[key][0]})")
+        elif key in last_answer:
+            lost.append(f"{key} (no receipt nor failed event, though answered {last_answer[key]})")
         else:
-            lost.append(f"{key} ({failed.get(key, ('never received',))[0]})")
+            lost.append(f"{key} (never received)")
     failed_by_status = Counter(s for s, _, _ in failed.values())
     checks = [
         Check(
-            "inbound: every signed event applied once or dead-lettered",
+            INBOUND_ONCE,
             not lost and not doubled and not requests.gave_up,
             f"{len(planned)} events: "
             + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
@@ -143,7 +181,7 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
     wrong = {k: n for k, n in answers.items() if k[1] not in (401, None)}
     checks.append(
         Check(
-            "inbound: no tampered or stale request had an effect",
+            HOSTILE,
             not stray and not evil_rows and not wrong,
             f"{sum(e.tamper for e in planned)} tampered, {len(stale_ids)} stale; answers "
             + ", ".join(f"{k[0]} {k[1]} {k[2]}: {n}" for k, n in sorted(answers.items(), key=str))
@@ -159,7 +197,7 @@ def inbound_checks(planned: list[PlannedEvent], state: dict, requests: Requests)
     bad_orders = {o for o in set(orders) | set(got_orders) if orders.get(o) != got_orders.get(o)}
     checks.append(
         Check(
-            "state: ledger sums and order states exactly as sent",
+            STATE,
             not bad_skus and not bad_orders,
             f"{len(sums)} SKUs, {len(orders)} orders"
             + (
@@ -203,7 +241,23 @@ def outbound_checks(planned: list[PlannedEvent], state: dict, book) -> list[Chec
     for key in book.order:
         effect = book.effects[key]
         seen[effect.order_id].append(effect.version)
-    disorder = [o for o, v in seen.items() if v != sorted(v) or len(set(v)) != len(v)]
+    disorder = [
+        f"{o} (arrived v{', v'.join(map(str, v))})"
+        for o, v in seen.items()
+        if v != sorted(v) or len(set(v)) != len(v)
+    ]
+    # a failed message holds its ordering key for an operator: a newer move of its order
+    # that reached the merchant went past it (the arrival order alone cannot show it)
+    planned_by_id = {e.msg_id: e for e in planned}
+    for status, origin, _, _ in outbox.values():
+        event = planned_by_id.get(origin)
+        if status != "failed" or event is None:
+            continue
+        newer = [v for v in seen.get(event.order_id, []) if v > event.version]
+        if newer:
+            disorder.append(
+                f"{event.order_id} (v{newer[0]} delivered past v{event.version}, failed)"
+            )
     behind = [o for o, v in seen.items() if state["orders"].get(o, ("", -1))[1] != v[-1]]
     redelivered = sum(1 for n in book.deliveries.values() if n > 1)
     ok = not (unsettled or undelivered or orphan or missing or extra or disorder or behind)
@@ -222,8 +276,7 @@ def outbound_checks(planned: list[PlannedEvent], state: dict, book) -> list[Chec
     figures = {"by_status": dict(by_status), "effects": len(book.effects),
                "answers": dict(book.answers), "redelivered_keys": redelivered,
                "terminal": terminal}  # fmt: skip
-    return [Check("outbound: every message delivered once, or terminal with its reason",
-                  ok, detail, figures)]  # fmt: skip
+    return [Check(OUTBOUND_ONCE, ok, detail, figures)]
 
 
 def audit_check(requests: Requests, state: dict, outages: list[tuple[float, float]]) -> Check:
@@ -300,5 +353,4 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
         detail += f"; MISMATCH {len(problems)}: {_sample(problems)}"
     if tally_problems:
         detail += f"; TALLY MISMATCH: {'; '.join(tally_problems)}"
-    return Check("audit: records equal the requests that reached the app",
-                 not problems and not tally_problems, detail, figures)  # fmt: skip
+    return Check(AUDIT, not problems and not tally_problems, detail, figures)

@@ -87,9 +87,10 @@ def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, st
         f"{meta['send_seconds']:.0f} s ({meta['requests_per_second']:.1f} req/s), drain "
         f"{meta['drain_seconds']:.1f} s, wall time {meta['wall_seconds']:.0f} s, code "
         f"{meta['commit']}",
-        "",
-        "checks:",
     ]
+    if meta.get("planted"):
+        lines.append(f"  a defect planted on purpose: --plant {meta['planted']}")
+    lines += ["", "checks:"]
     for check in checks:
         lines.append(f"  [{'ok' if check.ok else 'FAIL'}] {check.name}")
         lines.append(f"        {check.detail}")

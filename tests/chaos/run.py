@@ -3,7 +3,9 @@ processes, sends the plan while the faults run, drains, checks, reports, and sto
 everything it started, whatever ended the run (an error, Ctrl-C, SIGTERM).
 
 Exit status: 0 when every check held; 1 when one failed (a loss, a double effect, a
-mismatch); 2 when the run itself could not be carried out.
+mismatch); 2 when the run itself could not be carried out. ``--plant NAME`` plants a
+defect in the served processes (``plants.py``): such a run fails, and its report says
+whether the check that guards against that defect was the one that caught it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from tests.chaos import checks, report
 from tests.chaos.faults import LONG, SHORT, Faults
 from tests.chaos.merchant import Merchant
 from tests.chaos.plan import plan_build, plan_save
+from tests.chaos.plants import ENV as PLANT_ENV
+from tests.chaos.plants import PLANTS
 from tests.chaos.processes import CeleryBeat, CeleryWorker, Gunicorn, Service
 from tests.support.paths import REPO
 from tests.support.private_servers import PrivatePostgres, PrivateRedis
@@ -39,8 +43,8 @@ DRAIN_SECONDS = {"short": 75, "long": 240}
 class Stack:
     """Everything a run starts, and how to stop it."""
 
-    def __init__(self, run_dir: Path, log) -> None:
-        self.run_dir, self.log = run_dir, log
+    def __init__(self, run_dir: Path, log, plant: str | None = None) -> None:
+        self.run_dir, self.log, self.plant = run_dir, log, plant
         self.temp = Path(tempfile.mkdtemp(prefix="wr-chaos-"))  # short: a socket lives here
         self.temp.chmod(0o755)
         (self.temp / "pg").mkdir()
@@ -72,8 +76,12 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        for name in ("GUNICORN_CMD_ARGS", "PROMETHEUS_MULTIPROC_DIR", "CELERY_METRICS_PORT"):
+        # (a CHAOS_PLANT left in the shell plants nothing: only --plant does)
+        for name in ("GUNICORN_CMD_ARGS", "PROMETHEUS_MULTIPROC_DIR", "CELERY_METRICS_PORT",
+                     PLANT_ENV):  # fmt: skip
             env.pop(name, None)
+        if self.plant:
+            env[PLANT_ENV] = self.plant
         redis = f"redis://127.0.0.1:{self.redis.port}"
         env.update(
             DJANGO_SETTINGS_MODULE="tests.chaos.settings",
@@ -227,12 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, help="events to send (short 2000, long 10000)")
     parser.add_argument("--out", type=Path, help="report file (default var/chaos/report.txt)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--plant", choices=sorted(PLANTS), help="plant this defect in the "
+                        "served processes (docs/chaos.md): the run must fail")  # fmt: skip
     args = parser.parse_args(argv)
     mode = "short" if args.short else "long"
     events = args.events or (2000 if args.short else 10000)
-    out = args.out or REPO / "var" / "chaos" / ("report-short.txt" if args.short else "report.txt")
+    # a planted run keeps its report apart from the real runs' (report-short-<plant>.txt)
+    planted = f"-{args.plant}" if args.plant else ""
+    out = args.out or REPO / "var" / "chaos" / f"report{'-short' * args.short}{planted}.txt"
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    run_dir = REPO / "var" / "chaos" / f"{stamp}-{mode}"
+    run_dir = REPO / "var" / "chaos" / f"{stamp}-{mode}{planted}"
     run_dir.mkdir(parents=True, exist_ok=True)
     run_log = (run_dir / "run.log").open("a", buffering=1)
 
@@ -243,10 +255,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, raise_on_sigterm)
     wall = time.time()
-    stack = Stack(run_dir, log)
+    stack = Stack(run_dir, log, args.plant)
     sender: Service | None = None
     try:
         log(f"chaos run {stamp} ({mode}, {events} events); logs in {run_dir}")
+        if args.plant:
+            plant = PLANTS[args.plant]
+            log(f"planted defect {plant.name}: {plant.defect}; '{plant.caught_by}' must fail")
         stack.start(rate="100/s")
         stack.supervise()
         faults = Faults(stack, SHORT if args.short else LONG, log)
@@ -292,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": stamp, "mode": mode, "events": len(planned), "commit": git_commit(),
             "send_seconds": send_end - send_start, "drain_seconds": drain,
             "wall_start": wall, "span": (send_start, send_end), "run_dir": str(run_dir),
+            "planted": args.plant,
         })  # fmt: skip
     except KeyboardInterrupt:
         log("interrupted; stopping everything")
@@ -313,12 +329,12 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     requests = checks.Requests([json.loads(x) for x in lines[:-1]], tail["gave_up"], tail["open"])
     state = checks.database_state(stack.postgres_dsn)
     outages = [(w.start, w.end + 5) for w in faults.windows if w.name == "postgres_stop"]
-    results = checks.inbound_checks(planned, state, requests)
-    results += checks.outbound_checks(planned, state, stack.merchant.book)
-    results.append(checks.audit_check(requests, state, outages))
+    results = checks.every_check(planned, state, requests, stack.merchant.book, outages)
     if faults.errors:
         results.append(checks.Check("faults: every fault carried out", False,
                                     "; ".join(faults.errors)))  # fmt: skip
+    if meta["planted"]:
+        results.append(_planted_check(PLANTS[meta["planted"]], results))
     effects = [e.at for e in stack.merchant.book.effects.values()]
     per_window = report.figures(requests, faults.windows, effects, meta.pop("span"))
     meta["requests"] = len(requests.rows)
@@ -342,6 +358,17 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     for service in stack.services:
         log(f"--- tail of {service.log}\n{service.tail(30)}")
     return 1
+
+
+def _planted_check(plant, results: list[checks.Check]) -> checks.Check:
+    """Whether the check that guards against the planted defect caught it. A run with a
+    defect planted fails either way: by that check, or by this one."""
+    caught = any(c.name == plant.caught_by and not c.ok for c in results)
+    others = [c.name for c in results if not c.ok and c.name != plant.caught_by]
+    detail = f"{plant.defect}; '{plant.caught_by}' {'failed' if caught else 'HELD'}"
+    if others:
+        detail += f"; also failed: {'; '.join(others)}"
+    return checks.Check(f"planted defect {plant.name}: caught by its check", caught, detail)
 
 
 def _during(at: float, windows) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from celery import shared_task
+from celery.signals import worker_process_shutdown
 
 from .conf import app_settings
 from .core.faults import healing
@@ -112,12 +113,24 @@ def purge_failed_events() -> int:
     **AT_LEAST_ONCE,
 )
 @healing
-def relay_destination(destination_id: int) -> int:
+def relay_destination(destination_id: int) -> bool:
     """Relay one destination: queued on commit of each admission, by the sweep, and as
-    the follow-up its token bucket asks for (a worker never sleeps for it)."""
-    from .outbound.relay.run import relay_run
+    the follow-up its token bucket asks for (a worker never sleeps for it). The run goes
+    on in the destination's lane, a thread of this process (relay/lanes.py): the worker
+    is free again at once, whatever the destination's answers take. Returns whether a
+    lane started (False: the running one goes once more)."""
+    from .outbound.relay.lanes import lanes
 
-    return relay_run(destination_id)
+    return lanes.relay(destination_id)
+
+
+@worker_process_shutdown.connect
+def relay_lanes_finish(**kwargs: object) -> None:
+    """A worker process that stops lets its lanes record what they sent (up to 30 s):
+    what they cannot is left to the leases."""
+    from .outbound.relay.lanes import lanes
+
+    lanes.finish()
 
 
 @shared_task(

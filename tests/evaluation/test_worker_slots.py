@@ -1,20 +1,19 @@
 """Answers take simulated time and worker processes are few, as on real processes: a
-request waits for its answer up to the destination's timeout, and the worker that sent
-it is held that long. The harness sees what a prefork worker of two sees when merchants
-hang beside a healthy one (docs/eval.md, "Answers take time")."""
+request waits for its answer up to the destination's timeout, and whatever sent it is
+held that long. The harness sees what a prefork worker of two sees when merchants hang
+beside a healthy one (docs/eval.md, "Answers take time")."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.paths import REPO
 from webhook_receiver.evaluation import invariants, scenario
 from webhook_receiver.evaluation.measures import percentile
 from webhook_receiver.evaluation.simulation import Observations, Simulation
+from webhook_receiver.outbound.relay.lanes import RelayLanes
+from webhook_receiver.outbound.relay.run import relay_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOISY = str(REPO / "tests/evaluation/data/noisy-neighbours.yaml")
 
 
 def p99(obs: Observations, name: str) -> float:
@@ -28,20 +27,37 @@ def p99(obs: Observations, name: str) -> float:
     return value
 
 
-def test_hanging_and_failing_neighbours_hold_both_workers_and_delay_the_healthy_one():
+def test_hanging_and_failing_neighbours_leave_the_healthy_one_as_if_alone():
     """Four merchants that never answer and two that answer 503, beside a healthy one,
-    with two workers: on today's relay each bad destination's run holds a worker for
-    its rounds (a timeout each), and the healthy one waits behind them."""
-    noisy = scenario.load(NOISY)
+    with two workers: each destination's runs go on in a lane of their own, so the
+    workers are free for the healthy one's tasks at once."""
+    noisy = scenario.load("noisy-neighbours")
+
+    beside = Simulation(noisy, seed=1).run()
+    alone = Simulation(noisy.only(("healthy",)), seed=1).run()
+
+    assert all(v.held for v in invariants.check(beside, alone))
+    assert p99(beside, "healthy") == p99(alone, "healthy") == pytest.approx(0.05)
+    # the bad ones were tried meanwhile, their answers taking their time
+    assert any(a.outcome == "timeout" for a in beside.arrivals["hanging-1"])
+
+
+def test_a_relay_run_in_the_worker_process_delays_the_healthy_one(monkeypatch):
+    """The planted defect: the relay task runs its destination in the worker process
+    itself (as it did before lanes). Each bad destination's run then holds a worker
+    for its rounds, a timeout each, and the healthy merchant's p99 goes from 0.05 s to
+    tens of seconds, as it did on real processes (40 s)."""
+    monkeypatch.setattr(
+        RelayLanes, "relay", lambda lanes, destination_id: relay_run(destination_id)
+    )
+    noisy = scenario.load("noisy-neighbours")
 
     beside = Simulation(noisy, seed=1).run()
     alone = Simulation(noisy.only(("healthy",)), seed=1).run()
     verdicts = {v.name: v for v in invariants.check(beside, alone)}
 
-    assert not verdicts["destinations-isolated"].held
-    assert "to healthy: delivered" in verdicts["destinations-isolated"].first
     assert [n for n, v in verdicts.items() if not v.held] == ["destinations-isolated"]
-    # alone, a delivery takes its answer's 50 ms; beside them, tens of seconds
+    assert "to healthy: delivered" in verdicts["destinations-isolated"].first
     assert p99(alone, "healthy") < 0.2
     assert p99(beside, "healthy") > 30
     # the first order went while both workers were free; the next waited 40 s

@@ -20,7 +20,7 @@ from webhook_receiver import tasks as relay_tasks
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import UNRECORDED, relay_claim
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import relay_destination, relay_run
 from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.watch.destinations import destination_statuses
 
@@ -250,9 +250,10 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
         dest = destination(peer.url, max_attempts=1)
         admit(dest, "order:o5:paid:v1", committed=True)
 
-        # when: the relay's task runs, and its record waits for the lock
+        # when: the relay runs (in its lane, as the task starts it), and its record waits
+        # for the lock
         with caplog.at_level(logging.WARNING, logger="webhook_receiver"):
-            _, took = timed(lambda: relay_tasks.relay_destination(dest.pk))
+            _, took = timed(lambda: relay_run(dest.pk))
 
         # then: the round ended at the lock timeout with one line, no traceback
         assert took < 5, took
@@ -271,7 +272,7 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
 
         # when: the lease runs out (moved to the past here), and the relay runs again
         OutboxMessage.objects.update(lease_until=timezone.now() - timedelta(seconds=1))
-        relay_tasks.relay_destination(dest.pk)
+        relay_run(dest.pk)
 
     # then: the unrecorded attempt spent the one allowed: failed, never sent twice
     assert len(peer.requests) == 1
@@ -282,7 +283,7 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
 
 @pytest.mark.postgres_only("a table lock held by another session")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("task", ["relay_sweep", "relay_destination"])
+@pytest.mark.parametrize("task", ["relay_sweep", "relay_run"])
 def test_the_relay_under_a_locked_outbox_stops_within_seconds_with_one_line(
     outbox_lock, caplog, task
 ):
@@ -294,7 +295,7 @@ def test_the_relay_under_a_locked_outbox_stops_within_seconds_with_one_line(
     # when: the beat's sweep, or a triggered run, starts
     runs = {
         "relay_sweep": lambda: relay_tasks.relay_sweep(),
-        "relay_destination": lambda: relay_tasks.relay_destination(dest.pk),
+        "relay_run": lambda: relay_run(dest.pk),
     }
     with caplog.at_level(logging.WARNING, logger="webhook_receiver"):
         result, took = timed(runs[task])

@@ -33,7 +33,9 @@ def broker():
     client.flushdb()
 
 
-def start_worker(log: Path, marker_dir: Path | None = None) -> subprocess.Popen:
+def start_worker(
+    log: Path, marker_dir: Path | None = None, *, concurrency: int = 1
+) -> subprocess.Popen:
     db = connection.settings_dict
     env = {
         **os.environ,
@@ -43,7 +45,7 @@ def start_worker(log: Path, marker_dir: Path | None = None) -> subprocess.Popen:
     if marker_dir is not None:
         env["WEBHOOK_TEST_MARKER_DIR"] = str(marker_dir)
     command = [sys.executable, "-m", "celery", "-A", "project", "worker"]
-    command += ["--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO"]
+    command += ["--pool", "prefork", "--concurrency", str(concurrency), "--loglevel", "INFO"]
     return subprocess.Popen(
         command,
         cwd=REPO,

@@ -16,10 +16,12 @@ The broker is played by the run's schedule: a task the code queues (a relay run 
 admission's commit, a follow-up when a bucket is empty, the sweep's) is due at the
 simulated time its countdown names, and beat's tasks at their intervals. The worker
 processes are the scenario's ``workers``: threads, each with a connection of its own,
-that take due tasks first come, first served, one at a time, as prefork processes do.
-An answer takes the simulated time its merchant says (a delay; a timeout lasts the
-destination's timeout), and the worker that sent it is held that long. Only one thread
-runs at a time (the others wait for the clock), so a run stays deterministic.
+that take due tasks first come, first served, one at a time, as prefork processes do; a
+relay task hands its destination to a lane of that process (relay/lanes.py), a thread of
+the simulation's too. An answer takes the simulated time its merchant says (a delay; a
+timeout lasts the destination's timeout), and the lane that sent it is held that long.
+Only one thread runs at a time (the others wait for the clock), so a run stays
+deterministic.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ from ..outbound.admission import enqueue_webhook, message_key
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from ..outbound.relay import claim as relay_claim_module
 from ..outbound.relay import run as relay_run_module
+from ..outbound.relay.lanes import RelayLanes
 from ..outbound.relay.messages import Claimed, Sent
-from ..outbound.relay.run import relay_run
 from ..outbound.relay.transport import relay_send, simulated_network
 from ..watch.silence import silence_check
 from . import world
@@ -74,13 +76,16 @@ class _Stop(BaseException):
 
 
 class _Worker:
-    """One worker process: a thread that runs one task at a time."""
+    """A thread of the simulation: a worker process's (one task at a time), or a relay
+    lane's (one destination's runs, started by a worker process's task)."""
 
-    def __init__(self, number: int) -> None:
-        self.number = number
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.task: tuple[str, Any] | None = None
         self.resume = threading.Event()
         self.thread: threading.Thread | None = None
+        self.lanes: RelayLanes | None = None  # a worker process's relay lanes
+        self.lane_target: Callable[[], None] | None = None  # a lane thread's lane to run
 
 
 @dataclass
@@ -123,6 +128,8 @@ class Simulation:
         self._settled = threading.Condition()
         self._running = 0
         self._workers: list[_Worker] = []
+        self._lanes: list[_Worker] = []
+        self._idle_lanes: list[_Worker] = []
         self._idle: deque[_Worker] = deque()
         self._due_tasks: deque[tuple[str, Any]] = deque()
         self._worker_error: BaseException | None = None
@@ -191,9 +198,10 @@ class Simulation:
 
     def _start_workers(self) -> None:
         for number in range(self.scenario.workers):
-            worker = _Worker(number)
+            worker = _Worker(f"eval-worker-{number}")
+            worker.lanes = RelayLanes(start=self._start_lane)
             worker.thread = threading.Thread(
-                target=self._work, args=(worker,), name=f"eval-worker-{number}", daemon=True
+                target=self._work, args=(worker,), name=worker.name, daemon=True
             )
             self._workers.append(worker)
             self._idle.append(worker)
@@ -231,7 +239,11 @@ class Simulation:
 
     def _run_task(self, kind: str, payload: Any) -> None:
         if kind == "relay":
-            relay_run(payload)
+            # as the relay_destination task does: the run goes on in the destination's
+            # lane, a thread of this worker process
+            lanes = self._local.worker.lanes
+            assert lanes is not None
+            lanes.relay(payload)
         elif kind == "sweep":
             trigger.relay_sweep()
         elif kind == "retry_sweep":
@@ -280,12 +292,55 @@ class Simulation:
         if self._stopping:
             raise _Stop
 
+    def _start_lane(self, target: Callable[[], None], name: str) -> None:
+        """A relay lane, as RelayLanes starts one: on an idle lane thread (kept, with its
+        connection, as the process's pool keeps them) or a new one. It runs once the
+        task that started it is done (one thread at a time), at the same instant."""
+        lane = self._idle_lanes.pop() if self._idle_lanes else None
+        if lane is None:
+            lane = _Worker(f"eval-lane-{len(self._lanes)}")
+            lane.thread = threading.Thread(
+                target=self._lane, args=(lane,), name=lane.name, daemon=True
+            )
+            self._lanes.append(lane)
+            lane.thread.start()
+        lane.lane_target = target
+        self.at(self.now(), "wake", lane)
+
+    def _lane(self, lane: _Worker) -> None:
+        """A lane thread's life: wait to be woken with a lane to run, run it (held while
+        its answers take time), then wait idle for the next."""
+        self._local.worker = lane
+        self._local.phase = "relay"
+        try:
+            with connection.execute_wrapper(self._count_statement):
+                while True:
+                    lane.resume.wait()
+                    lane.resume.clear()
+                    target = lane.lane_target
+                    if self._stopping or target is None:
+                        return
+                    try:
+                        target()
+                    except _Stop:
+                        return
+                    except BaseException as exc:  # the schedule raises it
+                        self._worker_error = self._worker_error or exc
+                    with self._settled:
+                        lane.lane_target = None
+                        self._idle_lanes.append(lane)
+                        self._running -= 1
+                        self._settled.notify_all()
+        finally:
+            connection.close()
+
     def _stop_workers(self) -> None:
         self._stopping = True
-        for worker in self._workers:
+        for worker in [*self._workers, *self._lanes]:
             worker.task = None
+            worker.lane_target = None
             worker.resume.set()
-        for worker in self._workers:
+        for worker in [*self._workers, *self._lanes]:
             if worker.thread is not None:
                 worker.thread.join(timeout=SETTLE_SECONDS)
 

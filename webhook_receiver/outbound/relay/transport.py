@@ -98,17 +98,21 @@ def signed_request(
     return body, headers
 
 
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[int, ThreadPoolExecutor] = {}
 
 
-def _executor() -> ThreadPoolExecutor:
-    """One pool of sending threads per process, made on first use (after a Celery
-    worker has forked, so that no thread crosses a fork)."""
-    global _pool
+def _executor(destination_id: int) -> ThreadPoolExecutor:
+    """Sending threads per destination and process, made on first use (after a Celery
+    worker has forked, so that no thread crosses a fork): one destination's requests
+    that hang never hold a thread another destination's round needs."""
     with _clients_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=CLAIM_BATCH, thread_name_prefix="relay-send")
-        return _pool
+        pool = _pools.get(destination_id)
+        if pool is None:
+            pool = ThreadPoolExecutor(
+                max_workers=CLAIM_BATCH, thread_name_prefix=f"relay-send-{destination_id}"
+            )
+            _pools[destination_id] = pool
+        return pool
 
 
 def relay_send(dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
@@ -118,7 +122,7 @@ def relay_send(dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
     context = tracing.current_context()  # the round's span, for the sending threads
     if len(claimed) == 1:
         return [_send_one(dest, claimed[0], context)]
-    return list(_executor().map(lambda m: _send_one(dest, m, context), claimed))
+    return list(_executor(dest.pk).map(lambda m: _send_one(dest, m, context), claimed))
 
 
 def _send_one(dest: WebhookDestination, message: Claimed, context: object = None) -> Sent:

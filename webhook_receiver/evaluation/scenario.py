@@ -8,15 +8,12 @@ are ``count/duration`` (``5/s``, ``300/1m``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .reading import Reader, ScenarioError
+from .reading import Reader, ScenarioError, read_document
 
 BUILT_IN = Path(__file__).resolve().parent / "scenarios"
 
@@ -188,11 +185,8 @@ def load(name_or_path: str) -> Scenario:
                 f"(built in: {', '.join(built_in_names())})"
             )
         path = built_in
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ScenarioError(f"{path.name}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    # read within bounds (size, depth, no aliases): anything else is a ScenarioError
+    data = read_document(path)
     return parse(data, where=path.name, path=str(path))
 
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .bounds import check_work
 from .reading import Reader, ScenarioError, read_document
 
 BUILT_IN = Path(__file__).resolve().parent / "scenarios"
@@ -252,6 +253,7 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
         raise r.error("", "nothing happens: give it admissions, inbound events, or both")
     if scenario.admissions and not scenario.destinations:
         raise r.error("destinations", "admissions need at least one destination")
+    check_bounds(scenario, r)
     return scenario
 
 
@@ -422,3 +424,13 @@ def _inbound(r: Reader, data: Any, at: str) -> Inbound:
         silent=tuple(silent),
         fail_after_effect=r.share(i.get("fail_after_effect", 0), f"{at}.fail_after_effect"),
     )
+
+
+# --- bounds -------------------------------------------------------------------------------
+
+
+def check_bounds(scenario: Scenario, r: Reader) -> None:
+    """Refuse a scenario that asks for more work than a run takes (admissions, a sender's
+    posts, requests, beat ticks, list lengths) or that a run could not hold, naming the
+    place, the count and the bound: counted before anything is built (bounds.py)."""
+    check_work(scenario, r)

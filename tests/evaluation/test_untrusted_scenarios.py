@@ -245,6 +245,25 @@ def test_a_scenario_that_asks_for_too_much_says_how_much_and_the_bound(change, m
     assert time.perf_counter() - began < 1
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"destinations": [{"name": "shop", "rate": "9" * 5000 + "/s"}]},
+            "destinations[0].rate: '99999",
+        ),
+        ({"admissions": [{"orders": -(10**5000)}]}, "got a number of more than 4,300 digits"),
+        ({"duration": [[[[[[["deep"]]]]]]]}, "duration: [[[[...]]]] is not a duration"),
+        ({"beat": {"relay_sweep": "x" * 10**6}}, "beat.relay_sweep: 'xxxxxxxxxxxxxxxxxx"),
+    ],
+)
+def test_a_value_too_long_to_show_is_shown_short(change, message):
+    with pytest.raises(ScenarioError) as caught:
+        scenario.parse({**MINIMAL, **change}, where="big.yaml")
+
+    assert message in str(caught.value) and len(str(caught.value)) < 300
+
+
 def test_a_month_long_run_of_a_team_fits():
     month = scenario.parse(
         {

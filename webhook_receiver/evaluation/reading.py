@@ -215,13 +215,17 @@ class Reader:
         return seconds
 
     def rate(self, value: Any, at: str) -> tuple[int, float]:
-        count, _, per = str(value).partition("/")
-        seconds = _seconds(f"1{per}" if per.isalpha() else per) if per else None
-        if not count.strip().isdigit() or int(count) < 1 or not seconds or seconds <= 0:
+        try:
+            count, _, per = str(value).partition("/")
+            seconds = _seconds(f"1{per}" if per.isalpha() else per) if per else None
+            number = int(count) if count.strip().isdigit() else 0
+        except ValueError:  # a count of more than 4,300 digits
+            number, seconds = 0, None
+        if number < 1 or not seconds or seconds <= 0:
             raise self.error(
                 at, f"{_shown(value)} is not a rate: write count/duration (5/s, 300/1m)"
             )
-        return int(count), seconds
+        return number, seconds
 
     def moment(self, value: Any, at: str) -> datetime:
         try:
@@ -262,4 +266,7 @@ _SHORT.maxother = 60
 
 
 def _shown(value: Any) -> str:
-    return _SHORT.repr(value)
+    try:
+        return _SHORT.repr(value)
+    except ValueError:  # an int of more than 4,300 digits has no decimal text
+        return "a number of more than 4,300 digits"

@@ -1,12 +1,27 @@
-"""Typed reads of a scenario file's values: every error names the file and the place,
-and says what to write instead."""
+"""A scenario file read safely, and typed reads of its values: every error names the
+file and the place, and says what to write instead.
+
+A scenario file is untrusted input: it is read whole only up to MAX_FILE_BYTES, YAML
+aliases and anchors are refused (a few lines of them expand to gigabytes), and nesting
+deeper than MAX_DEPTH is refused before any object is built (building recurses)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import reprlib
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+# a scenario file's size at most: the largest built-in one is under 3 KB
+MAX_FILE_BYTES = 1 << 20
+# nesting at most: a scenario needs five levels (destinations[0].faults[0].attempts),
+# metadata a few more; far below where building objects would exhaust the stack
+MAX_DEPTH = 64
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)")
@@ -14,6 +29,125 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)")
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be run, and why (one line a person can act on)."""
+
+
+def read_document(path: Path) -> Any:
+    """The data of a scenario file (.json: JSON, else YAML), read within the bounds above;
+    anything unreadable is a ScenarioError naming the file and the place."""
+    where = path.name
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ScenarioError(f"{where}: cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ScenarioError(
+            f"{where}: larger than {MAX_FILE_BYTES / 2**20:g} MiB: a scenario takes a few "
+            "kilobytes; describe traffic by counts and spans (orders: 3000, over: 1m), "
+            "not one entry per event"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ScenarioError(
+            f"{where}: line {line}: not UTF-8 text (byte {exc.start:,} of the file): "
+            "save it as UTF-8"
+        ) from None
+    kind = "JSON" if path.suffix == ".json" else "YAML"
+    try:
+        if kind == "JSON":
+            _check_json_depth(text)
+            return json.loads(text)
+        return yaml.load(text, Loader=_ScenarioLoader)
+    except _Refused as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    except (ValueError, yaml.YAMLError) as exc:
+        # ValueError: JSON's decode errors, and a number of more than 4,300 digits
+        raise ScenarioError(f"{where}: not valid {kind}: {exc}") from None
+
+
+class _Refused(Exception):
+    """Something a scenario file may not hold, and where (the file's name is added)."""
+
+
+class _ScenarioLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases and anchors (each alias is a reference the
+    reader would expand: nine lines of them are a "billion laughs") and nesting deeper
+    than MAX_DEPTH, while the document is composed, before anything is built. It keeps
+    the path to the node being composed, for the error."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._path: list[str] = []
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        self._path.append(_segment(parent, index))
+        try:
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise _Refused(
+                    f"{self._place(event)}: aliases and anchors are not accepted: "
+                    "write the value out in full where it is used"
+                )
+            if isinstance(event, yaml.CollectionStartEvent):
+                if self._depth >= MAX_DEPTH:
+                    raise _Refused(
+                        f"{self._place(event)}: nested deeper than {MAX_DEPTH} levels: "
+                        "a scenario needs a handful"
+                    )
+                self._depth += 1
+                try:
+                    return super().compose_node(parent, index)
+                finally:
+                    self._depth -= 1
+            return super().compose_node(parent, index)
+        finally:
+            self._path.pop()
+
+    def _place(self, event: yaml.Event) -> str:
+        path = "".join(self._path).lstrip(".")
+        if len(path) > 60:  # a deep path: its start and its end say where
+            path = f"{path[:30]}…{path[-25:]}"
+        mark = event.start_mark
+        line = f"line {mark.line + 1}" if mark is not None else "the document"
+        return f"{path} ({line})" if path else line
+
+
+def _segment(parent: yaml.Node | None, index: Any) -> str:
+    """The step from ``parent`` to the node at ``index``: ``[n]`` in a sequence, ``.key``
+    for a mapping's value, ``.<key>`` for a mapping's key, nothing for the document."""
+    if isinstance(index, int) and not isinstance(index, bool):
+        return f"[{index}]"
+    if isinstance(index, yaml.ScalarNode):
+        return f".{index.value}"
+    if isinstance(parent, yaml.MappingNode):
+        return ".<key>"
+    return ""
+
+
+# a JSON string (escapes and all), or a bracket outside one
+_JSON_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _check_json_depth(text: str) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH before decoding it: the decoder
+    recurses, and 20,000 brackets would end in a RecursionError."""
+    depth = 0
+    for token in _JSON_BRACKETS.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = text.count("\n", 0, token.start()) + 1
+                column = token.start() - text.rfind("\n", 0, token.start())
+                raise _Refused(
+                    f"line {line}, column {column}: nested deeper than {MAX_DEPTH} levels: "
+                    "a scenario needs a handful"
+                )
+        elif bracket in "]}":
+            depth -= 1
 
 
 class Reader:
@@ -61,28 +195,37 @@ class Reader:
 
     def integer(self, value: Any, at: str, *, minimum: int = 0) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(at, f"expected a whole number of at least {minimum}, got {value!r}")
+            raise self.error(
+                at, f"expected a whole number of at least {minimum}, got {_shown(value)}"
+            )
         return value
 
     def share(self, value: Any, at: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise self.error(at, f"expected a share between 0 and 1, got {value!r}")
+            raise self.error(at, f"expected a share between 0 and 1, got {_shown(value)}")
         return float(value)
 
     def duration(self, value: Any, at: str, *, positive: bool = False) -> float:
         seconds = _seconds(value)
         if seconds is None or (positive and seconds <= 0):
             raise self.error(
-                at, f"{value!r} is not a duration: write seconds (90) or text (90s, 5m, 1h30m)"
+                at,
+                f"{_shown(value)} is not a duration: write seconds (90) or text (90s, 5m, 1h30m)",
             )
         return seconds
 
     def rate(self, value: Any, at: str) -> tuple[int, float]:
-        count, _, per = str(value).partition("/")
-        seconds = _seconds(f"1{per}" if per.isalpha() else per) if per else None
-        if not count.strip().isdigit() or int(count) < 1 or not seconds or seconds <= 0:
-            raise self.error(at, f"{value!r} is not a rate: write count/duration (5/s, 300/1m)")
-        return int(count), seconds
+        try:
+            count, _, per = str(value).partition("/")
+            seconds = _seconds(f"1{per}" if per.isalpha() else per) if per else None
+            number = int(count) if count.strip().isdigit() else 0
+        except ValueError:  # a count of more than 4,300 digits
+            number, seconds = 0, None
+        if number < 1 or not seconds or seconds <= 0:
+            raise self.error(
+                at, f"{_shown(value)} is not a rate: write count/duration (5/s, 300/1m)"
+            )
+        return number, seconds
 
     def moment(self, value: Any, at: str) -> datetime:
         try:
@@ -90,7 +233,7 @@ class Reader:
         except ValueError:
             moment = None
         if moment is None or moment.tzinfo is None:
-            raise self.error(at, f"{value!r}: write an ISO 8601 time with its offset (…Z)")
+            raise self.error(at, f"{_shown(value)}: write an ISO 8601 time with its offset (…Z)")
         return moment.astimezone(UTC)
 
 
@@ -112,4 +255,18 @@ def _seconds(value: Any) -> float | None:
 
 
 def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"{type(value).__name__} {value!r}"[:80]
+    return "nothing" if value is None else f"{type(value).__name__} {_shown(value)}"[:80]
+
+
+# a value as an error shows it: a few levels and items, however large or deep it is
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel = 3
+_SHORT.maxstring = 60
+_SHORT.maxother = 60
+
+
+def _shown(value: Any) -> str:
+    try:
+        return _SHORT.repr(value)
+    except ValueError:  # an int of more than 4,300 digits has no decimal text
+        return "a number of more than 4,300 digits"

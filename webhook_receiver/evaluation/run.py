@@ -4,14 +4,20 @@ as one JSON-ready dict (``--save`` writes it; the report and ``--compare`` read 
 from __future__ import annotations
 
 import shlex
+import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from django.db import connection
+import psycopg
+from django.conf import settings
+from django.db import DatabaseError, connection
 
 from . import invariants
 from .measures import measure
@@ -107,21 +113,171 @@ def code_version() -> str:
     return f"{version} ({commit})" if commit else version
 
 
+class RunRefused(Exception):
+    """The run cannot start, and why: one line a person can act on (exit status 3)."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM during a run, raised so that the way out drops the run's database. A
+    SystemExit (status 143, as the signal's own ending would give): no ``except
+    Exception`` catches it on the way, and psycopg cancels the statement in flight, as it
+    does for Ctrl-C."""
+
+
 @contextmanager
-def own_database(verbosity: int = 0) -> Iterator[str]:
+def own_database(
+    verbosity: int = 0, *, force: bool = False, say: Callable[[str], None] | None = None
+) -> Iterator[str]:
     """A database of the run's own, made (and migrated) beside the configured one and
     dropped afterwards, as Django's test runner does: the host's rows are never read
-    nor written. On PostgreSQL it is ``<NAME>_webhook_eval``; on SQLite, in memory."""
+    nor written. On PostgreSQL it is ``<NAME>_webhook_eval``; on SQLite, in memory.
+
+    Only a database this run made is dropped: if ``<NAME>_webhook_eval`` exists already
+    (someone's, or a run's that was killed), the run is refused (RunRefused) unless
+    ``force`` says to drop it and make it again. The run's own is dropped on every way
+    out: the end, an exception, Ctrl-C, and SIGTERM (turned into Terminated for the
+    run's duration); ``say`` tells in one line when an interruption was cleaned up."""
+    say = say or _to_stderr
     settings_dict = connection.settings_dict
     test = settings_dict.setdefault("TEST", {})
-    if connection.vendor == "postgresql":
-        test["NAME"] = f"{settings_dict['NAME']}_webhook_eval"
-    else:
-        test["NAME"] = None  # in memory
-    old_name = connection.creation.create_test_db(
-        verbosity=max(0, verbosity - 1), autoclobber=True, serialize=False, keepdb=False
-    )
+    if connection.vendor != "postgresql":
+        # in memory: it ends with the process, and nothing else can hold its name
+        test["NAME"] = None
+        old_name = connection.creation.create_test_db(
+            verbosity=max(0, verbosity - 1), autoclobber=True, serialize=False, keepdb=False
+        )
+        try:
+            yield connection.settings_dict["NAME"]
+        finally:
+            connection.creation.destroy_test_db(old_name, verbosity=max(0, verbosity - 1))
+        return
+
+    host = settings_dict["NAME"]
+    name = f"{host}_webhook_eval"
+    made = interrupted = False
+    with _sigterm_raises():
+        try:
+            # made, and known to be made, at once: no interruption comes in between
+            with _signals_held():
+                _make_database(name, force=force)
+                made = True
+            if verbosity >= 2:
+                say(f"webhook_eval: made its database {name}")
+            test["NAME"] = name
+            # keepdb: use the database just made (and migrate it) rather than make one
+            connection.creation.create_test_db(
+                verbosity=0, autoclobber=False, serialize=False, keepdb=True
+            )
+            yield name
+        except BaseException as exc:
+            interruption = _interruption(exc)
+            if interruption is None:
+                raise
+            interrupted = True
+            # a statement cut short may fail in turn on the way out (psycopg: "connection
+            # in transaction status ACTIVE"): what happened is the interruption
+            raise interruption from None
+        finally:
+            connection.close()
+            settings.DATABASES[connection.alias]["NAME"] = settings_dict["NAME"] = host
+            if made:
+                # a second Ctrl-C or SIGTERM waits until the drop is done
+                with _signals_held():
+                    dropped = _drop_database(name, say)
+                    if dropped and interrupted:
+                        say(f"webhook_eval: interrupted; dropped its database {name}")
+                    elif dropped and verbosity >= 2:
+                        say(f"webhook_eval: dropped its database {name}")
+
+
+def _interruption(exc: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM that ``exc`` is, or that it was raised while handling."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt | Terminated):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
+
+
+def _make_database(name: str, *, force: bool) -> None:
+    """CREATE DATABASE ``name``; if it exists, refuse, or with ``force`` drop it first.
+    Anything the server answers instead (no such role, unreachable) is a RunRefused."""
+    quoted = connection.ops.quote_name(name)
+    create = f"CREATE DATABASE {quoted} {connection.creation.sql_table_creation_suffix()}"
     try:
-        yield connection.settings_dict["NAME"]
+        with connection._nodb_cursor() as cursor:
+            try:
+                cursor.execute(create.strip())
+                return
+            except DatabaseError as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.DuplicateDatabase):
+                    raise
+            if not force:
+                raise RunRefused(
+                    f"the database {name} exists, and this run did not make it (a run "
+                    "makes its own database under that name and drops it afterwards): drop "
+                    f"it yourself if nothing in it matters (dropdb {name}), or run again "
+                    "with --force to drop it and make it afresh"
+                )
+            try:
+                cursor.execute(f"DROP DATABASE {quoted}")
+            except DatabaseError as exc:
+                raise RunRefused(f"--force: cannot drop the database {name}: {exc}") from None
+            cursor.execute(create.strip())
+    except DatabaseError as exc:
+        raise RunRefused(f"cannot make its database {name}: {exc}") from None
+
+
+def _drop_database(name: str, say: Callable[[str], None]) -> bool:
+    """Drop the run's own database (its sessions ended first, PostgreSQL 13 on: one
+    interrupted mid-statement may linger); if that fails, say how to do it by hand."""
+    quoted = connection.ops.quote_name(name)
+    try:
+        with connection._nodb_cursor() as cursor:
+            force = " WITH (FORCE)" if cursor.connection.info.server_version >= 130000 else ""
+            cursor.execute(f"DROP DATABASE IF EXISTS {quoted}{force}")
+    except DatabaseError as exc:
+        say(f"webhook_eval: could not drop its database {name} ({exc}): dropdb {name}")
+        return False
+    return True
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated for the block's duration (the previous handler back
+    after), so that the run's ``finally`` runs; only the main thread receives signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
     finally:
-        connection.creation.destroy_test_db(old_name, verbosity=max(0, verbosity - 1))
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back for the block (a statement that must not be cut in
+    two: making or dropping the database), delivered when it ends."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "pthread_sigmask"
+    ):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)

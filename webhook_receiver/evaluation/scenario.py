@@ -8,15 +8,13 @@ are ``count/duration`` (``5/s``, ``300/1m``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .reading import Reader, ScenarioError
+from .bounds import check_work
+from .reading import Reader, ScenarioError, read_document
 
 BUILT_IN = Path(__file__).resolve().parent / "scenarios"
 
@@ -202,11 +200,8 @@ def load(name_or_path: str) -> Scenario:
                 f"(built in: {', '.join(built_in_names())})"
             )
         path = built_in
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ScenarioError(f"{path.name}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    # read within bounds (size, depth, no aliases): anything else is a ScenarioError
+    data = read_document(path)
     return parse(data, where=path.name, path=str(path))
 
 
@@ -276,6 +271,7 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
         raise r.error("", "nothing happens: give it admissions, inbound events, or both")
     if scenario.admissions and not scenario.destinations:
         raise r.error("destinations", "admissions need at least one destination")
+    check_bounds(scenario, r)
     return scenario
 
 
@@ -458,3 +454,13 @@ def _inbound(r: Reader, data: Any, at: str) -> Inbound:
         silent=tuple(silent),
         fail_after_effect=r.share(i.get("fail_after_effect", 0), f"{at}.fail_after_effect"),
     )
+
+
+# --- bounds -------------------------------------------------------------------------------
+
+
+def check_bounds(scenario: Scenario, r: Reader) -> None:
+    """Refuse a scenario that asks for more work than a run takes (admissions, a sender's
+    posts, requests, beat ticks, list lengths) or that a run could not hold, naming the
+    place, the count and the bound: counted before anything is built (bounds.py)."""
+    check_work(scenario, r)

@@ -1,4 +1,5 @@
 """manage.py webhook_eval [SCENARIO …] [--seed N] [--html FILE] [--save FILE] [--compare FILE]
+[--force]
 
 Prove the delivery policy before deployment: run scenarios (the built-in ones, or
 files a team writes) through the app's real code in simulated time, in a database of
@@ -6,7 +7,8 @@ their own, and check the invariants after each. See docs/eval.md.
 
 Exit status: 0 when every invariant held (and, with --compare, nothing regressed);
 1 when an invariant broke or a run is void; 2 when --compare found a regression;
-3 when a scenario or a saved run cannot be read.
+3 when a scenario or a saved run cannot be read (or asks for too much), or the run
+cannot make its database; 130 on Ctrl-C and 143 on SIGTERM, its database dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django.core.management.base import BaseCommand
 
 from ...evaluation import report, scenario
 from ...evaluation.html import html_report
-from ...evaluation.run import evaluate_all, own_database
+from ...evaluation.run import RunRefused, evaluate_all, own_database
 
 
 class Command(BaseCommand):
@@ -47,6 +49,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--list", action="store_true", help="list the built-in scenarios and stop"
         )
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="if the run's database (<NAME>_webhook_eval) exists already, drop it and "
+            "make it afresh (without: refuse, and leave it as it is)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["list"]:
@@ -68,7 +76,7 @@ class Command(BaseCommand):
         # the app's own lines (with simulated times) only when asked for: -v 2
         app_logger.setLevel(logging.DEBUG if verbosity >= 2 else logging.CRITICAL)
         try:
-            with own_database(verbosity):
+            with own_database(verbosity, force=options["force"], say=self.stderr.write):
                 export = evaluate_all(
                     scenarios,
                     seed=options["seed"],
@@ -76,6 +84,12 @@ class Command(BaseCommand):
                     if verbosity
                     else None,
                 )
+        except RunRefused as exc:
+            self.stderr.write(f"webhook_eval: {exc}")
+            sys.exit(3)
+        except KeyboardInterrupt:
+            # its database is dropped, and said so: no traceback for a Ctrl-C
+            sys.exit(130)
         finally:
             app_logger.setLevel(level)
         self.stdout.write(report.text_report(export), ending="")

@@ -3,8 +3,9 @@ headless Chromium at 1400 px, made from real runs of the harness, one where ever
 invariant held and one where a defect (a limiter that overspends) broke one.
 
 The verdict comes first (a red box naming the broken invariant, or a green banner),
-each scenario draws its four charts with data in them, the texts taken from the
-scenario file are shown as text and never run, and the page fetches nothing.
+each scenario draws its four charts with data in them (five when messages were held
+back), the texts taken from the scenario file are shown as text and never run, and the
+page fetches nothing.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import pytest
 
 from webhook_receiver.evaluation import invariants, scenario
 from webhook_receiver.evaluation.measures import percentile
-from webhook_receiver.evaluation.simulation import Observations, Simulation
+from webhook_receiver.evaluation.observed import Observations
+from webhook_receiver.evaluation.simulation import Simulation
 from webhook_receiver.outbound.relay.lanes import RelayLanes
 from webhook_receiver.outbound.relay.run import relay_run
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .reading import Reader
 
 if TYPE_CHECKING:
-    from .scenario import Scenario
+    from .inputs import Scenario
 
 # admissions (orders × events × destinations × (1 + repeats)): about an hour and a
 # gigabyte; forty times the largest built-in scenario's (flash-sale: 6,000)

@@ -16,7 +16,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from .report import _age, _num, held_back_words
-from .svg import Chart, Series, colour, draw, join
+from .report_charts import scenario_charts
+from .svg import join
 
 STYLE = """
 :root { color-scheme: light; --ink: #1f2328; --muted: #5b636d; --line: #d8dde3;
@@ -206,7 +207,7 @@ def _scenario(i: int, s: dict[str, Any]) -> SafeString:
             s["replay"],
         )
     )
-    parts += [_invariants(s), _destinations(s), _receiver(s), _charts(i, s)]
+    parts += [_invariants(s), _destinations(s), _receiver(s), scenario_charts(i, s)]
     parts.append(mark_safe("</section>"))
     return join(parts)
 
@@ -333,94 +334,6 @@ def _receiver(s: dict[str, Any]) -> SafeString:
         _num(r["applied"]),
         failed,
         r["silence_alerts"],
-    )
-
-
-def _charts(i: int, s: dict[str, Any]) -> SafeString:
-    """Five charts, one line (or outline) per destination in the same colour in each."""
-    dests = s["metrics"]["destinations"]
-    if not dests:
-        return mark_safe('<p class="muted">No destination: no outbound queue to chart.</p>')
-    names = [d["name"] for d in s["destinations"] if d["name"] in dests]
-
-    def series(pick: Any) -> list[Series]:
-        return [Series(n, colour(k), pick(dests[n])) for k, n in enumerate(names)]
-
-    duration = float(s["duration_s"])
-    figures = [
-        (
-            Chart(
-                "Enqueue-to-delivery latency",
-                series(lambda m: m["latency_histogram"]),
-                x_label="latency",
-                empty="nothing delivered",
-                kind="histogram",
-                y_whole=True,
-            ),
-            "How many delivered messages took how long, from the scheduled admission to "
-            "the 2xx: 24 equal bins from 0 to each destination's slowest.",
-        ),
-        (
-            Chart(
-                "Queue depth (messages pending or sending)",
-                series(lambda m: m["series"]["depth"]),
-                x_label="simulated time",
-                empty="nothing queued",
-                y_whole=True,
-                x_max=duration,
-            ),
-            "The messages not yet delivered nor failed, the largest in each slice of "
-            "simulated time.",
-        ),
-        (
-            Chart(
-                "Oldest eligible message's age",
-                series(lambda m: m["series"]["oldest_age_s"]),
-                x_label="simulated time",
-                empty="nothing waited while due",
-                y_time=True,
-                x_max=duration,
-            ),
-            "How long the oldest message the relay could send (due, and not behind an "
-            "older open one of its ordering key) had waited since its admission: a queue "
-            "that falls behind climbs here. Messages held back for an operator are apart.",
-        ),
-        (
-            Chart(
-                "Held back for an operator",
-                series(lambda m: m["series"]["held_back"]),
-                x_label="simulated time",
-                empty="nothing held back",
-                y_whole=True,
-                x_max=duration,
-            ),
-            "Messages waiting behind a terminal message of their ordering key (strict "
-            "order): they go once an operator retries or discards it, not before.",
-        ),
-        (
-            Chart(
-                "Limiter utilisation",
-                series(lambda m: m["series"]["utilisation"]),
-                x_label="simulated time",
-                empty="nothing sent",
-                x_max=duration,
-                reference=1.0,
-                reference_label="the configured rate (1.0)",
-            ),
-            "Requests started in each slice over what the rate allows in it; the dashed "
-            "line is the rate. A burst may lift a slice above it; staying above it is "
-            "overspending.",
-        ),
-    ]
-    return join(
-        [
-            format_html('<h3>Charts</h3><div class="charts" id="charts-{}">', i),
-            *(
-                format_html("<figure>{}<figcaption>{}</figcaption></figure>", draw(c), caption)
-                for c, caption in figures
-            ),
-            mark_safe("</div>"),
-        ]
     )
 
 

@@ -7,82 +7,20 @@ the database (what the app recorded), never from the app's own claims about itse
 
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from .simulation import Observations
-
-INF = math.inf
-
-# What docs/outbox.md promises an answer means, written here apart from the relay's own
-# policy (relay/policy.py), so that a change there is held to the promise:
-# answers no retry changes, for an operator (the seed: "permanent authentication or
-# payload rejection belongs in a terminal state for operator review")
-PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 410, 422})
-# answers that pace us when they carry a Retry-After: deferred, spending no budget
-PACING_STATUSES = frozenset({429, 503})
-# a merchant's outcomes that are a 2xx
-SUCCESSES = frozenset({"applied", "duplicate"})
+from .answers import (
+    breaker_limits_attempts,
+    budget_respected,
+    retry_after_capped,
+    terminal_answer_final,
+)
+from .observed import INF, Observations, RunView, Verdict, when
 
 
-@dataclass(frozen=True)
-class Verdict:
-    name: str
-    title: str
-    held: bool
-    checked: int
-    first: str = ""  # the first event that broke it, in words
-    # the ledger: a run that does not balance proves nothing
-    voids: bool = False
-
-
-def when(seconds: float | None) -> str:
-    """Simulated time since the start, as +HH:MM:SS(.fff)."""
-    if seconds is None or seconds == INF:
-        return "never"
-    whole = int(seconds)
-    text = f"+{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-    frac = round(seconds - whole, 3)
-    return f"{text}.{int(frac * 1000):03d}" if frac else text
-
-
-class _View:
-    """The observations indexed the way the checks read them."""
-
-    def __init__(self, obs: Observations) -> None:
-        self.obs = obs
-        self.by_dest: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for m in obs.messages:
-            self.by_dest[m["destination"]].append(m)
-        # the claims that were never recorded (a relay that crashed)
-        crashed: dict[tuple[str, str], list[float]] = defaultdict(list)
-        for c in obs.crashes:
-            for key in c["keys"]:
-                crashed[(c["destination"], key)].append(c["at"])
-        self.first_attempt: dict[int, float] = {}
-        for m in obs.messages:
-            starts = [a["started"] for a in obs.attempts.get(m["id"], [])]
-            starts += crashed.get((m["destination"], m["key"]), [])
-            self.first_attempt[m["id"]] = min(starts) if starts else INF
-        self.arrivals_of: dict[tuple[str, str], list[Any]] = defaultdict(list)
-        for name, arrivals in obs.arrivals.items():
-            for a in arrivals:
-                self.arrivals_of[(name, a.event)].append(a)
-
-    def delivered_seq(self, m: dict[str, Any]) -> int | None:
-        """The merchant's arrival that delivered ``m`` (its last 2xx)."""
-        ok = [
-            a.seq
-            for a in self.arrivals_of[(m["destination"], m["key"])]
-            if a.outcome in ("applied", "duplicate")
-        ]
-        return ok[-1] if ok else None
-
-
-def one_message_per_event(v: _View) -> Verdict:
+def one_message_per_event(v: RunView) -> Verdict:
     title = "one durable message per logical event and destination"
     admitted = {(a["destination"], a["key"]) for a in v.obs.admissions}
     created = Counter((a["destination"], a["key"]) for a in v.obs.admissions if a["created"])
@@ -111,7 +49,7 @@ def one_message_per_event(v: _View) -> Verdict:
     return Verdict("one-message-per-event", title, True, len(admitted))
 
 
-def key_on_every_attempt(v: _View) -> Verdict:
+def key_on_every_attempt(v: RunView) -> Verdict:
     title = "every attempt of a message carries its key (webhook-id, Idempotency-Key)"
     count = 0
     for name, arrivals in v.obs.arrivals.items():
@@ -129,7 +67,7 @@ def key_on_every_attempt(v: _View) -> Verdict:
     return Verdict("key-on-every-attempt", title, True, count)
 
 
-def fifo_per_destination(v: _View) -> Verdict:
+def fifo_per_destination(v: RunView) -> Verdict:
     """First attempts follow admission order among a destination's messages that nothing
     held back: a message admitted earlier, and not waiting for an older one of its
     ordering key, is never first tried after a later one."""
@@ -160,7 +98,7 @@ def fifo_per_destination(v: _View) -> Verdict:
     return Verdict("fifo-per-destination", title, True, count)
 
 
-def order_within_key(v: _View) -> Verdict:
+def order_within_key(v: RunView) -> Verdict:
     title = "strict order within an ordering key"
     count = 0
     for name, messages in v.by_dest.items():
@@ -193,7 +131,7 @@ def order_within_key(v: _View) -> Verdict:
     return Verdict("order-within-key", title, True, count)
 
 
-def limiter_within_rate(v: _View) -> Verdict:
+def limiter_within_rate(v: RunView) -> Verdict:
     """Counted at the merchant: in any span of T seconds, at most rate × T + burst
     requests started; and never more in flight than max_in_flight."""
     title = "the limiter never exceeds its rate plus burst, nor its concurrency, at the merchant"
@@ -234,7 +172,7 @@ def limiter_within_rate(v: _View) -> Verdict:
     return Verdict("limiter-within-rate", title, True, count)
 
 
-def no_early_attempt(v: _View) -> Verdict:
+def no_early_attempt(v: RunView) -> Verdict:
     """No attempt before the time its previous answer set: the recorded next_attempt_at,
     and, at the merchant, the Retry-After it asked for (up to the destination's cap)."""
     title = "no attempt before its next_attempt_at or Retry-After"
@@ -272,7 +210,7 @@ def no_early_attempt(v: _View) -> Verdict:
     return Verdict("no-early-attempt", title, True, count)
 
 
-def one_effect_per_key(v: _View) -> Verdict:
+def one_effect_per_key(v: RunView) -> Verdict:
     title = "one effect per key, at the merchant and at this app's receiver"
     count = 0
     for m in v.obs.messages:
@@ -299,7 +237,7 @@ def one_effect_per_key(v: _View) -> Verdict:
     return Verdict("one-effect-per-key", title, True, count)
 
 
-def ledger_balances(v: _View) -> Verdict:
+def ledger_balances(v: RunView) -> Verdict:
     """Outbound: admitted = delivered + terminal with a reason + pending at the cut-off.
     Inbound: sent = applied + dead-lettered + awaiting a retry. Nothing else."""
     title = "the ledger balances (admitted = delivered + terminal + pending at the cut-off)"
@@ -338,7 +276,7 @@ def ledger_balances(v: _View) -> Verdict:
     return Verdict("ledger-balances", title, True, len(admitted) + len(sent))
 
 
-def silence_alert_once(v: _View) -> Verdict:
+def silence_alert_once(v: RunView) -> Verdict:
     """Every gap in the sender's traffic longer than the silence window (plus one check
     interval) opens exactly one alert, none opens otherwise, and each resolves once
     traffic returns. A silence that lasts to the cut-off is a silence too: its alert
@@ -384,186 +322,7 @@ def silence_alert_once(v: _View) -> Verdict:
     return Verdict("silence-alert-once", title, not problem, checked, problem)
 
 
-def _answer_of(a: Any) -> str:
-    if a.status is not None:
-        return f"answered {a.status}"
-    return {"down": "refused the connection", "timeout": "did not answer in time"}.get(
-        a.outcome, "dropped the connection"
-    )
-
-
-def terminal_answer_final(v: _View) -> Verdict:
-    """A permanent answer (400, 401, 403, 404, 410, 422) ends its message at that
-    attempt: no later request of that key reaches the merchant, and the message is
-    terminal with that answer as its reason."""
-    title = "a permanent answer ends its message: no later attempt, terminal with its reason"
-    count = 0
-    by_key = {(m["destination"], m["key"]): m for m in v.obs.messages}
-    for (name, event), arrivals in sorted(v.arrivals_of.items()):
-        final = next((a for a in arrivals if a.status in PERMANENT_STATUSES), None)
-        if final is None:
-            continue
-        count += 1
-        later = [a for a in arrivals if a.seq > final.seq]
-        m = by_key.get((name, event))
-        problem = ""
-        if later:
-            problem = (
-                f"{len(later)} later request{'s' if len(later) != 1 else ''}, the first at "
-                f"{when(later[0].at)}"
-            )
-        elif m is None or m["status"] != "failed":
-            problem = f"the message is {m['status'] if m else 'missing'}, not terminal"
-        elif m["last_status_code"] != final.status:
-            reason = m["last_status_code"] or m["last_error"] or "none"
-            problem = f"terminal with the reason {reason!r}, not {final.status}"
-        if problem:
-            return Verdict(
-                "terminal-answer-final",
-                title,
-                False,
-                count,
-                f"{event} at {name}: answered {final.status} at {when(final.at)}; {problem}",
-            )
-    return Verdict("terminal-answer-final", title, True, count)
-
-
-def _breaker_failure(a: Any) -> bool | None:
-    """What an answer is to the breaker (docs/outbox.md): True a failure, False a
-    success, None neither (a permanent answer, or a 429 that paces us)."""
-    if a.outcome in SUCCESSES:
-        return False
-    if a.status in PERMANENT_STATUSES:
-        return None
-    if a.status == 429 and a.retry_after is not None:
-        return None
-    return True
-
-
-def breaker_limits_attempts(v: _View) -> Verdict:
-    """Counted at the merchant: once ``breaker_threshold`` consecutive failures have
-    been answered, at most one request is started per cool-down (a probe, started no
-    sooner than a cool-down after the last failure was answered) until one succeeds.
-    Requests started together (one round) are answered together, as the breaker counts
-    them; requests already on their way when it opened are not held to it."""
-    title = "after breaker_threshold failures in a row, one probe per cool-down until a success"
-    count = 0
-    specs = {d.name: d for d in v.obs.scenario.destinations}
-    for name, arrivals in sorted(v.obs.arrivals.items()):
-        spec = specs[name]
-        rounds: dict[int, list[Any]] = defaultdict(list)
-        for a in arrivals:
-            rounds[a.round].append(a)
-        streak = 0
-        opened_at: float | None = None  # when the breaker opened (None: closed)
-        opened_by = 0  # the round whose answers opened it
-        free_at = -INF  # the earliest a probe may start
-        # in the order the relay recorded them: when their last answer came
-        for number, batch in sorted(
-            rounds.items(), key=lambda r: (max(a.answered for a in r[1]), r[0])
-        ):
-            count += len(batch)
-            at = batch[0].at
-            answered = max(a.answered for a in batch)
-            early = at < free_at - 1e-6
-            # a round sent after the breaker opened (at its instant: sent after it)
-            held_to_it = opened_at is not None and (
-                at > opened_at + 1e-6 or (at > opened_at - 1e-6 and number > opened_by)
-            )
-            if held_to_it and (early or len(batch) > 1):
-                what = (
-                    f"no probe due before {when(free_at)}"
-                    if early
-                    else f"{len(batch)} probes at once"
-                )
-                return Verdict(
-                    "breaker-limits-attempts",
-                    title,
-                    False,
-                    count,
-                    f"{name}: {batch[0].event} started {when(at)}, with the breaker open since "
-                    f"{when(opened_at)} after {streak} failures in a row: {what}",
-                )
-            kinds = [_breaker_failure(a) for a in batch]
-            if False in kinds:
-                streak, opened_at, free_at = 0, None, -INF
-                continue
-            streak += sum(k is True for k in kinds)
-            if streak >= spec.breaker_threshold and True in kinds:
-                if opened_at is None:
-                    opened_at, opened_by = answered, number
-                free_at = max(free_at, answered + spec.breaker_cooldown_seconds)
-    return Verdict("breaker-limits-attempts", title, True, count)
-
-
-def retry_after_capped(v: _View) -> Verdict:
-    """A 429 or 503 with a Retry-After is waited as asked up to the destination's cap,
-    and no longer: its next attempt is set at least min(asked, cap) after the request
-    started, and no more than that past its answer (the request's deadline at most)."""
-    title = "a Retry-After is waited as asked, up to the cap, never past it"
-    count = 0
-    specs = {d.name: d for d in v.obs.scenario.destinations}
-    # what the merchant asked for, by the request's start (the attempt's started_at)
-    asked: dict[tuple[str, str, float], float] = {}
-    for (name, event), arrivals in v.arrivals_of.items():
-        for a in arrivals:
-            if a.status in PACING_STATUSES and a.retry_after is not None:
-                asked[(name, event, a.at)] = a.retry_after
-    for m in v.obs.messages:
-        spec = specs[m["destination"]]
-        for attempt in v.obs.attempts.get(m["id"], []):
-            wait = asked.get((m["destination"], m["key"], attempt["started"]))
-            if wait is None or attempt["status_code"] not in PACING_STATUSES:
-                continue
-            count += 1
-            expected = min(wait, spec.retry_after_cap_seconds)
-            waited = None if attempt["next"] is None else attempt["next"] - attempt["started"]
-            if waited is None or not (
-                expected - 1e-6 <= waited <= expected + spec.timeout_seconds + 1e-6
-            ):
-                return Verdict(
-                    "retry-after-capped",
-                    title,
-                    False,
-                    count,
-                    f"{m['key']} to {m['destination']}: attempt {attempt['number']} at "
-                    f"{when(attempt['started'])} asked to wait {wait:g} s (the cap "
-                    f"{spec.retry_after_cap_seconds:g} s); the next attempt was set "
-                    + ("never" if waited is None else f"{waited:g} s later"),
-                )
-    return Verdict("retry-after-capped", title, True, count)
-
-
-def budget_respected(v: _View) -> Verdict:
-    """No message is tried past its retry budget: at the merchant, at most
-    ``max_attempts`` requests of a key got an answer that spends it (anything but a 2xx,
-    a permanent answer, or a Retry-After that paces us)."""
-    title = "no message is tried past its retry budget (max_attempts), counted at the merchant"
-    count = 0
-    specs = {d.name: d for d in v.obs.scenario.destinations}
-    for (name, event), arrivals in sorted(v.arrivals_of.items()):
-        count += 1
-        budget = specs[name].max_attempts
-        spent = [
-            a
-            for a in arrivals
-            if a.outcome not in SUCCESSES
-            and a.status not in PERMANENT_STATUSES
-            and not (a.status in PACING_STATUSES and a.retry_after is not None)
-        ]
-        if len(spent) > budget:
-            return Verdict(
-                "budget-respected",
-                title,
-                False,
-                count,
-                f"{event} at {name}: {len(spent)} failed requests against a budget of "
-                f"{budget}, the one past it at {when(spent[budget].at)}",
-            )
-    return Verdict("budget-respected", title, True, count)
-
-
-CHECKS: list[Callable[[_View], Verdict]] = [
+CHECKS: list[Callable[[RunView], Verdict]] = [
     ledger_balances,
     one_message_per_event,
     key_on_every_attempt,
@@ -628,7 +387,7 @@ def destinations_isolated(obs: Observations, alone: Observations | None) -> Verd
 
 
 def check(obs: Observations, alone: Observations | None = None) -> list[Verdict]:
-    view = _View(obs)
+    view = RunView(obs)
     verdicts = {c.__name__.replace("_", "-"): c(view) for c in CHECKS}
     verdicts["destinations-isolated"] = destinations_isolated(obs, alone)
     return [verdicts[name] for name in NAMES]

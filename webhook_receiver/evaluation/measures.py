@@ -13,7 +13,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Any, overload
 
-from .simulation import Observations
+from .observed import Observations
 
 # points per time series in the export and the charts
 SERIES_POINTS = 120

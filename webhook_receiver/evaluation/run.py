@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from . import invariants
+from .inputs import BUILT_IN, Scenario
 from .measures import measure
-from .scenario import BUILT_IN, Scenario
 from .simulation import Simulation
 
 FORMAT = 1

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.test.utils import override_settings
 
-from .scenario import Scenario
+from .inputs import Scenario
 
 SENDER = "eval-sender"
 EVENT_TYPE = "eval.order.paid"

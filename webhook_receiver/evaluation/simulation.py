@@ -31,10 +31,10 @@ import io
 import itertools
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 from unittest import mock
@@ -51,69 +51,24 @@ from ..inbound.failures import failed_events_retry_due
 from ..inbound.models import FailedEvent
 from ..inbound.receive import webhook_receive
 from ..outbound import trigger
-from ..outbound.admission import enqueue_webhook, message_key
+from ..outbound.admission import enqueue_webhook
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from ..outbound.relay import claim as relay_claim_module
 from ..outbound.relay import run as relay_run_module
-from ..outbound.relay.lanes import RelayLanes
 from ..outbound.relay.messages import Claimed, Sent
 from ..outbound.relay.transport import relay_send, simulated_network
 from ..watch.silence import silence_check
-from . import world
-from .scenario import Scenario
+from . import traffic, world
+from .backlog import Backlog
+from .inputs import Scenario
+from .observed import Observations
+from .processes import Processes
 from .settings import EVENT_TYPE, SENDER, eval_settings, sender_secret
 
 # samples of queue depth and oldest age per run, whatever its length
 SAMPLES = 240
 # the tasks a worker process runs (the rest happen in the web process or the sender)
 WORKER_TASKS = frozenset({"relay", "sweep", "retry_sweep", "silence"})
-# real seconds the schedule waits for the worker threads to settle before it gives up
-SETTLE_SECONDS = 300.0
-
-
-class _Stop(BaseException):
-    """Ends a worker thread held by an answer at the cut-off (nothing may catch it)."""
-
-
-class _Worker:
-    """A thread of the simulation: a worker process's (one task at a time), or a relay
-    lane's (one destination's runs, started by a worker process's task)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.task: tuple[str, Any] | None = None
-        self.resume = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.lanes: RelayLanes | None = None  # a worker process's relay lanes
-        self.lane_target: Callable[[], None] | None = None  # a lane thread's lane to run
-
-
-@dataclass
-class Observations:
-    """What one run left: the scheduled admissions, the database's rows at the cut-off,
-    each merchant's arrivals and effects, the receiver's side, and the samples."""
-
-    scenario: Scenario
-    seed: int
-    cut_off: float
-    admissions: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    attempts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    arrivals: dict[str, list[world.Arrival]] = field(default_factory=dict)
-    merchant_effects: dict[str, Counter[str]] = field(default_factory=dict)
-    max_concurrency: dict[str, int] = field(default_factory=dict)
-    crashes: list[dict[str, Any]] = field(default_factory=list)
-    inbound_sent: list[dict[str, Any]] = field(default_factory=list)
-    inbound_effects: Counter[str] = field(default_factory=Counter)
-    inbound_failed: dict[str, str] = field(default_factory=dict)
-    silence: list[dict[str, Any]] = field(default_factory=list)
-    # (at, open messages, oldest eligible age, held back, longest held), per destination
-    samples: dict[str, list[tuple[float, int, float, int, float]]] = field(default_factory=dict)
-    # at the cut-off: per destination, each terminal message that holds later ones of
-    # its ordering key back, with how many and since when
-    held_back: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    statements: Counter[str] = field(default_factory=Counter)
-    wall_seconds: float = 0.0
 
 
 class Simulation:
@@ -124,16 +79,16 @@ class Simulation:
         self._order = itertools.count()
         self._relays_queued: set[tuple[int, float]] = set()
         self._local = threading.local()  # the phase a thread's statements count for
-        # the workers: one runs at a time; the schedule waits until none is running
-        self._settled = threading.Condition()
-        self._running = 0
-        self._workers: list[_Worker] = []
-        self._lanes: list[_Worker] = []
-        self._idle_lanes: list[_Worker] = []
-        self._idle: deque[_Worker] = deque()
-        self._due_tasks: deque[tuple[str, Any]] = deque()
-        self._worker_error: BaseException | None = None
-        self._stopping = False
+        # a worker thread queues its follow-ups on the schedule too
+        self._queue_lock = threading.Lock()
+        self.processes = Processes(
+            workers=scenario.workers,
+            run_task=self._run_task,
+            wake_at=lambda when, thread: self.at(when, "wake", thread),
+            now=self.now,
+            count_statement=self._count_statement,
+            local=self._local,
+        )
         self.obs = Observations(scenario=scenario, seed=seed, cut_off=scenario.duration)
         self._start = scenario.start
         self._traveller: Any = None
@@ -156,7 +111,7 @@ class Simulation:
         return round(time.time() - self._start.timestamp(), 6)
 
     def at(self, offset: float, kind: str, payload: Any = None) -> None:
-        with self._settled:  # a worker thread queues its follow-ups too
+        with self._queue_lock:
             heapq.heappush(self._queue, (offset, next(self._order), kind, payload))
 
     def _queue_relay(self, destination_id: int, countdown: float | None) -> None:
@@ -182,60 +137,17 @@ class Simulation:
                 with time_machine.travel(self._start, tick=False) as traveller:
                     self._traveller = traveller
                     self._setup()
-                    self._start_workers()
+                    self.processes.start()
                     try:
                         self._loop()
                         self._collect()
                     finally:
-                        self._stop_workers()
+                        self.processes.stop()
             finally:
                 signals.silence_alert_opened.disconnect(self._silence_opened)
                 signals.silence_alert_resolved.disconnect(self._silence_resolved)
         self.obs.wall_seconds = time.perf_counter() - began
         return self.obs
-
-    # --- the worker processes ---
-
-    def _start_workers(self) -> None:
-        for number in range(self.scenario.workers):
-            worker = _Worker(f"eval-worker-{number}")
-            worker.lanes = RelayLanes(start=self._start_lane)
-            worker.thread = threading.Thread(
-                target=self._work, args=(worker,), name=worker.name, daemon=True
-            )
-            self._workers.append(worker)
-            self._idle.append(worker)
-            worker.thread.start()
-
-    def _work(self, worker: _Worker) -> None:
-        """A worker's life: wait for a task, run it (held while its answers take time),
-        then take the next due task, or wait idle."""
-        self._local.worker = worker
-        try:
-            with connection.execute_wrapper(self._count_statement):
-                while True:
-                    worker.resume.wait()
-                    worker.resume.clear()
-                    task = worker.task
-                    if task is None:
-                        return
-                    while task is not None:
-                        self._local.phase = task[0]
-                        try:
-                            self._run_task(*task)
-                        except _Stop:
-                            return
-                        except BaseException as exc:  # the schedule raises it
-                            self._worker_error = self._worker_error or exc
-                        with self._settled:
-                            task = self._due_tasks.popleft() if self._due_tasks else None
-                            if task is None:
-                                worker.task = None
-                                self._idle.append(worker)
-                                self._running -= 1
-                                self._settled.notify_all()
-        finally:
-            connection.close()
 
     def _run_task(self, kind: str, payload: Any) -> None:
         if kind == "relay":
@@ -251,99 +163,6 @@ class Simulation:
         elif kind == "silence":
             silence_check()
 
-    def _submit(self, kind: str, payload: Any) -> None:
-        """A task reaches the broker: an idle worker takes it now, else it waits its turn."""
-        with self._settled:
-            if not self._idle:
-                self._due_tasks.append((kind, payload))
-                return
-            worker = self._idle.popleft()
-            worker.task = (kind, payload)
-            self._running += 1
-            worker.resume.set()
-        self._settle()
-
-    def _wake(self, worker: _Worker) -> None:
-        with self._settled:
-            self._running += 1
-            worker.resume.set()
-        self._settle()
-
-    def _settle(self) -> None:
-        """Wait until every worker waits for the clock or for work."""
-        with self._settled:
-            if not self._settled.wait_for(lambda: self._running == 0, SETTLE_SECONDS):
-                raise RuntimeError(f"the worker threads did not settle in {SETTLE_SECONDS:g} s")
-        if self._worker_error is not None:
-            error, self._worker_error = self._worker_error, None
-            raise error
-
-    def _hold(self, seconds: float) -> None:
-        """The calling worker waits ``seconds`` of simulated time (an answer on its way)."""
-        worker: _Worker = self._local.worker
-        with self._settled:
-            heapq.heappush(
-                self._queue, (round(self.now() + seconds, 6), next(self._order), "wake", worker)
-            )
-            self._running -= 1
-            self._settled.notify_all()
-        worker.resume.wait()
-        worker.resume.clear()
-        if self._stopping:
-            raise _Stop
-
-    def _start_lane(self, target: Callable[[], None], name: str) -> None:
-        """A relay lane, as RelayLanes starts one: on an idle lane thread (kept, with its
-        connection, as the process's pool keeps them) or a new one. It runs once the
-        task that started it is done (one thread at a time), at the same instant."""
-        lane = self._idle_lanes.pop() if self._idle_lanes else None
-        if lane is None:
-            lane = _Worker(f"eval-lane-{len(self._lanes)}")
-            lane.thread = threading.Thread(
-                target=self._lane, args=(lane,), name=lane.name, daemon=True
-            )
-            self._lanes.append(lane)
-            lane.thread.start()
-        lane.lane_target = target
-        self.at(self.now(), "wake", lane)
-
-    def _lane(self, lane: _Worker) -> None:
-        """A lane thread's life: wait to be woken with a lane to run, run it (held while
-        its answers take time), then wait idle for the next."""
-        self._local.worker = lane
-        self._local.phase = "relay"
-        try:
-            with connection.execute_wrapper(self._count_statement):
-                while True:
-                    lane.resume.wait()
-                    lane.resume.clear()
-                    target = lane.lane_target
-                    if self._stopping or target is None:
-                        return
-                    try:
-                        target()
-                    except _Stop:
-                        return
-                    except BaseException as exc:  # the schedule raises it
-                        self._worker_error = self._worker_error or exc
-                    with self._settled:
-                        lane.lane_target = None
-                        self._idle_lanes.append(lane)
-                        self._running -= 1
-                        self._settled.notify_all()
-        finally:
-            connection.close()
-
-    def _stop_workers(self) -> None:
-        self._stopping = True
-        for worker in [*self._workers, *self._lanes]:
-            worker.task = None
-            worker.lane_target = None
-            worker.resume.set()
-        for worker in [*self._workers, *self._lanes]:
-            if worker.thread is not None:
-                worker.thread.join(timeout=SETTLE_SECONDS)
-
     def _send_and_wait(self, dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
         """``relay_send`` as the relay's run calls it, with the round's answers taking the
         time their merchants took: the worker is held until the slowest came."""
@@ -356,7 +175,7 @@ class Simulation:
             for sent, seconds in zip(results, took, strict=True)
         ]
         if max(took, default=0.0) > 0:
-            self._hold(max(took))
+            self.processes.hold(max(took))
         return results
 
     def _patched(self) -> ExitStack:
@@ -412,8 +231,10 @@ class Simulation:
             self._names[dest.pk] = spec.name
             self.obs.arrivals[spec.name] = []
             self.obs.samples[spec.name] = []
-        self._schedule_admissions()
-        self._schedule_inbound()
+        for at, kind, payload in traffic.admissions(s, self.seed):
+            self.at(at, kind, payload)
+        for at, kind, payload in traffic.inbound(s, self.seed, world.current_receiver):
+            self.at(at, kind, payload)
         for crash in s.crashes:
             self.at(crash.at, "crash", crash)
         if s.destinations:
@@ -423,54 +244,11 @@ class Simulation:
             self.at(0.0, "silence")
         self.at(0.0, "sample")
 
-    def _schedule_admissions(self) -> None:
-        for a in self.scenario.admissions:
-            targets = a.destinations or self.scenario.names()
-            step = a.over / a.orders
-            for n in range(a.orders):
-                order_id = f"{a.prefix}_{n + 1:05d}"
-                first = a.start + n * step
-                for i, event in enumerate(a.events):
-                    at = round(first + i * a.gap, 6)
-                    key = message_key("order", order_id, event, 1)
-                    item = {
-                        "key": key,
-                        "event": event,
-                        "order_id": order_id,
-                        "ordering_key": f"order:{order_id}" if a.ordering else None,
-                        "targets": targets,
-                        "metadata": a.metadata,
-                    }
-                    self.at(at, "admit", item)
-                    for r, repeat in enumerate(a.repeats):
-                        if world.chance(self.seed, "repeat", r, key) < repeat.share:
-                            self.at(round(at + repeat.after, 6), "admit", item | {"repeat": True})
-
-    def _schedule_inbound(self) -> None:
-        spec = self.scenario.inbound
-        if spec is None:
-            return
-        step = spec.over / spec.events
-        n = 0
-        for i in range(spec.events):
-            at = i * step
-            if any(w.holds(at) for w in spec.silent):
-                continue
-            n += 1
-            key = f"evt_{n:05d}"
-            if world.chance(self.seed, "fail", key) < spec.fail_after_effect:
-                world.current_receiver.fail_first.add(key)
-            if world.chance(self.seed, "late", key) < spec.late:
-                at += spec.late_by * world.chance(self.seed, "late-by", key)
-            self.at(round(at, 6), "inbound", {"key": key, "first": True})
-            if world.chance(self.seed, "dup", key) < spec.duplicates:
-                self.at(round(at + spec.duplicates_after, 6), "inbound", {"key": key})
-
     def _loop(self) -> None:
         counting = connection.execute_wrapper(self._count_statement)
         with counting:
             while True:
-                with self._settled:
+                with self._queue_lock:
                     if not self._queue or self._queue[0][0] > self.scenario.duration:
                         break
                     offset, _, kind, payload = heapq.heappop(self._queue)
@@ -489,19 +267,19 @@ class Simulation:
     def _do(self, kind: str, payload: Any) -> None:
         beat = self.scenario.beat
         if kind == "wake":
-            self._wake(payload)
+            self.processes.wake(payload)
         elif kind == "admit":
             self._admit(payload)
         elif kind == "relay":
             self._relays_queued.discard((payload, round(self.now(), 6)))
-            self._submit(kind, payload)
+            self.processes.submit(kind, payload)
         elif kind in WORKER_TASKS:
             # beat sends the task at its interval, whether or not a worker is free
             interval = {"sweep": beat.relay_sweep, "retry_sweep": beat.retry_sweep}.get(
                 kind, beat.silence_check
             )
             self.at(self.now() + interval, kind)
-            self._submit(kind, payload)
+            self.processes.submit(kind, payload)
         elif kind == "inbound":
             self._post(payload)
         elif kind == "crash":
@@ -594,7 +372,7 @@ class Simulation:
     def _sample(self) -> None:
         now = self.now()
         for name, dest in self._destinations.items():
-            queue = _Queue(dest, self._start + timedelta(seconds=now))
+            queue = Backlog(dest, self._start + timedelta(seconds=now))
             self.obs.samples[name].append(
                 (now, queue.open, queue.eligible_age, len(queue.held), queue.held_age)
             )
@@ -636,7 +414,7 @@ class Simulation:
             obs.attempts.setdefault(a["message_id"], []).append(a)
         cut_off = self._start + timedelta(seconds=self.scenario.duration)
         for name, dest in self._destinations.items():
-            obs.held_back[name] = _Queue(dest, cut_off).held_behind()
+            obs.held_back[name] = Backlog(dest, cut_off).held_behind()
         for name, merchant in self.network.merchants.items():
             obs.arrivals[name] = list(merchant.arrivals)
             obs.merchant_effects[name] = Counter(merchant.effects)
@@ -653,60 +431,6 @@ class _SimulatedMonotonic:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.monotonic = clock
-
-
-class _Queue:
-    """A destination's open messages at one moment, read as the harness reads them (not
-    through the relay's own query): the ones the relay could send now (``eligible``:
-    due, or leased past their lease, with no older open message of their ordering key),
-    and the ones held back behind a terminal message of their ordering key, which wait
-    for an operator rather than the relay."""
-
-    def __init__(self, dest: WebhookDestination, moment: datetime) -> None:
-        rows = (
-            OutboxMessage.objects.filter(
-                destination=dest, status__in=["pending", "sending", "failed"]
-            )
-            .order_by("id")
-            .values_list(
-                "key", "ordering_key", "status", "next_attempt_at", "lease_until", "created_at"
-            )
-        )
-        self.open = 0
-        self.eligible_age = 0.0
-        # (held message's key, the terminal message's key, since when it holds it)
-        self.held: list[tuple[str, str, datetime]] = []
-        first_open: dict[str, tuple[str, str, datetime]] = {}  # ordering key -> its oldest
-        for key, ordering_key, status, next_at, lease_until, created in rows:
-            blocker = first_open.get(ordering_key) if ordering_key else None
-            if ordering_key and blocker is None:
-                first_open[ordering_key] = (key, status, next_at)
-            if status == "failed":
-                continue
-            self.open += 1
-            if blocker is not None:
-                if blocker[1] == "failed":
-                    # a failed message's next_attempt_at is when it failed
-                    self.held.append((key, blocker[0], blocker[2]))
-                continue
-            # pending and due, or sending with a lease that ran out
-            due_at = next_at if status == "pending" else lease_until
-            due = due_at is not None and due_at <= moment
-            if due and not self.eligible_age:
-                self.eligible_age = (moment - created).total_seconds()
-        self.held_age = max(
-            ((moment - since).total_seconds() for *_, since in self.held), default=0.0
-        )
-        self.moment = moment
-
-    def held_behind(self) -> list[dict[str, Any]]:
-        """Per terminal message that holds others back: how many, and since when."""
-        behind: dict[str, dict[str, Any]] = {}
-        for _key, blocker, since in self.held:
-            entry = behind.setdefault(blocker, {"behind": blocker, "held": 0, "held_for_s": 0.0})
-            entry["held"] += 1
-            entry["held_for_s"] = round((self.moment - since).total_seconds(), 6)
-        return sorted(behind.values(), key=lambda e: (-e["held_for_s"], e["behind"]))
 
 
 def _offset(moment: datetime, start: datetime) -> float:

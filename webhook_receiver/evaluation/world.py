@@ -28,7 +28,7 @@ from django.db import connection
 from ..exceptions import RejectedRequest, TransientError
 from ..handlers import WebhookEvent
 from ..schemes.standard import StandardWebhooks
-from .scenario import Destination, Fault
+from .inputs import Destination, Fault
 
 MERCHANT_DOMAIN = "merchant.test"
 EFFECT_TABLE = "webhook_eval_effect"

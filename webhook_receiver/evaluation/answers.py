@@ -1,0 +1,194 @@
+"""The invariants of what an answer means, held to what docs/outbox.md promises (and the
+seed: "permanent authentication or payload rejection belongs in a terminal state for
+operator review, not an endless retry loop"): a permanent answer is final, the breaker
+limits attempts to one probe per cool-down, a Retry-After is waited up to its cap, and
+nothing is tried past its retry budget. Each is counted at the merchant and in the
+database, never from the relay's own account of itself."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from .observed import INF, RunView, Verdict, when
+
+# Written here apart from the relay's own policy (relay/policy.py), so that a change
+# there is held to the promise:
+# answers no retry changes, for an operator (the seed: "permanent authentication or
+# payload rejection belongs in a terminal state for operator review")
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 410, 422})
+# answers that pace us when they carry a Retry-After: deferred, spending no budget
+PACING_STATUSES = frozenset({429, 503})
+# a merchant's outcomes that are a 2xx
+SUCCESSES = frozenset({"applied", "duplicate"})
+
+
+def terminal_answer_final(v: RunView) -> Verdict:
+    """A permanent answer (400, 401, 403, 404, 410, 422) ends its message at that
+    attempt: no later request of that key reaches the merchant, and the message is
+    terminal with that answer as its reason."""
+    title = "a permanent answer ends its message: no later attempt, terminal with its reason"
+    count = 0
+    by_key = {(m["destination"], m["key"]): m for m in v.obs.messages}
+    for (name, event), arrivals in sorted(v.arrivals_of.items()):
+        final = next((a for a in arrivals if a.status in PERMANENT_STATUSES), None)
+        if final is None:
+            continue
+        count += 1
+        later = [a for a in arrivals if a.seq > final.seq]
+        m = by_key.get((name, event))
+        problem = ""
+        if later:
+            problem = (
+                f"{len(later)} later request{'s' if len(later) != 1 else ''}, the first at "
+                f"{when(later[0].at)}"
+            )
+        elif m is None or m["status"] != "failed":
+            problem = f"the message is {m['status'] if m else 'missing'}, not terminal"
+        elif m["last_status_code"] != final.status:
+            reason = m["last_status_code"] or m["last_error"] or "none"
+            problem = f"terminal with the reason {reason!r}, not {final.status}"
+        if problem:
+            return Verdict(
+                "terminal-answer-final",
+                title,
+                False,
+                count,
+                f"{event} at {name}: answered {final.status} at {when(final.at)}; {problem}",
+            )
+    return Verdict("terminal-answer-final", title, True, count)
+
+
+def _breaker_failure(a: Any) -> bool | None:
+    """What an answer is to the breaker (docs/outbox.md): True a failure, False a
+    success, None neither (a permanent answer, or a 429 that paces us)."""
+    if a.outcome in SUCCESSES:
+        return False
+    if a.status in PERMANENT_STATUSES:
+        return None
+    if a.status == 429 and a.retry_after is not None:
+        return None
+    return True
+
+
+def breaker_limits_attempts(v: RunView) -> Verdict:
+    """Counted at the merchant: once ``breaker_threshold`` consecutive failures have
+    been answered, at most one request is started per cool-down (a probe, started no
+    sooner than a cool-down after the last failure was answered) until one succeeds.
+    Requests started together (one round) are answered together, as the breaker counts
+    them; requests already on their way when it opened are not held to it."""
+    title = "after breaker_threshold failures in a row, one probe per cool-down until a success"
+    count = 0
+    specs = {d.name: d for d in v.obs.scenario.destinations}
+    for name, arrivals in sorted(v.obs.arrivals.items()):
+        spec = specs[name]
+        rounds: dict[int, list[Any]] = defaultdict(list)
+        for a in arrivals:
+            rounds[a.round].append(a)
+        streak = 0
+        opened_at: float | None = None  # when the breaker opened (None: closed)
+        opened_by = 0  # the round whose answers opened it
+        free_at = -INF  # the earliest a probe may start
+        # in the order the relay recorded them: when their last answer came
+        for number, batch in sorted(
+            rounds.items(), key=lambda r: (max(a.answered for a in r[1]), r[0])
+        ):
+            count += len(batch)
+            at = batch[0].at
+            answered = max(a.answered for a in batch)
+            early = at < free_at - 1e-6
+            # a round sent after the breaker opened (at its instant: sent after it)
+            held_to_it = opened_at is not None and (
+                at > opened_at + 1e-6 or (at > opened_at - 1e-6 and number > opened_by)
+            )
+            if held_to_it and (early or len(batch) > 1):
+                what = (
+                    f"no probe due before {when(free_at)}"
+                    if early
+                    else f"{len(batch)} probes at once"
+                )
+                return Verdict(
+                    "breaker-limits-attempts",
+                    title,
+                    False,
+                    count,
+                    f"{name}: {batch[0].event} started {when(at)}, with the breaker open since "
+                    f"{when(opened_at)} after {streak} failures in a row: {what}",
+                )
+            kinds = [_breaker_failure(a) for a in batch]
+            if False in kinds:
+                streak, opened_at, free_at = 0, None, -INF
+                continue
+            streak += sum(k is True for k in kinds)
+            if streak >= spec.breaker_threshold and True in kinds:
+                if opened_at is None:
+                    opened_at, opened_by = answered, number
+                free_at = max(free_at, answered + spec.breaker_cooldown_seconds)
+    return Verdict("breaker-limits-attempts", title, True, count)
+
+
+def retry_after_capped(v: RunView) -> Verdict:
+    """A 429 or 503 with a Retry-After is waited as asked up to the destination's cap,
+    and no longer: its next attempt is set at least min(asked, cap) after the request
+    started, and no more than that past its answer (the request's deadline at most)."""
+    title = "a Retry-After is waited as asked, up to the cap, never past it"
+    count = 0
+    specs = {d.name: d for d in v.obs.scenario.destinations}
+    # what the merchant asked for, by the request's start (the attempt's started_at)
+    asked: dict[tuple[str, str, float], float] = {}
+    for (name, event), arrivals in v.arrivals_of.items():
+        for a in arrivals:
+            if a.status in PACING_STATUSES and a.retry_after is not None:
+                asked[(name, event, a.at)] = a.retry_after
+    for m in v.obs.messages:
+        spec = specs[m["destination"]]
+        for attempt in v.obs.attempts.get(m["id"], []):
+            wait = asked.get((m["destination"], m["key"], attempt["started"]))
+            if wait is None or attempt["status_code"] not in PACING_STATUSES:
+                continue
+            count += 1
+            expected = min(wait, spec.retry_after_cap_seconds)
+            waited = None if attempt["next"] is None else attempt["next"] - attempt["started"]
+            if waited is None or not (
+                expected - 1e-6 <= waited <= expected + spec.timeout_seconds + 1e-6
+            ):
+                return Verdict(
+                    "retry-after-capped",
+                    title,
+                    False,
+                    count,
+                    f"{m['key']} to {m['destination']}: attempt {attempt['number']} at "
+                    f"{when(attempt['started'])} asked to wait {wait:g} s (the cap "
+                    f"{spec.retry_after_cap_seconds:g} s); the next attempt was set "
+                    + ("never" if waited is None else f"{waited:g} s later"),
+                )
+    return Verdict("retry-after-capped", title, True, count)
+
+
+def budget_respected(v: RunView) -> Verdict:
+    """No message is tried past its retry budget: at the merchant, at most
+    ``max_attempts`` requests of a key got an answer that spends it (anything but a 2xx,
+    a permanent answer, or a Retry-After that paces us)."""
+    title = "no message is tried past its retry budget (max_attempts), counted at the merchant"
+    count = 0
+    specs = {d.name: d for d in v.obs.scenario.destinations}
+    for (name, event), arrivals in sorted(v.arrivals_of.items()):
+        count += 1
+        budget = specs[name].max_attempts
+        spent = [
+            a
+            for a in arrivals
+            if a.outcome not in SUCCESSES
+            and a.status not in PERMANENT_STATUSES
+            and not (a.status in PACING_STATUSES and a.retry_after is not None)
+        ]
+        if len(spent) > budget:
+            return Verdict(
+                "budget-respected",
+                title,
+                False,
+                count,
+                f"{event} at {name}: {len(spent)} failed requests against a budget of "
+                f"{budget}, the one past it at {when(spent[budget].at)}",
+            )
+    return Verdict("budget-respected", title, True, count)

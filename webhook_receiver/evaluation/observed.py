@@ -1,0 +1,97 @@
+"""What one run left (``Observations``), and how the invariants read it: a ``Verdict``
+per invariant, simulated times in words, and the observations indexed by destination,
+message and key (``RunView``)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import world
+from .inputs import Scenario
+
+INF = math.inf
+
+
+@dataclass
+class Observations:
+    """What one run left: the scheduled admissions, the database's rows at the cut-off,
+    each merchant's arrivals and effects, the receiver's side, and the samples."""
+
+    scenario: Scenario
+    seed: int
+    cut_off: float
+    admissions: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    attempts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    arrivals: dict[str, list[world.Arrival]] = field(default_factory=dict)
+    merchant_effects: dict[str, Counter[str]] = field(default_factory=dict)
+    max_concurrency: dict[str, int] = field(default_factory=dict)
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+    inbound_sent: list[dict[str, Any]] = field(default_factory=list)
+    inbound_effects: Counter[str] = field(default_factory=Counter)
+    inbound_failed: dict[str, str] = field(default_factory=dict)
+    silence: list[dict[str, Any]] = field(default_factory=list)
+    # (at, open messages, oldest eligible age, held back, longest held), per destination
+    samples: dict[str, list[tuple[float, int, float, int, float]]] = field(default_factory=dict)
+    # at the cut-off: per destination, each terminal message that holds later ones of
+    # its ordering key back, with how many and since when
+    held_back: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    statements: Counter[str] = field(default_factory=Counter)
+    wall_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    title: str
+    held: bool
+    checked: int
+    first: str = ""  # the first event that broke it, in words
+    # the ledger: a run that does not balance proves nothing
+    voids: bool = False
+
+
+def when(seconds: float | None) -> str:
+    """Simulated time since the start, as +HH:MM:SS(.fff)."""
+    if seconds is None or seconds == INF:
+        return "never"
+    whole = int(seconds)
+    text = f"+{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+    frac = round(seconds - whole, 3)
+    return f"{text}.{int(frac * 1000):03d}" if frac else text
+
+
+class RunView:
+    """The observations indexed the way the checks read them."""
+
+    def __init__(self, obs: Observations) -> None:
+        self.obs = obs
+        self.by_dest: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for m in obs.messages:
+            self.by_dest[m["destination"]].append(m)
+        # the claims that were never recorded (a relay that crashed)
+        crashed: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for c in obs.crashes:
+            for key in c["keys"]:
+                crashed[(c["destination"], key)].append(c["at"])
+        self.first_attempt: dict[int, float] = {}
+        for m in obs.messages:
+            starts = [a["started"] for a in obs.attempts.get(m["id"], [])]
+            starts += crashed.get((m["destination"], m["key"]), [])
+            self.first_attempt[m["id"]] = min(starts) if starts else INF
+        self.arrivals_of: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for name, arrivals in obs.arrivals.items():
+            for a in arrivals:
+                self.arrivals_of[(name, a.event)].append(a)
+
+    def delivered_seq(self, m: dict[str, Any]) -> int | None:
+        """The merchant's arrival that delivered ``m`` (its last 2xx)."""
+        ok = [
+            a.seq
+            for a in self.arrivals_of[(m["destination"], m["key"])]
+            if a.outcome in ("applied", "duplicate")
+        ]
+        return ok[-1] if ok else None

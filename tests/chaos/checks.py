@@ -19,14 +19,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import psycopg
 
+from tests.chaos.merchant import DESTINATION as MERCHANT
+from tests.chaos.merchant import MerchantBook
 from tests.chaos.plan import EVIL_PREFIX, PlannedEvent, expected_state
-
-if TYPE_CHECKING:
-    from tests.chaos.merchant import MerchantBook
 
 SAMPLE = 5  # ids quoted per problem
 
@@ -55,13 +53,33 @@ class Requests:
     open: int
 
 
+# the outbox's messages (m) with their destination (d)
+_OUTBOX_OF = (
+    "webhook_receiver_outboxmessage m JOIN webhook_receiver_webhookdestination d "
+    "ON d.id = m.destination_id"
+)
+
+
 def _rows(conn: psycopg.Connection, query: str, params=()) -> list[tuple]:
     return conn.execute(query, params).fetchall()
 
 
-def database_state(dsn: str) -> dict:
+def database_state(dsn: str, destination: str = MERCHANT) -> dict:
+    """What the run left, read with plain SQL. The outbox's figures are the run's
+    merchant's (``destination``): its messages (``outbox``) and when each was admitted
+    (``admitted``, epoch seconds); the other destinations' messages are counted by
+    status apart (``neighbours``), for no check holds them."""
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         conn.execute("SET statement_timeout = '60s'")
+        mine = _rows(conn, "SELECT m.key, m.status, m.origin_event_key, m.last_error, "
+                     "m.attempts, EXTRACT(EPOCH FROM m.created_at)::float8 "
+                     f"FROM {_OUTBOX_OF} WHERE d.name = %s", (destination,))  # fmt: skip
+        neighbours: dict[str, dict[str, int]] = defaultdict(dict)
+        for name, status, count in _rows(
+            conn, f"SELECT d.name, m.status, count(*) FROM {_OUTBOX_OF} WHERE d.name <> %s "
+            "GROUP BY d.name, m.status", (destination,),
+        ):  # fmt: skip
+            neighbours[name][status] = count
         return {
             "receipts": dict(_rows(conn, "SELECT event_key, status FROM "
                                    "webhook_receiver_webhookreceipt WHERE source = 'shop'")),
@@ -77,9 +95,10 @@ def database_state(dsn: str) -> dict:
                 "WHERE order_id LIKE %s", (EVIL_PREFIX + "%",))],
             "orders": {o: (s, v) for o, s, v in _rows(
                 conn, "SELECT order_id, status, version FROM shop_orderstate")},
-            "outbox": {k: (s, o, e, a) for k, s, o, e, a in _rows(
-                conn, "SELECT key, status, origin_event_key, last_error, attempts "
-                "FROM webhook_receiver_outboxmessage")},
+            # the run's merchant's messages only: a neighbour's carry the same keys
+            "outbox": {k: (s, o, e, a) for k, s, o, e, a, _ in mine},
+            "admitted": {k: float(at) for k, _, _, _, _, at in mine},
+            "neighbours": dict(neighbours),
             "audits": _rows(conn, "SELECT message_id, verification, response_status, result, "
                             "received_at FROM webhook_receiver_requestaudit"),
             "tallies": _rows(conn, "SELECT reason, sum(requests), sum(unrecorded) FROM "
@@ -88,15 +107,16 @@ def database_state(dsn: str) -> dict:
 
 
 def settled(dsn: str) -> tuple[int, int]:
-    """(failed events still retrying, outbox messages pending or sending)."""
+    """(failed events still retrying, outbox messages pending or sending to an enabled
+    destination: a disabled one's are never sent, and wait for no drain)."""
     with psycopg.connect(dsn, connect_timeout=5) as conn:
         conn.execute("SET statement_timeout = '10s'")
         retrying = conn.execute(
             "SELECT count(*) FROM webhook_receiver_failedevent WHERE status = 'retrying'"
         ).fetchone()[0]
         open_ = conn.execute(
-            "SELECT count(*) FROM webhook_receiver_outboxmessage "
-            "WHERE status IN ('pending', 'sending')"
+            f"SELECT count(*) FROM {_OUTBOX_OF} "
+            "WHERE d.enabled AND m.status IN ('pending', 'sending')"
         ).fetchone()[0]
     return retrying, open_
 
@@ -273,6 +293,8 @@ def outbound_checks(planned: list[PlannedEvent], state: dict, book) -> list[Chec
             detail += f"; {label} {len(ids)}: {_sample(ids)}"
     if terminal:
         detail += f"; terminal: {_sample(f'{k} ({v})' for k, v in terminal.items())}"
+    if state.get("neighbours"):  # the noisy neighbours': pending or failed, by design
+        detail += f"; other destinations' messages, not held to this: {state['neighbours']}"
     figures = {"by_status": dict(by_status), "effects": len(book.effects),
                "answers": dict(book.answers), "redelivered_keys": redelivered,
                "terminal": terminal}  # fmt: skip

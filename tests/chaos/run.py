@@ -28,6 +28,8 @@ from pathlib import Path
 from tests.bench.server import git_commit, raise_on_sigterm
 from tests.chaos import checks, report
 from tests.chaos.faults import LONG, SHORT, Faults
+from tests.chaos.merchant import DESTINATION as MERCHANT
+from tests.chaos.merchant import EVENTS as MERCHANT_EVENTS
 from tests.chaos.merchant import Merchant
 from tests.chaos.plan import plan_build, plan_save
 from tests.chaos.plants import ENV as PLANT_ENV
@@ -123,9 +125,8 @@ class Stack:
         self.manage("migrate", "--noinput", "--verbosity", "0")
         self.merchant.start()
         self.manage(
-            "webhook_destination", "add", "merchant", "--url", self.merchant.url,
-            "--secret", self.merchant_secret,
-            "--events", "order.paid,order.cancelled,order.fulfilled",
+            "webhook_destination", "add", MERCHANT, "--url", self.merchant.url,
+            "--secret", self.merchant_secret, "--events", MERCHANT_EVENTS,
             "--rate", rate, "--concurrency", "4", "--timeout", "3",
             "--max-attempts", "60", "--backoff-base", "0.5", "--backoff-cap", "5",
         )  # fmt: skip

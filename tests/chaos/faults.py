@@ -40,8 +40,9 @@ NOISY = "noisy-neighbours"  # the window of noisy_neighbours, as the report name
 # bad destinations per worker process: were the relay run in the worker's processes,
 # enough to hold every one of them three times over
 NEIGHBOURS_PER_PROCESS = 3
-# seconds to add (or disable) the neighbours, about: a manage.py process each, at once
-NEIGHBOURS_SETUP = 5
+# seconds to add (or disable) the neighbours, about: a manage.py process each, at once,
+# on a machine already busy with the run
+NEIGHBOURS_SETUP = 10
 
 
 @dataclass
@@ -228,17 +229,20 @@ class Faults:
                 neighbour.start()
             self._each(neighbours, self._neighbour_add)
             held = time.time()
+            window.detail += f" (added in {held - window.start:.1f} s)"
             while time.time() < held + self.holds.neighbours:
                 time.sleep(0.1)
                 most = max(most, sum(n.in_flight for n in neighbours))
             window.hold = (held, time.time())
         finally:
+            disabling = time.time()
             try:
                 self._each(neighbours, self._neighbour_disable)
             finally:
                 for neighbour in neighbours:
                     neighbour.stop()
-                self._close(window, _neighbours_said(neighbours, window, most))
+                said = _neighbours_said(neighbours, window, most)
+                self._close(window, f"{said} (disabled in {time.time() - disabling:.1f} s)")
 
     def _neighbour_add(self, neighbour: BadMerchant) -> None:
         self.stack.manage(

@@ -341,9 +341,9 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     latencies = checks.merchant_latencies(state, book)
     per_window = report.figures(requests, faults.windows, effects, meta.pop("span"), latencies)
     # each message of the merchant's: admitted, first arrival (null: never)
-    with (stack.run_dir / "outbound.jsonl").open("w") as out:
+    with (stack.run_dir / "outbound.jsonl").open("w") as outbound:
         for key, at in sorted(state["admitted"].items(), key=lambda item: item[1]):
-            out.write(json.dumps([key, at, book.arrivals.get(key)]) + "\n")
+            outbound.write(json.dumps([key, at, book.arrivals.get(key)]) + "\n")
     meta["requests"] = len(requests.rows)
     meta["unplanned_exits"] = [
         exit | {"during": _during(_line_time(exit["line"], exit["at"]), faults.windows)}

@@ -96,14 +96,15 @@ lint: install
 	$(BIN)/mypy
 
 # The fault run before a deploy (docs/chaos.md): gunicorn, a Celery worker and beat, a
-# PostgreSQL and a Redis of its own, SIGKILLs, a database stop, locks; every effect checked.
-# The long run (10,000 events, about 5 minutes) writes var/chaos/report.txt and .json.
+# PostgreSQL and a Redis of its own, SIGKILLs, a database stop, locks, merchants that never
+# answer beside the run's; every effect checked.
+# The long run (10,000 events, about 6 minutes) writes var/chaos/report.txt and .json.
 # PLANT=double-effect (or delivered-without-effect, out-of-order, lost-message) plants that
 # defect in the served processes, to watch the run fail.
 .PHONY: chaos chaos-short
 chaos: install
 	$(BIN)/python -m tests.chaos $(if $(PLANT),--plant $(PLANT))
 
-# The same in about 2 minutes (fewer events, shorter holds), for CI
+# The same in about 2.5 minutes (fewer events, shorter holds), for CI
 chaos-short: install
 	$(BIN)/python -m tests.chaos --short $(if $(PLANT),--plant $(PLANT))

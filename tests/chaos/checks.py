@@ -9,7 +9,8 @@ figures; any that fails makes the run exit non-zero.
 - every outbox message delivered once as the merchant's effects show, or terminal with
   its reason; one message per applied order move; an order's moves in version order,
   none past an older one that failed;
-- audit records against the requests that reached the app (see ``audit_check``).
+- audit records against the requests that reached the app (see ``audit_check``);
+- the merchant's latency beside noisy neighbours (see ``isolation_check``).
 
 ``test_planted_defects.py`` feeds them a recorded run (``recorded.py``) with one defect
 planted in it: each defect fails the check that guards against it.
@@ -17,16 +18,16 @@ planted in it: each defect fails the check that guards against it.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import psycopg
 
+from tests.chaos.faults import NOISY, Window
+from tests.chaos.merchant import DESTINATION as MERCHANT
+from tests.chaos.merchant import MerchantBook
 from tests.chaos.plan import EVIL_PREFIX, PlannedEvent, expected_state
-
-if TYPE_CHECKING:
-    from tests.chaos.merchant import MerchantBook
 
 SAMPLE = 5  # ids quoted per problem
 
@@ -36,6 +37,7 @@ HOSTILE = "inbound: no tampered or stale request had an effect"
 STATE = "state: ledger sums and order states exactly as sent"
 OUTBOUND_ONCE = "outbound: every message delivered once, or terminal with its reason"
 AUDIT = "audit: records equal the requests that reached the app"
+ISOLATION = "outbound: the merchant beside noisy neighbours within 2x its p99, or 1 s more"
 
 
 @dataclass
@@ -55,13 +57,33 @@ class Requests:
     open: int
 
 
+# the outbox's messages (m) with their destination (d)
+_OUTBOX_OF = (
+    "webhook_receiver_outboxmessage m JOIN webhook_receiver_webhookdestination d "
+    "ON d.id = m.destination_id"
+)
+
+
 def _rows(conn: psycopg.Connection, query: str, params=()) -> list[tuple]:
     return conn.execute(query, params).fetchall()
 
 
-def database_state(dsn: str) -> dict:
+def database_state(dsn: str, destination: str = MERCHANT) -> dict:
+    """What the run left, read with plain SQL. The outbox's figures are the run's
+    merchant's (``destination``): its messages (``outbox``) and when each was admitted
+    (``admitted``, epoch seconds); the other destinations' messages are counted by
+    status apart (``neighbours``), for no check holds them."""
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         conn.execute("SET statement_timeout = '60s'")
+        mine = _rows(conn, "SELECT m.key, m.status, m.origin_event_key, m.last_error, "
+                     "m.attempts, EXTRACT(EPOCH FROM m.created_at)::float8 "
+                     f"FROM {_OUTBOX_OF} WHERE d.name = %s", (destination,))  # fmt: skip
+        neighbours: dict[str, dict[str, int]] = defaultdict(dict)
+        for name, status, count in _rows(
+            conn, f"SELECT d.name, m.status, count(*) FROM {_OUTBOX_OF} WHERE d.name <> %s "
+            "GROUP BY d.name, m.status", (destination,),
+        ):  # fmt: skip
+            neighbours[name][status] = count
         return {
             "receipts": dict(_rows(conn, "SELECT event_key, status FROM "
                                    "webhook_receiver_webhookreceipt WHERE source = 'shop'")),
@@ -77,9 +99,10 @@ def database_state(dsn: str) -> dict:
                 "WHERE order_id LIKE %s", (EVIL_PREFIX + "%",))],
             "orders": {o: (s, v) for o, s, v in _rows(
                 conn, "SELECT order_id, status, version FROM shop_orderstate")},
-            "outbox": {k: (s, o, e, a) for k, s, o, e, a in _rows(
-                conn, "SELECT key, status, origin_event_key, last_error, attempts "
-                "FROM webhook_receiver_outboxmessage")},
+            # the run's merchant's messages only: a neighbour's carry the same keys
+            "outbox": {k: (s, o, e, a) for k, s, o, e, a, _ in mine},
+            "admitted": {k: float(at) for k, _, _, _, _, at in mine},
+            "neighbours": dict(neighbours),
             "audits": _rows(conn, "SELECT message_id, verification, response_status, result, "
                             "received_at FROM webhook_receiver_requestaudit"),
             "tallies": _rows(conn, "SELECT reason, sum(requests), sum(unrecorded) FROM "
@@ -88,15 +111,16 @@ def database_state(dsn: str) -> dict:
 
 
 def settled(dsn: str) -> tuple[int, int]:
-    """(failed events still retrying, outbox messages pending or sending)."""
+    """(failed events still retrying, outbox messages pending or sending to an enabled
+    destination: a disabled one's are never sent, and wait for no drain)."""
     with psycopg.connect(dsn, connect_timeout=5) as conn:
         conn.execute("SET statement_timeout = '10s'")
         retrying = conn.execute(
             "SELECT count(*) FROM webhook_receiver_failedevent WHERE status = 'retrying'"
         ).fetchone()[0]
         open_ = conn.execute(
-            "SELECT count(*) FROM webhook_receiver_outboxmessage "
-            "WHERE status IN ('pending', 'sending')"
+            f"SELECT count(*) FROM {_OUTBOX_OF} "
+            "WHERE d.enabled AND m.status IN ('pending', 'sending')"
         ).fetchone()[0]
     return retrying, open_
 
@@ -112,11 +136,13 @@ def every_check(
     requests: Requests,
     book: MerchantBook,
     outages: list[tuple[float, float]],
+    windows: list[Window],
 ) -> list[Check]:
     """Every end-of-run check, in the report's order."""
     results = inbound_checks(planned, state, requests)
     results += outbound_checks(planned, state, book)
     results.append(audit_check(requests, state, outages))
+    results.append(isolation_check(state, book, windows))
     return results
 
 
@@ -273,6 +299,8 @@ def outbound_checks(planned: list[PlannedEvent], state: dict, book) -> list[Chec
             detail += f"; {label} {len(ids)}: {_sample(ids)}"
     if terminal:
         detail += f"; terminal: {_sample(f'{k} ({v})' for k, v in terminal.items())}"
+    if state.get("neighbours"):  # the noisy neighbours': pending or failed, by design
+        detail += f"; other destinations' messages, not held to this: {state['neighbours']}"
     figures = {"by_status": dict(by_status), "effects": len(book.effects),
                "answers": dict(book.answers), "redelivered_keys": redelivered,
                "terminal": terminal}  # fmt: skip
@@ -354,3 +382,87 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
     if tally_problems:
         detail += f"; TALLY MISMATCH: {'; '.join(tally_problems)}"
     return Check(AUDIT, not problems and not tally_problems, detail, figures)
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def merchant_latencies(state: dict, book: MerchantBook) -> list[tuple[float, float]]:
+    """(admitted at, seconds to its first arrival at the merchant) per message of the
+    merchant's, ``inf`` for one that never arrived. Both are this machine's wall clock:
+    the app's at admission (``created_at``, in the transaction that admits it), the
+    merchant's when the head of the message's first request was read."""
+    arrivals = book.arrivals
+    return [
+        (at, arrivals[key] - at if key in arrivals else math.inf)
+        for key, at in state.get("admitted", {}).items()
+    ]
+
+
+def latency_figures(latencies: list[float]) -> dict:
+    """Count, p50, p99 and max in seconds (``None`` without any), and how many never
+    arrived (counted in the percentiles as never: ``inf``)."""
+    finite = [x for x in latencies if x != math.inf]
+    return {
+        "messages": len(latencies),
+        "p50_s": _seconds(percentile(latencies, 0.5)),
+        "p99_s": _seconds(percentile(latencies, 0.99)),
+        "max_s": _seconds(max(finite)) if finite else None,
+        "never_arrived": len(latencies) - len(finite),
+    }
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None or value == math.inf else round(value, 3)
+
+
+def _in_any(at: float, windows: list[Window]) -> bool:
+    return any(w.start <= at <= w.end for w in windows)
+
+
+def isolation_check(state: dict, book: MerchantBook, windows: list[Window]) -> Check:
+    """The isolation claim of docs/outbox.md (lanes): a healthy destination's latency,
+    admission to first arrival, with noisy neighbours beside it is within twice its
+    figure alone, or a second more: the p99 of the merchant's messages admitted while
+    every neighbour was subscribed (the fault's hold) against the p99 of those admitted
+    outside every fault's window. A message that never arrived counts as never."""
+    noisy = next((w for w in windows if w.name == NOISY), None)
+    if noisy is None or noisy.hold is None:
+        return Check(ISOLATION, False, f"no {NOISY} window held: nothing measured")
+    start, end = noisy.hold
+    latencies = merchant_latencies(state, book)
+    beside_values = [x for at, x in latencies if start <= at <= end]
+    calm_values = [x for at, x in latencies if not _in_any(at, windows)]
+    beside, calm = latency_figures(beside_values), latency_figures(calm_values)
+    beside_p99, calm_p99 = percentile(beside_values, 0.99), percentile(calm_values, 0.99)
+    bound = None if calm_p99 is None else max(2 * calm_p99, calm_p99 + 1.0)
+    ok = beside_p99 is not None and bound is not None and beside_p99 <= bound
+    detail = (
+        f"merchant p99 {_said(beside_p99)} admitted beside the neighbours "
+        f"({beside['messages']} messages, max {_said(beside['max_s'])}) against "
+        f"{_said(calm_p99)} outside faults ({calm['messages']} messages); bound "
+        f"max(2 x {_said(calm_p99)}, {_said(calm_p99)} + 1 s) = {_said(bound)}"
+    )
+    if beside_p99 is None or calm_p99 is None:
+        detail += "; NOTHING TO COMPARE: no message admitted " + (
+            "beside the neighbours" if beside_p99 is None else "outside faults"
+        )
+    elif not ok:
+        detail += f"; OVER THE BOUND by {_said(beside_p99 - bound)}"
+    never = beside["never_arrived"] + calm["never_arrived"]
+    if never:
+        detail += f"; {never} never arrived"
+    detail += f"; {noisy.detail}"
+    figures = {"beside": beside, "calm": calm, "bound_s": _seconds(bound),
+               "hold": [start, end], "neighbours": noisy.detail}  # fmt: skip
+    return Check(ISOLATION, ok, detail, figures)
+
+
+def _said(seconds: float | None) -> str:
+    if seconds is None:
+        return "none"
+    return "never" if seconds == math.inf else f"{seconds:.2f} s"

@@ -11,7 +11,10 @@ was over (the process back, the server started, the lock released), and what was
 - ``lock_receipts`` / ``lock_outbox``: ``LOCK TABLE … IN ACCESS EXCLUSIVE MODE`` held in
   a connection of its own, then rolled back;
 - ``snapshot``: a ``REPEATABLE READ`` transaction that reads, then stays open (it pins
-  the xmin horizon), then ends.
+  the xmin horizon), then ends;
+- ``noisy_neighbours`` (window ``noisy-neighbours``): bad merchants added beside the
+  run's merchant, three per worker process (two thirds never answer, the rest answer
+  503), subscribed to its event types with the default timeout, held, then disabled.
 """
 
 from __future__ import annotations
@@ -20,15 +23,26 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
 
 import psycopg
 
-from tests.chaos.processes import cpu_ticks
+from tests.chaos.merchant import EVENTS as MERCHANT_EVENTS
+from tests.chaos.neighbours import BadMerchant
+from tests.chaos.processes import WORKER_PROCESSES, cpu_ticks
 
 RECEIPTS = "webhook_receiver_webhookreceipt"
 OUTBOX = "webhook_receiver_outboxmessage"
+
+NOISY = "noisy-neighbours"  # the window of noisy_neighbours, as the report names it
+# bad destinations per worker process: were the relay run in the worker's processes,
+# enough to hold every one of them three times over
+NEIGHBOURS_PER_PROCESS = 3
+# seconds to add (or disable) the neighbours, about: a manage.py process each, at once,
+# on a machine already busy with the run
+NEIGHBOURS_SETUP = 10
 
 
 @dataclass
@@ -37,6 +51,9 @@ class Window:
     start: float
     end: float = 0.0
     detail: str = ""
+    # the span the fault held in full, when its window is wider (the neighbours'
+    # adding and disabling lie outside it)
+    hold: tuple[float, float] | None = None
 
 
 @dataclass
@@ -46,11 +63,12 @@ class Holds:
     postgres_down: float
     lock: float
     snapshot: float
+    neighbours: float  # every noisy neighbour subscribed
     gap: float  # quiet time between faults
 
 
-SHORT = Holds(postgres_down=5, lock=10, snapshot=10, gap=4)
-LONG = Holds(postgres_down=10, lock=25, snapshot=40, gap=15)
+SHORT = Holds(postgres_down=5, lock=10, snapshot=10, neighbours=15, gap=4)
+LONG = Holds(postgres_down=10, lock=25, snapshot=40, neighbours=30, gap=15)
 
 
 @dataclass
@@ -63,6 +81,7 @@ class Faults:
 
     def sequence(self) -> list[Callable[[], None]]:
         return [
+            self.noisy_neighbours,  # first: a skipped one would leave no figure
             self.worker_kill,
             self.gunicorn_kill,
             self.postgres_stop,
@@ -76,7 +95,9 @@ class Faults:
         """About how long the sequence takes (to spread the sender's events over it)."""
         h = self.holds
         restarts = 3 * 8  # a worker, gunicorn's workers, Redis: seconds each, about
-        return h.postgres_down + 2 * h.lock + h.snapshot + restarts + 8 * h.gap
+        neighbours = h.neighbours + 2 * NEIGHBOURS_SETUP
+        gaps = (len(self.sequence()) + 1) * h.gap
+        return h.postgres_down + 2 * h.lock + h.snapshot + neighbours + restarts + gaps
 
     def run(self, stop: Callable[[], bool]) -> None:
         time.sleep(self.holds.gap)
@@ -190,6 +211,67 @@ class Faults:
             f"SELECT count(*) FROM {RECEIPTS}",  # the snapshot is taken: xmin pinned
         ]
         self._hold("snapshot", read, self.holds.snapshot)
+
+    def noisy_neighbours(self) -> None:
+        """Bad merchants beside the run's merchant (``neighbours.py``), added and disabled
+        with ``manage.py webhook_destination`` as an operator would. The window runs from
+        the first add to the last server stopped; its hold, from the last add to the
+        first disable, is the span every neighbour was subscribed."""
+        count = NEIGHBOURS_PER_PROCESS * WORKER_PROCESSES
+        holes = count * 2 // 3
+        neighbours = [BadMerchant(f"neighbour-{n}", fails=n >= holes) for n in range(count)]
+        window = self._window(NOISY, f"({count} bad destinations for a worker of "
+                              f"{WORKER_PROCESSES} processes: {holes} never answer, "
+                              f"{count - holes} answer 503; the default 10 s timeout)")  # fmt: skip
+        most = 0  # requests the black holes held at once, at the most (sampled)
+        try:
+            for neighbour in neighbours:
+                neighbour.start()
+            self._each(neighbours, self._neighbour_add)
+            held = time.time()
+            window.detail += f" (added in {held - window.start:.1f} s)"
+            while time.time() < held + self.holds.neighbours:
+                time.sleep(0.1)
+                most = max(most, sum(n.in_flight for n in neighbours))
+            window.hold = (held, time.time())
+        finally:
+            disabling = time.time()
+            try:
+                self._each(neighbours, self._neighbour_disable)
+            finally:
+                for neighbour in neighbours:
+                    neighbour.stop()
+                said = _neighbours_said(neighbours, window, most)
+                self._close(window, f"{said} (disabled in {time.time() - disabling:.1f} s)")
+
+    def _neighbour_add(self, neighbour: BadMerchant) -> None:
+        self.stack.manage(
+            "webhook_destination", "add", neighbour.name, "--url", neighbour.url,
+            "--secret", neighbour.secret, "--events", MERCHANT_EVENTS,
+        )  # fmt: skip
+
+    def _neighbour_disable(self, neighbour: BadMerchant) -> None:
+        self.stack.manage("webhook_destination", "disable", neighbour.name)
+
+    def _each(self, neighbours: list[BadMerchant], act: Callable[[BadMerchant], None]) -> None:
+        """``act`` on every neighbour at once (a manage.py process each takes a second);
+        the first error is raised once all are done."""
+        with ThreadPoolExecutor(len(neighbours)) as pool:
+            futures = [pool.submit(act, neighbour) for neighbour in neighbours]
+        for future in futures:
+            future.result()
+
+
+def _neighbours_said(neighbours: list[BadMerchant], window: Window, most: int) -> str:
+    """What the neighbours took: requests, and how many the black holes held at once."""
+    holes = sum(n.requests for n in neighbours if not n.fails)
+    failing = sum(n.requests for n in neighbours if n.fails)
+    hold = window.hold
+    held = f"held {hold[1] - hold[0]:.1f} s with every one subscribed" if hold else "not held"
+    return (
+        f"({held}; the black holes took {holes} requests and held up to {most} in flight "
+        f"at once; the 503s answered {failing})"
+    )
 
 
 def _lock(table: str) -> list[str]:

@@ -26,6 +26,10 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from tests.bench.server import free_port
 
+# the run's merchant as the outbox knows it (run.py adds it)
+DESTINATION = "merchant"
+EVENTS = "order.paid,order.cancelled,order.fulfilled"
+
 P_429 = 0.04
 P_500 = 0.04
 P_DROP = 0.03
@@ -58,6 +62,9 @@ class MerchantBook:
     order: list[str] = field(default_factory=list)  # keys in the order first applied
     answers: Counter = field(default_factory=Counter)  # 200, 429, 500, drop, 401, dup
     deliveries: Counter = field(default_factory=Counter)  # requests per key
+    # when each key's first request arrived (its head read), whatever the answer: the
+    # end of its admission-to-arrival latency
+    arrivals: dict[str, float] = field(default_factory=dict)
     in_flight: int = 0
 
 
@@ -99,8 +106,11 @@ class Merchant:
 
             def do_POST(self):
                 book = merchant.book
+                arrived, key = time.time(), self.headers.get("webhook-id")
                 with book.lock:
                     book.in_flight += 1
+                    if key:
+                        book.arrivals.setdefault(key, arrived)
                 try:
                     self._post(book)
                 finally:

@@ -22,6 +22,8 @@ from tests.support.paths import REPO
 
 STARTUP_SECONDS = 60
 STOP_SECONDS = 15
+# the Celery worker's prefork processes (the noisy_neighbours fault scales to it)
+WORKER_PROCESSES = 2
 
 
 class Service:
@@ -136,7 +138,8 @@ class Gunicorn(Service):
 class CeleryWorker(Service):
     def __init__(self, env: dict[str, str], log: Path, number: int) -> None:
         command = [sys.executable, "-m", "celery", "-A", "project", "worker"]
-        command += ["--pool", "prefork", "--concurrency", "2", "--loglevel", "INFO"]
+        command += ["--pool", "prefork", "--concurrency", str(WORKER_PROCESSES)]
+        command += ["--loglevel", "INFO"]
         command += ["--hostname", f"chaos{number}@%h", "--without-mingle", "--without-gossip"]
         super().__init__(f"celery worker {number}", command, env, log)
 

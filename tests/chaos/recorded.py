@@ -8,7 +8,9 @@ than its order's state is recorded stale, and sends nothing), concurrent copies 
 as duplicates, the requests sent while the database was down answered 503 and sent again,
 one tampered and one stale request refused, one event deferred under a lock and applied
 by the retry sweep, one dead-lettered when its retries ran out, and one message answered
-500 by the merchant before it was delivered.
+500 by the merchant before it was delivered. Six noisy neighbours were subscribed for a
+while (their messages, pending or failed, are counted apart), and the merchant received
+each of its messages a tenth of a second after its admission, beside them or not.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.chaos.checks import Check, Requests, every_check
+from tests.chaos.faults import NOISY, Window
 from tests.chaos.merchant import Effect, MerchantBook
 from tests.chaos.plan import PlannedEvent, plan_build
 
@@ -25,6 +28,10 @@ RUN_ID = "rec"
 START = 1_700_000_000.0  # when sending began, on the record's clock
 OUTAGE = (START + 2.0, START + 3.0)  # the database down: verified requests answered 503
 RESENT_AFTER = 0.25  # a 503's request sent again this long after the outage
+# the noisy neighbours' window, and its hold (every neighbour subscribed)
+NEIGHBOURS = (START + 5.0, START + 8.0)
+NEIGHBOURS_HOLD = (START + 5.5, START + 7.5)
+LATENCY = 0.1  # admission to the merchant's first arrival, every message
 ANSWER_SECONDS = 0.02
 LOCK_TIMEOUT = ("OperationalError", "canceling statement due to lock timeout")
 STATUS_OF = {"order.paid": "paid", "order.cancelled": "cancelled", "order.fulfilled": "fulfilled"}
@@ -38,12 +45,15 @@ class RecordedRun:
     book: MerchantBook
     requests: Requests
     outages: list[tuple[float, float]]
+    windows: list[Window]
     deferred: PlannedEvent  # deferred under a lock, then applied by the retry sweep
     dead_letter: PlannedEvent  # deferred, then dead when its retries ran out
     answered_500: str  # the message the merchant answered 500 once before its effect
 
     def checks(self) -> list[Check]:
-        return every_check(self.planned, self.state, self.requests, self.book, self.outages)
+        return every_check(
+            self.planned, self.state, self.requests, self.book, self.outages, self.windows
+        )
 
     def failed(self) -> dict[str, str]:
         """The detail of each check that failed, by the check's name."""
@@ -51,6 +61,11 @@ class RecordedRun:
 
     def event(self, msg_id: str) -> PlannedEvent:
         return next(e for e in self.planned if e.msg_id == msg_id)
+
+    def admitted_beside_the_neighbours(self) -> list[str]:
+        """The merchant's messages admitted in the noisy neighbours' hold."""
+        start, end = NEIGHBOURS_HOLD
+        return [k for k, at in self.state["admitted"].items() if start <= at <= end]
 
     def messages_of(self, order_id: str) -> list[str]:
         """An order's messages in the order the merchant first applied them."""
@@ -102,15 +117,18 @@ def recorded_run(events: int = 60, seed: int = 5) -> RecordedRun:
 
     rows, audits, refusals = _requests(planned, outcome)
     outbox: dict[str, tuple[str, str, str, int]] = {}
+    admitted_at: dict[str, float] = {}
     book = MerchantBook()
     for n, event in enumerate(admitted):
         key = message_key(event)
         status, version = STATUS_OF[event.type], event.version
         attempts = 2 if n == 0 else 1  # the first message: a 500, then delivered
         outbox[key] = ("delivered", event.msg_id, "", attempts)
+        admitted_at[key] = arrival[event.msg_id]
+        book.arrivals[key] = arrival[event.msg_id] + LATENCY
         book.deliveries[key] = attempts
         book.answers["500"] += attempts - 1
-        at = arrival[event.msg_id] + 0.1 * attempts
+        at = arrival[event.msg_id] + LATENCY * attempts
         book.effects[key] = Effect(key, event.order_id, status, version, at)
         book.order.append(key)
         book.answers["applied"] += 1
@@ -123,6 +141,10 @@ def recorded_run(events: int = 60, seed: int = 5) -> RecordedRun:
         "evil_ledger": [],
         "orders": orders,
         "outbox": outbox,
+        "admitted": admitted_at,
+        # the neighbours' messages: never answered, or answered 503 until disabled
+        "neighbours": {f"neighbour-{n}": {"pending": 3} if n < 4 else {"pending": 2, "failed": 1}
+                       for n in range(6)},
         "audits": audits,
         "tallies": [(reason, n, 0) for reason, n in sorted(refusals.items())],
     }  # fmt: skip
@@ -132,6 +154,10 @@ def recorded_run(events: int = 60, seed: int = 5) -> RecordedRun:
         book=book,
         requests=Requests(rows, gave_up=[], open=0),
         outages=[OUTAGE],
+        windows=[
+            Window("postgres_stop", *OUTAGE),
+            Window(NOISY, *NEIGHBOURS, "(6 bad destinations)", hold=NEIGHBOURS_HOLD),
+        ],
         deferred=deferred,
         dead_letter=dead_letter,
         answered_500=message_key(admitted[0]),

@@ -8,6 +8,11 @@ started, the lock released). Its requests are those sent in it: answer time max 
 answer. ``calm`` is every request sent outside all windows. Recovery is measured from the
 window's end: to the first sender request answered ``applied`` (inbound), and to the
 first new effect the merchant recorded (outbound).
+
+Outbound, per window: the merchant's latency, from a message's admission to its first
+arrival at the merchant, of the messages admitted in the window (``calm``: outside all
+of them); for ``noisy-neighbours``, also of those admitted in its hold, every neighbour
+subscribed (the isolation check's figure).
 """
 
 from __future__ import annotations
@@ -16,15 +21,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.chaos.checks import Check, Requests
+from tests.chaos.checks import ISOLATION, Check, Requests, latency_figures, percentile
 from tests.chaos.faults import Window
-
-
-def percentile(values: list[float], fraction: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def window_figures(rows: list[list], start: float, end: float, calm: bool = False,
@@ -68,14 +66,25 @@ def recovery(window: Window, rows: list[list], effects: list[float]) -> dict:
 
 
 def figures(requests: Requests, windows: list[Window], effects: list[float],
-            span: tuple[float, float]) -> dict:  # fmt: skip
+            span: tuple[float, float], latencies: list[tuple[float, float]]) -> dict:  # fmt: skip
+    """Per window and ``calm``; ``latencies``: (admitted at, seconds to the merchant's
+    first arrival) per message of the merchant's."""
     rows = requests.rows
+
+    def admitted_in(start: float, end: float) -> dict:
+        return latency_figures([x for at, x in latencies if start <= at <= end])
+
+    calm = [x for at, x in latencies if not any(w.start <= at <= w.end for w in windows)]
     result = {"calm": window_figures(rows, *span, calm=True, windows=windows)}
+    result["calm"]["merchant_latency"] = latency_figures(calm)
     for w in windows:
         result[w.name] = window_figures(rows, w.start, w.end) | {
             "detail": w.detail,
             "recovery": recovery(w, rows, effects),
+            "merchant_latency": admitted_in(w.start, w.end),
         }
+        if w.hold:
+            result[w.name]["merchant_latency_hold"] = admitted_in(*w.hold)
     return result
 
 
@@ -100,23 +109,58 @@ def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, st
     lines += [
         "",
         "fault windows (requests sent in the window; times of those answered):",
-        f"  {'window':15} {'secs':>6} {'reqs':>6} {'ans/s':>6} {'p50ms':>6} {'p99ms':>6} "
+        f"  {'window':16} {'secs':>6} {'reqs':>6} {'ans/s':>6} {'p50ms':>6} {'p99ms':>6} "
         f"{'maxms':>6} {'in_rec':>7} {'out_rec':>7}  answers",
     ]
     for name, f in per_window.items():
         rec = f.get("recovery", {})
         lines.append(
-            f"  {name:15} {f['seconds']:>6} {f['requests']:>6} {f['answered_per_second']:>6} "
+            f"  {name:16} {f['seconds']:>6} {f['requests']:>6} {f['answered_per_second']:>6} "
             f"{_v(f['p50_ms'])} {_v(f['p99_ms'])} {_v(f['max_ms'])} "
             f"{_v(rec.get('inbound_s'), 7)} {_v(rec.get('outbound_s'), 7)}  "
             + " ".join(f"{k}:{n}" for k, n in sorted(f["answers"].items()))
         )
     lines += ["  (in_rec/out_rec: seconds from the window's end to the first event applied /"]
     lines += ["   message newly delivered; '-' for calm, or none seen)"]
+    lines += [
+        "",
+        "outbound: the merchant's latency, admission to first arrival, of the messages",
+        "admitted in the window (seconds):",
+        f"  {'window':23} {'msgs':>6} {'p50':>7} {'p99':>7} {'max':>7} {'never':>6}",
+    ]
+    for name, f in per_window.items():
+        for label, key in ((name, "merchant_latency"), (f"{name} (hold)", "merchant_latency_hold")):
+            if key in f:
+                lat = f[key]
+                lines.append(
+                    f"  {label:23} {lat['messages']:>6} {_sv(lat['p50_s'])} "
+                    f"{_sv(lat['p99_s'])} {_sv(lat['max_s'])} {lat['never_arrived']:>6}"
+                )
+    isolation = next((c for c in checks if c.name == ISOLATION), None)
+    if isolation and isolation.figures:
+        lines.append(_isolation_line(isolation))
     details = [f"  {name}: {f['detail']}" for name, f in per_window.items() if f.get("detail")]
     lines += ["", "faults:", *details]
     lines += ["", "logs:"] + [f"  {name}: {path}" for name, path in logs.items()]
     return "\n".join(lines) + "\n"
+
+
+def _isolation_line(check: Check) -> str:
+    """The figure of the noisy-neighbours fault, in a line."""
+    f = check.figures
+    beside, calm = f["beside"]["p99_s"], f["calm"]["p99_s"]
+    return (
+        f"  noisy-neighbours: merchant p99 {_s(beside)} ({_s(calm)} outside faults; bound "
+        f"{_s(f['bound_s'])}: {'within' if check.ok else 'OVER'}); neighbours {f['neighbours']}"
+    )
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f} s"
+
+
+def _sv(seconds: float | None) -> str:
+    return f"{'-' if seconds is None else f'{seconds:.2f}':>7}"
 
 
 def _v(value, width: int = 6) -> str:

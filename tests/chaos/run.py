@@ -28,6 +28,8 @@ from pathlib import Path
 from tests.bench.server import git_commit, raise_on_sigterm
 from tests.chaos import checks, report
 from tests.chaos.faults import LONG, SHORT, Faults
+from tests.chaos.merchant import DESTINATION as MERCHANT
+from tests.chaos.merchant import EVENTS as MERCHANT_EVENTS
 from tests.chaos.merchant import Merchant
 from tests.chaos.plan import plan_build, plan_save
 from tests.chaos.plants import ENV as PLANT_ENV
@@ -123,9 +125,8 @@ class Stack:
         self.manage("migrate", "--noinput", "--verbosity", "0")
         self.merchant.start()
         self.manage(
-            "webhook_destination", "add", "merchant", "--url", self.merchant.url,
-            "--secret", self.merchant_secret,
-            "--events", "order.paid,order.cancelled,order.fulfilled",
+            "webhook_destination", "add", MERCHANT, "--url", self.merchant.url,
+            "--secret", self.merchant_secret, "--events", MERCHANT_EVENTS,
             "--rate", rate, "--concurrency", "4", "--timeout", "3",
             "--max-attempts", "60", "--backoff-base", "0.5", "--backoff-cap", "5",
         )  # fmt: skip
@@ -329,14 +330,20 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     requests = checks.Requests([json.loads(x) for x in lines[:-1]], tail["gave_up"], tail["open"])
     state = checks.database_state(stack.postgres_dsn)
     outages = [(w.start, w.end + 5) for w in faults.windows if w.name == "postgres_stop"]
-    results = checks.every_check(planned, state, requests, stack.merchant.book, outages)
+    book = stack.merchant.book
+    results = checks.every_check(planned, state, requests, book, outages, faults.windows)
     if faults.errors:
         results.append(checks.Check("faults: every fault carried out", False,
                                     "; ".join(faults.errors)))  # fmt: skip
     if meta["planted"]:
         results.append(_planted_check(PLANTS[meta["planted"]], results))
-    effects = [e.at for e in stack.merchant.book.effects.values()]
-    per_window = report.figures(requests, faults.windows, effects, meta.pop("span"))
+    effects = [e.at for e in book.effects.values()]
+    latencies = checks.merchant_latencies(state, book)
+    per_window = report.figures(requests, faults.windows, effects, meta.pop("span"), latencies)
+    # each message of the merchant's: admitted, first arrival (null: never)
+    with (stack.run_dir / "outbound.jsonl").open("w") as outbound:
+        for key, at in sorted(state["admitted"].items(), key=lambda item: item[1]):
+            outbound.write(json.dumps([key, at, book.arrivals.get(key)]) + "\n")
     meta["requests"] = len(requests.rows)
     meta["unplanned_exits"] = [
         exit | {"during": _during(_line_time(exit["line"], exit["at"]), faults.windows)}
@@ -345,7 +352,8 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     meta["requests_per_second"] = len(requests.rows) / max(meta["send_seconds"], 1e-6)
     meta["wall_seconds"] = time.time() - meta.pop("wall_start")
     names = ["run.log", "manage.log", "gunicorn.log", "beat.log", "sender.log", "merchant.log",
-             "postgres.log", "redis.log", "requests.jsonl", "plan.json"]  # fmt: skip
+             "postgres.log", "redis.log", "requests.jsonl", "outbound.jsonl",
+             "plan.json"]  # fmt: skip
     names += sorted(p.name for p in stack.run_dir.glob("worker-*.log"))
     logs = {name: str(stack.run_dir / name) for name in names}
     text = report.render(meta, results, per_window, logs)

@@ -10,7 +10,15 @@ from collections import Counter
 
 import pytest
 
-from tests.chaos.checks import AUDIT, HOSTILE, INBOUND_ONCE, OUTBOUND_ONCE, SAMPLE, STATE
+from tests.chaos.checks import (
+    AUDIT,
+    HOSTILE,
+    INBOUND_ONCE,
+    ISOLATION,
+    OUTBOUND_ONCE,
+    SAMPLE,
+    STATE,
+)
 from tests.chaos.plan import PlannedEvent
 from tests.chaos.recorded import RecordedRun, recorded_run
 
@@ -23,7 +31,8 @@ def run() -> RecordedRun:
 def test_the_recorded_run_passes_every_check(run: RecordedRun) -> None:
     results = run.checks()
 
-    assert [c.name for c in results] == [INBOUND_ONCE, HOSTILE, STATE, OUTBOUND_ONCE, AUDIT]
+    names = [INBOUND_ONCE, HOSTILE, STATE, OUTBOUND_ONCE, AUDIT, ISOLATION]
+    assert [c.name for c in results] == names
     assert run.failed() == {}
     # what the defects below are planted on is there, and passes as it is
     figures = {c.name: c.figures for c in results}
@@ -31,6 +40,7 @@ def test_the_recorded_run_passes_every_check(run: RecordedRun) -> None:
     assert figures[OUTBOUND_ONCE]["answers"]["500"] == 1
     assert _duplicated_stock_events(run)
     assert _orders_with_two_messages(run)
+    assert len(run.admitted_beside_the_neighbours()) >= 3
 
 
 def test_a_duplicate_that_applies_its_effect_again_is_a_double_effect(run: RecordedRun) -> None:
@@ -151,6 +161,41 @@ def test_a_500_counted_as_delivered_is_delivered_without_effect(run: RecordedRun
 
     assert set(failed) == {OUTBOUND_ONCE}
     assert f"DELIVERED WITHOUT EFFECT 1: {key}" in failed[OUTBOUND_ONCE]
+
+
+def test_the_merchant_as_fast_beside_its_neighbours_as_alone_holds(run: RecordedRun) -> None:
+    isolation = next(c for c in run.checks() if c.name == ISOLATION)
+
+    assert isolation.ok
+    beside = len(run.admitted_beside_the_neighbours())
+    assert isolation.detail.startswith(
+        f"merchant p99 0.10 s admitted beside the neighbours ({beside} messages, max 0.10 s) "
+        "against 0.10 s outside faults"
+    )
+    assert "bound max(2 x 0.10 s, 0.10 s + 1 s) = 1.10 s; (6 bad destinations)" in isolation.detail
+    # the neighbours' own messages, still pending or failed, fail nothing: counted apart
+    outbound = next(c for c in run.checks() if c.name == OUTBOUND_ONCE)
+    assert "other destinations' messages, not held to this: {'neighbour-0'" in outbound.detail
+
+
+def test_a_merchant_held_40_s_by_its_neighbours_is_over_the_bound(run: RecordedRun) -> None:
+    """The defect the lanes removed: the relay run in the worker's processes, held by the
+    neighbours that never answer, and the merchant's messages waiting behind them."""
+    held = run.admitted_beside_the_neighbours()
+    for key in held:
+        run.book.arrivals[key] = run.state["admitted"][key] + 40.0
+
+    failed = run.failed()
+
+    assert set(failed) == {ISOLATION}
+    assert failed[ISOLATION].startswith(
+        f"merchant p99 40.00 s admitted beside the neighbours ({len(held)} messages, max "
+        "40.00 s) against 0.10 s outside faults"
+    )
+    assert (
+        "bound max(2 x 0.10 s, 0.10 s + 1 s) = 1.10 s; OVER THE BOUND by 38.90 s"
+        in (failed[ISOLATION])
+    )
 
 
 # --- what the defects do to the record ---------------------------------------------

@@ -10,6 +10,7 @@ from unittest import mock
 
 import pytest
 
+from tests.support.defects import limiter_overspends
 from webhook_receiver.evaluation import scenario
 from webhook_receiver.evaluation import simulation as simulation_module
 from webhook_receiver.evaluation.run import evaluate
@@ -17,7 +18,7 @@ from webhook_receiver.inbound import claim as inbound_claim
 from webhook_receiver.inbound import receive
 from webhook_receiver.models import WebhookReceipt
 from webhook_receiver.outbound import queries
-from webhook_receiver.outbound.relay import claim, policy, record, transport
+from webhook_receiver.outbound.relay import policy, record, transport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -210,7 +211,7 @@ def test_retry_after_ignored_breaks_no_early_attempt(monkeypatch):
 
 
 def test_a_limiter_that_overspends_breaks_the_rate(monkeypatch):
-    monkeypatch.setattr(claim, "_refilled", lambda dest, now: 1000.0)
+    limiter_overspends(monkeypatch)
 
     assert broken(run(BACKLOG)) == ["limiter-within-rate"]
 

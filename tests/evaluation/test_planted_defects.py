@@ -18,6 +18,7 @@ from webhook_receiver.inbound import claim as inbound_claim
 from webhook_receiver.inbound import receive
 from webhook_receiver.models import WebhookReceipt
 from webhook_receiver.outbound import queries
+from webhook_receiver.outbound.breaker import BreakerCount
 from webhook_receiver.outbound.relay import policy, record, transport
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -286,7 +287,11 @@ def test_a_terminal_answer_given_one_more_try_breaks_the_terminal_answer(monkeyp
 
 def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
     """Nothing recorded on the breaker: the merchant is hammered through its outage."""
-    monkeypatch.setattr(record, "breaker_record", lambda *args, **kwargs: None)
+
+    def nothing_counted(dest, *, now, **kwargs):
+        return BreakerCount(0, 0, dest.breaker_threshold, now)
+
+    monkeypatch.setattr(record, "breaker_count", nothing_counted)
 
     result = run(OUTAGE)
 
@@ -296,14 +301,14 @@ def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
 
 def test_a_breaker_whose_pause_ends_at_once_breaks_the_breaker(monkeypatch):
     """The breaker opens, but for no cool-down: a probe follows each failure at once."""
-    opens = record.breaker_record
+    opens = record.breaker_count
 
     def no_cool_down(dest, **kwargs):
         impatient = copy.copy(dest)
         impatient.breaker_cooldown_seconds = 0
-        opens(impatient, **kwargs)
+        return opens(impatient, **kwargs)
 
-    monkeypatch.setattr(record, "breaker_record", no_cool_down)
+    monkeypatch.setattr(record, "breaker_count", no_cool_down)
 
     result = run(OUTAGE)
 

@@ -1,12 +1,13 @@
 """The outbox's SQL: every statement that admission and the relay write out, each with its
 purpose.
 
-Why written out: a relay round is a handful of statements, each read here whole, and
-the ORM cannot say ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (how admission learns
-whether it created the message) nor ``UPDATE … RETURNING`` over a ``MATERIALIZED`` CTE
-(the claim). Statuses come from ``MessageStatus``; datetimes go through
-``connection.ops`` (SQLite keeps them as text). RETURNING needs SQLite 3.35 or newer
-(system check webhook_receiver.E007). Table names are the models' ``db_table``.
+Why written out: a relay round is two statements on PostgreSQL, a claim and a record,
+each read here whole, and the ORM cannot say ``INSERT … ON CONFLICT DO NOTHING
+RETURNING`` (how admission learns whether it created the message) nor data-modifying
+CTEs (the claim and the record). Statuses come from ``MessageStatus``; datetimes go
+through ``connection.ops`` (SQLite keeps them as text). RETURNING and ``UPDATE … FROM``
+need SQLite 3.35 or newer (system check webhook_receiver.E007). Table names are the
+models' ``db_table``.
 """
 
 from __future__ import annotations
@@ -220,32 +221,92 @@ TOKENS_SPENT = """
 """
 
 # --- the relay's record ----------------------------------------------------------------
+#
+# PostgreSQL records a round in one statement (RECORD); SQLite runs its three parts in
+# one transaction, each over the answers as VALUES.
 
-# A round's answers, one UPDATE per distinct outcome (one a round when every answer is
-# a 2xx). Only on messages this claim still holds (sending, at this attempt): a worker
-# whose lease ran out (frozen, or held by a slow answer) must not undo the claim that
-# took over. The ones it changed come back.
-RECORD = f"""
-    UPDATE webhook_receiver_outboxmessage
-    SET status = %s, failures = %s, next_attempt_at = %s, lease_until = NULL,
-        delivered_at = %s, last_status_code = %s, last_error = %s
-    WHERE id IN ({{ids}}) AND status = '{SENDING}' AND attempts = %s
+# A round's answers, one row each (``answer``): the verdict on its message, the attempt
+# that fences it, and the attempt's row.
+ANSWER_COLUMNS = (
+    "message_id",
+    "attempt",
+    "status",
+    "failures",
+    "next_attempt_at",
+    "delivered_at",
+    "status_code",
+    "last_error",
+    "started_at",
+    "duration_ms",
+    "error",
+    "excerpt",
+    "attempt_next_at",
+)
+_ANSWER = ", ".join(ANSWER_COLUMNS)
+
+# Each answer's verdict, only on messages this claim still holds (sending, at this
+# attempt): a worker whose lease ran out (frozen, or held by a slow answer) must not
+# undo the claim that took over. The ones it changed come back.
+RECORD_MESSAGES = f"""
+    UPDATE webhook_receiver_outboxmessage AS m
+    SET status = a.status, failures = a.failures, next_attempt_at = a.next_attempt_at,
+        lease_until = NULL, delivered_at = a.delivered_at, last_status_code = a.status_code,
+        last_error = a.last_error
+    FROM answer a
+    WHERE m.id = a.message_id AND m.status = '{SENDING}' AND m.attempts = a.attempt
     RETURNING id
 """
 
-# Every attempt of a round, in one statement.
-ATTEMPTS = """
+# One attempt row per answer, recorded or not (an answer that came after its lease ran
+# out was still an attempt).
+RECORD_ATTEMPTS = """
     INSERT INTO webhook_receiver_deliveryattempt (message_id, number, started_at,
         duration_ms, status_code, error, response_excerpt, next_attempt_at)
-    VALUES {rows}
+    SELECT message_id, attempt, started_at, duration_ms, status_code, error, excerpt,
+        attempt_next_at
+    FROM answer
 """
 
-# A success closes the destination's breaker.
-BREAKER_CLOSED = """
+# The breaker (breaker.BreakerCount): a success closes it; failures add to the
+# consecutive ones, and pause the destination once they reach the threshold. Counted on
+# the row, under its lock, so that two workers' rounds both count.
+BREAKER_COUNT = """
     UPDATE webhook_receiver_webhookdestination
-    SET consecutive_failures = 0, paused_until = NULL, last_success_at = %s
-    WHERE id = %s
+    SET consecutive_failures = CASE WHEN %(round_successes)s > 0 THEN 0
+            ELSE consecutive_failures + %(round_failures)s END,
+        paused_until = CASE WHEN %(round_successes)s = 0
+                AND consecutive_failures + %(round_failures)s >= %(threshold)s
+            THEN %(paused_until)s END,
+        last_success_at = CASE WHEN %(round_successes)s > 0 THEN %(now)s ELSE last_success_at END,
+        last_failure_at = CASE WHEN %(round_successes)s > 0 THEN last_failure_at ELSE %(now)s END
+    WHERE id = %(destination_id)s AND %(round_successes)s + %(round_failures)s > 0
+    RETURNING consecutive_failures
 """
+
+# PostgreSQL: a round's record in one statement: the answers (arrays, one element an
+# answer), their verdicts, their attempts and the breaker, all or nothing. It returns
+# the messages it recorded and the breaker's count (NULL: not counted).
+RECORD = f"""
+    WITH answer AS (
+        SELECT * FROM unnest(
+            %(message_id)s::bigint[], %(attempt)s::integer[], %(status)s::text[],
+            %(failures)s::integer[], %(next_attempt_at)s::timestamptz[],
+            %(delivered_at)s::timestamptz[], %(status_code)s::integer[],
+            %(last_error)s::text[], %(started_at)s::timestamptz[],
+            %(duration_ms)s::integer[], %(error)s::text[], %(excerpt)s::text[],
+            %(attempt_next_at)s::timestamptz[]
+        ) AS a ({_ANSWER})
+    ),
+    recorded AS ({RECORD_MESSAGES}),
+    attempt AS ({RECORD_ATTEMPTS}),
+    breaker AS ({BREAKER_COUNT})
+    SELECT ARRAY(SELECT id FROM recorded) AS recorded,
+        (SELECT consecutive_failures FROM breaker) AS consecutive_failures
+"""
+
+# SQLite: the answers as a CTE of VALUES ({rows}: one parenthesised row each) before
+# RECORD_MESSAGES and RECORD_ATTEMPTS.
+ANSWERS_SQLITE = f"WITH answer ({_ANSWER}) AS (VALUES {{rows}})"
 
 # A round that could not be recorded, for the overview and webhook_status (in a
 # transaction of its own, after the round's rolled back).

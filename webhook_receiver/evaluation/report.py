@@ -92,7 +92,8 @@ def machine_text(export: dict[str, Any]) -> str:
         e = s["metrics"]["engine_dependent"]
         out.append(
             f"  {s['name']:<24} {_num(e['statements_per_delivery'])} statements a delivery, "
-            f"{_num(e['statements_per_admission'])} an admission; "
+            f"{_num(e['statements_per_admission'])} an admission, "
+            f"{_num(e['sweep_statements_per_hour'])} sweep statements an hour; "
             f"wall clock {s['metrics']['wall_clock_s']:g} s"
         )
     return "\n".join(out) + "\n"

@@ -10,11 +10,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
 from django.test import TestCase
+from django.utils import timezone
 
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
@@ -118,8 +120,14 @@ def test_a_backlog_costs_two_statements_a_round_of_ten(receiver):
     assert len(sent) == 7
 
 
-def test_a_paused_or_disabled_destination_costs_its_claim_alone(receiver):
-    dest = destination(receiver.url, enabled=False)
+@pytest.mark.parametrize("held", ["disabled", "paused"])
+def test_a_paused_or_disabled_destination_costs_its_claim_alone(receiver, held):
+    fields = (
+        {"enabled": False}
+        if held == "disabled"
+        else {"paused_until": timezone.now() + timedelta(seconds=60), "consecutive_failures": 10}
+    )
+    dest = destination(receiver.url, **fields)
     admit(dest, ["k1"])
 
     with statements() as sent:

@@ -199,3 +199,13 @@ def wait_for_a_lock_wait() -> None:
                 return
             time.sleep(0.02)
     raise AssertionError("no session waited for the destination's lock")
+
+
+@pytest.mark.parametrize("caller", ["claim", "run"])
+def test_a_destination_that_does_not_exist_is_not_found(caller):
+    # the claim says so (a run no longer reads the destination with a get of its own)
+    with pytest.raises(WebhookDestination.DoesNotExist):
+        if caller == "claim":
+            relay_claim(destination=987654)
+        else:
+            relay_destination(destination_id=987654)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -54,6 +55,12 @@ def test_a_run_prints_its_report_and_saves_it_and_its_page(eval_command, tmp_pat
 
     assert done.returncode == 0, done.stderr
     assert "  PASS  tiny " in done.stdout and "14 of 14 invariants held" in done.stdout
+    # this machine's figures: the relay's statements, and the idle sweep's
+    assert re.search(
+        r"tiny +[\d.]+ statements a delivery, [\d.]+ an admission, "
+        r"[\d,.]+ sweep statements an hour;",
+        done.stdout,
+    ), done.stdout[-600:]
     export = json.loads(saved.read_text())
     assert export["format"] == 1 and export["seed"] == 5 and export["held"]
     assert export["scenarios"][0]["metrics"]["destinations"]["shop"]["delivered"] == 10

@@ -10,6 +10,7 @@ from unittest import mock
 
 import pytest
 
+from tests.support.defects import limiter_overspends
 from webhook_receiver.evaluation import scenario
 from webhook_receiver.evaluation import simulation as simulation_module
 from webhook_receiver.evaluation.run import evaluate
@@ -17,7 +18,8 @@ from webhook_receiver.inbound import claim as inbound_claim
 from webhook_receiver.inbound import receive
 from webhook_receiver.models import WebhookReceipt
 from webhook_receiver.outbound import queries
-from webhook_receiver.outbound.relay import claim, policy, record, transport
+from webhook_receiver.outbound.breaker import BreakerCount
+from webhook_receiver.outbound.relay import policy, record, transport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -210,7 +212,7 @@ def test_retry_after_ignored_breaks_no_early_attempt(monkeypatch):
 
 
 def test_a_limiter_that_overspends_breaks_the_rate(monkeypatch):
-    monkeypatch.setattr(claim, "_refilled", lambda dest, now: 1000.0)
+    limiter_overspends(monkeypatch)
 
     assert broken(run(BACKLOG)) == ["limiter-within-rate"]
 
@@ -285,7 +287,11 @@ def test_a_terminal_answer_given_one_more_try_breaks_the_terminal_answer(monkeyp
 
 def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
     """Nothing recorded on the breaker: the merchant is hammered through its outage."""
-    monkeypatch.setattr(record, "breaker_record", lambda *args, **kwargs: None)
+
+    def nothing_counted(dest, *, now, **kwargs):
+        return BreakerCount(0, 0, dest.breaker_threshold, now)
+
+    monkeypatch.setattr(record, "breaker_count", nothing_counted)
 
     result = run(OUTAGE)
 
@@ -295,14 +301,14 @@ def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
 
 def test_a_breaker_whose_pause_ends_at_once_breaks_the_breaker(monkeypatch):
     """The breaker opens, but for no cool-down: a probe follows each failure at once."""
-    opens = record.breaker_record
+    opens = record.breaker_count
 
     def no_cool_down(dest, **kwargs):
         impatient = copy.copy(dest)
         impatient.breaker_cooldown_seconds = 0
-        opens(impatient, **kwargs)
+        return opens(impatient, **kwargs)
 
-    monkeypatch.setattr(record, "breaker_record", no_cool_down)
+    monkeypatch.setattr(record, "breaker_count", no_cool_down)
 
     result = run(OUTAGE)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.browser import WINDOW, no_sideways_scroll, screenshot
+from tests.support.defects import limiter_overspends
 from webhook_receiver.evaluation import scenario
 from webhook_receiver.evaluation.html import html_report
 from webhook_receiver.evaluation.run import evaluate_all
@@ -143,7 +144,7 @@ def test_a_broken_limiter_is_a_red_box_at_the_top(transactional_db, browser, tmp
     from selenium.webdriver.common.by import By
 
     # given: a real defect: the limiter finds its bucket full whenever it looks
-    monkeypatch.setattr("webhook_receiver.outbound.relay.claim._refilled", lambda dest, now: 1000.0)
+    limiter_overspends(monkeypatch)
     export = evaluate_all([tiny(tight=True)], seed=1)
     verdicts = export["scenarios"][0]["verdicts"]
     broken = [v for v in verdicts if not v["held"]]

@@ -2,8 +2,8 @@
 its cool-down, after which one probe at a time decides; a success closes it.
 
 Its state lives on the destination's row, written under that row's lock by the relay's
-record (``breaker_record``) and read by the claim, the admin, the status and metrics
-(``destination_breaker``).
+record (``breaker_count``, applied by the record's statement) and read by the claim, the
+admin, the status and metrics (``destination_breaker``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection
 from django.utils import timezone
 
-from . import queries
 from .models import WebhookDestination
 
 logger = logging.getLogger(__name__)
@@ -43,26 +41,46 @@ def destination_breaker(destination: WebhookDestination, *, now: datetime | None
     return Breaker("closed", None, failures)
 
 
-def breaker_record(
+@dataclass(frozen=True)
+class BreakerCount:
+    """A round's answers as the breaker counts them, for the record's statement
+    (``queries.BREAKER_COUNT``) to apply on the destination's row, under its lock: any
+    success closes the breaker; otherwise the failures add to the consecutive ones, and
+    once those reach ``threshold`` the destination pauses until ``paused_until``."""
+
+    successes: int
+    failures: int
+    threshold: int
+    paused_until: datetime
+
+    def opened(self, consecutive_failures: int | None) -> bool:
+        """Whether the count the statement returned pauses the destination."""
+        return (
+            not self.successes
+            and self.failures > 0
+            and consecutive_failures is not None
+            and consecutive_failures >= self.threshold
+        )
+
+
+def breaker_count(
     dest: WebhookDestination, *, successes: int, failures: int, now: datetime
-) -> None:
+) -> BreakerCount:
     """A success closes the breaker; consecutive failures past the threshold open it for
     the cool-down (after which relay_claim lets one probe through)."""
-    if successes:
-        with connection.cursor() as cursor:
-            last_success = connection.ops.adapt_datetimefield_value(now)
-            cursor.execute(queries.BREAKER_CLOSED, [last_success, dest.pk])
-    elif failures:
-        row = WebhookDestination.objects.filter(pk=dest.pk)
-        current = row.select_for_update().values_list("consecutive_failures", flat=True).get()
-        count = current + failures
-        paused = None
-        if count >= dest.breaker_threshold:
-            paused = now + timedelta(seconds=dest.breaker_cooldown_seconds)
-            logger.warning(
-                "destination %s paused for %ss after %d consecutive failures",
-                dest.name,
-                dest.breaker_cooldown_seconds,
-                count,
-            )
-        row.update(consecutive_failures=count, paused_until=paused, last_failure_at=now)
+    return BreakerCount(
+        successes=successes,
+        failures=failures,
+        threshold=dest.breaker_threshold,
+        paused_until=now + timedelta(seconds=dest.breaker_cooldown_seconds),
+    )
+
+
+def breaker_opened_log(dest: WebhookDestination, consecutive_failures: int) -> None:
+    """The breaker's one WARNING line as it opens (or opens again after a probe)."""
+    logger.warning(
+        "destination %s paused for %ss after %d consecutive failures",
+        dest.name,
+        dest.breaker_cooldown_seconds,
+        consecutive_failures,
+    )

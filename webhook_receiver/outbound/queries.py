@@ -1,12 +1,13 @@
 """The outbox's SQL: every statement that admission and the relay write out, each with its
 purpose.
 
-Why written out: a relay round is a handful of statements, each read here whole, and
-the ORM cannot say ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (how admission learns
-whether it created the message) nor ``UPDATE … RETURNING`` over a ``MATERIALIZED`` CTE
-(the claim). Statuses come from ``MessageStatus``; datetimes go through
-``connection.ops`` (SQLite keeps them as text). RETURNING needs SQLite 3.35 or newer
-(system check webhook_receiver.E007). Table names are the models' ``db_table``.
+Why written out: a relay round is two statements on PostgreSQL, a claim and a record,
+each read here whole, and the ORM cannot say ``INSERT … ON CONFLICT DO NOTHING
+RETURNING`` (how admission learns whether it created the message) nor data-modifying
+CTEs (the claim and the record). Statuses come from ``MessageStatus``; datetimes go
+through ``connection.ops`` (SQLite keeps them as text). RETURNING and ``UPDATE … FROM``
+need SQLite 3.35 or newer (system check webhook_receiver.E007). Table names are the
+models' ``db_table``.
 """
 
 from __future__ import annotations
@@ -47,30 +48,20 @@ RESTORE_LOCK_BOUND = """
 """
 
 # --- the relay's claim ---------------------------------------------------------------------
-
-# The destination's row, locked (the limiter's state lives on it: one claimer at a
-# time), with its requests in flight on every worker: its unexpired leases.
-DESTINATION_WITH_IN_FLIGHT = f"""
-    SELECT d.*, (
-        SELECT count(*) FROM webhook_receiver_outboxmessage m
-        WHERE m.destination_id = d.id AND m.status = '{SENDING}' AND m.lease_until > %(now)s
-    ) AS in_flight
-    FROM webhook_receiver_webhookdestination d
-    WHERE d.id = %(destination_id)s
-"""
-
-# its locking variants on PostgreSQL, keyed by (vendor, skip_if_busy); SQLite serialises
-# writers: its IMMEDIATE transactions do the locking's job with the plain one
-LOCKED_DESTINATION = {
-    ("postgresql", False): DESTINATION_WITH_IN_FLIGHT + " FOR UPDATE OF d",
-    ("postgresql", True): DESTINATION_WITH_IN_FLIGHT + " FOR UPDATE OF d SKIP LOCKED",
-}
+#
+# PostgreSQL claims a round in one statement (CLAIM). SQLite has no data-modifying CTE:
+# it reads the destination (DESTINATION_WITH_IN_FLIGHT), computes its limits in Python
+# (claim.py mirrors the allowance below) and writes the lease (LEASE_ALLOWED) and the
+# bucket (TOKENS_SPENT) in statements of their own, in one IMMEDIATE transaction, which
+# serialises writers as the row's lock does on PostgreSQL. Both share the eligibility and
+# the lease, which read what the limits allow from a CTE named ``allowance``.
 
 # Eligible messages of one destination, oldest first: pending and due, or claimed by a
 # worker whose lease has run out (the partial index webhook_outbox_open holds just the
 # open ones, so delivered history costs nothing). A message waits while an older one
 # with its ordering key is still open (pending, sending, or failed until an operator
-# acts).
+# acts). As many as the destination's limits allow (``allowance``), and none when it
+# has no row (a destination another worker holds).
 ELIGIBLE_IDS = f"""
     SELECT m.id FROM webhook_receiver_outboxmessage m
     WHERE m.destination_id = %(destination_id)s
@@ -82,24 +73,24 @@ ELIGIBLE_IDS = f"""
             WHERE o.destination_id = m.destination_id AND o.ordering_key = m.ordering_key
               AND o.id < m.id AND o.status IN ('{PENDING}', '{SENDING}', '{FAILED}')))
     ORDER BY m.id
-    LIMIT %(limit)s
+    LIMIT COALESCE((SELECT allowed FROM allowance), 0)
 """
 
 # PostgreSQL: rows another worker is claiming are skipped, not waited for (SQLite: the
 # plain one)
 ELIGIBLE = {"postgresql": ELIGIBLE_IDS + " FOR UPDATE OF m SKIP LOCKED"}
 
-# The claim: the eligible rows (selected once: MATERIALIZED) take a lease and count an
-# attempt, and come back to be sent. One still sending had a lease that ran out: its
-# attempt was never recorded (its worker stopped, or the database refused the round), and
-# it spends the retry budget as a failure does. When that spends the last of it, the
-# message is failed here instead of sent again (SPENT; every SET sees the row as it was).
-_SPENT = f"(status = '{SENDING}' AND failures + 1 >= %(max_attempts)s)"
-CLAIM = f"""
-    WITH claimable AS MATERIALIZED ({{eligible}})
+# The lease: the eligible rows (selected once: MATERIALIZED, as ``claimable``) take a
+# lease and count an attempt, and come back to be sent. One still sending had a lease
+# that ran out: its attempt was never recorded (its worker stopped, or the database
+# refused the round), and it spends the retry budget as a failure does. When that spends
+# the last of it, the message is failed here instead of sent again (SPENT; every SET
+# sees the row as it was).
+_SPENT = f"(status = '{SENDING}' AND failures + 1 >= (SELECT max_attempts FROM allowance))"
+LEASE = f"""
     UPDATE webhook_receiver_outboxmessage
     SET status = CASE WHEN {_SPENT} THEN '{FAILED}' ELSE '{SENDING}' END,
-        lease_until = CASE WHEN {_SPENT} THEN NULL ELSE %(lease_until)s END,
+        lease_until = CASE WHEN {_SPENT} THEN NULL ELSE (SELECT lease_until FROM allowance) END,
         attempts = attempts + CASE WHEN {_SPENT} THEN 0 ELSE 1 END,
         next_attempt_at = CASE WHEN {_SPENT} THEN %(now)s ELSE next_attempt_at END,
         last_error = CASE WHEN {_SPENT} THEN %(unrecorded)s ELSE last_error END,
@@ -109,39 +100,213 @@ CLAIM = f"""
         traceparent
 """
 
-# The token bucket as the claim left it.
+# The token bucket at %(now)s (PostgreSQL; claim._refilled on SQLite, to the same float
+# operations in the same order): refilled at rate_count per rate_seconds since it was
+# last written, holding at most ``burst`` (at least one) tokens. A new bucket is full.
+REFILLED = """
+    CASE WHEN d.tokens_at IS NULL THEN GREATEST(1, d.burst)::float8
+    ELSE LEAST(
+        GREATEST(1, d.burst)::float8,
+        d.tokens + GREATEST(0, EXTRACT(EPOCH FROM %(now)s::timestamptz - d.tokens_at)::float8)
+            * d.rate_count / d.rate_seconds)
+    END
+"""
+
+
+def _claim(lock: str) -> str:
+    return f"""
+    WITH destination AS MATERIALIZED (
+        SELECT d.*, d.xmin::text AS locked_version
+        FROM webhook_receiver_webhookdestination d
+        WHERE d.id = %(destination_id)s
+        {lock}
+    ),
+    state AS MATERIALIZED (
+        SELECT d.id, d.tokens_at, d.max_attempts,
+            d.enabled AND (d.paused_until IS NULL OR d.paused_until <= %(now)s::timestamptz)
+                AS open,
+            -- the row as this statement's snapshot has it: a claim that committed after
+            -- the snapshot (while this one waited for the lock) holds leases that the
+            -- count below cannot see, so this statement claims nothing (claim.py runs
+            -- it again, with a snapshot that sees them)
+            d.locked_version = (
+                SELECT s.xmin::text FROM webhook_receiver_webhookdestination s
+                WHERE s.id = d.id
+            ) AS current,
+            -- free slots: requests in flight on every worker are its unexpired leases;
+            -- half-open (the failures at the threshold), one probe when none is in flight
+            CASE WHEN d.consecutive_failures >= d.breaker_threshold
+                THEN LEAST(d.max_in_flight - f.in_flight,
+                           CASE WHEN f.in_flight = 0 THEN 1 ELSE 0 END)
+                ELSE d.max_in_flight - f.in_flight
+            END AS slots,
+            {REFILLED} AS tokens,
+            %(now)s::timestamptz + make_interval(secs => d.timeout_seconds)
+                + %(lease_margin)s::interval AS lease_until
+        FROM destination d, LATERAL (
+            SELECT count(*) AS in_flight FROM webhook_receiver_outboxmessage m
+            WHERE m.destination_id = d.id AND m.status = '{SENDING}'
+              AND m.lease_until > %(now)s::timestamptz
+        ) f
+    ),
+    -- whole tokens, forgiving the float's last bits: 1.9999999999999982 is two
+    allowance AS MATERIALIZED (
+        SELECT s.*, CASE WHEN s.open AND s.current THEN GREATEST(0, LEAST(
+            %(limit)s::integer, s.slots, floor(s.tokens + %(token_epsilon)s::float8)::bigint
+        )) ELSE 0 END AS allowed
+        FROM state s
+    ),
+    claimable AS MATERIALIZED ({{eligible}}),
+    claimed AS ({LEASE}),
+    -- the bucket less the messages claimed to be sent, its time never moved back: `now`
+    -- may predate the last writer's (read before the lock was waited for, or on a host
+    -- whose clock is behind), and a span refills once
+    bucket AS (
+        UPDATE webhook_receiver_webhookdestination d
+        SET tokens = a.tokens - (SELECT count(*) FROM claimed c WHERE c.status = '{SENDING}'),
+            tokens_at = GREATEST(%(now)s::timestamptz, COALESCE(a.tokens_at, %(now)s::timestamptz))
+        FROM allowance a
+        WHERE d.id = a.id AND a.open AND a.current
+        RETURNING d.tokens
+    )
+    SELECT d.*, a.open, a.current, a.slots, (SELECT tokens FROM bucket) AS tokens_left,
+        (SELECT json_agg(c ORDER BY c.id) FROM claimed c)::text AS claimed,
+        EXISTS (
+            SELECT 1 FROM webhook_receiver_webhookdestination s WHERE s.id = %(destination_id)s
+        ) AS found
+    FROM (VALUES (1)) AS one (n)
+    LEFT JOIN destination d ON true
+    LEFT JOIN allowance a ON true
+"""
+
+
+# PostgreSQL: a round's claim in one statement. The destination's row, locked (its token
+# bucket and in-flight count live on it: one claimer at a time; SKIP LOCKED for a
+# triggered run, which leaves a busy destination to the worker that holds it); what its
+# limits allow now (enabled and not paused; its free slots, the breaker's one probe when
+# half-open; its whole tokens); the eligible messages leased; the bucket written back.
+# It returns the destination's row (a run needs no other read of it), the claimed
+# messages as JSON, oldest first, and what RelayRound.wait is computed from. Keyed by
+# skip_if_busy; {eligible} is ELIGIBLE["postgresql"].
+CLAIM = {
+    False: _claim("FOR UPDATE OF d"),
+    True: _claim("FOR UPDATE OF d SKIP LOCKED"),
+}
+
+# SQLite: the destination's row, with its requests in flight on every worker: its
+# unexpired leases.
+DESTINATION_WITH_IN_FLIGHT = f"""
+    SELECT d.*, (
+        SELECT count(*) FROM webhook_receiver_outboxmessage m
+        WHERE m.destination_id = d.id AND m.status = '{SENDING}' AND m.lease_until > %(now)s
+    ) AS in_flight
+    FROM webhook_receiver_webhookdestination d
+    WHERE d.id = %(destination_id)s
+"""
+
+# SQLite: the lease of as many eligible messages as claim.py found the limits allow.
+LEASE_ALLOWED = f"""
+    WITH allowance AS (
+        SELECT %(allowed)s AS allowed, %(lease_until)s AS lease_until,
+            %(max_attempts)s AS max_attempts
+    ),
+    claimable AS MATERIALIZED ({{eligible}})
+    {LEASE}
+"""
+
+# SQLite: the token bucket as the claim left it.
 TOKENS_SPENT = """
     UPDATE webhook_receiver_webhookdestination SET tokens = %s, tokens_at = %s
     WHERE id = %s
 """
 
 # --- the relay's record ----------------------------------------------------------------
+#
+# PostgreSQL records a round in one statement (RECORD); SQLite runs its three parts in
+# one transaction, each over the answers as VALUES.
 
-# A round's answers, one UPDATE per distinct outcome (one a round when every answer is
-# a 2xx). Only on messages this claim still holds (sending, at this attempt): a worker
-# whose lease ran out (frozen, or held by a slow answer) must not undo the claim that
-# took over. The ones it changed come back.
-RECORD = f"""
-    UPDATE webhook_receiver_outboxmessage
-    SET status = %s, failures = %s, next_attempt_at = %s, lease_until = NULL,
-        delivered_at = %s, last_status_code = %s, last_error = %s
-    WHERE id IN ({{ids}}) AND status = '{SENDING}' AND attempts = %s
+# A round's answers, one row each (``answer``): the verdict on its message, the attempt
+# that fences it, and the attempt's row.
+ANSWER_COLUMNS = (
+    "message_id",
+    "attempt",
+    "status",
+    "failures",
+    "next_attempt_at",
+    "delivered_at",
+    "status_code",
+    "last_error",
+    "started_at",
+    "duration_ms",
+    "error",
+    "excerpt",
+    "attempt_next_at",
+)
+_ANSWER = ", ".join(ANSWER_COLUMNS)
+
+# Each answer's verdict, only on messages this claim still holds (sending, at this
+# attempt): a worker whose lease ran out (frozen, or held by a slow answer) must not
+# undo the claim that took over. The ones it changed come back.
+RECORD_MESSAGES = f"""
+    UPDATE webhook_receiver_outboxmessage AS m
+    SET status = a.status, failures = a.failures, next_attempt_at = a.next_attempt_at,
+        lease_until = NULL, delivered_at = a.delivered_at, last_status_code = a.status_code,
+        last_error = a.last_error
+    FROM answer a
+    WHERE m.id = a.message_id AND m.status = '{SENDING}' AND m.attempts = a.attempt
     RETURNING id
 """
 
-# Every attempt of a round, in one statement.
-ATTEMPTS = """
+# One attempt row per answer, recorded or not (an answer that came after its lease ran
+# out was still an attempt).
+RECORD_ATTEMPTS = """
     INSERT INTO webhook_receiver_deliveryattempt (message_id, number, started_at,
         duration_ms, status_code, error, response_excerpt, next_attempt_at)
-    VALUES {rows}
+    SELECT message_id, attempt, started_at, duration_ms, status_code, error, excerpt,
+        attempt_next_at
+    FROM answer
 """
 
-# A success closes the destination's breaker.
-BREAKER_CLOSED = """
+# The breaker (breaker.BreakerCount): a success closes it; failures add to the
+# consecutive ones, and pause the destination once they reach the threshold. Counted on
+# the row, under its lock, so that two workers' rounds both count.
+BREAKER_COUNT = """
     UPDATE webhook_receiver_webhookdestination
-    SET consecutive_failures = 0, paused_until = NULL, last_success_at = %s
-    WHERE id = %s
+    SET consecutive_failures = CASE WHEN %(round_successes)s > 0 THEN 0
+            ELSE consecutive_failures + %(round_failures)s END,
+        paused_until = CASE WHEN %(round_successes)s = 0
+                AND consecutive_failures + %(round_failures)s >= %(threshold)s
+            THEN %(paused_until)s END,
+        last_success_at = CASE WHEN %(round_successes)s > 0 THEN %(now)s ELSE last_success_at END,
+        last_failure_at = CASE WHEN %(round_successes)s > 0 THEN last_failure_at ELSE %(now)s END
+    WHERE id = %(destination_id)s AND %(round_successes)s + %(round_failures)s > 0
+    RETURNING consecutive_failures
 """
+
+# PostgreSQL: a round's record in one statement: the answers (arrays, one element an
+# answer), their verdicts, their attempts and the breaker, all or nothing. It returns
+# the messages it recorded and the breaker's count (NULL: not counted).
+RECORD = f"""
+    WITH answer AS (
+        SELECT * FROM unnest(
+            %(message_id)s::bigint[], %(attempt)s::integer[], %(status)s::text[],
+            %(failures)s::integer[], %(next_attempt_at)s::timestamptz[],
+            %(delivered_at)s::timestamptz[], %(status_code)s::integer[],
+            %(last_error)s::text[], %(started_at)s::timestamptz[],
+            %(duration_ms)s::integer[], %(error)s::text[], %(excerpt)s::text[],
+            %(attempt_next_at)s::timestamptz[]
+        ) AS a ({_ANSWER})
+    ),
+    recorded AS ({RECORD_MESSAGES}),
+    attempt AS ({RECORD_ATTEMPTS}),
+    breaker AS ({BREAKER_COUNT})
+    SELECT ARRAY(SELECT id FROM recorded) AS recorded,
+        (SELECT consecutive_failures FROM breaker) AS consecutive_failures
+"""
+
+# SQLite: the answers as a CTE of VALUES ({rows}: one parenthesised row each) before
+# RECORD_MESSAGES and RECORD_ATTEMPTS.
+ANSWERS_SQLITE = f"WITH answer ({_ANSWER}) AS (VALUES {{rows}})"
 
 # A round that could not be recorded, for the overview and webhook_status (in a
 # transaction of its own, after the round's rolled back).

@@ -9,15 +9,17 @@ One round for one destination:
    LOCKED`` on PostgreSQL. A message whose ordering key has an older open message
    waits for it. Each claimed message gets a lease: a worker that dies holds it only
    until the lease ends, and the message is then claimed again, under the same key.
+   One statement on PostgreSQL, which returns the destination's row too.
 2. ``relay_send`` (transport.py): the HTTP requests, concurrently up to the claim's
    size, on a client kept per destination (connection reuse). No transaction is open.
 3. ``relay_record`` (record.py): delivered, deferred (Retry-After, or backoff with full
    jitter) or terminal, as policy.py reads the answer; one attempt row each, and the
-   breaker.
+   breaker. One statement on PostgreSQL.
 
-``relay_destination`` (run.py) records a round and claims the next in one short transaction:
-seven statements for up to ten deliveries (outbound/queries.py), bounded by the lock and
-statement timeouts. Called alone, each of the two runs in a transaction of its own.
+``relay_destination`` (run.py) records a round and claims the next in one short
+transaction: two statements for up to ten deliveries on PostgreSQL (outbound/queries.py),
+bounded by the lock and statement timeouts, and no other read. Called alone, each of the
+two runs in a transaction of its own.
 
 Every answer is recordable, whatever the destination sent: the request ends at the
 destination's timeout from connect to the last byte kept (``core/peer_http.py``),

@@ -1,18 +1,27 @@
 """The claim: what a destination's limits allow now, oldest first, each message leased.
 
-The destination's row is locked (its token bucket and in-flight count live on it: one
-claimer at a time) and its eligible messages are claimed in one statement
-(``queries.CLAIM``): pending and due, or leased by a worker whose lease ran out. A
-message whose ordering key has an older open message waits for it. A lease that ran out
-counts as a failed attempt; one that spends the last of the budget fails the message
-here rather than send it again.
+Under the destination row's lock (its token bucket and in-flight count live on it: one
+claimer at a time), the bucket is refilled, the breaker and the requests in flight on
+every worker (its unexpired leases) are counted, and the eligible messages are leased:
+pending and due, or leased by a worker whose lease ran out. A message whose ordering
+key has an older open message waits for it. A lease that ran out counts as a failed
+attempt; one that spends the last of the budget fails the message here rather than
+send it again.
+
+On PostgreSQL that is one statement (``queries.CLAIM``), which also returns the
+destination's row, so that a run reads it nowhere else. On SQLite, which has no
+data-modifying CTE, it is three in one IMMEDIATE transaction (``_claim_sqlite``): the
+row is read, its limits computed here, to the same float operations as the statement's,
+then the lease and the bucket written.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -22,14 +31,6 @@ from .. import metrics, queries
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
 from .messages import Claimed, RelayRound
 from .policy import answer_log, ops_notice_terminal
-
-if TYPE_CHECKING:
-    from django_stubs_ext import WithAnnotations
-
-    class _InFlight(TypedDict):
-        # the locking query's column: the destination's requests in flight
-        in_flight: int
-
 
 # a lease outlives the request's own timeout by this much
 LEASE_MARGIN = timedelta(seconds=30)
@@ -43,6 +44,20 @@ UNRECORDED = (
     "its last attempt was never recorded (the worker stopped, or the database refused "
     "its answer), and that spent its retry budget"
 )
+
+
+@dataclass(frozen=True)
+class _Leased:
+    """What one claim did: the destination's row as it read it, whether its limits let
+    it claim at all (enabled, not paused), its free slots and the bucket it left, the
+    messages to send and those it failed instead (their budget spent)."""
+
+    dest: WebhookDestination
+    open: bool
+    slots: int = 0
+    tokens: float = 0.0
+    claimed: list[Claimed] = field(default_factory=list)
+    spent: list[Claimed] = field(default_factory=list)
 
 
 def relay_claim(
@@ -59,59 +74,149 @@ def relay_claim(
     runs waiting for one lock."""
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
-    adapt = connection.ops.adapt_datetimefield_value
-    params = {"destination_id": destination_id, "now": adapt(now)}
+    params = {
+        "destination_id": destination_id,
+        "now": connection.ops.adapt_datetimefield_value(now),
+        "limit": limit,
+        "unrecorded": UNRECORDED,
+    }
     # no savepoint: relay_destination runs this in the transaction that records the
     # last round
     with faults.bounded_transaction():
-        locked = queries.LOCKED_DESTINATION.get(
-            (connection.vendor, skip_if_busy), queries.DESTINATION_WITH_IN_FLIGHT
-        )
-        rows = WebhookDestination.objects.raw(locked, params)
-        dest = cast("WithAnnotations[WebhookDestination, _InFlight] | None", next(iter(rows), None))
-        if dest is None:
-            if not WebhookDestination.objects.filter(pk=destination_id).exists():
-                raise WebhookDestination.DoesNotExist(f"no destination {destination_id}")
+        if connection.vendor == "postgresql":
+            leased = _claim_postgresql(params, skip_if_busy=skip_if_busy)
+        else:
+            leased = _claim_sqlite(params, now)
+        if leased is None:
             return RelayRound(claimed=[], busy=True)
-        if not dest.enabled or (dest.paused_until and dest.paused_until > now):
-            return RelayRound(claimed=[])
-        slots = dest.max_in_flight - dest.in_flight
-        if dest.consecutive_failures >= dest.breaker_threshold:
-            # half-open after the cool-down: one probe decides
-            slots = min(slots, 1 if dest.in_flight == 0 else 0)
-        tokens = _refilled(dest, now)
-        # whole tokens, forgiving the float's last bits: 1.9999999999999982 is two
-        allowed = min(limit, slots, math.floor(tokens + TOKEN_EPSILON))
-        claimed: list[Claimed] = []
-        spent: list[Claimed] = []
-        if allowed > 0:
-            lease_until = now + timedelta(seconds=dest.timeout_seconds) + LEASE_MARGIN
-            claimed, spent = _claim_rows(
-                {
-                    **params,
-                    "limit": allowed,
-                    "lease_until": adapt(lease_until),
-                    "max_attempts": dest.max_attempts,
-                    "unrecorded": UNRECORDED,
-                }
-            )
-        if spent:
-            _spent_by_the_claim(dest, spent)
-        tokens -= len(claimed)
-        # never back in time: `now` may predate the last writer's (read before this lock
-        # was waited for, or on a host whose clock is behind), and a span refills once
-        tokens_at = max(now, dest.tokens_at or now)
-        with connection.cursor() as cursor:
-            cursor.execute(queries.TOKENS_SPENT, [tokens, adapt(tokens_at), dest.pk])
+        if leased.spent:
+            _spent_by_the_claim(leased.dest, leased.spent)
+    dest, claimed = leased.dest, leased.claimed
+    if not leased.open:
+        return RelayRound(claimed=[], destination=dest)
     wait = None
-    if len(claimed) < limit and slots > len(claimed) and tokens + TOKEN_EPSILON < 1:
+    if len(claimed) < limit and leased.slots > len(claimed) and leased.tokens + TOKEN_EPSILON < 1:
         # Out of tokens: the next run is for when a round's worth is due (as many as
         # the free slots take, up to the burst), not the next single token: in a
         # backlog one run then sends a batch, for the statements of one, at the same
         # rate.
-        batch = max(1, min(limit, slots, max(1, dest.burst)))
-        wait = (batch - tokens) * dest.rate_seconds / dest.rate_count
-    return RelayRound(claimed=claimed, wait=wait)
+        batch = max(1, min(limit, leased.slots, max(1, dest.burst)))
+        wait = (batch - leased.tokens) * dest.rate_seconds / dest.rate_count
+    return RelayRound(claimed=claimed, wait=wait, destination=dest)
+
+
+def _claim_postgresql(params: dict[str, Any], *, skip_if_busy: bool) -> _Leased | None:
+    """The claim's one statement; None when another worker holds the destination."""
+    statement = queries.CLAIM[skip_if_busy].format(eligible=queries.ELIGIBLE["postgresql"])
+    params = {**params, "lease_margin": LEASE_MARGIN, "token_epsilon": TOKEN_EPSILON}
+    row = _claim_row(statement, params)
+    if row is not None and row.open and not row.current:
+        # Another claim committed after this statement's snapshot was taken (it waited
+        # for the lock, or came an instant late): the snapshot cannot count that claim's
+        # leases, so it claimed nothing. Again, the lock held: the new snapshot sees them.
+        row = _claim_row(statement, params)
+    if row is None or (row.open and not row.current):
+        return None
+    claimed, spent = _messages(json.loads(row.claimed) if row.claimed else [])
+    tokens = row.tokens_left if row.tokens_left is not None else 0.0
+    return _Leased(row, row.open, row.slots, tokens, claimed, spent)
+
+
+def _claim_row(statement: str, params: dict[str, Any]) -> Any:
+    """The statement's one row: the destination (typed as the model's fields are, its
+    secrets decrypted), with the claim's columns beside its fields; None when another
+    worker holds it."""
+    row: Any = next(iter(WebhookDestination.objects.raw(statement, params)))
+    if row.pk is None:
+        if not row.found:
+            raise WebhookDestination.DoesNotExist(f"no destination {params['destination_id']}")
+        return None
+    return row
+
+
+def _messages(rows: list[dict[str, Any]]) -> tuple[list[Claimed], list[Claimed]]:
+    """The claimed rows, oldest first (as the statement aggregated them): the messages
+    to send, and those the claim failed instead."""
+    claimed: list[Claimed] = []
+    spent: list[Claimed] = []
+    for m in rows:
+        message = Claimed(
+            id=m["id"],
+            key=m["key"],
+            event_type=m["event_type"],
+            payload=m["payload"],
+            attempt=m["attempts"],
+            failures=m["failures"],
+            created_at=datetime.fromisoformat(m["created_at"]),
+            traceparent=m["traceparent"] or "",
+        )
+        (spent if m["status"] == MessageStatus.FAILED else claimed).append(message)
+    return claimed, spent
+
+
+def _claim_sqlite(params: dict[str, Any], now: datetime) -> _Leased:
+    """SQLite: the row, what its limits allow (as ``queries.CLAIM``'s ``allowance``
+    computes it), the lease and the bucket, in the caller's IMMEDIATE transaction."""
+    adapt = connection.ops.adapt_datetimefield_value
+    rows = WebhookDestination.objects.raw(queries.DESTINATION_WITH_IN_FLIGHT, params)
+    dest: Any = next(iter(rows), None)
+    if dest is None:
+        raise WebhookDestination.DoesNotExist(f"no destination {params['destination_id']}")
+    if not dest.enabled or (dest.paused_until and dest.paused_until > now):
+        return _Leased(dest, open=False)
+    slots = dest.max_in_flight - dest.in_flight
+    if dest.consecutive_failures >= dest.breaker_threshold:
+        # half-open after the cool-down: one probe decides
+        slots = min(slots, 1 if dest.in_flight == 0 else 0)
+    tokens = _refilled(dest, now)
+    # whole tokens, forgiving the float's last bits: 1.9999999999999982 is two
+    allowed = min(params["limit"], slots, math.floor(tokens + TOKEN_EPSILON))
+    claimed: list[Claimed] = []
+    spent: list[Claimed] = []
+    if allowed > 0:
+        lease_until = now + timedelta(seconds=dest.timeout_seconds) + LEASE_MARGIN
+        statement = queries.LEASE_ALLOWED.format(
+            eligible=queries.ELIGIBLE.get(connection.vendor, queries.ELIGIBLE_IDS)
+        )
+        leased = OutboxMessage.objects.raw(
+            statement,
+            {
+                **params,
+                "allowed": allowed,
+                "lease_until": adapt(lease_until),
+                "max_attempts": dest.max_attempts,
+            },
+        )
+        # RETURNING keeps no order: sent (and recorded) oldest first
+        for m in sorted(leased, key=lambda m: m.id):
+            message = Claimed(
+                id=m.id,
+                key=m.key,
+                event_type=m.event_type,
+                payload=m.payload,
+                attempt=m.attempts,
+                failures=m.failures,
+                created_at=m.created_at,
+                traceparent=m.traceparent or "",
+            )
+            (spent if m.status == MessageStatus.FAILED else claimed).append(message)
+    tokens -= len(claimed)
+    # never back in time: `now` may predate the last writer's, and a span refills once
+    tokens_at = max(now, dest.tokens_at or now)
+    with connection.cursor() as cursor:
+        cursor.execute(queries.TOKENS_SPENT, [tokens, adapt(tokens_at), dest.pk])
+    return _Leased(dest, True, slots, tokens, claimed, spent)
+
+
+def _refilled(dest: WebhookDestination, now: datetime) -> float:
+    """SQLite's token bucket at ``now``, as ``queries.REFILLED`` computes it on
+    PostgreSQL: refilled at rate_count per rate_seconds since it was last written,
+    holding at most ``burst`` (at least one) tokens. A new bucket is full."""
+    capacity = max(1, dest.burst)
+    if dest.tokens_at is None:
+        return float(capacity)
+    elapsed = max(0.0, (now - dest.tokens_at).total_seconds())
+    return min(capacity, dest.tokens + elapsed * dest.rate_count / dest.rate_seconds)
 
 
 def _spent_by_the_claim(dest: WebhookDestination, spent: list[Claimed]) -> None:
@@ -127,39 +232,3 @@ def _spent_by_the_claim(dest: WebhookDestination, spent: list[Claimed]) -> None:
             metrics.terminal_count(dest.name)
 
     transaction.on_commit(committed)
-
-
-def _refilled(dest: WebhookDestination, now: datetime) -> float:
-    """The token bucket at ``now``: refilled at rate_count per rate_seconds since it was
-    last written, holding at most ``burst`` (at least one) tokens. A new bucket is full."""
-    capacity = max(1, dest.burst)
-    if dest.tokens_at is None:
-        return float(capacity)
-    elapsed = max(0.0, (now - dest.tokens_at).total_seconds())
-    return min(capacity, dest.tokens + elapsed * dest.rate_count / dest.rate_seconds)
-
-
-def _claim_rows(params: dict[str, Any]) -> tuple[list[Claimed], list[Claimed]]:
-    """The claim's one statement (each claim is an attempt, counted now: its number
-    fences the claim's result): the messages to send, and those it failed instead.
-    Read through the ORM's raw(): typed as the model's fields are, on either database."""
-    claim = queries.CLAIM.format(
-        eligible=queries.ELIGIBLE.get(connection.vendor, queries.ELIGIBLE_IDS)
-    )
-    rows = OutboxMessage.objects.raw(claim, params)
-    claimed: list[Claimed] = []
-    spent: list[Claimed] = []
-    for m in rows:
-        message = Claimed(
-            id=m.id,
-            key=m.key,
-            event_type=m.event_type,
-            payload=m.payload,
-            attempt=m.attempts,
-            failures=m.failures,
-            created_at=m.created_at,
-            traceparent=m.traceparent or "",
-        )
-        (spent if m.status == MessageStatus.FAILED else claimed).append(message)
-    # RETURNING keeps no order: sent (and recorded) oldest first
-    return sorted(claimed, key=lambda c: c.id), spent

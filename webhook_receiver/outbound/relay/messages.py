@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..models import WebhookDestination
 
 
 @dataclass(frozen=True)
@@ -37,3 +40,6 @@ class RelayRound:
     wait: float | None = None
     # another worker was claiming for this destination at that moment
     busy: bool = False
+    # the destination's row as the claim read it (None when busy): the run's next
+    # rounds send and record with it, and read it nowhere else
+    destination: WebhookDestination | None = None

@@ -2,6 +2,10 @@
 claim counted), one attempt row each, the breaker, and the notices and log lines once
 the round is durable. A round that cannot be recorded whole is recorded answer by
 answer; what still cannot be is left to its lease.
+
+On PostgreSQL a round is recorded by one statement (``queries.RECORD``): all of it or
+none, whatever interrupts the worker. On SQLite, by its three parts in one transaction.
+What each answer means is ``policy.verdict``'s, decided here; the SQL applies it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from django.utils import timezone
 
 from ...core import faults, logs, storable
 from .. import metrics, queries
-from ..breaker import breaker_record
+from ..breaker import BreakerCount, breaker_count, breaker_opened_log
 from ..models import MessageStatus, WebhookDestination
 from .messages import Sent
 from .policy import Verdict, answer_log, answer_words, ops_notice_terminal, verdict, what_next
@@ -34,61 +38,110 @@ def relay_record(
     if not results:
         return
     now = now or timezone.now()
-    adapt = connection.ops.adapt_datetimefield_value
     verdicts = [verdict(dest, sent, now) for sent in results]
-    # (the new values, then the attempt that fences them) -> the messages they go to
-    outcomes: dict[tuple[Any, ...], list[int]] = {}
-    for sent, v in zip(results, verdicts, strict=True):
-        m = sent.message
-        delivered = v.status == MessageStatus.DELIVERED
-        outcome = (
-            v.status,
-            m.failures + (1 if v.spends_budget else 0),
-            adapt(v.next_attempt_at or now),
-            adapt(now if delivered else None),
-            sent.status_code,
-            sent.error or ("" if delivered else sent.excerpt),
-            m.attempt,
-        )
-        outcomes.setdefault(outcome, []).append(m.id)
-    attempt_rows = [
-        (
-            sent.message.id,
-            sent.message.attempt,
-            adapt(sent.started_at),
-            sent.duration_ms,
-            sent.status_code,
-            sent.error,
-            sent.excerpt,
-            adapt(v.next_attempt_at),
-        )
-        for sent, v in zip(results, verdicts, strict=True)
-    ]
-    recorded: set[int] = set()
-    with faults.bounded_transaction(), connection.cursor() as cursor:
-        for (*values, attempt), ids in outcomes.items():
-            cursor.execute(
-                queries.RECORD.format(ids=_placeholders(len(ids))), [*values, *ids, attempt]
-            )
-            recorded.update(row[0] for row in cursor.fetchall())
-        rows = ", ".join([f"({_placeholders(len(attempt_rows[0]))})"] * len(attempt_rows))
-        cursor.execute(queries.ATTEMPTS.format(rows=rows), [x for row in attempt_rows for x in row])
-        breaker_record(
-            dest,
-            successes=sum(v.status == MessageStatus.DELIVERED for v in verdicts),
-            failures=sum(v.breaker_failure for v in verdicts),
-            now=now,
-        )
+    answers = [_answer(sent, v, now) for sent, v in zip(results, verdicts, strict=True)]
+    breaker = breaker_count(
+        dest,
+        successes=sum(v.status == MessageStatus.DELIVERED for v in verdicts),
+        failures=sum(v.breaker_failure for v in verdicts),
+        now=now,
+    )
+    with faults.bounded_transaction():
+        if connection.vendor == "postgresql":
+            recorded, consecutive_failures = _record_postgresql(dest, answers, breaker, now)
+        else:
+            recorded, consecutive_failures = _record_sqlite(dest, answers, breaker, now)
         for sent, v in zip(results, verdicts, strict=True):
             if v.status == MessageStatus.FAILED and sent.message.id in recorded:
                 # in the round's transaction: no notice for an answer not recorded
                 answer = sent.error if sent.status_code is None else str(sent.status_code)
                 ops_notice_terminal(dest, sent.message, answer=answer)
+        opened = breaker.opened(consecutive_failures)
         # counted and logged once the answers are durable: a round that rolls back is
         # sent again
         transaction.on_commit(
-            lambda: _recorded(dest, list(zip(results, verdicts, strict=True)), recorded, now)
+            lambda: _recorded(
+                dest,
+                list(zip(results, verdicts, strict=True)),
+                recorded,
+                now,
+                consecutive_failures if opened else None,
+            )
         )
+
+
+def _answer(sent: Sent, v: Verdict, now: datetime) -> dict[str, Any]:
+    """One answer as the record's statement takes it (``queries.ANSWER_COLUMNS``)."""
+    adapt = connection.ops.adapt_datetimefield_value
+    m = sent.message
+    delivered = v.status == MessageStatus.DELIVERED
+    return {
+        "message_id": m.id,
+        "attempt": m.attempt,
+        "status": str(v.status),
+        "failures": m.failures + (1 if v.spends_budget else 0),
+        "next_attempt_at": adapt(v.next_attempt_at or now),
+        "delivered_at": adapt(now if delivered else None),
+        "status_code": sent.status_code,
+        "last_error": sent.error or ("" if delivered else sent.excerpt),
+        "started_at": adapt(sent.started_at),
+        "duration_ms": sent.duration_ms,
+        "error": sent.error,
+        "excerpt": sent.excerpt,
+        "attempt_next_at": adapt(v.next_attempt_at),
+    }
+
+
+def _breaker_params(
+    dest: WebhookDestination, breaker: BreakerCount, now: datetime
+) -> dict[str, Any]:
+    adapt = connection.ops.adapt_datetimefield_value
+    return {
+        "destination_id": dest.pk,
+        "round_successes": breaker.successes,
+        "round_failures": breaker.failures,
+        "threshold": breaker.threshold,
+        "paused_until": adapt(breaker.paused_until),
+        "now": adapt(now),
+    }
+
+
+def _record_postgresql(
+    dest: WebhookDestination, answers: list[dict[str, Any]], breaker: BreakerCount, now: datetime
+) -> tuple[set[int], int | None]:
+    """The round's one statement, the answers as one array per column (``answer``
+    unnests them): the messages it recorded, and the breaker's count (None: not
+    counted)."""
+    params = _breaker_params(dest, breaker, now)
+    params.update({column: [a[column] for a in answers] for column in queries.ANSWER_COLUMNS})
+    with connection.cursor() as cursor:
+        cursor.execute(queries.RECORD, params)
+        recorded, consecutive_failures = cursor.fetchone()
+    return set(recorded), consecutive_failures
+
+
+def _record_sqlite(
+    dest: WebhookDestination, answers: list[dict[str, Any]], breaker: BreakerCount, now: datetime
+) -> tuple[set[int], int | None]:
+    """SQLite: the record's three parts, in the caller's transaction, the answers as
+    VALUES (``answer``) before the first two."""
+    rows = ", ".join(
+        "(" + ", ".join(f"%(a{n}_{column})s" for column in queries.ANSWER_COLUMNS) + ")"
+        for n in range(len(answers))
+    )
+    values = {
+        f"a{n}_{column}": answer[column]
+        for n, answer in enumerate(answers)
+        for column in queries.ANSWER_COLUMNS
+    }
+    answered = queries.ANSWERS_SQLITE.format(rows=rows)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{answered} {queries.RECORD_MESSAGES}", values)
+        recorded = {row[0] for row in cursor.fetchall()}
+        cursor.execute(f"{answered} {queries.RECORD_ATTEMPTS}", values)
+        cursor.execute(queries.BREAKER_COUNT, _breaker_params(dest, breaker, now))
+        counted = cursor.fetchone()
+    return recorded, counted[0] if counted else None
 
 
 def _recorded(
@@ -96,9 +149,13 @@ def _recorded(
     answers: list[tuple[Sent, Verdict]],
     recorded: set[int],
     now: datetime,
+    paused_after: int | None,
 ) -> None:
-    """After the round's commit: its counters, and one log line per answer that was not
-    a 2xx (delivered ones are counted, not logged one by one)."""
+    """After the round's commit: its counters, one log line per answer that was not a
+    2xx (delivered ones are counted, not logged one by one), and the breaker's line if
+    the round paused the destination (after that many consecutive failures)."""
+    if paused_after is not None:
+        breaker_opened_log(dest, paused_after)
     for sent, v in answers:
         message = sent.message
         if message.id not in recorded:
@@ -115,10 +172,6 @@ def _recorded(
         if v.status == MessageStatus.FAILED:
             metrics.terminal_count(dest.name)
         answer_log(dest, message, answer_words(sent), what_next(dest, sent, v, now))
-
-
-def _placeholders(count: int) -> str:
-    return ", ".join(["%s"] * count)
 
 
 def record_each(dest: WebhookDestination, results: list[Sent]) -> None:

@@ -28,11 +28,13 @@ def relay_destination(
     None).
 
     A round's answers are recorded in the transaction that claims the next round: one
-    transaction a round. If that transaction fails, the answers are recorded one by one,
-    each in a transaction of its own (``record_each``), unless the database itself is
-    failing (a bound that fired, a lost connection): then the error is noted on the
-    destination and raised, and the messages are sent again, under the same keys and
-    with the lost attempt counted, when their leases end."""
+    transaction a round, and in it no statement but the record's and the claim's (the
+    claim returns the destination's row, which the next round sends and records with).
+    If that transaction fails, the answers are recorded one by one, each in a
+    transaction of its own (``record_each``), unless the database itself is failing (a
+    bound that fired, a lost connection): then the error is noted on the destination
+    and raised, and the messages are sent again, under the same keys and with the lost
+    attempt counted, when their leases end."""
     deadline = time.monotonic() + budget_seconds
     dest: WebhookDestination | None = None
     sent_count = 0
@@ -42,11 +44,14 @@ def relay_destination(
         try:
             # one transaction a round: the last round's answers, then the next claim
             with faults.bounded_transaction(savepoint=True):
-                if dest is None:
-                    dest = WebhookDestination.objects.get(pk=destination_id)
-                relay_record(dest, results)
+                if dest is not None:
+                    relay_record(dest, results)
                 # a worker already claiming for this destination carries on; this run stops
-                round_ = relay_claim(destination=dest, skip_if_busy=True) if more else None
+                round_ = (
+                    relay_claim(destination=dest or destination_id, skip_if_busy=True)
+                    if more
+                    else None
+                )
         except (DatabaseError, ValueError, TypeError, ArithmeticError) as exc:
             if not results or dest is None:
                 raise
@@ -65,7 +70,9 @@ def relay_destination(
             continue
         if round_ is None:
             return sent_count, 0.0
-        if not round_.claimed:
+        if round_.destination is not None:
+            dest = round_.destination
+        if not round_.claimed or dest is None:
             return sent_count, round_.wait
         with tracing.span(
             "webhook.relay_round",

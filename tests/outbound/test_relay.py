@@ -406,6 +406,27 @@ def test_the_sweep_queues_one_run_per_destination_with_something_due(receiver, b
     assert broker.llen("celery") == 2
 
 
+def test_the_sweep_leaves_a_destination_its_breaker_paused_until_the_pause_ends(receiver, broker):
+    # given: two destinations with messages due, one paused by its breaker for a minute
+    paused = destination(receiver.url, name="paused")
+    open_ = destination(receiver.url, name="open")
+    admit(paused, "a1")
+    admit(open_, "b1")
+    WebhookDestination.objects.filter(pk=paused.pk).update(
+        consecutive_failures=10, paused_until=timezone.now() + timedelta(seconds=60)
+    )
+
+    # when / then: the sweep queues a run for the open one only
+    assert relay_sweep() == 1
+    assert broker.llen("celery") == 1
+
+    # once the pause has ended, the next sweep queues the paused one's probe
+    WebhookDestination.objects.filter(pk=paused.pk).update(
+        paused_until=timezone.now() - timedelta(seconds=1)
+    )
+    assert relay_sweep() == 2
+
+
 def test_a_queued_follow_up_is_the_run_an_admission_would_have_queued(receiver, broker, settings):
     # with a cache every process shares: while a destination waits for its next token,
     # an admission queues no run of its own (one could claim nothing before the

@@ -124,15 +124,19 @@ def follow_up(destination_id: int, wait: float) -> None:
 
 def relay_sweep() -> int:
     """Queue a run for every destination with an eligible message: a trigger lost with a
-    broker or a worker is made good within one sweep (every few seconds on beat)."""
+    broker or a worker is made good within one sweep (every few seconds on beat). A
+    destination its breaker paused is left until the pause ends (its run could claim
+    nothing: a statement each sweep for no send); the first sweep after it queues the
+    probe."""
     now = timezone.now()
     due = Q(status=MessageStatus.PENDING, next_attempt_at__lte=now) | Q(
         status=MessageStatus.SENDING, lease_until__lte=now
     )
+    not_paused = Q(destination__paused_until__isnull=True) | Q(destination__paused_until__lte=now)
     destinations: list[int] = []
     with later_when_bounded("the relay sweep"), faults.bounded_transaction():
         destinations = list(
-            OutboxMessage.objects.filter(due, destination__enabled=True)
+            OutboxMessage.objects.filter(due, not_paused, destination__enabled=True)
             # no ordering: the model's (-id) would make DISTINCT one row per message, and
             # the sweep queue a run per due message instead of one per destination
             .order_by()

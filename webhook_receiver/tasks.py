@@ -126,7 +126,7 @@ def relay_destination(destination_id: int) -> bool:
 
 @worker_process_shutdown.connect
 def relay_lanes_finish(**kwargs: object) -> None:
-    """A worker process that stops lets its lanes record what they sent (up to 30 s):
+    """A worker process that stops lets its lanes record what they sent (up to 5 s):
     what they cannot is left to the leases."""
     from .outbound.relay.lanes import lanes
 

@@ -16,7 +16,7 @@ import socket
 import threading
 from contextlib import suppress
 
-from tests.support.peers import answer
+from tests.support.peers import answer, read_request
 
 POLL_SECONDS = 0.5  # how often a held connection looks whether the server is stopping
 BUSY = answer(503, {"Content-Type": "application/json"}, b'{"error": "busy"}')
@@ -99,24 +99,8 @@ class BadMerchant:
 
     def _read_request(self, conn: socket.socket) -> bool:
         """Read one request's head and body; False if the connection closed first."""
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = self._recv(conn)
-            if not chunk:
-                return False
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value.strip() or 0)
-        while len(body) < length:
-            chunk = self._recv(conn)
-            if not chunk:
-                return False
-            body += chunk
-        return True
+        _, whole = read_request(lambda: self._recv(conn))
+        return whole
 
     def _recv(self, conn: socket.socket) -> bytes:
         while not self._stopping.is_set():

@@ -78,24 +78,31 @@ def hostile_peer(script: Callable[[bytes], Chunks], *, path: str = "/hooks") -> 
 
 def _read_request(conn: socket.socket) -> bytes:
     conn.settimeout(10)
+    data, _ = read_request(lambda: conn.recv(65536))
+    return data
+
+
+def read_request(recv: Callable[[], bytes]) -> tuple[bytes, bool]:
+    """One HTTP/1.1 request's head and body, by its Content-Length, from ``recv`` (b"":
+    the connection closed); and whether it came whole before it closed."""
     data = b""
     while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
+        chunk = recv()
         if not chunk:
-            return data
+            return data, False
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     length = 0
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
-            length = int(value.strip())
+            length = int(value.strip() or 0)
     while len(body) < length:
-        chunk = conn.recv(65536)
+        chunk = recv()
         if not chunk:
-            break
+            return head + b"\r\n\r\n" + body, False
         body += chunk
-    return head + b"\r\n\r\n" + body
+    return head + b"\r\n\r\n" + body, True
 
 
 def trickled(lines: Iterable[bytes], *, every: float, then: bytes = b"") -> Chunks:

@@ -8,9 +8,10 @@ key has an older open message waits for it. A lease that ran out counts as a fai
 attempt; one that spends the last of the budget fails the message here rather than
 send it again.
 
-On PostgreSQL that is one statement (``queries.CLAIM``), which also returns the
-destination's row, so that a run reads it nowhere else. On SQLite, which has no
-data-modifying CTE, it is three in one IMMEDIATE transaction (``_claim_sqlite``): the
+On PostgreSQL that is one statement (``queries.CLAIM``), which also records the last
+round's answers (``recording``: record.py prepares them) and returns the destination's
+row, so that a run reads it nowhere else. On SQLite, which has no data-modifying CTE, it
+is three in one IMMEDIATE transaction (``_claim_sqlite``), after the record's own: the
 row is read, its limits computed here, to the same float operations as the statement's,
 then the lease and the bucket written.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -58,6 +59,9 @@ class _Leased:
     tokens: float = 0.0
     claimed: list[Claimed] = field(default_factory=list)
     spent: list[Claimed] = field(default_factory=list)
+    recorded: frozenset[int] = frozenset()
+    counted_failures: int | None = None
+    busy: bool = False
 
 
 def relay_claim(
@@ -66,12 +70,15 @@ def relay_claim(
     now: datetime | None = None,
     limit: int = CLAIM_BATCH,
     skip_if_busy: bool = False,
+    recording: dict[str, Any] | None = None,
 ) -> RelayRound:
     """Claim what the destination's limits allow now (see the module's docstring).
 
     With ``skip_if_busy``, a destination whose row another worker holds is left to that
     worker (``busy``): a burst of triggers then costs a statement each, not a queue of
-    runs waiting for one lock."""
+    runs waiting for one lock. ``recording`` (PostgreSQL) is the last round's answers
+    and breaker count, as record.py makes them for ``queries.CLAIM``: recorded by the
+    same statement, which then waits for the row's lock rather than skip it."""
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
     params = {
@@ -80,11 +87,13 @@ def relay_claim(
         "limit": limit,
         "unrecorded": UNRECORDED,
     }
-    # no savepoint: relay_destination runs this in the transaction that records the
-    # last round
+    # no savepoint: relay_destination runs this in its round's transaction
     with faults.bounded_transaction():
         if connection.vendor == "postgresql":
-            leased = _claim_postgresql(params, skip_if_busy=skip_if_busy)
+            leased = _claim_postgresql(
+                {**NO_ANSWER, **params, **(recording or {})},
+                skip_if_busy=skip_if_busy and not recording,
+            )
         else:
             leased = _claim_sqlite(params, now)
         if leased is None:
@@ -92,8 +101,13 @@ def relay_claim(
         if leased.spent:
             _spent_by_the_claim(leased.dest, leased.spent)
     dest, claimed = leased.dest, leased.claimed
+    recorded = RelayRound(
+        claimed=[], recorded=leased.recorded, counted_failures=leased.counted_failures
+    )
+    if leased.busy:
+        return replace(recorded, busy=True)
     if not leased.open:
-        return RelayRound(claimed=[], destination=dest)
+        return replace(recorded, destination=dest)
     wait = None
     if len(claimed) < limit and leased.slots > len(claimed) and leased.tokens + TOKEN_EPSILON < 1:
         # Out of tokens: the next run is for when a round's worth is due (as many as
@@ -102,24 +116,45 @@ def relay_claim(
         # rate.
         batch = max(1, min(limit, leased.slots, max(1, dest.burst)))
         wait = (batch - leased.tokens) * dest.rate_seconds / dest.rate_count
-    return RelayRound(claimed=claimed, wait=wait, destination=dest)
+    return replace(recorded, claimed=claimed, wait=wait, destination=dest)
+
+
+# the statement's parameters for a claim that records no answer
+NO_ANSWER: dict[str, Any] = {
+    **{column: [] for column in queries.ANSWER_COLUMNS},
+    "round_successes": 0,
+    "round_failures": 0,
+    "threshold": 0,
+    "paused_until": None,
+}
 
 
 def _claim_postgresql(params: dict[str, Any], *, skip_if_busy: bool) -> _Leased | None:
-    """The claim's one statement; None when another worker holds the destination."""
-    statement = queries.CLAIM[skip_if_busy].format(eligible=queries.ELIGIBLE["postgresql"])
+    """The claim's one statement; None when another worker holds the destination (and
+    this one recorded no answer)."""
     params = {**params, "lease_margin": LEASE_MARGIN, "token_epsilon": TOKEN_EPSILON}
-    row = _claim_row(statement, params)
-    if row is not None and row.open and not row.current:
+    row = _claim_row(_statement(skip_if_busy), params)
+    if row is None:
+        return None
+    recorded, counted = frozenset(row.recorded), row.counted_failures
+    if row.open and not row.current:
         # Another claim committed after this statement's snapshot was taken (it waited
         # for the lock, or came an instant late): the snapshot cannot count that claim's
-        # leases, so it claimed nothing. Again, the lock held: the new snapshot sees them.
-        row = _claim_row(statement, params)
-    if row is None or (row.open and not row.current):
-        return None
+        # leases, so it claimed nothing (its answers are recorded all the same). Again,
+        # with no answer, the lock held: the new snapshot sees them.
+        row = _claim_row(_statement(skip_if_busy), {**params, **NO_ANSWER}) or row
+    if row.open and not row.current:
+        if not recorded and counted is None:
+            return None
+        # a third claimer came between: it holds the destination now
+        return _Leased(row, False, busy=True, recorded=recorded, counted_failures=counted)
     claimed, spent = _messages(json.loads(row.claimed) if row.claimed else [])
     tokens = row.tokens_left if row.tokens_left is not None else 0.0
-    return _Leased(row, row.open, row.slots, tokens, claimed, spent)
+    return _Leased(row, row.open, row.slots, tokens, claimed, spent, recorded, counted)
+
+
+def _statement(skip_if_busy: bool) -> str:
+    return queries.CLAIM[skip_if_busy].format(eligible=queries.ELIGIBLE["postgresql"])
 
 
 def _claim_row(statement: str, params: dict[str, Any]) -> Any:

@@ -67,10 +67,17 @@ class _LaneThreads:
 
 class RelayLanes:
     """The destinations one process is relaying, a thread each. ``start`` runs a lane on
-    a thread (the evaluation harness gives its own, in simulated time)."""
+    a thread and ``run`` is what a lane runs (the evaluation harness gives its own: a
+    thread in simulated time, and the run with its simulated network and clock)."""
 
-    def __init__(self, start: Start | None = None, limit: int = MAX_LANES) -> None:
+    def __init__(
+        self,
+        start: Start | None = None,
+        limit: int = MAX_LANES,
+        run: Callable[[int], object] = relay_run,
+    ) -> None:
         self._start = start or _LaneThreads()
+        self.run = run  # what a lane runs: a relay run of one destination
         self._limit = limit
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -104,7 +111,7 @@ class RelayLanes:
             return self._idle.wait_for(lambda: not self._running, timeout)
 
     def _lane(self, destination_id: int) -> None:
-        run = healing(relay_run)  # a database error: one line, and the sweep tries again
+        run = healing(self.run)  # a database error: one line, and the sweep tries again
         while True:
             # as a Celery task's start and end do: a connection that broke, or outlived
             # CONN_MAX_AGE, is closed, and the run opens a fresh one

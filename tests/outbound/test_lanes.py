@@ -120,3 +120,28 @@ def test_past_its_most_a_process_leaves_a_destination_to_the_sweep_with_one_line
     assert len(lines) == 1 and "waits for the next sweep" in lines[0]
     go.set()
     assert lanes.finish(timeout=10)
+
+
+def test_a_lane_that_could_not_start_leaves_its_destination_free_for_the_next_task():
+    # given: a start that fails once, as a soft time limit firing in the task would
+    class TimeLimit(BaseException):
+        pass
+
+    started: list[str] = []
+
+    def start(target, name):
+        if not started:
+            started.append("refused")
+            raise TimeLimit
+        started.append(name)
+
+    lanes = RelayLanes(start=start, run=lambda destination_id: 0)
+
+    # when
+    with pytest.raises(TimeLimit):
+        lanes.relay(7)
+
+    # then: not left marked as running: the next task starts its lane
+    assert lanes.running() == []
+    assert lanes.relay(7) is True
+    assert started == ["refused", "relay-lane-7"]

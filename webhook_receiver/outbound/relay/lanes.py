@@ -97,7 +97,15 @@ class RelayLanes:
                 return False
             self._full_since = None
             self._running[destination_id] = False
-        self._start(lambda: self._lane(destination_id), f"relay-lane-{destination_id}")
+        try:
+            self._start(lambda: self._lane(destination_id), f"relay-lane-{destination_id}")
+        except BaseException:
+            # no lane started (a soft time limit that fired in the task, no thread to
+            # be had): the destination is not left marked as running in this process
+            with self._lock:
+                self._running.pop(destination_id, None)
+                self._idle.notify_all()
+            raise
         return True
 
     def running(self) -> list[int]:

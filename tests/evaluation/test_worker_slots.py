@@ -12,7 +12,6 @@ from webhook_receiver.evaluation.measures import percentile
 from webhook_receiver.evaluation.observed import Observations
 from webhook_receiver.evaluation.simulation import Simulation
 from webhook_receiver.outbound.relay.lanes import RelayLanes
-from webhook_receiver.outbound.relay.run import relay_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import relay_claim
+from webhook_receiver.outbound.relay.claim import lease_margin, relay_claim
 from webhook_receiver.outbound.relay.record import relay_record
 from webhook_receiver.outbound.relay.run import relay_destination
 from webhook_receiver.outbound.relay.transport import relay_send
@@ -265,3 +265,32 @@ def test_a_destination_that_does_not_exist_is_not_found(caller):
             relay_claim(destination=987654)
         else:
             relay_destination(destination_id=987654)
+
+
+@pytest.mark.parametrize(
+    ("lock_ms", "statement_ms", "margin"),
+    [(2000, 5000, 24), (300, 800, 6.3), (0, 5000, 30), (2000, 0, 30)],
+    ids=["default bounds", "short bounds", "no lock bound", "no statement bound"],
+)
+def test_a_lease_outlives_its_request_by_three_bounded_statements_and_a_slack(
+    settings, receiver, lock_ms, statement_ms, margin
+):
+    # given: the statements' bounds (0: none, and then the margin of old)
+    settings.WEBHOOK_RECEIVER = {
+        **settings.WEBHOOK_RECEIVER,
+        "LOCK_TIMEOUT_MS": lock_ms,
+        "STATEMENT_TIMEOUT_MS": statement_ms,
+    }
+    dest = destination(receiver.url, timeout_seconds=4)
+    admit(dest, ["k1"])
+    now = timezone.now()
+
+    # when
+    round_ = relay_claim(destination=dest, now=now)
+
+    # then: the claim's, the one the run is in when the answer comes, and the answer's
+    # record may each wait their bounds; then 3 s
+    assert lease_margin() == timedelta(seconds=margin)
+    leased = OutboxMessage.objects.get(key="k1")
+    assert [m.key for m in round_.claimed] == ["k1"]
+    assert leased.lease_until == now + timedelta(seconds=4 + margin)

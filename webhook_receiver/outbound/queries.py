@@ -94,16 +94,19 @@ ANSWERS_SQLITE = f"WITH answer ({_ANSWER}) AS (VALUES {{rows}})"
 
 # Each answer's verdict, only on messages this claim still holds (sending, at this
 # attempt): a worker whose lease ran out (frozen, or held by a slow answer) must not
-# undo the claim that took over. The ones it changed come back, with their new status.
-RECORD_MESSAGES = f"""
+# undo the claim that took over. The ones it changed come back, with their new status
+# (SQLite's RETURNING names the table's columns unqualified, and its ids alone are read).
+_RECORD_MESSAGES = f"""
     UPDATE webhook_receiver_outboxmessage AS m
     SET status = a.status, failures = a.failures, next_attempt_at = a.next_attempt_at,
         lease_until = NULL, delivered_at = a.delivered_at, last_status_code = a.status_code,
         last_error = a.last_error
     FROM answer a
     WHERE m.id = a.message_id AND m.status = '{SENDING}' AND m.attempts = a.attempt
-    RETURNING m.id, m.status
+    RETURNING {{returning}}
 """
+RECORD_MESSAGES = _RECORD_MESSAGES.format(returning="m.id, m.status")
+RECORD_MESSAGES_SQLITE = _RECORD_MESSAGES.format(returning="id")
 
 # One attempt row per answer, recorded or not (an answer that came after its lease ran
 # out was still an attempt).

@@ -27,14 +27,19 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from ...conf import app_settings
 from ...core import faults
 from .. import metrics, queries
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
 from .messages import Claimed, RelayRound
 from .policy import answer_log, ops_notice_terminal
 
-# a lease outlives the request's own timeout by this much
+# a lease outlives the request's own timeout by lease_margin(); this much when the
+# statements are not bounded (LOCK_TIMEOUT_MS or STATEMENT_TIMEOUT_MS of 0)
 LEASE_MARGIN = timedelta(seconds=30)
+# the run's own work between an answer and its record's statement (a GC pause, a thread
+# waiting for the interpreter), beyond the statements' bounds
+RECORD_SLACK = timedelta(seconds=3)
 # messages claimed (and sent concurrently) a round at most
 CLAIM_BATCH = 10
 # a refill's float arithmetic drifts by a few ulps: a bucket this close to a whole
@@ -132,7 +137,7 @@ NO_ANSWER: dict[str, Any] = {
 def _claim_postgresql(params: dict[str, Any], *, skip_if_busy: bool) -> _Leased | None:
     """The claim's one statement; None when another worker holds the destination (and
     this one recorded no answer)."""
-    params = {**params, "lease_margin": LEASE_MARGIN, "token_epsilon": TOKEN_EPSILON}
+    params = {**params, "lease_margin": lease_margin(), "token_epsilon": TOKEN_EPSILON}
     row = _claim_row(_statement(skip_if_busy), params)
     if row is None:
         return None
@@ -151,6 +156,23 @@ def _claim_postgresql(params: dict[str, Any], *, skip_if_busy: bool) -> _Leased 
     claimed, spent = _messages(json.loads(row.claimed) if row.claimed else [])
     tokens = row.tokens_left if row.tokens_left is not None else 0.0
     return _Leased(row, row.open, row.slots, tokens, claimed, spent, recorded, counted)
+
+
+def lease_margin() -> timedelta:
+    """How long a lease outlives its request's deadline: as long as the request's record
+    may take to commit, so that no other worker claims a message whose answer is on its
+    way to the table. From the claim's ``now`` to the record's commit, three statements
+    may each wait their bounds (LOCK_TIMEOUT_MS + STATEMENT_TIMEOUT_MS): the claim's own
+    (the requests start after it commits), one the run is in when the answer comes, and
+    the answer's record; then RECORD_SLACK. With the default bounds (2 s and 5 s), 24 s.
+    A record later than that has failed at its bounds and the message goes again, under
+    its key; a worker stopped longer (SIGSTOP) finds its record fenced off by the claim
+    that took over."""
+    settings = app_settings()
+    bound_ms = settings.lock_timeout_ms + settings.statement_timeout_ms
+    if not settings.lock_timeout_ms or not settings.statement_timeout_ms:
+        return LEASE_MARGIN
+    return timedelta(milliseconds=3 * bound_ms) + RECORD_SLACK
 
 
 def _statement(skip_if_busy: bool) -> str:
@@ -209,7 +231,7 @@ def _claim_sqlite(params: dict[str, Any], now: datetime) -> _Leased:
     claimed: list[Claimed] = []
     spent: list[Claimed] = []
     if allowed > 0:
-        lease_until = now + timedelta(seconds=dest.timeout_seconds) + LEASE_MARGIN
+        lease_until = now + timedelta(seconds=dest.timeout_seconds) + lease_margin()
         statement = queries.LEASE_ALLOWED.format(
             eligible=queries.ELIGIBLE.get(connection.vendor, queries.ELIGIBLE_IDS)
         )

@@ -187,7 +187,7 @@ def _record_sqlite(dest: WebhookDestination, answers: _Answers) -> tuple[set[int
     }
     answered = queries.ANSWERS_SQLITE.format(rows=rows)
     with connection.cursor() as cursor:
-        cursor.execute(f"{answered} {queries.RECORD_MESSAGES}", values)
+        cursor.execute(f"{answered} {queries.RECORD_MESSAGES_SQLITE}", values)
         recorded = {row[0] for row in cursor.fetchall()}
         cursor.execute(f"{answered} {queries.RECORD_ATTEMPTS}", values)
         cursor.execute(queries.BREAKER_COUNT, _breaker_params(dest, answers))

@@ -172,7 +172,7 @@ def deliver(
 def _request(client: httpx.Client, dest: WebhookDestination, message: Claimed) -> Sent:
     """One request, over by the destination's timeout from connect to the last byte of
     the excerpt, whatever the destination does (a status line, headers or a body that
-    trickle): its lease, timeout + LEASE_MARGIN, always outlives it. What is kept of the
+    trickle): its lease, timeout + lease_margin(), always outlives it. What is kept of the
     answer is made storable here."""
     started_at = timezone.now()
     began = time.monotonic()

@@ -28,7 +28,7 @@ from .merchant import Merchant
 from .sender import Sender, plan
 
 EVENT_TYPES = "order.paid,order.cancelled,order.fulfilled"
-LEASE_MARGIN_SECONDS = 30  # at least the relay's lease margin (claim.lease_margin(): 24 s by default)
+LEASE_MARGIN_SECONDS = 30  # at least the relay's lease margin (24 s by default)
 
 
 @dataclass

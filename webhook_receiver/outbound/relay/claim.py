@@ -96,7 +96,9 @@ def relay_claim(
     with faults.bounded_transaction():
         if connection.vendor == "postgresql":
             leased = _claim_postgresql(
-                {**NO_ANSWER, **params, **(recording or {})},
+                # the claim's now for the whole statement (the answers' verdicts were
+                # made a moment before it)
+                {**NO_ANSWER, **(recording or {}), **params},
                 skip_if_busy=skip_if_busy and not recording,
             )
         else:
@@ -146,8 +148,12 @@ def _claim_postgresql(params: dict[str, Any], *, skip_if_busy: bool) -> _Leased 
         # Another claim committed after this statement's snapshot was taken (it waited
         # for the lock, or came an instant late): the snapshot cannot count that claim's
         # leases, so it claimed nothing (its answers are recorded all the same). Again,
-        # with no answer, the lock held: the new snapshot sees them.
-        row = _claim_row(_statement(skip_if_busy), {**params, **NO_ANSWER}) or row
+        # with no answer, the lock held: the new snapshot sees them. And at the time it
+        # runs: a claim's tokens are spent at its `now`, and its requests start after it
+        # commits; a `now` from before the wait would have them start later than the
+        # bucket counts, beside the next claim's (two workers' starts over the bucket).
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        row = _claim_row(_statement(skip_if_busy), {**params, **NO_ANSWER, "now": now}) or row
     if row.open and not row.current:
         if not recorded and counted is None:
             return None

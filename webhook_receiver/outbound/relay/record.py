@@ -87,13 +87,18 @@ def relay_record_and_claim(
         return relay_claim(destination=dest, now=now, limit=limit)
     answers = _answers(dest, results, now)
     with faults.bounded_transaction():
-        if connection.vendor != "postgresql":
-            recorded, consecutive_failures = _record_sqlite(dest, answers)
+        if connection.vendor != "postgresql" or True:
+            recorded, consecutive_failures = (
+                _record_postgresql(dest, answers)
+                if connection.vendor == "postgresql"
+                else _record_sqlite(dest, answers)
+            )
             _recorded(dest, answers, recorded, consecutive_failures)
-            return relay_claim(destination=dest, now=now, limit=limit)
+            return relay_claim(destination=dest, limit=limit)
         params = _breaker_params(dest, answers)
         params.update(_columns(answers))
-        round_ = relay_claim(destination=dest, now=now, limit=limit, recording=params)
+        # the claim's own now, taken as its statement goes: its tokens are spent then
+        round_ = relay_claim(destination=dest, limit=limit, recording=params)
         _recorded(dest, answers, set(round_.recorded), round_.counted_failures)
     return round_
 

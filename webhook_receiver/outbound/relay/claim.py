@@ -84,7 +84,7 @@ def relay_claim(
     # last round
     with faults.bounded_transaction():
         if connection.vendor == "postgresql":
-            leased = _claim_postgresql(params, skip_if_busy=skip_if_busy)
+            leased = _claim_postgresql(params, now, skip_if_busy=skip_if_busy)
         else:
             leased = _claim_sqlite(params, now)
         if leased is None:
@@ -105,7 +105,9 @@ def relay_claim(
     return RelayRound(claimed=claimed, wait=wait, destination=dest)
 
 
-def _claim_postgresql(params: dict[str, Any], *, skip_if_busy: bool) -> _Leased | None:
+def _claim_postgresql(
+    params: dict[str, Any], now: datetime, *, skip_if_busy: bool
+) -> _Leased | None:
     """The claim's one statement; None when another worker holds the destination."""
     statement = queries.CLAIM[skip_if_busy].format(eligible=queries.ELIGIBLE["postgresql"])
     params = {**params, "lease_margin": LEASE_MARGIN, "token_epsilon": TOKEN_EPSILON}
@@ -117,7 +119,7 @@ def _claim_postgresql(params: dict[str, Any], *, skip_if_busy: bool) -> _Leased 
         row = _claim_row(statement, params)
     if row is None or (row.open and not row.current):
         return None
-    claimed, spent = _messages(json.loads(row.claimed) if row.claimed else [])
+    claimed, spent = _messages(json.loads(row.claimed) if row.claimed else [], now)
     tokens = row.tokens_left if row.tokens_left is not None else 0.0
     return _Leased(row, row.open, row.slots, tokens, claimed, spent)
 
@@ -134,7 +136,9 @@ def _claim_row(statement: str, params: dict[str, Any]) -> Any:
     return row
 
 
-def _messages(rows: list[dict[str, Any]]) -> tuple[list[Claimed], list[Claimed]]:
+def _messages(
+    rows: list[dict[str, Any]], claimed_at: datetime
+) -> tuple[list[Claimed], list[Claimed]]:
     """The claimed rows, oldest first (as the statement aggregated them): the messages
     to send, and those the claim failed instead."""
     claimed: list[Claimed] = []
@@ -149,6 +153,7 @@ def _messages(rows: list[dict[str, Any]]) -> tuple[list[Claimed], list[Claimed]]
             failures=m["failures"],
             created_at=datetime.fromisoformat(m["created_at"]),
             traceparent=m["traceparent"] or "",
+            claimed_at=claimed_at,
         )
         (spent if m["status"] == MessageStatus.FAILED else claimed).append(message)
     return claimed, spent
@@ -198,6 +203,7 @@ def _claim_sqlite(params: dict[str, Any], now: datetime) -> _Leased:
                 failures=m.failures,
                 created_at=m.created_at,
                 traceparent=m.traceparent or "",
+                claimed_at=now,
             )
             (spent if m.status == MessageStatus.FAILED else claimed).append(message)
     tokens -= len(claimed)

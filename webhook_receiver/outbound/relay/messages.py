@@ -20,6 +20,9 @@ class Claimed:
     failures: int
     created_at: datetime
     traceparent: str = ""  # the admitting span's, with OpenTelemetry
+    # when the claim spent its token (its `now`): the attempt's start as recorded, so
+    # that the attempts' starts are the token bucket's own times (None: when sent)
+    claimed_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -148,8 +148,9 @@ def _request(dest: WebhookDestination, message: Claimed) -> Sent:
     the excerpt, whatever the destination does (a status line, headers or a body that
     trickle): its lease, timeout + LEASE_MARGIN, always outlives it. What is kept of the
     answer is made storable here."""
-    # the start is the claim's (its token spent): before a first request builds the client
-    started_at = timezone.now()
+    # the start is the claim's (its token spent), whatever the thread, the client's
+    # construction or the machine's load made of the moments between
+    started_at = message.claimed_at or timezone.now()
     began = time.monotonic()
     body, headers = signed_request(dest, message, int(time.time()))
     tracing.inject(headers)  # the delivery's span goes on at the merchant's end

@@ -37,7 +37,7 @@ def test_two_nodes_and_two_workers_through_one_pooler_apply_and_relay_each_event
         rate=40,
         burst=10,
         concurrency=3,
-        timeout=1.0,  # a round lost in the restart is sent again after 1 + 30 s
+        timeout=1.0,  # a round lost in the restart is sent again after 1 + 24 s
         merchant_delay=0.02,
         layout=Layout(nodes=2, web_workers=2, workers=2, worker_concurrency=2, pool_size=6),
     )

@@ -243,18 +243,16 @@ def test_a_lost_message_voids_the_run(monkeypatch):
     """The ledger: a message that disappears (deleted behind the relay's back) makes the
     run void, whatever the other invariants say."""
     from webhook_receiver.models import OutboxMessage
-    from webhook_receiver.outbound.relay import record
-
-    recorded = record.relay_record
-
-    def and_lose_one(dest, results, **kwargs):
-        recorded(dest, results, **kwargs)
-        OutboxMessage.objects.filter(key="order:ord_00003:paid:v1").delete()
-
-    monkeypatch.setattr(record, "relay_record", and_lose_one)
     from webhook_receiver.outbound.relay import run as relay_run
 
-    monkeypatch.setattr(relay_run, "relay_record", and_lose_one)
+    recorded = relay_run.relay_record_and_claim
+
+    def and_lose_one(dest, results, **kwargs):
+        round_ = recorded(dest, results, **kwargs)
+        OutboxMessage.objects.filter(key="order:ord_00003:paid:v1").delete()
+        return round_
+
+    monkeypatch.setattr(relay_run, "relay_record_and_claim", and_lose_one)
 
     result = run(BACKLOG)
 

@@ -12,7 +12,6 @@ from webhook_receiver.evaluation.measures import percentile
 from webhook_receiver.evaluation.observed import Observations
 from webhook_receiver.evaluation.simulation import Simulation
 from webhook_receiver.outbound.relay.lanes import RelayLanes
-from webhook_receiver.outbound.relay.run import relay_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,7 +48,7 @@ def test_a_relay_run_in_the_worker_process_delays_the_healthy_one(monkeypatch):
     for its rounds, a timeout each, and the healthy merchant's p99 goes from 0.05 s to
     tens of seconds, as it did on real processes (40 s)."""
     monkeypatch.setattr(
-        RelayLanes, "relay", lambda lanes, destination_id: relay_run(destination_id)
+        RelayLanes, "relay", lambda lanes, destination_id: lanes.run(destination_id)
     )
     noisy = scenario.load("noisy-neighbours")
 

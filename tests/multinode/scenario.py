@@ -28,7 +28,7 @@ from .merchant import Merchant
 from .sender import Sender, plan
 
 EVENT_TYPES = "order.paid,order.cancelled,order.fulfilled"
-LEASE_MARGIN_SECONDS = 30  # the relay's lease: the destination's timeout + this
+LEASE_MARGIN_SECONDS = 30  # at least the relay's lease margin (24 s by default)
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Options:
     rate: int = 40  # the destination's limits: starts a second, burst, in flight
     burst: int = 10
     concurrency: int = 4
-    timeout: float = 2.0  # the destination's timeout (its lease is this + 30 s)
+    timeout: float = 2.0  # the destination's timeout (its lease is this + 24 s)
     merchant_delay: float = 0.05  # how long the merchant holds each request
     layout: Layout = field(default_factory=Layout)
     keep_logs: Path | None = None

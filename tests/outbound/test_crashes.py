@@ -157,7 +157,7 @@ def test_a_relay_killed_after_the_receiver_committed_sends_again_and_it_applies_
         assert not DeliveryAttempt.objects.exists()
         assert WebhookReceipt.objects.filter(source="shop", event_key=KEY).count() == 1
 
-        # when: the lease runs out (it would after timeout + 30 s: moved to the past here
+        # when: the lease runs out (it would after timeout + 24 s: moved to the past here
         # rather than waited for), and a new worker's sweep finds the message again
         OutboxMessage.objects.filter(pk=message.pk).update(
             lease_until=timezone.now() - timedelta(seconds=1)
@@ -255,7 +255,7 @@ def test_a_late_result_from_a_worker_whose_lease_ran_out_does_not_undo_the_claim
             enqueue_webhook(dest, "inventory.reserved", KEY, RESERVED)
         wait_for(lambda: stopped(running[0]), 30, f"the first delivery ({running[0].tail()})")
 
-        # when: its lease runs out (frozen for longer than timeout + 30 s: moved to the
+        # when: its lease runs out (frozen for longer than timeout + 24 s: moved to the
         # past here), a second worker claims the message and sends it again, and the
         # first thaws and records its 502 while the second's request is in flight
         OutboxMessage.objects.update(lease_until=timezone.now() - timedelta(seconds=1))
@@ -295,7 +295,7 @@ def test_an_answer_that_trickles_is_cut_off_at_the_destination_timeout():
         took = time.monotonic() - began
 
     # then: the attempt ended within its timeout (one read's worth of slack), so a lease
-    # of timeout + 30 s always outlives it; and it was recorded, whatever its verdict
+    # of timeout + 24 s always outlives it; and it was recorded, whatever its verdict
     assert took < dest.timeout_seconds + 1.0
     attempt = DeliveryAttempt.objects.get()
     assert attempt.duration_ms < (dest.timeout_seconds + 1.0) * 1000

@@ -1,7 +1,7 @@
 """A worker frozen mid-round, past its lease, leaves nothing half-done, on real processes:
 a Celery worker of two prefork processes sends message A of an ordering key, and the
 whole worker (main process and pool children) is stopped (SIGSTOP) while A's request is
-in flight, for longer than A's lease (timeout + LEASE_MARGIN) and than the relay task's
+in flight, for longer than A's lease (timeout + lease_margin()) and than the relay task's
 soft time limit, then continued.
 
 When it resumes, its lane records the round it had in flight as one statement (an
@@ -29,7 +29,7 @@ from tests.support.outbox import destination
 from tests.support.worker import start_worker, wait_for
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage
 from webhook_receiver.outbound.admission import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import LEASE_MARGIN
+from webhook_receiver.outbound.relay.claim import lease_margin
 from webhook_receiver.tasks import relay_destination
 
 pytestmark = [
@@ -39,7 +39,7 @@ pytestmark = [
 
 TIMEOUT = 3.0  # the destination's timeout_seconds
 HOLD = 2.0  # the merchant holds A's first request this long, then answers 200
-LEASE = TIMEOUT + LEASE_MARGIN.total_seconds()  # a claim's lease: 33 s
+LEASE = TIMEOUT + lease_margin().total_seconds()  # a claim's lease: 27 s
 # the worker stays stopped past the lease, and past the relay task's soft time limit
 # (60 s; stopped time counts towards it): a 60 s stop once had it fire inside a round's
 # record. 65 s

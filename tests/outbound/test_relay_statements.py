@@ -1,7 +1,9 @@
-"""What a relay round costs the database: on PostgreSQL one statement claims a round and
-one records it, and a run reads nothing else (docs/outbox.md, "A round in two
-statements"); on SQLite, whose writers one IMMEDIATE transaction serialises, three
-each. And the one claim stays exact under concurrency: a claim that waited for the
+"""What a relay round costs the database: on PostgreSQL one statement records the answers
+that came and claims what replaces them, and a run reads nothing else (docs/outbox.md,
+"A round in one statement"); on SQLite, whose writers one IMMEDIATE transaction
+serialises, three to record and three to claim. The one statement sees what it records:
+a message it delivers frees its slot and its ordering key, a breaker it opens claims
+nothing. And the claim stays exact under concurrency: a claim that waited for the
 destination's lock counts the leases of the claim it waited for."""
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from django.utils import timezone
 
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import relay_claim
+from webhook_receiver.outbound.relay.claim import lease_margin, relay_claim
 from webhook_receiver.outbound.relay.record import relay_record
 from webhook_receiver.outbound.relay.run import relay_destination
 from webhook_receiver.outbound.relay.transport import relay_send
@@ -90,9 +92,9 @@ def test_a_round_is_claimed_in_one_statement_and_recorded_in_one(receiver):
     assert round_.destination is not None and round_.destination.secrets == [SECRET]
 
 
-@pytest.mark.postgres_only("one statement a claim and a record")
+@pytest.mark.postgres_only("one statement a round")
 @pytest.mark.django_db(transaction=True)
-def test_a_run_of_one_message_is_its_claim_its_record_and_the_claim_that_finds_nothing(
+def test_a_run_of_one_message_is_its_claim_and_its_record_with_the_claim_that_finds_nothing(
     receiver,
 ):
     dest = destination(receiver.url)
@@ -102,22 +104,76 @@ def test_a_run_of_one_message_is_its_claim_its_record_and_the_claim_that_finds_n
         relay_destination(destination_id=dest.pk)
 
     # no read of the destination besides the claim's, no savepoint
-    assert [s.split()[0] for s in sent] == ["WITH", "WITH", "WITH"], sent
+    assert [s.split()[0] for s in sent] == ["WITH", "WITH"], sent
     assert OutboxMessage.objects.get().status == "delivered"
 
 
-@pytest.mark.postgres_only("one statement a claim and a record")
+@pytest.mark.postgres_only("one statement a round")
 @pytest.mark.django_db(transaction=True)
-def test_a_backlog_costs_two_statements_a_round_of_ten(receiver):
+def test_a_backlog_one_request_at_a_time_costs_a_statement_a_delivery_and_one_more(receiver):
+    # given: one request in flight at most: each answer's statement claims the next
+    dest = destination(receiver.url, rate_count=100, burst=100, max_in_flight=1)
+    admit(dest, [f"k{n}" for n in range(5)], committed=True)
+
+    with statements() as sent:
+        delivered, _ = relay_destination(destination_id=dest.pk)
+
+    # the first claim, then one statement an answer (the last claims nothing)
+    assert delivered == 5
+    assert len(sent) == 6
+    assert receiver.keys() == [f"k{n}" for n in range(5)]
+
+
+@pytest.mark.postgres_only("one statement a round")
+@pytest.mark.django_db(transaction=True)
+def test_a_backlog_costs_at_most_a_statement_a_delivery(receiver):
     dest = destination(receiver.url, rate_count=100, burst=100, max_in_flight=10)
     admit(dest, [f"k{n:02}" for n in range(30)], committed=True)
 
     with statements() as sent:
         delivered, _ = relay_destination(destination_id=dest.pk)
 
-    # three rounds of ten: a claim each, a record each, and the claim that finds nothing
+    # each statement records at least one answer: answers come back together, so fewer
     assert delivered == 30
-    assert len(sent) == 7
+    assert len(sent) <= 31
+    assert OutboxMessage.objects.filter(status="delivered").count() == 30
+
+
+@pytest.mark.postgres_only("one statement a round")
+@pytest.mark.django_db(transaction=True)
+def test_the_statement_that_delivers_a_message_claims_the_next_of_its_ordering_key(receiver):
+    # given: two moves of one order; the second waits for the first
+    dest = destination(receiver.url, max_in_flight=5)
+    with transaction.atomic():
+        for key in ("order:o1:paid:v1", "order:o1:fulfilled:v2"):
+            enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"}, ordering_key="o1")
+
+    with statements() as sent:
+        delivered, _ = relay_destination(destination_id=dest.pk)
+
+    # the first claim, the first's record with the second's claim, the second's record
+    assert delivered == 2 and len(sent) == 3
+    assert receiver.keys() == ["order:o1:paid:v1", "order:o1:fulfilled:v2"]
+
+
+@pytest.mark.postgres_only("one statement a round")
+@pytest.mark.django_db(transaction=True)
+def test_the_statement_that_opens_the_breaker_claims_nothing(receiver):
+    # given: a threshold of one failure, and two messages, one request at a time
+    dest = destination(receiver.url, max_in_flight=1, breaker_threshold=1)
+    admit(dest, ["k1", "k2"], committed=True)
+    receiver.answer(500, key="k1")
+
+    with statements() as sent:
+        delivered, _ = relay_destination(destination_id=dest.pk)
+
+    # the first answer pauses the destination: the statement that records it claims
+    # nothing, and k2 is never sent
+    assert delivered == 1 and len(sent) == 2
+    assert receiver.keys() == ["k1"]
+    dest.refresh_from_db()
+    assert dest.paused_until is not None and dest.consecutive_failures == 1
+    assert OutboxMessage.objects.get(key="k2").status == "pending"
 
 
 @pytest.mark.parametrize("held", ["disabled", "paused"])
@@ -209,3 +265,32 @@ def test_a_destination_that_does_not_exist_is_not_found(caller):
             relay_claim(destination=987654)
         else:
             relay_destination(destination_id=987654)
+
+
+@pytest.mark.parametrize(
+    ("lock_ms", "statement_ms", "margin"),
+    [(2000, 5000, 24), (300, 800, 6.3), (0, 5000, 30), (2000, 0, 30)],
+    ids=["default bounds", "short bounds", "no lock bound", "no statement bound"],
+)
+def test_a_lease_outlives_its_request_by_three_bounded_statements_and_a_slack(
+    settings, receiver, lock_ms, statement_ms, margin
+):
+    # given: the statements' bounds (0: none, and then the margin of old)
+    settings.WEBHOOK_RECEIVER = {
+        **settings.WEBHOOK_RECEIVER,
+        "LOCK_TIMEOUT_MS": lock_ms,
+        "STATEMENT_TIMEOUT_MS": statement_ms,
+    }
+    dest = destination(receiver.url, timeout_seconds=4)
+    admit(dest, ["k1"])
+    now = timezone.now()
+
+    # when
+    round_ = relay_claim(destination=dest, now=now)
+
+    # then: the claim's, the one the run is in when the answer comes, and the answer's
+    # record may each wait their bounds; then 3 s
+    assert lease_margin() == timedelta(seconds=margin)
+    leased = OutboxMessage.objects.get(key="k1")
+    assert [m.key for m in round_.claimed] == ["k1"]
+    assert leased.lease_until == now + timedelta(seconds=4 + margin)

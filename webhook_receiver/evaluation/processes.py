@@ -50,6 +50,7 @@ class Processes:
         *,
         workers: int,
         run_task: Callable[[str, Any], None],
+        run_lane: Callable[[int], object],
         wake_at: Callable[[float, SimThread], None],
         now: Callable[[], float],
         count_statement: Callable[..., Any],
@@ -57,6 +58,7 @@ class Processes:
     ) -> None:
         self._count = workers
         self._run_task = run_task
+        self._run_lane = run_lane
         self._wake_at = wake_at
         self._now = now
         self._count_statement = count_statement
@@ -74,7 +76,7 @@ class Processes:
     def start(self) -> None:
         for number in range(self._count):
             worker = SimThread(f"eval-worker-{number}")
-            worker.lanes = RelayLanes(start=self._start_lane)
+            worker.lanes = RelayLanes(start=self._start_lane, run=self._run_lane)
             worker.thread = threading.Thread(
                 target=self._work, args=(worker,), name=worker.name, daemon=True
             )

@@ -2,11 +2,11 @@
 
 Two things are simulated. The clock: ``time-machine`` freezes the wall clock
 (``time.time``, ``datetime.now``) at a simulated instant, the relay's run budget reads
-the same simulated seconds, and the run moves the clock from one scheduled happening to
-the next, so an hour of traffic runs in seconds and a run is the same on every machine.
-The network: the relay's HTTP client is given an ``httpx.MockTransport``
-(``relay.transport.simulated_network``) whose merchants (world.py) answer as the
-scenario says. Everything above the socket is the production
+the same simulated seconds (``relay_run``'s ``clock``), and the run moves the clock from
+one scheduled happening to the next, so an hour of traffic runs in seconds and a run is
+the same on every machine. The network: a relay run's requests go through its
+``window`` (``world.SimulatedWindow``), an ``httpx.MockTransport`` whose merchants
+(world.py) answer as the scenario says. Everything above the socket is the production
 code: ``enqueue_webhook`` in a transaction, the relay's claim, limiter, signing,
 recording and breaker (``relay_run``, as the ``relay_destination`` task runs it), the
 beat sweep, ``webhook_receive`` and its claim, the failed-event retry sweep and the
@@ -19,7 +19,8 @@ processes are the scenario's ``workers``: threads, each with a connection of its
 that take due tasks first come, first served, one at a time, as prefork processes do; a
 relay task hands its destination to a lane of that process (relay/lanes.py), a thread of
 the simulation's too. An answer takes the simulated time its merchant says (a delay; a
-timeout lasts the destination's timeout), and the lane that sent it is held that long.
+timeout lasts the destination's timeout): the lane that waits for it is held that long,
+and records the answers that have come while the others are on their way.
 Only one thread runs at a time (the others wait for the clock), so a run stays
 deterministic.
 """
@@ -34,7 +35,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 from unittest import mock
@@ -53,10 +53,8 @@ from ..inbound.receive import webhook_receive
 from ..outbound import trigger
 from ..outbound.admission import enqueue_webhook
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from ..outbound.relay import claim as relay_claim_module
-from ..outbound.relay import run as relay_run_module
-from ..outbound.relay.messages import Claimed, Sent
-from ..outbound.relay.transport import relay_send, simulated_network
+from ..outbound.relay.claim import relay_claim
+from ..outbound.relay.run import relay_run
 from ..watch.silence import silence_check
 from . import traffic, world
 from .backlog import Backlog
@@ -84,6 +82,7 @@ class Simulation:
         self.processes = Processes(
             workers=scenario.workers,
             run_task=self._run_task,
+            run_lane=self._relay_run,
             wake_at=lambda when, thread: self.at(when, "wake", thread),
             now=self.now,
             count_statement=self._count_statement,
@@ -163,23 +162,8 @@ class Simulation:
         elif kind == "silence":
             silence_check()
 
-    def _send_and_wait(self, dest: WebhookDestination, claimed: list[Claimed]) -> list[Sent]:
-        """``relay_send`` as the relay's run calls it, with the round's answers taking the
-        time their merchants took: the worker is held until the slowest came."""
-        self.network.round += 1
-        results = relay_send(dest, claimed)
-        merchant = self.network.merchants[self._names[dest.pk]]
-        took = [merchant.answer_seconds.pop(sent.message.key, 0.0) for sent in results]
-        results = [
-            replace(sent, duration_ms=round(seconds * 1000))
-            for sent, seconds in zip(results, took, strict=True)
-        ]
-        if max(took, default=0.0) > 0:
-            self.processes.hold(max(took))
-        return results
-
     def _patched(self) -> ExitStack:
-        """The broker's place taken by the schedule, and the network by the merchants."""
+        """The broker's place taken by the schedule."""
         stack = ExitStack()
         stack.enter_context(
             mock.patch.multiple(
@@ -188,14 +172,16 @@ class Simulation:
                 delay=lambda destination_id: self._queue_relay(destination_id, None),
             )
         )
-        stack.enter_context(simulated_network(self.network.transport))
-        # a run's rounds take the time their answers take, and its budget is in the same
-        # simulated seconds (time-machine leaves time.monotonic running)
-        stack.enter_context(mock.patch.object(relay_run_module, "relay_send", self._send_and_wait))
-        stack.enter_context(
-            mock.patch.object(relay_run_module, "time", _SimulatedMonotonic(self.now))
-        )
         return stack
+
+    def _window(self) -> world.SimulatedWindow:
+        return world.SimulatedWindow(self.network, self.now, self.processes.hold)
+
+    def _relay_run(self, destination_id: int) -> int:
+        """A lane's run: its requests go to the merchants and take the time they say, and
+        its budget is in the same simulated seconds (time-machine leaves time.monotonic
+        running)."""
+        return relay_run(destination_id, window=self._window(), clock=self.now)
 
     def _reset(self) -> None:
         call_command("flush", interactive=False, verbosity=0)
@@ -356,10 +342,9 @@ class Simulation:
         """The relay claims, maybe sends, and dies before it records anything: its
         messages stay leased until the lease runs out."""
         dest = self._destinations[crash.destination]
-        round_ = relay_claim_module.relay_claim(destination=dest)
+        round_ = relay_claim(destination=dest)
         if crash.after == "send":
-            self.network.round += 1
-            relay_send(dest, round_.claimed)
+            self._window().start(dest, round_.claimed)
         self.obs.crashes.append(
             {
                 "at": self.now(),
@@ -424,13 +409,6 @@ class Simulation:
             obs.inbound_failed = dict(
                 FailedEvent.objects.filter(source=SENDER).values_list("event_key", "status")
             )
-
-
-class _SimulatedMonotonic:
-    """Stands in for the ``time`` module where the relay's run reads its budget."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.monotonic = clock
 
 
 def _offset(moment: datetime, start: datetime) -> float:

@@ -17,7 +17,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -27,6 +27,9 @@ from django.db import connection
 
 from ..exceptions import RejectedRequest, TransientError
 from ..handlers import WebhookEvent
+from ..outbound.models import WebhookDestination
+from ..outbound.relay.messages import Claimed, Sent
+from ..outbound.relay.transport import deliver
 from ..schemes.standard import StandardWebhooks
 from .inputs import Destination, Fault
 
@@ -72,20 +75,14 @@ class Merchant:
         self.seen: Counter[str] = Counter()
         # per key, how long the last request's answer took (read once the round is sent)
         self.answer_seconds: dict[str, float] = {}
-        self.in_flight = 0
+        # requests on their way: when each is answered, and the round that sent it
+        self._open: list[tuple[float, int]] = []
         self.max_in_flight = 0
         self._lock = threading.Lock()
 
     def handle(self, request: httpx.Request, round_: int = 0) -> httpx.Response:
         with self._lock:
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            with self._lock:
-                return self._answer(request, round_)
-        finally:
-            with self._lock:
-                self.in_flight -= 1
+            return self._answer(request, round_)
 
     def _answer(self, request: httpx.Request, round_: int) -> httpx.Response:
         at = self.clock()
@@ -108,8 +105,12 @@ class Merchant:
         else:
             delay = fault.delay if fault is not None else None
             took = min(timeout, self.spec.delay_seconds if delay is None else delay)
-        # what the relay waits for its answer: the simulation holds its worker that long
+        # what the relay waits for its answer: the simulation holds its lane that long
         self.answer_seconds[webhook_id] = took
+        # in flight here: requests not yet answered, and those sent with this one
+        self._open = [(end, r) for end, r in self._open if end > at or (end == at and r == round_)]
+        self._open.append((round(at + took, 6), round_))
+        self.max_in_flight = max(self.max_in_flight, len(self._open))
         base = {
             "at": at,
             "seq": len(self.arrivals),
@@ -219,12 +220,57 @@ class Network:
     def url(name: str) -> str:
         return f"http://{name}.{MERCHANT_DOMAIN}/webhooks"
 
+    def merchant(self, url: str | httpx.URL) -> Merchant | None:
+        host = httpx.URL(url).host
+        return self.merchants.get(host.removesuffix(f".{MERCHANT_DOMAIN}"))
+
     def _route(self, request: httpx.Request) -> httpx.Response:
-        name = request.url.host.removesuffix(f".{MERCHANT_DOMAIN}")
-        merchant = self.merchants.get(name)
+        merchant = self.merchant(request.url)
         if merchant is None:
             raise httpx.ConnectError(f"no such host: {request.url.host}")
         return merchant.handle(request, self.round)
+
+
+class SimulatedWindow:
+    """A relay run's requests in flight (``relay.transport.Window``), sent through the
+    production ``deliver`` to the merchants: each answer comes when its merchant says
+    (a delay; a timeout lasts the destination's timeout), and ``collect`` holds the lane
+    in simulated time until the first of them. Requests started together are one round
+    (the merchants and the breaker's invariant count them so)."""
+
+    def __init__(
+        self, network: Network, clock: Callable[[], float], hold: Callable[[float], None]
+    ) -> None:
+        self._network = network
+        self._clock = clock
+        self._hold = hold
+        self._client = httpx.Client(transport=network.transport)
+        self._pending: list[tuple[float, Sent]] = []  # (when its answer comes, the answer)
+
+    def start(self, dest: WebhookDestination, claimed: list[Claimed]) -> None:
+        if not claimed:
+            return
+        self._network.round += 1
+        merchant = self._network.merchant(dest.url)
+        for message in claimed:
+            sent = deliver(self._client, dest, message)
+            took = merchant.answer_seconds.pop(message.key, 0.0) if merchant else 0.0
+            comes = round(self._clock() + took, 6)
+            self._pending.append((comes, replace(sent, duration_ms=round(took * 1000))))
+
+    def collect(self) -> list[Sent]:
+        if not self._pending:
+            return []
+        first = min(comes for comes, _ in self._pending)
+        if first > self._clock():
+            self._hold(first - self._clock())
+        now = self._clock()
+        answers = [sent for comes, sent in self._pending if comes <= now]
+        self._pending = [(comes, sent) for comes, sent in self._pending if comes > now]
+        return sorted(answers, key=lambda sent: sent.message.id)
+
+    def __len__(self) -> int:
+        return len(self._pending)
 
 
 # --- the receiver's side -------------------------------------------------------------------

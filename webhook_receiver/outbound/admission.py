@@ -131,13 +131,15 @@ def enqueue_webhook(
             bound=queries.SHORTEN_LOCK_BOUND,
             restore=queries.RESTORE_LOCK_BOUND,
         )
-        created = cursor.fetchone() is not None
+        inserted = cursor.fetchone()
+    created = inserted is not None
     # Remembered only once the admission has committed: a rollback leaves no trace.
     transaction.on_commit(lambda: _remember(window_key), robust=True)
     if not created:
         dedup_hit_count(destination.name)
-    if created:
+    elif not inserted[1]:
         # low latency without polling hard: a relay run as soon as the message exists
+        # (unless its breaker paused the destination: the sweep after the pause runs it)
         transaction.on_commit(lambda: relay_soon(destination.pk), robust=True)
     return Admission(destination=destination.name, key=key, created=created)
 

@@ -16,12 +16,15 @@ from .models import MessageStatus
 
 PENDING = MessageStatus.PENDING.value
 SENDING = MessageStatus.SENDING.value
+DELIVERED = MessageStatus.DELIVERED.value
 FAILED = MessageStatus.FAILED.value
 
 # --- admission ---------------------------------------------------------------------------
 
 # One message per (destination, key), forever: a conflict creates nothing (and leaves the
-# first message's metadata as it is: the metadata is not part of the identity).
+# first message's metadata as it is: the metadata is not part of the identity). It says
+# whether its breaker has paused the destination: then no run is triggered (it could
+# claim nothing), and the first sweep after the pause queues one.
 INSERT_MESSAGE = """
     INSERT INTO webhook_receiver_outboxmessage
         (destination_id, key, event_type, payload, metadata, ordering_key, status, attempts,
@@ -32,7 +35,10 @@ INSERT_MESSAGE = """
          %(ordering_key)s, %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s,
          %(origin_event_key)s, %(traceparent)s, %(created_at)s, '', '', '')
     ON CONFLICT (destination_id, key) DO NOTHING
-    RETURNING id
+    RETURNING id, (
+        SELECT d.paused_until IS NOT NULL AND d.paused_until > %(created_at)s
+        FROM webhook_receiver_webhookdestination d WHERE d.id = %(destination_id)s
+    ) AS paused
 """
 
 # The insert's own lock bound, sent with it (faults.execute_bounded): the transaction's
@@ -47,31 +53,151 @@ RESTORE_LOCK_BOUND = """
     SELECT set_config('lock_timeout', current_setting('webhook_receiver.lock_timeout'), true)
 """
 
+# --- the relay's record ----------------------------------------------------------------
+#
+# A round's answers, one row each (``answer``): the verdict on its message, the attempt
+# that fences it, and the attempt's row. On PostgreSQL they come as one array per column
+# (ANSWERS_POSTGRESQL unnests them); SQLite takes them as VALUES (ANSWERS_SQLITE).
+ANSWER_COLUMNS = (
+    "message_id",
+    "attempt",
+    "status",
+    "failures",
+    "next_attempt_at",
+    "delivered_at",
+    "status_code",
+    "last_error",
+    "started_at",
+    "duration_ms",
+    "error",
+    "excerpt",
+    "attempt_next_at",
+)
+_ANSWER = ", ".join(ANSWER_COLUMNS)
+
+ANSWERS_POSTGRESQL = f"""
+    answer AS (
+        SELECT * FROM unnest(
+            %(message_id)s::bigint[], %(attempt)s::integer[], %(status)s::text[],
+            %(failures)s::integer[], %(next_attempt_at)s::timestamptz[],
+            %(delivered_at)s::timestamptz[], %(status_code)s::integer[],
+            %(last_error)s::text[], %(started_at)s::timestamptz[],
+            %(duration_ms)s::integer[], %(error)s::text[], %(excerpt)s::text[],
+            %(attempt_next_at)s::timestamptz[]
+        ) AS a ({_ANSWER})
+    )
+"""
+
+# SQLite: the answers as a CTE of VALUES ({rows}: one parenthesised row each) before
+# RECORD_MESSAGES and RECORD_ATTEMPTS.
+ANSWERS_SQLITE = f"WITH answer ({_ANSWER}) AS (VALUES {{rows}})"
+
+# Each answer's verdict, only on messages this claim still holds (sending, at this
+# attempt): a worker whose lease ran out (frozen, or held by a slow answer) must not
+# undo the claim that took over. The ones it changed come back, with their new status
+# (SQLite's RETURNING names the table's columns unqualified, and its ids alone are read).
+_RECORD_MESSAGES = f"""
+    UPDATE webhook_receiver_outboxmessage AS m
+    SET status = a.status, failures = a.failures, next_attempt_at = a.next_attempt_at,
+        lease_until = NULL, delivered_at = a.delivered_at, last_status_code = a.status_code,
+        last_error = a.last_error
+    FROM answer a
+    WHERE m.id = a.message_id AND m.status = '{SENDING}' AND m.attempts = a.attempt
+    RETURNING {{returning}}
+"""
+RECORD_MESSAGES = _RECORD_MESSAGES.format(returning="m.id, m.status")
+RECORD_MESSAGES_SQLITE = _RECORD_MESSAGES.format(returning="id")
+
+# One attempt row per answer, recorded or not (an answer that came after its lease ran
+# out was still an attempt).
+RECORD_ATTEMPTS = """
+    INSERT INTO webhook_receiver_deliveryattempt (message_id, number, started_at,
+        duration_ms, status_code, error, response_excerpt, next_attempt_at)
+    SELECT message_id, attempt, started_at, duration_ms, status_code, error, excerpt,
+        attempt_next_at
+    FROM answer
+"""
+
+# The breaker (breaker.BreakerCount) after a round's answers, from the destination's
+# row as CLAIM read it under its lock: a success closes it; failures add to the consecutive
+# ones, and pause the destination once they reach the threshold. A round with no
+# answer leaves it as it is (``counted`` false).
+_BREAKER_AFTER = """
+    SELECT d.id,
+        %(round_successes)s + %(round_failures)s > 0 AS counted,
+        CASE WHEN %(round_successes)s > 0 THEN 0
+            ELSE d.consecutive_failures + %(round_failures)s END AS consecutive_failures,
+        CASE WHEN %(round_successes)s + %(round_failures)s = 0 THEN d.paused_until
+            WHEN %(round_successes)s = 0
+                AND d.consecutive_failures + %(round_failures)s >= %(threshold)s
+            THEN %(paused_until)s::timestamptz END AS paused_until,
+        CASE WHEN %(round_successes)s > 0 THEN %(now)s::timestamptz
+            ELSE d.last_success_at END AS last_success_at,
+        CASE WHEN %(round_successes)s = 0 AND %(round_failures)s > 0 THEN %(now)s::timestamptz
+            ELSE d.last_failure_at END AS last_failure_at
+    FROM destination d
+"""
+
+# SQLite, and RECORD: the breaker (breaker.BreakerCount) counted on the row, in the
+# UPDATE itself, under its lock, so that two workers' rounds both count: as
+# _BREAKER_AFTER computes it. It returns the count (no row: a round with no answer).
+BREAKER_COUNT = """
+    UPDATE webhook_receiver_webhookdestination
+    SET consecutive_failures = CASE WHEN %(round_successes)s > 0 THEN 0
+            ELSE consecutive_failures + %(round_failures)s END,
+        paused_until = CASE WHEN %(round_successes)s = 0
+                AND consecutive_failures + %(round_failures)s >= %(threshold)s
+            THEN %(paused_until)s END,
+        last_success_at = CASE WHEN %(round_successes)s > 0 THEN %(now)s ELSE last_success_at END,
+        last_failure_at = CASE WHEN %(round_successes)s > 0 THEN last_failure_at ELSE %(now)s END
+    WHERE id = %(destination_id)s AND %(round_successes)s + %(round_failures)s > 0
+    RETURNING consecutive_failures
+"""
+
+# PostgreSQL: a round's record alone (the last of a run, or one answer at a time after a
+# round that could not be recorded whole), in one statement, all or nothing. It returns
+# the messages it recorded and the breaker's count (NULL: not counted).
+RECORD = f"""
+    WITH {ANSWERS_POSTGRESQL},
+    recorded AS ({RECORD_MESSAGES}),
+    attempt AS ({RECORD_ATTEMPTS}),
+    breaker AS ({BREAKER_COUNT})
+    SELECT ARRAY(SELECT id FROM recorded) AS recorded,
+        (SELECT consecutive_failures FROM breaker) AS consecutive_failures
+"""
+
 # --- the relay's claim ---------------------------------------------------------------------
 #
-# PostgreSQL claims a round in one statement (CLAIM). SQLite has no data-modifying CTE:
-# it reads the destination (DESTINATION_WITH_IN_FLIGHT), computes its limits in Python
-# (claim.py mirrors the allowance below) and writes the lease (LEASE_ALLOWED) and the
-# bucket (TOKENS_SPENT) in statements of their own, in one IMMEDIATE transaction, which
-# serialises writers as the row's lock does on PostgreSQL. Both share the eligibility and
-# the lease, which read what the limits allow from a CTE named ``allowance``.
+# PostgreSQL records a round and claims the next in one statement (CLAIM); a run's first
+# claim is the same statement with no answer. SQLite has no data-modifying CTE: it
+# records (its three parts above), reads the destination (DESTINATION_WITH_IN_FLIGHT),
+# computes its limits in Python (claim.py mirrors the allowance below) and writes the
+# lease (LEASE_ALLOWED) and the bucket (TOKENS_SPENT) in statements of their own, in one
+# IMMEDIATE transaction, which serialises writers as the row's lock does on PostgreSQL.
+# Both share the eligibility and the lease, which read what the limits allow from a CTE
+# named ``allowance``.
 
 # Eligible messages of one destination, oldest first: pending and due, or claimed by a
 # worker whose lease has run out (the partial index webhook_outbox_open holds just the
 # open ones, so delivered history costs nothing). A message waits while an older one
 # with its ordering key is still open (pending, sending, or failed until an operator
 # acts). As many as the destination's limits allow (``allowance``), and none when it
-# has no row (a destination another worker holds).
+# has no row (a destination another worker holds). The statement that records a round
+# and claims the next sees the round's messages as they were before it: one of them is
+# not claimed again in it (``answer``), and one it delivers no longer holds its key
+# (``recorded``); a claim alone has neither.
 ELIGIBLE_IDS = f"""
     SELECT m.id FROM webhook_receiver_outboxmessage m
     WHERE m.destination_id = %(destination_id)s
       AND m.status IN ('{PENDING}', '{SENDING}')
       AND ((m.status = '{PENDING}' AND m.next_attempt_at <= %(now)s)
            OR (m.status = '{SENDING}' AND m.lease_until <= %(now)s))
+      AND m.id NOT IN (SELECT message_id FROM answer)
       AND (m.ordering_key = '' OR NOT EXISTS (
             SELECT 1 FROM webhook_receiver_outboxmessage o
             WHERE o.destination_id = m.destination_id AND o.ordering_key = m.ordering_key
-              AND o.id < m.id AND o.status IN ('{PENDING}', '{SENDING}', '{FAILED}')))
+              AND o.id < m.id AND o.status IN ('{PENDING}', '{SENDING}', '{FAILED}')
+              AND o.id NOT IN (SELECT id FROM recorded WHERE status = '{DELIVERED}')))
     ORDER BY m.id
     LIMIT COALESCE((SELECT allowed FROM allowance), 0)
 """
@@ -115,27 +241,32 @@ REFILLED = """
 
 def _claim(lock: str) -> str:
     return f"""
-    WITH destination AS MATERIALIZED (
+    WITH {ANSWERS_POSTGRESQL},
+    destination AS MATERIALIZED (
         SELECT d.*, d.xmin::text AS locked_version
         FROM webhook_receiver_webhookdestination d
         WHERE d.id = %(destination_id)s
         {lock}
     ),
+    recorded AS ({RECORD_MESSAGES}),
+    attempt AS ({RECORD_ATTEMPTS}),
+    breaker AS MATERIALIZED ({_BREAKER_AFTER}),
     state AS MATERIALIZED (
         SELECT d.id, d.tokens_at, d.max_attempts,
-            d.enabled AND (d.paused_until IS NULL OR d.paused_until <= %(now)s::timestamptz)
+            d.enabled AND (b.paused_until IS NULL OR b.paused_until <= %(now)s::timestamptz)
                 AS open,
             -- the row as this statement's snapshot has it: a claim that committed after
             -- the snapshot (while this one waited for the lock) holds leases that the
-            -- count below cannot see, so this statement claims nothing (claim.py runs
-            -- it again, with a snapshot that sees them)
+            -- count below cannot see, so this statement claims nothing (claim.py claims
+            -- again, with a snapshot that sees them)
             d.locked_version = (
                 SELECT s.xmin::text FROM webhook_receiver_webhookdestination s
                 WHERE s.id = d.id
             ) AS current,
-            -- free slots: requests in flight on every worker are its unexpired leases;
-            -- half-open (the failures at the threshold), one probe when none is in flight
-            CASE WHEN d.consecutive_failures >= d.breaker_threshold
+            -- free slots: requests in flight on every worker are its unexpired leases,
+            -- less the ones this statement records; half-open (the failures at the
+            -- threshold), one probe when none is in flight
+            CASE WHEN b.consecutive_failures >= d.breaker_threshold
                 THEN LEAST(d.max_in_flight - f.in_flight,
                            CASE WHEN f.in_flight = 0 THEN 1 ELSE 0 END)
                 ELSE d.max_in_flight - f.in_flight
@@ -143,10 +274,11 @@ def _claim(lock: str) -> str:
             {REFILLED} AS tokens,
             %(now)s::timestamptz + make_interval(secs => d.timeout_seconds)
                 + %(lease_margin)s::interval AS lease_until
-        FROM destination d, LATERAL (
+        FROM destination d JOIN breaker b ON b.id = d.id, LATERAL (
             SELECT count(*) AS in_flight FROM webhook_receiver_outboxmessage m
             WHERE m.destination_id = d.id AND m.status = '{SENDING}'
               AND m.lease_until > %(now)s::timestamptz
+              AND m.id NOT IN (SELECT id FROM recorded)
         ) f
     ),
     -- whole tokens, forgiving the float's last bits: 1.9999999999999982 is two
@@ -158,36 +290,50 @@ def _claim(lock: str) -> str:
     ),
     claimable AS MATERIALIZED ({{eligible}}),
     claimed AS ({LEASE}),
-    -- the bucket less the messages claimed to be sent, its time never moved back: `now`
-    -- may predate the last writer's (read before the lock was waited for, or on a host
-    -- whose clock is behind), and a span refills once
-    bucket AS (
+    -- one write of the row: the breaker after the answers, and the bucket less the
+    -- messages claimed to be sent, its time never moved back (`now` may predate the
+    -- last writer's: read before the lock was waited for, or on a host whose clock is
+    -- behind; a span refills once)
+    written AS (
         UPDATE webhook_receiver_webhookdestination d
-        SET tokens = a.tokens - (SELECT count(*) FROM claimed c WHERE c.status = '{SENDING}'),
-            tokens_at = GREATEST(%(now)s::timestamptz, COALESCE(a.tokens_at, %(now)s::timestamptz))
-        FROM allowance a
-        WHERE d.id = a.id AND a.open AND a.current
+        SET tokens = CASE WHEN a.open AND a.current
+                THEN a.tokens - (SELECT count(*) FROM claimed c WHERE c.status = '{SENDING}')
+                ELSE d.tokens END,
+            tokens_at = CASE WHEN a.open AND a.current
+                THEN GREATEST(%(now)s::timestamptz, COALESCE(a.tokens_at, %(now)s::timestamptz))
+                ELSE d.tokens_at END,
+            consecutive_failures = b.consecutive_failures, paused_until = b.paused_until,
+            last_success_at = b.last_success_at, last_failure_at = b.last_failure_at
+        FROM allowance a JOIN breaker b ON b.id = a.id
+        WHERE d.id = a.id AND ((a.open AND a.current) OR b.counted)
         RETURNING d.tokens
     )
-    SELECT d.*, a.open, a.current, a.slots, (SELECT tokens FROM bucket) AS tokens_left,
+    SELECT d.*, a.open, a.current, a.slots,
+        CASE WHEN a.open AND a.current THEN (SELECT tokens FROM written) END AS tokens_left,
         (SELECT json_agg(c ORDER BY c.id) FROM claimed c)::text AS claimed,
+        ARRAY(SELECT id FROM recorded) AS recorded,
+        CASE WHEN b.counted THEN b.consecutive_failures END AS counted_failures,
         EXISTS (
             SELECT 1 FROM webhook_receiver_webhookdestination s WHERE s.id = %(destination_id)s
         ) AS found
     FROM (VALUES (1)) AS one (n)
     LEFT JOIN destination d ON true
     LEFT JOIN allowance a ON true
+    LEFT JOIN breaker b ON true
 """
 
 
-# PostgreSQL: a round's claim in one statement. The destination's row, locked (its token
-# bucket and in-flight count live on it: one claimer at a time; SKIP LOCKED for a
-# triggered run, which leaves a busy destination to the worker that holds it); what its
-# limits allow now (enabled and not paused; its free slots, the breaker's one probe when
-# half-open; its whole tokens); the eligible messages leased; the bucket written back.
-# It returns the destination's row (a run needs no other read of it), the claimed
-# messages as JSON, oldest first, and what RelayRound.wait is computed from. Keyed by
-# skip_if_busy; {eligible} is ELIGIBLE["postgresql"].
+# PostgreSQL: a round's record and the next round's claim in one statement (a run's
+# first claim: no answer). The destination's row, locked (its token bucket, breaker and
+# in-flight count live on it: one claimer at a time; SKIP LOCKED for a triggered run's
+# first claim, which leaves a busy destination to the worker that holds it: a round
+# with answers waits for the lock); the answers recorded and the breaker counted (as
+# RECORD does); what the limits allow now, after the answers (enabled and not paused;
+# its free slots, the breaker's one probe when half-open; its whole tokens); the
+# eligible messages leased; the row written back once. It returns the destination's row
+# as it was locked (a run needs no other read of it), the claimed messages as JSON,
+# oldest first, what RelayRound.wait is computed from, the messages it recorded and the
+# breaker's count. Keyed by skip_if_busy; {eligible} is ELIGIBLE["postgresql"].
 CLAIM = {
     False: _claim("FOR UPDATE OF d"),
     True: _claim("FOR UPDATE OF d SKIP LOCKED"),
@@ -204,12 +350,15 @@ DESTINATION_WITH_IN_FLIGHT = f"""
     WHERE d.id = %(destination_id)s
 """
 
-# SQLite: the lease of as many eligible messages as claim.py found the limits allow.
+# SQLite: the lease of as many eligible messages as claim.py found the limits allow (its
+# round recorded already: no answer here).
 LEASE_ALLOWED = f"""
     WITH allowance AS (
         SELECT %(allowed)s AS allowed, %(lease_until)s AS lease_until,
             %(max_attempts)s AS max_attempts
     ),
+    answer (message_id) AS (SELECT NULL WHERE 0),
+    recorded (id, status) AS (SELECT NULL, NULL WHERE 0),
     claimable AS MATERIALIZED ({{eligible}})
     {LEASE}
 """
@@ -219,94 +368,6 @@ TOKENS_SPENT = """
     UPDATE webhook_receiver_webhookdestination SET tokens = %s, tokens_at = %s
     WHERE id = %s
 """
-
-# --- the relay's record ----------------------------------------------------------------
-#
-# PostgreSQL records a round in one statement (RECORD); SQLite runs its three parts in
-# one transaction, each over the answers as VALUES.
-
-# A round's answers, one row each (``answer``): the verdict on its message, the attempt
-# that fences it, and the attempt's row.
-ANSWER_COLUMNS = (
-    "message_id",
-    "attempt",
-    "status",
-    "failures",
-    "next_attempt_at",
-    "delivered_at",
-    "status_code",
-    "last_error",
-    "started_at",
-    "duration_ms",
-    "error",
-    "excerpt",
-    "attempt_next_at",
-)
-_ANSWER = ", ".join(ANSWER_COLUMNS)
-
-# Each answer's verdict, only on messages this claim still holds (sending, at this
-# attempt): a worker whose lease ran out (frozen, or held by a slow answer) must not
-# undo the claim that took over. The ones it changed come back.
-RECORD_MESSAGES = f"""
-    UPDATE webhook_receiver_outboxmessage AS m
-    SET status = a.status, failures = a.failures, next_attempt_at = a.next_attempt_at,
-        lease_until = NULL, delivered_at = a.delivered_at, last_status_code = a.status_code,
-        last_error = a.last_error
-    FROM answer a
-    WHERE m.id = a.message_id AND m.status = '{SENDING}' AND m.attempts = a.attempt
-    RETURNING id
-"""
-
-# One attempt row per answer, recorded or not (an answer that came after its lease ran
-# out was still an attempt).
-RECORD_ATTEMPTS = """
-    INSERT INTO webhook_receiver_deliveryattempt (message_id, number, started_at,
-        duration_ms, status_code, error, response_excerpt, next_attempt_at)
-    SELECT message_id, attempt, started_at, duration_ms, status_code, error, excerpt,
-        attempt_next_at
-    FROM answer
-"""
-
-# The breaker (breaker.BreakerCount): a success closes it; failures add to the
-# consecutive ones, and pause the destination once they reach the threshold. Counted on
-# the row, under its lock, so that two workers' rounds both count.
-BREAKER_COUNT = """
-    UPDATE webhook_receiver_webhookdestination
-    SET consecutive_failures = CASE WHEN %(round_successes)s > 0 THEN 0
-            ELSE consecutive_failures + %(round_failures)s END,
-        paused_until = CASE WHEN %(round_successes)s = 0
-                AND consecutive_failures + %(round_failures)s >= %(threshold)s
-            THEN %(paused_until)s END,
-        last_success_at = CASE WHEN %(round_successes)s > 0 THEN %(now)s ELSE last_success_at END,
-        last_failure_at = CASE WHEN %(round_successes)s > 0 THEN last_failure_at ELSE %(now)s END
-    WHERE id = %(destination_id)s AND %(round_successes)s + %(round_failures)s > 0
-    RETURNING consecutive_failures
-"""
-
-# PostgreSQL: a round's record in one statement: the answers (arrays, one element an
-# answer), their verdicts, their attempts and the breaker, all or nothing. It returns
-# the messages it recorded and the breaker's count (NULL: not counted).
-RECORD = f"""
-    WITH answer AS (
-        SELECT * FROM unnest(
-            %(message_id)s::bigint[], %(attempt)s::integer[], %(status)s::text[],
-            %(failures)s::integer[], %(next_attempt_at)s::timestamptz[],
-            %(delivered_at)s::timestamptz[], %(status_code)s::integer[],
-            %(last_error)s::text[], %(started_at)s::timestamptz[],
-            %(duration_ms)s::integer[], %(error)s::text[], %(excerpt)s::text[],
-            %(attempt_next_at)s::timestamptz[]
-        ) AS a ({_ANSWER})
-    ),
-    recorded AS ({RECORD_MESSAGES}),
-    attempt AS ({RECORD_ATTEMPTS}),
-    breaker AS ({BREAKER_COUNT})
-    SELECT ARRAY(SELECT id FROM recorded) AS recorded,
-        (SELECT consecutive_failures FROM breaker) AS consecutive_failures
-"""
-
-# SQLite: the answers as a CTE of VALUES ({rows}: one parenthesised row each) before
-# RECORD_MESSAGES and RECORD_ATTEMPTS.
-ANSWERS_SQLITE = f"WITH answer ({_ANSWER}) AS (VALUES {{rows}})"
 
 # A round that could not be recorded, for the overview and webhook_status (in a
 # transaction of its own, after the round's rolled back).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,6 +36,8 @@ MIN_COUNTDOWN = 0.05
 # a queued follow-up's marker outlives its countdown by this much: if the follow-up is
 # lost with a worker, the next run after that queues another (the sweep runs meanwhile)
 FOLLOW_UP_SLACK = 5.0
+# a run that ends this close to the queued follow-up's due time is taken for that run
+FOLLOW_UP_SKEW = 0.05
 
 # The cache and the broker are optimisations here: without them, admissions go on to the
 # table, and the beat sweep queues the relay runs that were not triggered.
@@ -102,24 +105,42 @@ def _follow_up_key(destination_id: int) -> str:
 def run_started(destination_id: int) -> None:
     """The queued run (a trigger's or a follow-up) has started: later admissions must
     queue their own."""
-    cache.delete_many([queued_key(destination_id), _follow_up_key(destination_id)])
+    cache.delete(queued_key(destination_id))
 
 
 def follow_up(destination_id: int, wait: float) -> None:
     """The destination's bucket is empty: queue the next run for when a token is due (a
     worker never sleeps for it). One follow-up at a time per destination: during a
     backlog, every admission's trigger finds the bucket empty, and each queuing its own
-    follow-up would grow a herd of runs that fills the queue every destination shares."""
+    follow-up would grow a herd of runs that fills the queue every destination shares.
+
+    The mark holds the queued follow-up's due time. A run that ends before it (one a
+    sweep or an admission started meanwhile) leaves it to that follow-up, rather than
+    start a second chain of follow-ups, each taking half the tokens for the statements of
+    a whole round; one that ends after it (the follow-up itself, or its run being late
+    or lost) queues the next. "Before" allows FOLLOW_UP_SKEW for the follow-up's own run
+    on a host whose clock is a little behind; one further behind leaves the chain to the
+    sweep (seconds late, nothing lost)."""
+    now = time.time()
     countdown = max(wait, MIN_COUNTDOWN)
-    # cache.add is atomic: only the first run to find the bucket empty queues one
-    if cache.add(_follow_up_key(destination_id), 1, timeout=countdown + FOLLOW_UP_SLACK):
+    key = _follow_up_key(destination_id)
+    due, queue = now + countdown, True
+    # cache.add is atomic: of runs that find no mark, only the first queues one
+    if not cache.add(key, due, timeout=countdown + FOLLOW_UP_SLACK):
+        queued = cache.get(key)
+        if queued is not None and queued > now + FOLLOW_UP_SKEW:
+            # a follow-up is queued and not yet due: it claims what this one would
+            due, queue = queued, False
+        else:
+            cache.set(key, due, timeout=countdown + FOLLOW_UP_SLACK)
+    if queue:
         tasks.relay_destination.apply_async((destination_id,), countdown=countdown)
-        # The follow-up is the run queued for this destination: until it starts, an
-        # admission queues none of its own (relay_soon finds this mark), since a run
-        # before the next token is due could claim nothing. In a backlog (a flash
-        # sale) that spares each admission a run of its own. The sweep still queues
-        # runs, whatever the marks say.
-        cache.set(queued_key(destination_id), 1, timeout=countdown + FOLLOW_UP_SLACK)
+    # The follow-up is the run queued for this destination: until it starts, an admission
+    # queues none of its own (relay_soon finds this mark; this run, started, cleared it),
+    # since a run before the next token is due could claim nothing. In a backlog (a flash
+    # sale) that spares each admission a run of its own. The sweep still queues runs,
+    # whatever the marks say.
+    cache.set(queued_key(destination_id), 1, timeout=due - now + FOLLOW_UP_SLACK)
 
 
 def relay_sweep() -> int:

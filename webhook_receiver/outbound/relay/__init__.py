@@ -1,25 +1,26 @@
 """The relay: claim a destination's eligible messages, send them with no transaction
 open, record what each answer means.
 
-One round for one destination:
+A run of one destination (``relay_destination``, run.py):
 
-1. ``relay_claim`` (claim.py): lock the destination's row and count its unexpired leases (the
-   requests in flight on every worker), refill its token bucket, and claim as many
+1. ``relay_claim`` (claim.py): lock the destination's row and count its unexpired leases
+   (the requests in flight on every worker), refill its token bucket, and claim as many
    eligible messages as both limits allow, oldest first, with ``FOR UPDATE SKIP
    LOCKED`` on PostgreSQL. A message whose ordering key has an older open message
    waits for it. Each claimed message gets a lease: a worker that dies holds it only
    until the lease ends, and the message is then claimed again, under the same key.
    One statement on PostgreSQL, which returns the destination's row too.
-2. ``relay_send`` (transport.py): the HTTP requests, concurrently up to the claim's
-   size, on a client kept per destination (connection reuse). No transaction is open.
-3. ``relay_record`` (record.py): delivered, deferred (Retry-After, or backoff with full
-   jitter) or terminal, as policy.py reads the answer; one attempt row each, and the
-   breaker. One statement on PostgreSQL.
+2. The run's window (transport.py): the HTTP requests in flight, on threads kept per
+   destination, a client kept per destination (connection reuse). No transaction is
+   open while they wait.
+3. As answers come, the ones that came are recorded (record.py: delivered, deferred by
+   Retry-After or backoff with full jitter, or terminal, as policy.py reads the answer;
+   one attempt row each, and the breaker) and their replacements claimed, in one
+   statement on PostgreSQL (``relay_record_and_claim``): a slow answer holds its own
+   slot and nothing else.
 
-``relay_destination`` (run.py) records a round and claims the next in one short
-transaction: two statements for up to ten deliveries on PostgreSQL (outbound/queries.py),
-bounded by the lock and statement timeouts, and no other read. Called alone, each of the
-two runs in a transaction of its own.
+Each statement is bounded by the lock and statement timeouts (outbound/queries.py holds
+them), and a run reads nothing else.
 
 Every answer is recordable, whatever the destination sent: the request ends at the
 destination's timeout from connect to the last byte kept (``core/peer_http.py``),

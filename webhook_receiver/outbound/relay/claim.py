@@ -8,9 +8,10 @@ key has an older open message waits for it. A lease that ran out counts as a fai
 attempt; one that spends the last of the budget fails the message here rather than
 send it again.
 
-On PostgreSQL that is one statement (``queries.CLAIM``), which also returns the
-destination's row, so that a run reads it nowhere else. On SQLite, which has no
-data-modifying CTE, it is three in one IMMEDIATE transaction (``_claim_sqlite``): the
+On PostgreSQL that is one statement (``queries.CLAIM``), which also records the last
+round's answers (``recording``: record.py prepares them) and returns the destination's
+row, so that a run reads it nowhere else. On SQLite, which has no data-modifying CTE, it
+is three in one IMMEDIATE transaction (``_claim_sqlite``), after the record's own: the
 row is read, its limits computed here, to the same float operations as the statement's,
 then the lease and the bucket written.
 """
@@ -19,21 +20,26 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from ...conf import app_settings
 from ...core import faults
 from .. import metrics, queries
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
 from .messages import Claimed, RelayRound
 from .policy import answer_log, ops_notice_terminal
 
-# a lease outlives the request's own timeout by this much
+# a lease outlives the request's own timeout by lease_margin(); this much when the
+# statements are not bounded (LOCK_TIMEOUT_MS or STATEMENT_TIMEOUT_MS of 0)
 LEASE_MARGIN = timedelta(seconds=30)
+# the run's own work between an answer and its record's statement (a GC pause, a thread
+# waiting for the interpreter), beyond the statements' bounds
+RECORD_SLACK = timedelta(seconds=3)
 # messages claimed (and sent concurrently) a round at most
 CLAIM_BATCH = 10
 # a refill's float arithmetic drifts by a few ulps: a bucket this close to a whole
@@ -58,6 +64,9 @@ class _Leased:
     tokens: float = 0.0
     claimed: list[Claimed] = field(default_factory=list)
     spent: list[Claimed] = field(default_factory=list)
+    recorded: frozenset[int] = frozenset()
+    counted_failures: int | None = None
+    busy: bool = False
 
 
 def relay_claim(
@@ -66,12 +75,15 @@ def relay_claim(
     now: datetime | None = None,
     limit: int = CLAIM_BATCH,
     skip_if_busy: bool = False,
+    recording: dict[str, Any] | None = None,
 ) -> RelayRound:
     """Claim what the destination's limits allow now (see the module's docstring).
 
     With ``skip_if_busy``, a destination whose row another worker holds is left to that
     worker (``busy``): a burst of triggers then costs a statement each, not a queue of
-    runs waiting for one lock."""
+    runs waiting for one lock. ``recording`` (PostgreSQL) is the last round's answers
+    and breaker count, as record.py makes them for ``queries.CLAIM``: recorded by the
+    same statement, which then waits for the row's lock rather than skip it."""
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
     params = {
@@ -80,11 +92,16 @@ def relay_claim(
         "limit": limit,
         "unrecorded": UNRECORDED,
     }
-    # no savepoint: relay_destination runs this in the transaction that records the
-    # last round
+    # no savepoint: relay_destination runs this in its round's transaction
     with faults.bounded_transaction():
         if connection.vendor == "postgresql":
-            leased = _claim_postgresql(params, now, skip_if_busy=skip_if_busy)
+            leased = _claim_postgresql(
+                # the claim's now for the whole statement (the answers' verdicts were
+                # made a moment before it)
+                {**NO_ANSWER, **(recording or {}), **params},
+                now,
+                skip_if_busy=skip_if_busy and not recording,
+            )
         else:
             leased = _claim_sqlite(params, now)
         if leased is None:
@@ -92,8 +109,13 @@ def relay_claim(
         if leased.spent:
             _spent_by_the_claim(leased.dest, leased.spent)
     dest, claimed = leased.dest, leased.claimed
+    recorded = RelayRound(
+        claimed=[], recorded=leased.recorded, counted_failures=leased.counted_failures
+    )
+    if leased.busy:
+        return replace(recorded, busy=True)
     if not leased.open:
-        return RelayRound(claimed=[], destination=dest)
+        return replace(recorded, destination=dest)
     wait = None
     if len(claimed) < limit and leased.slots > len(claimed) and leased.tokens + TOKEN_EPSILON < 1:
         # Out of tokens: the next run is for when a round's worth is due (as many as
@@ -102,26 +124,69 @@ def relay_claim(
         # rate.
         batch = max(1, min(limit, leased.slots, max(1, dest.burst)))
         wait = (batch - leased.tokens) * dest.rate_seconds / dest.rate_count
-    return RelayRound(claimed=claimed, wait=wait, destination=dest)
+    return replace(recorded, claimed=claimed, wait=wait, destination=dest)
+
+
+# the statement's parameters for a claim that records no answer
+NO_ANSWER: dict[str, Any] = {
+    **{column: [] for column in queries.ANSWER_COLUMNS},
+    "round_successes": 0,
+    "round_failures": 0,
+    "threshold": 0,
+    "paused_until": None,
+}
 
 
 def _claim_postgresql(
     params: dict[str, Any], now: datetime, *, skip_if_busy: bool
 ) -> _Leased | None:
-    """The claim's one statement; None when another worker holds the destination."""
-    statement = queries.CLAIM[skip_if_busy].format(eligible=queries.ELIGIBLE["postgresql"])
-    params = {**params, "lease_margin": LEASE_MARGIN, "token_epsilon": TOKEN_EPSILON}
-    row = _claim_row(statement, params)
-    if row is not None and row.open and not row.current:
+    """The claim's one statement; None when another worker holds the destination (and
+    this one recorded no answer)."""
+    params = {**params, "lease_margin": lease_margin(), "token_epsilon": TOKEN_EPSILON}
+    row = _claim_row(_statement(skip_if_busy), params)
+    if row is None:
+        return None
+    recorded, counted = frozenset(row.recorded), row.counted_failures
+    if row.open and not row.current:
         # Another claim committed after this statement's snapshot was taken (it waited
         # for the lock, or came an instant late): the snapshot cannot count that claim's
-        # leases, so it claimed nothing. Again, the lock held: the new snapshot sees them.
-        row = _claim_row(statement, params)
-    if row is None or (row.open and not row.current):
-        return None
+        # leases, so it claimed nothing (its answers are recorded all the same). Again,
+        # with no answer, the lock held: the new snapshot sees them. And at the time it
+        # runs: a claim's tokens are spent at its `now`, and its requests start after it
+        # commits; a `now` from before the wait would have them start later than the
+        # bucket counts, beside the next claim's (two workers' starts over the bucket).
+        now = timezone.now()
+        again = {**params, **NO_ANSWER, "now": connection.ops.adapt_datetimefield_value(now)}
+        row = _claim_row(_statement(skip_if_busy), again) or row
+    if row.open and not row.current:
+        if not recorded and counted is None:
+            return None
+        # a third claimer came between: it holds the destination now
+        return _Leased(row, False, busy=True, recorded=recorded, counted_failures=counted)
     claimed, spent = _messages(json.loads(row.claimed) if row.claimed else [], now)
     tokens = row.tokens_left if row.tokens_left is not None else 0.0
-    return _Leased(row, row.open, row.slots, tokens, claimed, spent)
+    return _Leased(row, row.open, row.slots, tokens, claimed, spent, recorded, counted)
+
+
+def lease_margin() -> timedelta:
+    """How long a lease outlives its request's deadline: as long as the request's record
+    may take to commit, so that no other worker claims a message whose answer is on its
+    way to the table. From the claim's ``now`` to the record's commit, three statements
+    may each wait their bounds (LOCK_TIMEOUT_MS + STATEMENT_TIMEOUT_MS): the claim's own
+    (the requests start after it commits), one the run is in when the answer comes, and
+    the answer's record; then RECORD_SLACK. With the default bounds (2 s and 5 s), 24 s.
+    A record later than that has failed at its bounds and the message goes again, under
+    its key; a worker stopped longer (SIGSTOP) finds its record fenced off by the claim
+    that took over."""
+    settings = app_settings()
+    bound_ms = settings.lock_timeout_ms + settings.statement_timeout_ms
+    if not settings.lock_timeout_ms or not settings.statement_timeout_ms:
+        return LEASE_MARGIN
+    return timedelta(milliseconds=3 * bound_ms) + RECORD_SLACK
+
+
+def _statement(skip_if_busy: bool) -> str:
+    return queries.CLAIM[skip_if_busy].format(eligible=queries.ELIGIBLE["postgresql"])
 
 
 def _claim_row(statement: str, params: dict[str, Any]) -> Any:
@@ -179,7 +244,7 @@ def _claim_sqlite(params: dict[str, Any], now: datetime) -> _Leased:
     claimed: list[Claimed] = []
     spent: list[Claimed] = []
     if allowed > 0:
-        lease_until = now + timedelta(seconds=dest.timeout_seconds) + LEASE_MARGIN
+        lease_until = now + timedelta(seconds=dest.timeout_seconds) + lease_margin()
         statement = queries.LEASE_ALLOWED.format(
             eligible=queries.ELIGIBLE.get(connection.vendor, queries.ELIGIBLE_IDS)
         )

@@ -46,3 +46,7 @@ class RelayRound:
     # the destination's row as the claim read it (None when busy): the run's next
     # rounds send and record with it, and read it nowhere else
     destination: WebhookDestination | None = None
+    # the statement that claimed also recorded the last round's answers (PostgreSQL):
+    # the messages it recorded, and the breaker's count (None: not counted)
+    recorded: frozenset[int] = frozenset()
+    counted_failures: int | None = None

@@ -3,15 +3,17 @@ claim counted), one attempt row each, the breaker, and the notices and log lines
 the round is durable. A round that cannot be recorded whole is recorded answer by
 answer; what still cannot be is left to its lease.
 
-On PostgreSQL a round is recorded by one statement (``queries.RECORD``): all of it or
-none, whatever interrupts the worker. On SQLite, by its three parts in one transaction.
+On PostgreSQL a round is recorded by one statement, all of it or none, whatever
+interrupts the worker: the one that claims the next round (``queries.CLAIM``, through
+``relay_record_and_claim``), or one of its own (``queries.RECORD``). On SQLite, by its
+three parts in one transaction.
 What each answer means is ``policy.verdict``'s, decided here; the SQL applies it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,52 +24,103 @@ from ...core import faults, logs, storable
 from .. import metrics, queries
 from ..breaker import BreakerCount, breaker_count, breaker_opened_log
 from ..models import MessageStatus, WebhookDestination
-from .messages import Sent
+from .claim import CLAIM_BATCH, relay_claim
+from .messages import RelayRound, Sent
 from .policy import Verdict, answer_log, answer_words, ops_notice_terminal, verdict, what_next
 from .transport import EXCERPT_CHARS
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _Answers:
+    """A round's answers made ready for its statement: each one's verdict and row, and
+    the breaker's count."""
+
+    results: list[Sent]
+    verdicts: list[Verdict]
+    rows: list[dict[str, Any]]
+    breaker: BreakerCount
+    now: datetime
+
+
+def _answers(dest: WebhookDestination, results: list[Sent], now: datetime) -> _Answers:
+    verdicts = [verdict(dest, sent, now) for sent in results]
+    return _Answers(
+        results,
+        verdicts,
+        [_answer(sent, v, now) for sent, v in zip(results, verdicts, strict=True)],
+        breaker_count(
+            dest,
+            successes=sum(v.status == MessageStatus.DELIVERED for v in verdicts),
+            failures=sum(v.breaker_failure for v in verdicts),
+            now=now,
+        ),
+        now,
+    )
+
+
 def relay_record(
     dest: WebhookDestination, results: list[Sent], *, now: datetime | None = None
 ) -> None:
     """Record every answer of a round: the messages this claim still holds, one attempt
-    row each, and the destination's breaker. In its own transaction, or in the caller's
-    (relay_destination records a round in the transaction that claims the next)."""
+    row each, and the destination's breaker. In its own transaction, or in the caller's."""
     if not results:
         return
-    now = now or timezone.now()
-    verdicts = [verdict(dest, sent, now) for sent in results]
-    answers = [_answer(sent, v, now) for sent, v in zip(results, verdicts, strict=True)]
-    breaker = breaker_count(
-        dest,
-        successes=sum(v.status == MessageStatus.DELIVERED for v in verdicts),
-        failures=sum(v.breaker_failure for v in verdicts),
-        now=now,
-    )
+    answers = _answers(dest, results, now or timezone.now())
     with faults.bounded_transaction():
         if connection.vendor == "postgresql":
-            recorded, consecutive_failures = _record_postgresql(dest, answers, breaker, now)
+            recorded, consecutive_failures = _record_postgresql(dest, answers)
         else:
-            recorded, consecutive_failures = _record_sqlite(dest, answers, breaker, now)
-        for sent, v in zip(results, verdicts, strict=True):
-            if v.status == MessageStatus.FAILED and sent.message.id in recorded:
-                # in the round's transaction: no notice for an answer not recorded
-                answer = sent.error if sent.status_code is None else str(sent.status_code)
-                ops_notice_terminal(dest, sent.message, answer=answer)
-        opened = breaker.opened(consecutive_failures)
-        # counted and logged once the answers are durable: a round that rolls back is
-        # sent again
-        transaction.on_commit(
-            lambda: _recorded(
-                dest,
-                list(zip(results, verdicts, strict=True)),
-                recorded,
-                now,
-                consecutive_failures if opened else None,
-            )
+            recorded, consecutive_failures = _record_sqlite(dest, answers)
+        _recorded(dest, answers, recorded, consecutive_failures)
+
+
+def relay_record_and_claim(
+    dest: WebhookDestination, results: list[Sent], *, limit: int = CLAIM_BATCH
+) -> RelayRound:
+    """Record a round's answers and claim the next round (up to ``limit`` messages), in
+    one transaction: one statement on PostgreSQL (``queries.CLAIM``), the record's and
+    the claim's on SQLite."""
+    now = timezone.now()
+    if not results:
+        return relay_claim(destination=dest, now=now, limit=limit)
+    answers = _answers(dest, results, now)
+    with faults.bounded_transaction():
+        if connection.vendor != "postgresql":
+            recorded, consecutive_failures = _record_sqlite(dest, answers)
+            _recorded(dest, answers, recorded, consecutive_failures)
+            return relay_claim(destination=dest, limit=limit)
+        params = _breaker_params(dest, answers)
+        params.update(_columns(answers))
+        # the claim's own now, taken as its statement goes: its tokens are spent then
+        round_ = relay_claim(destination=dest, limit=limit, recording=params)
+        _recorded(dest, answers, set(round_.recorded), round_.counted_failures)
+    return round_
+
+
+def _recorded(
+    dest: WebhookDestination,
+    answers: _Answers,
+    recorded: set[int] | frozenset[int],
+    consecutive_failures: int | None,
+) -> None:
+    """In the round's transaction, once its statement ran: the ops notices of terminal
+    answers it recorded, and the counters and log lines once it commits."""
+    pairs = list(zip(answers.results, answers.verdicts, strict=True))
+    for sent, v in pairs:
+        if v.status == MessageStatus.FAILED and sent.message.id in recorded:
+            # in the round's transaction: no notice for an answer not recorded
+            answer = sent.error if sent.status_code is None else str(sent.status_code)
+            ops_notice_terminal(dest, sent.message, answer=answer)
+    opened = answers.breaker.opened(consecutive_failures)
+    # counted and logged once the answers are durable: a round that rolls back is sent
+    # again
+    transaction.on_commit(
+        lambda: _committed(
+            dest, pairs, set(recorded), answers.now, consecutive_failures if opened else None
         )
+    )
 
 
 def _answer(sent: Sent, v: Verdict, now: datetime) -> dict[str, Any]:
@@ -92,10 +145,9 @@ def _answer(sent: Sent, v: Verdict, now: datetime) -> dict[str, Any]:
     }
 
 
-def _breaker_params(
-    dest: WebhookDestination, breaker: BreakerCount, now: datetime
-) -> dict[str, Any]:
+def _breaker_params(dest: WebhookDestination, answers: _Answers) -> dict[str, Any]:
     adapt = connection.ops.adapt_datetimefield_value
+    breaker, now = answers.breaker, answers.now
     return {
         "destination_id": dest.pk,
         "round_successes": breaker.successes,
@@ -106,45 +158,45 @@ def _breaker_params(
     }
 
 
-def _record_postgresql(
-    dest: WebhookDestination, answers: list[dict[str, Any]], breaker: BreakerCount, now: datetime
-) -> tuple[set[int], int | None]:
-    """The round's one statement, the answers as one array per column (``answer``
-    unnests them): the messages it recorded, and the breaker's count (None: not
-    counted)."""
-    params = _breaker_params(dest, breaker, now)
-    params.update({column: [a[column] for a in answers] for column in queries.ANSWER_COLUMNS})
+def _columns(answers: _Answers) -> dict[str, list[Any]]:
+    """The answers as one array per column (the statement's ``answer`` unnests them)."""
+    return {column: [a[column] for a in answers.rows] for column in queries.ANSWER_COLUMNS}
+
+
+def _record_postgresql(dest: WebhookDestination, answers: _Answers) -> tuple[set[int], int | None]:
+    """The round's one statement: the messages it recorded, and the breaker's count
+    (None: not counted)."""
+    params = _breaker_params(dest, answers)
+    params.update(_columns(answers))
     with connection.cursor() as cursor:
         cursor.execute(queries.RECORD, params)
         recorded, consecutive_failures = cursor.fetchone()
     return set(recorded), consecutive_failures
 
 
-def _record_sqlite(
-    dest: WebhookDestination, answers: list[dict[str, Any]], breaker: BreakerCount, now: datetime
-) -> tuple[set[int], int | None]:
+def _record_sqlite(dest: WebhookDestination, answers: _Answers) -> tuple[set[int], int | None]:
     """SQLite: the record's three parts, in the caller's transaction, the answers as
     VALUES (``answer``) before the first two."""
     rows = ", ".join(
         "(" + ", ".join(f"%(a{n}_{column})s" for column in queries.ANSWER_COLUMNS) + ")"
-        for n in range(len(answers))
+        for n in range(len(answers.rows))
     )
     values = {
         f"a{n}_{column}": answer[column]
-        for n, answer in enumerate(answers)
+        for n, answer in enumerate(answers.rows)
         for column in queries.ANSWER_COLUMNS
     }
     answered = queries.ANSWERS_SQLITE.format(rows=rows)
     with connection.cursor() as cursor:
-        cursor.execute(f"{answered} {queries.RECORD_MESSAGES}", values)
+        cursor.execute(f"{answered} {queries.RECORD_MESSAGES_SQLITE}", values)
         recorded = {row[0] for row in cursor.fetchall()}
         cursor.execute(f"{answered} {queries.RECORD_ATTEMPTS}", values)
-        cursor.execute(queries.BREAKER_COUNT, _breaker_params(dest, breaker, now))
+        cursor.execute(queries.BREAKER_COUNT, _breaker_params(dest, answers))
         counted = cursor.fetchone()
     return recorded, counted[0] if counted else None
 
 
-def _recorded(
+def _committed(
     dest: WebhookDestination,
     answers: list[tuple[Sent, Verdict]],
     recorded: set[int],

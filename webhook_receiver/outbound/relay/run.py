@@ -1,11 +1,13 @@
-"""A relay run of one destination: rounds of claim, send and record until nothing is
+"""A relay run of one destination: its requests kept in flight up to its limits, each
+answer recorded as it comes with the claim of what replaces it, until nothing is
 eligible, its limits stop it, or the run's time budget is spent; and the run as its
-Celery task starts it (``relay_run``), which queues the follow-up its limits ask for."""
+lane starts it (``relay_run``), which queues the follow-up its limits ask for."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError, OperationalError
 
@@ -13,87 +15,131 @@ from ...core import faults, logs, tracing
 from .. import trigger
 from ..models import WebhookDestination
 from .claim import relay_claim
-from .messages import Sent
-from .record import record_each, record_failed, relay_record
-from .transport import relay_send
+from .messages import RelayRound, Sent
+from .record import record_each, record_failed, relay_record, relay_record_and_claim
+from .transport import ThreadWindow, Window
 
 logger = logging.getLogger(__name__)
 
+# how long a run goes on claiming: then it records what is in flight and ends (the
+# lane, or the next trigger, starts another), so that no run holds a lane for ever
+BUDGET_SECONDS = 20.0
+
 
 def relay_destination(
-    *, destination_id: int, budget_seconds: float = 20.0
+    *,
+    destination_id: int,
+    budget_seconds: float = BUDGET_SECONDS,
+    window: Window | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[int, float | None]:
     """Relay one destination until it has nothing eligible, its limits stop it, or the
-    time budget is spent. Returns (messages sent, seconds until it may send again or
+    time budget is spent. Returns (answers recorded, seconds until it may send again or
     None).
 
-    A round's answers are recorded in the transaction that claims the next round: one
-    transaction a round, and in it no statement but the record's and the claim's (the
-    claim returns the destination's row, which the next round sends and records with).
-    If that transaction fails, the answers are recorded one by one, each in a
-    transaction of its own (``record_each``), unless the database itself is failing (a
-    bound that fired, a lost connection): then the error is noted on the destination
-    and raised, and the messages are sent again, under the same keys and with the lost
-    attempt counted, when their leases end."""
-    deadline = time.monotonic() + budget_seconds
-    dest: WebhookDestination | None = None
-    sent_count = 0
-    results: list[Sent] = []
-    while True:
-        more = time.monotonic() < deadline
-        try:
-            # one transaction a round: the last round's answers, then the next claim
-            with faults.bounded_transaction(savepoint=True):
-                if dest is not None:
-                    relay_record(dest, results)
-                # a worker already claiming for this destination carries on; this run stops
-                round_ = (
-                    relay_claim(destination=dest or destination_id, skip_if_busy=True)
-                    if more
-                    else None
-                )
-        except (DatabaseError, ValueError, TypeError, ArithmeticError) as exc:
-            if not results or dest is None:
-                raise
-            record_failed(dest, exc)
-            if isinstance(exc, OperationalError):
-                raise  # the database is failing: one answer at a time would fail as well
-            logs.log_failure(
-                logger,
-                "outbox: a round's answers could not be recorded together; recording them "
-                "one by one",
-                exc,
-                destination=dest.name,
-            )
-            record_each(dest, results)
-            results = []
-            continue
-        if round_ is None:
-            return sent_count, 0.0
-        if round_.destination is not None:
-            dest = round_.destination
-        if not round_.claimed or dest is None:
-            return sent_count, round_.wait
+    The first claim fills the window (the requests in flight) as far as the limits
+    allow; then, as answers come, the ones that have come are recorded with the claim of
+    the next messages, in one transaction: one statement on PostgreSQL
+    (``relay_record_and_claim``), the claim's lease committed before any of them is
+    sent. A slow answer holds its own slot and nothing else. If that transaction fails,
+    the answers are recorded one by one, each in a transaction of its own
+    (``record_each``), unless the database itself is failing (a bound that fired, a lost
+    connection): then the error is noted on the destination and raised, and the
+    messages are sent again, under the same keys and with the lost attempt counted, when
+    their leases end. ``window`` and ``clock`` are where the evaluation harness puts its
+    simulated network and time."""
+    window = window if window is not None else ThreadWindow()
+    deadline = clock() + budget_seconds
+    with faults.bounded_transaction(savepoint=True):
+        round_ = relay_claim(destination=destination_id, skip_if_busy=True)
+    dest = round_.destination
+    if dest is None:  # a worker already claiming for this destination carries on
+        return 0, None
+    answered, spent = 0, False
+    try:
+        while True:
+            _start(window, dest, round_)
+            if not len(window):
+                # a spent budget: the next run at once (its lane goes on, or another)
+                return answered, 0.0 if spent else round_.wait
+            answers = window.collect()
+            answered += len(answers)
+            spent = spent or clock() >= deadline
+            if spent:
+                _record(dest, answers)
+                round_ = RelayRound(claimed=[])
+            else:
+                round_ = _record_and_claim(dest, answers)
+                dest = round_.destination or dest
+    finally:
+        # an error leaves what is in flight to its lease; its answers are still awaited
+        # (each by its deadline) so that no request outlives its run
+        while len(window):
+            window.collect()
+
+
+def _start(window: Window, dest: WebhookDestination, round_: RelayRound) -> None:
+    if round_.claimed:
         with tracing.span(
             "webhook.relay_round",
             destination=dest.name,
             messages=len(round_.claimed),
             links=[m.traceparent for m in round_.claimed],
         ):
-            results = relay_send(dest, round_.claimed)
-        sent_count += len(results)
+            window.start(dest, round_.claimed)
 
 
-def relay_run(destination_id: int) -> int:
-    """A run as its task starts it (queued on commit of an admission, by the sweep, or as
-    a follow-up): relay the destination, and when its token bucket is empty, queue the
-    next run for when a token is due. A run stopped at its database bounds leaves its
-    messages due for the next sweep. Returns how many messages it sent."""
+def _record_and_claim(dest: WebhookDestination, answers: list[Sent]) -> RelayRound:
+    """The answers that came, and the next claim, in one transaction; if that fails, the
+    answers one by one (see relay_destination), then the claim alone."""
+    try:
+        with faults.bounded_transaction(savepoint=True):
+            return relay_record_and_claim(dest, answers)
+    except (DatabaseError, ValueError, TypeError, ArithmeticError) as exc:
+        _record_apart(dest, answers, exc)
+    with faults.bounded_transaction(savepoint=True):
+        return relay_claim(destination=dest, skip_if_busy=True)
+
+
+def _record(dest: WebhookDestination, answers: list[Sent]) -> None:
+    try:
+        with faults.bounded_transaction(savepoint=True):
+            relay_record(dest, answers)
+    except (DatabaseError, ValueError, TypeError, ArithmeticError) as exc:
+        _record_apart(dest, answers, exc)
+
+
+def _record_apart(dest: WebhookDestination, answers: list[Sent], exc: Exception) -> None:
+    record_failed(dest, exc)
+    if isinstance(exc, OperationalError):
+        raise exc  # the database is failing: one answer at a time would fail as well
+    logs.log_failure(
+        logger,
+        "outbox: a round's answers could not be recorded together; recording them one by one",
+        exc,
+        destination=dest.name,
+    )
+    record_each(dest, answers)
+
+
+def relay_run(
+    destination_id: int,
+    *,
+    window: Window | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """A run as its lane starts it (for a task queued on commit of an admission, by the
+    sweep, or as a follow-up): relay the destination, and when its token bucket is
+    empty, queue the next run for when a token is due. A run stopped at its database
+    bounds leaves its messages due for the next sweep. Returns how many answers it
+    recorded."""
     # this run is the one queued: later admissions must queue their own
     trigger.run_started(destination_id)
-    sent, wait = 0, None
+    answered, wait = 0, None
     with trigger.later_when_bounded(f"the relay of destination {destination_id}"):
-        sent, wait = relay_destination(destination_id=destination_id)
+        answered, wait = relay_destination(
+            destination_id=destination_id, window=window, clock=clock
+        )
     if wait is not None:
         trigger.follow_up(destination_id, wait)
-    return sent
+    return answered

@@ -56,35 +56,31 @@ RESTORE_LOCK_BOUND = """
 # --- the relay's record ----------------------------------------------------------------
 #
 # A round's answers, one row each (``answer``): the verdict on its message, the attempt
-# that fences it, and the attempt's row. On PostgreSQL they come as one array per column
-# (ANSWERS_POSTGRESQL unnests them); SQLite takes them as VALUES (ANSWERS_SQLITE).
-ANSWER_COLUMNS = (
-    "message_id",
-    "attempt",
-    "status",
-    "failures",
-    "next_attempt_at",
-    "delivered_at",
-    "status_code",
-    "last_error",
-    "started_at",
-    "duration_ms",
-    "error",
-    "excerpt",
-    "attempt_next_at",
-)
+# that fences it, and the attempt's row. On PostgreSQL they come as one JSON array of
+# objects (ANSWERS_POSTGRESQL reads it: one text parameter, however many answers, costs
+# the driver less than an array per column); SQLite takes them as VALUES (ANSWERS_SQLITE).
+ANSWER_TYPES = {
+    "message_id": "bigint",
+    "attempt": "integer",
+    "status": "text",
+    "failures": "integer",
+    "next_attempt_at": "timestamptz",
+    "delivered_at": "timestamptz",
+    "status_code": "integer",
+    "last_error": "text",
+    "started_at": "timestamptz",
+    "duration_ms": "integer",
+    "error": "text",
+    "excerpt": "text",
+    "attempt_next_at": "timestamptz",
+}
+ANSWER_COLUMNS = tuple(ANSWER_TYPES)
 _ANSWER = ", ".join(ANSWER_COLUMNS)
 
 ANSWERS_POSTGRESQL = f"""
     answer AS (
-        SELECT * FROM unnest(
-            %(message_id)s::bigint[], %(attempt)s::integer[], %(status)s::text[],
-            %(failures)s::integer[], %(next_attempt_at)s::timestamptz[],
-            %(delivered_at)s::timestamptz[], %(status_code)s::integer[],
-            %(last_error)s::text[], %(started_at)s::timestamptz[],
-            %(duration_ms)s::integer[], %(error)s::text[], %(excerpt)s::text[],
-            %(attempt_next_at)s::timestamptz[]
-        ) AS a ({_ANSWER})
+        SELECT * FROM jsonb_to_recordset(%(answers)s::jsonb)
+            AS a ({", ".join(f"{name} {kind}" for name, kind in ANSWER_TYPES.items())})
     )
 """
 

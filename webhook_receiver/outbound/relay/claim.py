@@ -18,6 +18,7 @@ then the lease and the bucket written.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -129,7 +130,7 @@ def relay_claim(
 
 # the statement's parameters for a claim that records no answer
 NO_ANSWER: dict[str, Any] = {
-    **{column: [] for column in queries.ANSWER_COLUMNS},
+    "answers": "[]",
     "round_successes": 0,
     "round_failures": 0,
     "threshold": 0,
@@ -193,12 +194,42 @@ def _claim_row(statement: str, params: dict[str, Any]) -> Any:
     """The statement's one row: the destination (typed as the model's fields are, its
     secrets decrypted), with the claim's columns beside its fields; None when another
     worker holds it."""
-    row: Any = next(iter(WebhookDestination.objects.raw(statement, params)))
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        names = [column.name for column in cursor.description]
+        values = cursor.fetchone()
+    row: Any = _destination_from_row(dict(zip(names, values, strict=True)))
     if row.pk is None:
         if not row.found:
             raise WebhookDestination.DoesNotExist(f"no destination {params['destination_id']}")
         return None
     return row
+
+
+def _destination_from_row(row: dict[str, Any]) -> WebhookDestination:
+    """The destination of a row that holds its columns (``d.*``), each converted as the
+    model reads it, the row's other columns set beside its fields: what ``raw()`` makes,
+    without resolving the columns again each round."""
+    attnames, converters = _destination_fields()
+    values = [
+        row[column] if convert is None else convert(row[column], None, connection)
+        for column, convert in converters
+    ]
+    dest = WebhookDestination.from_db(connection.alias, attnames, values)
+    columns = {column for column, _ in converters}
+    for name, value in row.items():
+        if name not in columns:
+            setattr(dest, name, value)
+    return dest
+
+
+@functools.cache
+def _destination_fields() -> tuple[list[str], list[tuple[str, Any]]]:
+    fields = WebhookDestination._meta.concrete_fields
+    return (
+        [field.attname for field in fields],
+        [(field.column, getattr(field, "from_db_value", None)) for field in fields],
+    )
 
 
 def _messages(

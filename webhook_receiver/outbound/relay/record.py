@@ -12,6 +12,7 @@ What each answer means is ``policy.verdict``'s, decided here; the SQL applies it
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -158,9 +159,10 @@ def _breaker_params(dest: WebhookDestination, answers: _Answers) -> dict[str, An
     }
 
 
-def _columns(answers: _Answers) -> dict[str, list[Any]]:
-    """The answers as one array per column (the statement's ``answer`` unnests them)."""
-    return {column: [a[column] for a in answers.rows] for column in queries.ANSWER_COLUMNS}
+def _columns(answers: _Answers) -> dict[str, str]:
+    """The answers as the statement's ``answer`` reads them: one JSON array of objects,
+    its moments in ISO 8601."""
+    return {"answers": json.dumps(answers.rows, default=datetime.isoformat)}
 
 
 def _record_postgresql(dest: WebhookDestination, answers: _Answers) -> tuple[set[int], int | None]:

@@ -28,6 +28,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from .egress import EgressGuard
+
 # the monotonic time by which the request in progress in this context must be over
 _deadline: ContextVar[float | None] = ContextVar("peer_http_deadline", default=None)
 
@@ -78,10 +80,13 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 
 class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's own blocking backend, each operation bounded by the deadline."""
+    """httpcore's own blocking backend, each operation bounded by the deadline; with an
+    egress ``guard``, a connection only to an address it allows, made to the address it
+    checked (the name is not resolved again)."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: EgressGuard | None = None) -> None:
         self._backend = httpcore.SyncBackend()
+        self._guard = guard
 
     def connect_tcp(
         self,
@@ -92,9 +97,25 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         left = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(
-            self._backend.connect_tcp(host, port, left, local_address, socket_options)
-        )
+        if self._guard is None:
+            stream = self._backend.connect_tcp(host, port, left, local_address, socket_options)
+            return _DeadlineStream(stream)
+        addresses = self._guard.resolve(host, port)
+        for n, address in enumerate(addresses):
+            try:
+                stream = self._backend.connect_tcp(
+                    str(address),
+                    port,
+                    _left(timeout, httpcore.ConnectTimeout),
+                    local_address,
+                    socket_options,
+                )
+            except httpcore.ConnectError:
+                if n == len(addresses) - 1:
+                    raise
+                continue
+            return _DeadlineStream(stream)
+        raise httpcore.ConnectError(f"{host} resolves to no address")
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
@@ -112,13 +133,15 @@ class DeadlineTransport(httpx.HTTPTransport):
     own __init__ builds it) and its request handling, which maps httpcore's errors to
     httpx's, is kept as it is."""
 
-    def __init__(self, *, limits: httpx.Limits, verify: Any = True) -> None:
+    def __init__(
+        self, *, limits: httpx.Limits, verify: Any = True, guard: EgressGuard | None = None
+    ) -> None:
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify),
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
-            network_backend=_DeadlineBackend(),
+            network_backend=_DeadlineBackend(guard),
         )
 
 
@@ -128,12 +151,14 @@ def client(
     limits: httpx.Limits | None = None,
     headers: dict[str, str] | None = None,
     verify: Any = True,
+    guard: EgressGuard | None = None,
 ) -> httpx.Client:
     """An httpx client for a peer: every request it sends inside ``deadline()`` ends by
-    then; redirects are not followed."""
+    then; redirects are not followed; with ``guard``, it connects only where the egress
+    guard allows (``EgressRefused`` otherwise, before any connection)."""
     limits = limits or httpx.Limits()
     return httpx.Client(
-        transport=DeadlineTransport(limits=limits, verify=verify),
+        transport=DeadlineTransport(limits=limits, verify=verify, guard=guard),
         timeout=timeout,
         headers=headers,
         follow_redirects=False,

@@ -1,0 +1,155 @@
+"""The egress guard: which addresses a request to an address someone typed may reach.
+
+A destination's URL, an ``http`` reconciliation adapter's, a notifier's: each is text a
+person entered, and the app POSTs there and keeps the answer. Pointed at an internal
+service (the cloud's metadata address, a database's HTTP port, an admin on loopback),
+that is server-side request forgery with a read path. So every address such a request
+would connect to is checked here first, as resolved (a name that resolves to 127.0.0.1,
+or changes its answer between a check and the send, is refused the same), and the
+connection is made to the address checked, not to the name again.
+
+Refused by default: loopback, private networks (RFC 1918, ULA), link-local (169.254/16,
+with the cloud metadata address, and fe80::/10), unspecified, multicast, reserved and
+documentation ranges, the shared address space (100.64/10), NAT64 (64:ff9b::/96,
+64:ff9b:1::/48), and every IPv6 form that embeds a refused IPv4 address (IPv4-mapped,
+IPv4-compatible, 6to4, Teredo). Decimal, hex and short IPv4 forms (``2130706433``,
+``0x7f000001``, ``127.1``) are the same addresses once resolved, and refused the same.
+Networks in the allow list (``EgressGuard(allowed=…)``) are let through anyway: a
+development merchant on loopback, a partner on a private link.
+
+A refusal raises ``EgressRefused`` before any connection is made, so its text is the
+same whether the refused address has an open port or not: no port scan through it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _networks(*cidrs: str) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(cidr) for cidr in cidrs)
+
+
+# The rules in the order they are named; an address that none names but that is not
+# globally routable (ipaddress's is_global) is refused as "not a public address".
+RULES: tuple[tuple[str, tuple[Network, ...]], ...] = (
+    ("loopback", _networks("127.0.0.0/8", "::1/128")),
+    ("unspecified", _networks("0.0.0.0/8", "::/128")),
+    ("private", _networks("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")),
+    (
+        "link-local (the cloud metadata address among them)",
+        _networks("169.254.0.0/16", "fe80::/10"),
+    ),
+    ("shared address space (carrier-grade NAT)", _networks("100.64.0.0/10")),
+    ("multicast", _networks("224.0.0.0/4", "ff00::/8")),
+    ("NAT64", _networks("64:ff9b::/96", "64:ff9b:1::/48")),
+    (
+        "reserved",
+        _networks(
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "198.18.0.0/15",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "240.0.0.0/4",
+            "100::/64",
+            "2001:db8::/32",
+        ),
+    ),
+)
+
+
+class EgressRefused(Exception):
+    """A request to an address the egress guard refuses; no connection was made."""
+
+    def __init__(self, host: str, address: str, rule: str) -> None:
+        self.host, self.address, self.rule = host, address, rule
+        where = address if host.strip("[]") == address else f"{host} resolves to {address}"
+        super().__init__(f"refused by the egress guard: {where}, which is {rule}")
+
+
+def parse_networks(value: str | Iterable[str]) -> tuple[Network, ...]:
+    """Networks from CIDRs (a comma-separated string, or a list), as a setting names
+    them; a bare address is a network of one. A malformed one raises ValueError naming
+    it."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    networks = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not a network (CIDR, such as 10.0.0.0/8)") from None
+    return tuple(networks)
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form carries: IPv4-mapped, IPv4-compatible, 6to4, Teredo
+    (its client)."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    packed = address.packed
+    if packed[:12] == bytes(12) and int(address) > 1:  # ::a.b.c.d, not :: or ::1
+        return ipaddress.IPv4Address(packed[12:])
+    return None
+
+
+@dataclass(frozen=True)
+class EgressGuard:
+    """The rules above, less the networks in ``allowed``."""
+
+    allowed: tuple[Network, ...] = ()
+
+    def refusal(self, address: Address) -> str | None:
+        """Why ``address`` may not be reached, or None if it may."""
+        if any(address in network for network in self.allowed):
+            return None
+        if isinstance(address, ipaddress.IPv6Address):
+            inner = _embedded_ipv4(address)
+            if inner is not None:
+                why = self.refusal(inner)
+                return None if why is None else f"an IPv6 form of {inner}: {why}"
+        for rule, networks in RULES:
+            if any(address in network for network in networks):
+                return rule
+        return None if address.is_global else "not a public address"
+
+    def check(self, host: str, addresses: Sequence[Address]) -> None:
+        """Raise EgressRefused if any of ``host``'s addresses is refused: a name with one
+        public and one internal answer is not a name to trust with either."""
+        for address in addresses:
+            rule = self.refusal(address)
+            if rule is not None:
+                raise EgressRefused(host, str(address), rule)
+
+    def resolve(self, host: str, port: int) -> list[Address]:
+        """``host``'s addresses for a TCP connection, each checked (EgressRefused), in the
+        resolver's order. A name that does not resolve raises socket.gaierror (OSError),
+        as a connection to it would."""
+        addresses = resolve(host, port)
+        self.check(host, addresses)
+        return addresses
+
+
+def resolve(host: str, port: int) -> list[Address]:
+    """``host`` as the system resolves it for TCP (an IP literal in any form inet_aton
+    reads, ``127.1`` and ``2130706433`` among them, or a name), without duplicates."""
+    literal = host.strip("[]")
+    infos = socket.getaddrinfo(literal, port, type=socket.SOCK_STREAM)
+    addresses: list[Address] = []
+    for *_, sockaddr in infos:
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if address not in addresses:
+            addresses.append(address)
+    return addresses

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         metrics_dir = tempfile.mkdtemp(prefix="webhook-receiver-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    allow_loopback_merchants()
     children = {
         name: subprocess.Popen(command, start_new_session=True)
         for name, command in commands(args.host, args.port).items()
@@ -109,6 +110,26 @@ def main(argv: list[str] | None = None) -> int:
     if metrics_dir:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return stopped
+
+
+LOOPBACK_NETWORKS = "127.0.0.0/8,::1/128"
+
+
+def allow_loopback_merchants() -> None:
+    """On a development machine the merchants are local: the egress guard lets the relay
+    reach loopback, unless the environment or .env says otherwise, and says so."""
+    env_file = BASE_DIR / ".env"
+    named = env_file.exists() and any(
+        line.startswith("WEBHOOK_EGRESS_ALLOWED_NETWORKS=")
+        for line in env_file.read_text().splitlines()
+    )
+    if "WEBHOOK_EGRESS_ALLOWED_NETWORKS" in os.environ or named:
+        return
+    os.environ["WEBHOOK_EGRESS_ALLOWED_NETWORKS"] = LOOPBACK_NETWORKS
+    say(
+        f"  Egress: destinations on loopback ({LOOPBACK_NETWORKS}) are allowed, for local "
+        "merchants; other internal addresses are refused."
+    )
 
 
 def reachable(host: str) -> str:

@@ -189,6 +189,9 @@ WEBHOOK_RECEIVER = {
     "DESTINATION_SECRET_KEYS": env.list("WEBHOOK_DESTINATION_SECRET_KEYS", default=[]),
     # behind deploy/nginx.conf: 1 (the client's address is read from X-Forwarded-For)
     "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
+    # networks the egress guard lets destinations reach although they are internal
+    # (comma-separated CIDRs; `make run` allows loopback for its "self" destination)
+    "EGRESS_ALLOWED_NETWORKS": env("WEBHOOK_EGRESS_ALLOWED_NETWORKS", default=""),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]

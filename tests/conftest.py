@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +21,10 @@ pytest_plugins = [
     "tests.support.trace",
     "tests.support.repairing",
 ]
+
+# The suite's merchants listen on loopback: processes it starts on the demo's own settings
+# (project.settings) let the relay reach them, as tests/settings.py does in this one.
+os.environ.setdefault("WEBHOOK_EGRESS_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
 
 
 def pytest_collection_modifyitems(config, items):

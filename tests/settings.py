@@ -52,6 +52,9 @@ WEBHOOK_RECEIVER = {
     "DESTINATION_SECRET_KEYS": [DESTINATION_SECRET_KEY],
     # for a served instance behind nginx (tests/support/served.py); unset, no proxy is trusted
     "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
+    # the suite's merchants listen on loopback (tests/core/test_egress.py and the relay's
+    # egress tests check the guard without this)
+    "EGRESS_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/15")

@@ -14,6 +14,8 @@ from project.settings import *  # noqa: F403
 
 WEBHOOK_RECEIVER = {
     **WEBHOOK_RECEIVER,  # noqa: F405
+    # its merchants listen on loopback
+    "EGRESS_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
     # retry n waits a random time in [0, min(5, 1 * 2**(n-1))] s; 40 attempts outlast
     # any fault of the run (the longest holds a table for 25 s)
     "RETRY_BASE_DELAY_SECONDS": 1,

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from webhook_receiver.conf import parse_networks
 from webhook_receiver.core import peer_http
-from webhook_receiver.core.egress import EgressGuard, EgressRefused, parse_networks
+from webhook_receiver.core.egress import EgressGuard, EgressRefused
 
 GUARD = EgressGuard()
 

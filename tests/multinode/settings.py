@@ -12,6 +12,8 @@ from project.settings import WEBHOOK_RECEIVER as _PROJECT_WEBHOOK_RECEIVER
 
 WEBHOOK_RECEIVER = {
     **_PROJECT_WEBHOOK_RECEIVER,
+    # its merchants listen on loopback
+    "EGRESS_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
     "RETRY_BASE_DELAY_SECONDS": 1,
     "RETRY_MAX_DELAY_SECONDS": 4,
 }

@@ -7,7 +7,7 @@ Settings are read lazily and cached; the cache is cleared on ``setting_changed``
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
@@ -127,6 +127,11 @@ DEFAULTS: dict[str, Any] = {
     # Required once a destination has secrets; rotate by putting a new key first,
     # running manage.py webhook_destination reencrypt, then removing the old one.
     "DESTINATION_SECRET_KEYS": [],
+    # networks (CIDRs: a list, or a comma-separated string) that a request to an address
+    # someone typed (a destination, the http reconciliation adapter) may reach although
+    # the egress guard refuses them: loopback, private, link-local, … (core/egress.py).
+    # Empty: none. A development merchant on loopback: ["127.0.0.0/8", "::1/128"].
+    "EGRESS_ALLOWED_NETWORKS": [],
 }
 
 POSITIVE_KEYS = (
@@ -198,6 +203,7 @@ class AppSettings:
     status_timeout_seconds: float
     outbox_retention: timedelta
     ops_destination: str | None
+    egress_allowed_networks: tuple[IPv4Network | IPv6Network, ...]
 
 
 @functools.cache
@@ -255,6 +261,7 @@ def app_settings() -> AppSettings:
         status_timeout_seconds=float(merged["STATUS_TIMEOUT_SECONDS"]),
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
         ops_destination=merged["OPS_DESTINATION"] or None,
+        egress_allowed_networks=_egress_allowed(merged["EGRESS_ALLOWED_NETWORKS"]),
     )
 
 
@@ -281,6 +288,29 @@ NEW_KEY_HINT = (
     'Generate a key with: python -c "from cryptography.fernet import Fernet; '
     'print(Fernet.generate_key().decode())"'
 )
+
+
+def parse_networks(value: str | Iterable[Any]) -> tuple[IPv4Network | IPv6Network, ...]:
+    """Networks from CIDRs (a comma-separated string, as an environment variable gives
+    them, or a list); a bare address is a network of one. A malformed one raises
+    ValueError naming it."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    networks = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        try:
+            networks.append(ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not a network (CIDR, such as 10.0.0.0/8)") from None
+    return tuple(networks)
+
+
+def _egress_allowed(value: Any) -> tuple[IPv4Network | IPv6Network, ...]:
+    try:
+        return parse_networks(value or ())
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(f"WEBHOOK_RECEIVER['EGRESS_ALLOWED_NETWORKS']: {exc}") from exc
 
 
 def _fernet_keys(value: Any) -> tuple[str, ...]:
@@ -314,10 +344,8 @@ def _trusted_proxies(value: Any) -> TrustedProxies | None:
         if value < 0:
             raise ImproperlyConfigured(f"{where} must not be negative, not {value!r}.")
         return TrustedProxies(count=value) if value else None
-    if isinstance(value, str):
-        value = value.split(",")
     try:
-        networks = tuple(ip_network(str(v).strip(), strict=False) for v in value if str(v).strip())
+        networks = parse_networks(value)
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(
             f"{where}: the number of proxies in front of the app (1 for nginx alone), or "

@@ -14,7 +14,8 @@ documentation ranges, the shared address space (100.64/10), NAT64 (64:ff9b::/96,
 64:ff9b:1::/48), and every IPv6 form that embeds a refused IPv4 address (IPv4-mapped,
 IPv4-compatible, 6to4, Teredo). Decimal, hex and short IPv4 forms (``2130706433``,
 ``0x7f000001``, ``127.1``) are the same addresses once resolved, and refused the same.
-Networks in the allow list (``EgressGuard(allowed=…)``) are let through anyway: a
+Networks in the allow list (``EgressGuard(allowed=…)``; ``configured_guard()`` reads
+``EGRESS_ALLOWED_NETWORKS``) are let through anyway: a
 development merchant on loopback, a partner on a private link.
 
 A refusal raises ``EgressRefused`` before any connection is made, so its text is the
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ..conf import app_settings
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -72,22 +75,6 @@ class EgressRefused(Exception):
         self.host, self.address, self.rule = host, address, rule
         where = address if host.strip("[]") == address else f"{host} resolves to {address}"
         super().__init__(f"refused by the egress guard: {where}, which is {rule}")
-
-
-def parse_networks(value: str | Iterable[str]) -> tuple[Network, ...]:
-    """Networks from CIDRs (a comma-separated string, or a list), as a setting names
-    them; a bare address is a network of one. A malformed one raises ValueError naming
-    it."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    networks = []
-    for item in (i.strip() for i in items):
-        if not item:
-            continue
-        try:
-            networks.append(ipaddress.ip_network(item, strict=False))
-        except ValueError:
-            raise ValueError(f"{item!r} is not a network (CIDR, such as 10.0.0.0/8)") from None
-    return tuple(networks)
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
@@ -140,6 +127,11 @@ class EgressGuard:
         addresses = resolve(host, port)
         self.check(host, addresses)
         return addresses
+
+
+def configured_guard() -> EgressGuard:
+    """The guard, with ``WEBHOOK_RECEIVER['EGRESS_ALLOWED_NETWORKS']`` let through."""
+    return EgressGuard(allowed=app_settings().egress_allowed_networks)
 
 
 def resolve(host: str, port: int) -> list[Address]:

@@ -34,6 +34,8 @@ class Sent:
     error: str = ""
     excerpt: str = ""
     retry_after: str | None = None
+    # the egress guard refused the destination's address: no request was made
+    refused: bool = False
 
 
 @dataclass(frozen=True)

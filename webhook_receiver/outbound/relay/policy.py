@@ -47,7 +47,9 @@ def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
     code = sent.status_code
     if code is not None and 200 <= code < 300:
         return Verdict(MessageStatus.DELIVERED, None, spends_budget=False, breaker_failure=False)
-    if code in TERMINAL_STATUSES:
+    if code in TERMINAL_STATUSES or sent.refused:
+        # refused by the egress guard: no retry changes the address, and the destination
+        # did not fail (its breaker is not counted)
         return Verdict(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=False)
     if code in PACING_STATUSES:
         wait = parse_retry_after(sent.retry_after, now=now, cap=dest.retry_after_cap_seconds)

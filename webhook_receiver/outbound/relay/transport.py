@@ -23,6 +23,7 @@ import httpx
 from django.utils import timezone
 
 from ...core import storable, tracing
+from ...core.egress import EgressGuard, EgressRefused, configured_guard
 from ...core.peer_http import body_start, charset_of, text_of
 from ...core.peer_http import client as peer_client
 from ...core.peer_http import deadline as request_deadline
@@ -50,18 +51,20 @@ class Window(Protocol):
 
 
 _lock = threading.Lock()
-_clients: dict[tuple[int, str, float], httpx.Client] = {}
+_clients: dict[tuple[int, str, float, EgressGuard], httpx.Client] = {}
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
 def _client(dest: WebhookDestination) -> httpx.Client:
-    """One client per destination and process: its connections are reused."""
-    ident = (dest.pk, dest.url, dest.timeout_seconds)
+    """One client per destination and process: its connections are reused, each only to
+    an address the egress guard allows."""
+    guard = configured_guard()
+    ident = (dest.pk, dest.url, dest.timeout_seconds, guard)
     with _lock:
         client = _clients.get(ident)
         if client is None:
             limits = httpx.Limits(max_connections=max(1, dest.max_in_flight))
-            client = peer_client(timeout=dest.timeout_seconds, limits=limits)
+            client = peer_client(timeout=dest.timeout_seconds, limits=limits, guard=guard)
             _clients[ident] = client
         return client
 
@@ -197,6 +200,14 @@ def _request(
             status_code = response.status_code
             retry_after = response.headers.get("retry-after")
             charset = charset_of(response)
+    except EgressRefused as exc:  # an internal address: no connection was made
+        return Sent(
+            message=message,
+            started_at=started_at,
+            duration_ms=_ms_since(began),
+            error=storable.text(f"{type(exc).__name__}: {exc}", EXCERPT_CHARS),
+            refused=True,
+        )
     except Exception as exc:  # no answer: refused, reset, timed out, or a URL httpx refuses
         return Sent(
             message=message,

@@ -28,6 +28,7 @@ import httpx
 from django.utils import timezone
 
 from ...core import peer_http
+from ...core.egress import EgressRefused, configured_guard
 from . import SenderEvent, SenderUnavailable, parse_event
 
 # the start of a refusal's body kept in the run's error
@@ -72,7 +73,8 @@ def list_events(
         headers["Authorization"] = f"Bearer {options['TOKEN']}"
     params = {"created_gte": since.isoformat(), "created_lt": until.isoformat()}
     max_pages = int(options.get("MAX_PAGES", 1000))
-    with peer_http.client(timeout=timeout, headers=headers) as client:
+    guard = configured_guard()
+    with peer_http.client(timeout=timeout, headers=headers, guard=guard) as client:
         for _ in range(max_pages):
             body = _get(client, options["URL"], params, bounds)
             records, cursor = body.get("data"), body.get("next_cursor")
@@ -106,6 +108,8 @@ def _get(client: httpx.Client, url: str, params: dict[str, str], bounds: _Bounds
                     data = peer_http.body_start(response, max_bytes=ERROR_EXCERPT_CHARS * 4)
                 charset = peer_http.charset_of(response)
                 retry_after = response.headers.get("Retry-After")
+        except EgressRefused as exc:  # an internal address: no retry changes it
+            raise SenderUnavailable(str(exc)) from exc
         except peer_http.TooLarge as exc:  # no retry: it would be as large again
             raise SenderUnavailable(
                 f"the answer is larger than MAX_PAGE_BYTES ({bounds.max_bytes} bytes): {exc}"

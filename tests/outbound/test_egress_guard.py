@@ -22,12 +22,15 @@ def _settings(allowed: list[str]):
     )
 
 
-def test_a_destination_on_loopback_is_refused_and_fails_for_good(receiver):
+def test_a_destination_on_loopback_is_refused_and_fails_for_good(
+    receiver, caplog, django_capture_on_commit_callbacks
+):
     with _settings([]):
         dest = destination(receiver.url.replace("127.0.0.1", "localhost"))
         admit(dest, "order:ord_1:paid:v1")
 
-        sent, _ = relay_destination(destination_id=dest.pk)
+        with django_capture_on_commit_callbacks(execute=True):
+            sent, _ = relay_destination(destination_id=dest.pk)
 
     assert sent == 1
     assert receiver.received == []
@@ -42,6 +45,11 @@ def test_a_destination_on_loopback_is_refused_and_fails_for_good(receiver):
     assert attempt.status_code is None
     assert attempt.error == message.last_error
     assert WebhookDestination.objects.get().consecutive_failures == 0
+    # one log line, with the reason it will not be retried
+    [line] = [r.getMessage() for r in caplog.records if "EgressRefused" in r.getMessage()]
+    assert line.endswith(
+        "attempt 1: failed for good (an address the egress guard refuses), waiting for an operator"
+    )
 
 
 def test_the_allow_list_lets_the_same_destination_through(receiver):

@@ -83,6 +83,8 @@ def what_next(dest: WebhookDestination, sent: Sent, v: Verdict, now: datetime) -
     if v.status == MessageStatus.FAILED:
         if sent.status_code in TERMINAL_STATUSES:
             return "failed for good (a terminal answer), waiting for an operator"
+        if sent.refused:
+            return "failed for good (an address the egress guard refuses), waiting for an operator"
         return f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
     wait = duration_text((v.next_attempt_at or now) - now)
     if not v.spends_budget:

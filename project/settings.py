@@ -190,7 +190,7 @@ WEBHOOK_RECEIVER = {
     # behind deploy/nginx.conf: 1 (the client's address is read from X-Forwarded-For)
     "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
     # networks the egress guard lets destinations reach although they are internal
-    # (comma-separated CIDRs; `make run` allows loopback for its "self" destination)
+    # (comma-separated CIDRs; `make run` allows loopback, for local merchants)
     "EGRESS_ALLOWED_NETWORKS": env("WEBHOOK_EGRESS_ALLOWED_NETWORKS", default=""),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed

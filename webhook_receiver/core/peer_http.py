@@ -100,22 +100,19 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         if self._guard is None:
             stream = self._backend.connect_tcp(host, port, left, local_address, socket_options)
             return _DeadlineStream(stream)
-        addresses = self._guard.resolve(host, port)
-        for n, address in enumerate(addresses):
+        # each checked address in the resolver's order, as a connection by name tries them
+        failed: Exception = httpcore.ConnectError(f"{host} resolves to no address")
+        for address in self._guard.resolve(host, port):
+            left = _left(timeout, httpcore.ConnectTimeout)
             try:
                 stream = self._backend.connect_tcp(
-                    str(address),
-                    port,
-                    _left(timeout, httpcore.ConnectTimeout),
-                    local_address,
-                    socket_options,
+                    str(address), port, left, local_address, socket_options
                 )
-            except httpcore.ConnectError:
-                if n == len(addresses) - 1:
-                    raise
+            except httpcore.ConnectError as exc:
+                failed = exc
                 continue
             return _DeadlineStream(stream)
-        raise httpcore.ConnectError(f"{host} resolves to no address")
+        raise failed
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None

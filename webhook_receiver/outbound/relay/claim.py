@@ -210,13 +210,12 @@ def _destination_from_row(row: dict[str, Any]) -> WebhookDestination:
     """The destination of a row that holds its columns (``d.*``), each converted as the
     model reads it, the row's other columns set beside its fields: what ``raw()`` makes,
     without resolving the columns again each round."""
-    attnames, converters = _destination_fields()
+    attnames, converters, columns = _destination_fields()
     values = [
         row[column] if convert is None else convert(row[column], None, connection)
         for column, convert in converters
     ]
     dest = WebhookDestination.from_db(connection.alias, attnames, values)
-    columns = {column for column, _ in converters}
     for name, value in row.items():
         if name not in columns:
             setattr(dest, name, value)
@@ -224,11 +223,13 @@ def _destination_from_row(row: dict[str, Any]) -> WebhookDestination:
 
 
 @functools.cache
-def _destination_fields() -> tuple[list[str], list[tuple[str, Any]]]:
+def _destination_fields() -> tuple[list[str], list[tuple[str, Any]], frozenset[str]]:
+    """The model's attribute names, its columns with their converters, and the columns."""
     fields = WebhookDestination._meta.concrete_fields
     return (
         [field.attname for field in fields],
         [(field.column, getattr(field, "from_db_value", None)) for field in fields],
+        frozenset(field.column for field in fields),
     )
 
 

@@ -155,6 +155,32 @@ def test_github_push_is_recorded_as_ignored_under_its_delivery_id(client):
     assert (audit.verification, audit.result) == ("verified", "ignored")
 
 
+def test_github_keyed_by_signed_body_treats_a_resend_under_a_new_delivery_id_as_a_duplicate(
+    client, settings
+):
+    # given: a GitHub source keyed by its signed bytes, and one signed body sent twice
+    # under two delivery ids (the headers GitHub does not sign)
+    github = {**settings.WEBHOOK_RECEIVER["SOURCES"]["github"]}
+    github["EVENT_KEY"] = "webhook_receiver.schemes.github.signed_body_key"
+    sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], "github": github}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+    body = json.dumps({"ref": "refs/heads/main", "after": "1" * 40}).encode()
+
+    # when
+    first = post(client, "github", body, github_headers(body, delivery="delivery-1"))
+    second = post(client, "github", body, github_headers(body, delivery="delivery-2"))
+    changed = body.replace(b"1", b"2")
+    third = post(client, "github", changed, github_headers(changed, delivery="delivery-1"))
+
+    # then: the resend is a duplicate; another body is another event, whatever its id
+    key = f"sha256:{sha256(body)}"
+    assert first.json()["event_key"] == key
+    assert second.json()["status"] == "duplicate"
+    assert second.json()["event_key"] == key
+    assert third.json()["event_key"] == f"sha256:{sha256(changed)}"
+    assert WebhookReceipt.objects.count() == 2
+
+
 def test_keyed_source_treats_a_new_webhook_id_for_the_same_order_version_as_a_duplicate(client):
     # given: two deliveries of the same order/type/version under different webhook ids
     first_body = reserved("ord_k", ("SKU-K", 1), version=1)

@@ -483,7 +483,10 @@ def test_github_published_vector_verifies():
     message = verify_github(headers, GITHUB_VECTOR_PAYLOAD, secrets=("It's a Secret to Everybody",))
 
     assert message == VerifiedMessage(
-        scheme="github", message_id="72d3162e-cc78-11e3-81ab-4c9367dc0958", timestamp=None
+        scheme="github",
+        message_id="72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        timestamp=None,
+        body_sha256=hashlib.sha256(GITHUB_VECTOR_PAYLOAD).hexdigest(),
     )
 
 

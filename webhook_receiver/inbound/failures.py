@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import random
 import time
@@ -207,6 +208,7 @@ def _stored_event(failed: FailedEvent) -> WebhookEvent:
         scheme=source.scheme,
         message_id=failed.message_id or None,
         timestamp=int(timestamp.timestamp()) if timestamp else None,
+        body_sha256=hashlib.sha256(failed.body).hexdigest(),
     )
     event = parse_event(source, message, CaseInsensitiveMapping(failed.headers), bytes(failed.body))
     if not failed.event_type:

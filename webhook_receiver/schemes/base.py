@@ -25,6 +25,9 @@ class VerifiedMessage:
     scheme: str
     message_id: str | None  # the scheme's delivery id, when it has one
     timestamp: int | None  # signature timestamp (Unix seconds), when the scheme signs one
+    # the SHA-256 of the signed bytes, for a scheme whose message id is not signed
+    # (GitHub): a key derived from it cannot be changed by whoever resends the body
+    body_sha256: str | None = None
 
 
 class Scheme:

@@ -1,7 +1,10 @@
 """GitHub: ``X-Hub-Signature-256: sha256=<hex>``, an HMAC-SHA256 of the body alone.
 
-GitHub signs no timestamp: a captured delivery verifies whenever it is resent, and
-replay protection rests on the event key (``X-GitHub-Delivery``) alone."""
+GitHub signs no timestamp, nor the delivery id and event type, which travel in headers
+(``X-GitHub-Delivery``, ``X-GitHub-Event``): a captured delivery verifies whenever it is
+resent, and with the default key a resend under a new delivery id is a new event. A
+source that must not accept that keys its events by the signed bytes instead:
+``"EVENT_KEY": "webhook_receiver.schemes.github.signed_body_key"``."""
 
 from __future__ import annotations
 
@@ -38,7 +41,12 @@ class GitHub(Scheme):
         if not any_match(expected, presented):
             raise InvalidSignature()
         delivery = headers.get("x-github-delivery") or None
-        return VerifiedMessage(scheme=self.name, message_id=delivery, timestamp=None)
+        return VerifiedMessage(
+            scheme=self.name,
+            message_id=delivery,
+            timestamp=None,
+            body_sha256=hashlib.sha256(body).hexdigest(),
+        )
 
     def sign(self, *, secret: str, body: bytes, message_id: str, timestamp: int) -> dict[str, str]:
         return {
@@ -48,3 +56,11 @@ class GitHub(Scheme):
 
     def event_type(self, *, payload: Mapping[str, Any], headers: Mapping[str, str]) -> Any:
         return headers.get("X-GitHub-Event")  # the body has no type of its own
+
+
+def signed_body_key(*, payload: Mapping[str, Any], message: VerifiedMessage) -> str | None:
+    """An EVENT_KEY for GitHub sources: the SHA-256 of the signed body, so that the same
+    body resent under another ``X-GitHub-Delivery`` is a duplicate, not a new event. Two
+    deliveries GitHub itself makes of one event share their body (a redelivery from its
+    settings page included), and are one event here too."""
+    return f"sha256:{message.body_sha256}" if message.body_sha256 else None

@@ -24,6 +24,7 @@ from django.utils.translation import gettext, ngettext, ngettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from ..core.admin_links import admin_url
+from ..core.display import url_masked
 from ..core.words import duration_text
 from ..outbound.breaker import destination_breaker
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
@@ -166,10 +167,12 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple]:
         secrets = ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
+        # the input keeps the real URL for whoever may change it; others read it masked
+        url = "url" if self.has_change_permission(request, obj) else "url_shown"
         # the health first: what an operator opens this page for
         fieldsets: list[tuple] = [(_("Health"), {"fields": self.health_fields})] if obj else []
         fieldsets += [
-            (_("Destination"), {"fields": ("name", "url", "enabled", "event_types")}),
+            (_("Destination"), {"fields": ("name", url, "enabled", "event_types")}),
             (_("Secrets"), {"fields": secrets}),
             (
                 _("Limits"),
@@ -212,6 +215,9 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         return request.user.has_perm(f"{self.opts.app_label}.retry_outboxmessage")
 
     def save_model(self, request: HttpRequest, obj: Any, form: forms.Form, change: bool) -> None:
+        warning = getattr(form, "url_warning", "")
+        if warning:  # a name that does not resolve yet: saved, the guard holds at send
+            self.message_user(request, f"{obj.name}: {warning}", messages.WARNING)
         if change:
             obj.save(update_fields=CONFIGURATION)
         else:
@@ -225,8 +231,8 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
             '<a href="{}" class="wr-key">{}</a><span class="wr-under" title="{}">{}</span>',
             admin_url(WebhookDestination, "change", quote(obj.pk)),
             obj.name,
-            obj.url,
-            obj.url,
+            url_masked(obj.url),
+            url_masked(obj.url),
         )
 
     @admin.display(description=_("breaker"), ordering="paused_until")
@@ -286,6 +292,10 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         )
 
     # --- the change form -----------------------------------------------------------------
+
+    @admin.display(description=_("URL"))
+    def url_shown(self, obj: WebhookDestination) -> str:
+        return url_masked(obj.url)
 
     @admin.display(description=_("breaker"))
     def breaker_state(self, obj: WebhookDestination) -> str:

@@ -9,10 +9,12 @@ import re
 from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
+from django.core.validators import URLValidator
 from django.utils import timezone
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from ..core.egress import UrlRefused, check_url
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..schemes.standard import secret_key
@@ -105,12 +107,24 @@ class WriteOnlyTextarea(forms.Textarea):
         return None
 
 
+class GuardedURLField(forms.URLField):
+    """A URL field whose validation DestinationForm.clean_url runs, after the egress
+    guard: an internal address in a form the URL validator also refuses (2130706433,
+    127.1) is then refused with the guard's rule named, not as "not a URL"."""
+
+    default_validators: list = []
+
+
 class DestinationForm(forms.ModelForm):
     """The destination's configuration. Its secrets are write-only: the form lists each
     current one by its last four characters, to keep or to drop, and takes new ones,
-    which sign alongside those kept (a rotation)."""
+    which sign alongside those kept (a rotation). Its URL is checked by the egress guard
+    (core/egress.check_url); a name that does not resolve yet is saved with a warning,
+    ``url_warning``, which the admin shows."""
 
-    url = forms.URLField(
+    url_warning = ""
+
+    url = GuardedURLField(
         label=_("URL"),
         max_length=2000,
         assume_scheme="https",
@@ -192,6 +206,15 @@ class DestinationForm(forms.ModelForm):
             self.initial.setdefault("keep_secrets", [secret_fingerprint(s) for s in current])
         if "event_types" in self.fields:
             self.initial["event_types"] = "\n".join(self.instance.event_types or [])
+
+    def clean_url(self) -> str:
+        url = self.cleaned_data.get("url") or ""
+        try:
+            self.url_warning = check_url(url)
+        except UrlRefused as exc:
+            raise forms.ValidationError(str(exc)) from None
+        URLValidator()(url)
+        return url
 
     def clean_event_types(self) -> list[str]:
         text = self.cleaned_data.get("event_types") or ""

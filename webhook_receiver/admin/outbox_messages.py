@@ -17,7 +17,7 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext, ngettext_lazy
@@ -26,13 +26,13 @@ from django.utils.translation import gettext_lazy as _
 from ..core import display
 from ..core.admin_links import admin_url
 from ..outbound.breaker import destination_breaker
-from ..outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import DISCARDABLE, RETRYABLE, message_discard, message_retry_now
+from .answers import HIDDEN_TWINS, AnswerFields
 from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, custom_permission
 from .cells import (
     compact_time,
     full_time,
-    last_answer_text,
     moment_cell,
     pre,
     stacked_lines,
@@ -43,13 +43,6 @@ from .cells import (
 from .confirm import Confirmation, Selection, confirm_then_act, report_changed
 from .forms import DiscardMessagesForm, RetryForm
 
-# the list shows the start of the last answer; its title holds the whole of it
-LAST_ANSWER_CHARS = 70
-LAST_ANSWER_TITLE_CHARS = 2000
-# a message's page shows its newest attempts (a destination pacing us with 429s can
-# make many: they do not spend the retry budget)
-ATTEMPTS_SHOWN = 100
-ATTEMPT_COLUMNS = (_("started"), _("took"), _("answer"), _("response"), _("next eligible"))
 METADATA_NOTE = _(
     "How the payload was made (a prompt's version, token usage): kept beside the message, "
     "never sent, and not part of its identity."
@@ -119,8 +112,9 @@ class DestinationFilter(admin.RelatedFieldListFilter):
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
-    """The outbox's messages: look, retry now, or discard with a reason."""
+class OutboxMessageAdmin(AnswerFields, ObjectButtons, ReadOnlyAdmin):
+    """The outbox's messages: look, retry now, or discard with a reason. The answers'
+    fields are AnswerFields', shown to staff who may change the destination."""
 
     # Fits 1400 px beside the admin's sidebar and the filters without sideways scrolling
     # (change_list.html fixes the columns' widths): the ordering key and the trace link
@@ -158,7 +152,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         (_("Metadata"), {"fields": ("pretty_metadata",), "description": METADATA_NOTE}),
         (_("Payload"), {"fields": ("pretty_payload",)}),
     )
-    readonly_fields = tuple(flatten_fieldsets(fieldsets))
+    readonly_fields = (*flatten_fieldsets(fieldsets), *HIDDEN_TWINS.values())
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
         # the list needs none of the payload nor the metadata (the detail page loads them
@@ -234,16 +228,6 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             lines.append((at, "wr-under", obj.delivered_at))
         return stacked_lines(lines)
 
-    @admin.display(description=_("last answer"), ordering="last_status_code")
-    def last_answer(self, obj: OutboxMessage) -> str:
-        full = last_answer_text(obj.last_status_code, obj.last_error)
-        if not full:
-            return "-"
-        short = full
-        if len(short) > LAST_ANSWER_CHARS:
-            short = short[: LAST_ANSWER_CHARS - 1].rstrip() + "…"
-        return format_html('<span title="{}">{}</span>', full[:LAST_ANSWER_TITLE_CHARS], short)
-
     @admin.display(description=_("created"), ordering="created_at")
     def created(self, obj: OutboxMessage) -> str:
         return moment_cell(obj.created_at)
@@ -257,7 +241,7 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             '<a href="{}">{}</a> ({})',
             admin_url(WebhookDestination, "change", quote(dest.pk)),
             dest.name,
-            dest.url,
+            display.url_masked(dest.url),
         )
 
     @admin.display(description=_("next attempt"))
@@ -287,10 +271,6 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
         budget = {"spent": obj.failures, "budget": obj.destination.max_attempts}
         return gettext("%(spent)d of %(budget)d failures spent") % budget
 
-    @admin.display(description=_("last answer"))
-    def last_answer_full(self, obj: OutboxMessage) -> str:
-        return last_answer_text(obj.last_status_code, obj.last_error) or "-"
-
     @admin.display(description=_("origin"))
     def origin(self, obj: OutboxMessage) -> str:
         if not obj.origin_event_key:
@@ -309,37 +289,6 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
     @admin.display(description=_("metadata"))
     def pretty_metadata(self, obj: OutboxMessage) -> str:
         return pre(display.json_text(obj.metadata)) if obj.metadata else "-"
-
-    @admin.display(description=_("attempts"))
-    def attempt_history(self, obj: OutboxMessage) -> str:
-        newest = list(obj.attempt_set.order_by("-number")[:ATTEMPTS_SHOWN])
-        if not newest:
-            return gettext("None yet.")
-        earlier = obj.attempt_set.count() - len(newest) if len(newest) == ATTEMPTS_SHOWN else 0
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-            '<td><pre class="wr-excerpt">{}</pre></td><td>{}</td></tr>',
-            (
-                (
-                    a.number,
-                    full_time(a.started_at),
-                    f"{a.duration_ms} ms",
-                    _attempt_answer(a),
-                    a.response_excerpt or "-",
-                    full_time(a.next_attempt_at) if a.next_attempt_at else "-",
-                )
-                for a in reversed(newest)
-            ),
-        )
-        note = gettext("%(count)d earlier attempts are not shown.") % {"count": earlier}
-        return format_html(
-            '{}<table class="wr-attempts"><thead><tr><th>#</th>{}</tr></thead><tbody>{}</tbody>'
-            "</table>",
-            format_html("<p>{}</p>", note) if earlier else "",
-            format_html_join("", "<th>{}</th>", ((column,) for column in ATTEMPT_COLUMNS)),
-            rows,
-        )
 
     # --- the detail page's Retry now and Discard buttons (base.ObjectButtons) ----------
 
@@ -442,9 +391,3 @@ class OutboxMessageAdmin(ObjectButtons, ReadOnlyAdmin):
             else:
                 continue
             self.message_user(request, why % held, messages.WARNING)
-
-
-def _attempt_answer(attempt: DeliveryAttempt) -> str:
-    if attempt.status_code is not None:
-        return f"HTTP {attempt.status_code}"
-    return attempt.error or "-"

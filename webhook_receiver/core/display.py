@@ -129,3 +129,34 @@ def redacted_headers(headers: dict[str, Any]) -> dict[str, Any]:
         name: storable.REDACTED if str(name).lower() in hidden else value
         for name, value in headers.items()
     }
+
+
+MASK = "…"
+
+
+def url_masked(url: str) -> str:
+    """A URL as lists and pages show it: each query value, the fragment and a password
+    in it as ``…`` (a merchant's token often rides in the query string), the rest as it
+    is. ``https://m.example/hook?token=abc&v=2`` -> ``https://m.example/hook?token=…&v=…``.
+    The change form's input keeps the real value for whoever may change it."""
+    before_fragment, hash_sign, fragment = url.partition("#")
+    base, question_mark, query = before_fragment.partition("?")
+    if question_mark:
+        base += "?" + "&".join(_masked_pair(pair) for pair in query.split("&"))
+    scheme, slashes, rest = base.partition("//")
+    if slashes:
+        authority, slash, path = rest.partition("/")
+        user_info, at, host = authority.rpartition("@")
+        if at:
+            user, colon, _password = user_info.partition(":")
+            authority = f"{user}{colon}{MASK if colon else ''}@{host}"
+        base = f"{scheme}//{authority}{slash}{path}"
+    return base + (f"#{MASK}" if hash_sign and fragment else hash_sign)
+
+
+def _masked_pair(pair: str) -> str:
+    """``name=value`` as ``name=…``; a bare word (``?abc123``, perhaps a token) as ``…``."""
+    name, equals, value = pair.partition("=")
+    if equals:
+        return f"{name}={MASK}" if value else pair
+    return MASK if pair else pair

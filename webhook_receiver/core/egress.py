@@ -20,14 +20,19 @@ development merchant on loopback, a partner on a private link.
 
 A refusal raises ``EgressRefused`` before any connection is made, so its text is the
 same whether the refused address has an open port or not: no port scan through it.
+
+``check_url`` applies the same rules when a URL is saved (the destination form, ``manage.py
+webhook_destination``), and refuses credentials in a URL and schemes other than http(s).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from ..conf import app_settings
 
@@ -145,3 +150,73 @@ def resolve(host: str, port: int) -> list[Address]:
         if address not in addresses:
             addresses.append(address)
     return addresses
+
+
+# --- when a URL is saved --------------------------------------------------------------
+
+SCHEMES = {"http": 80, "https": 443}
+
+
+class UrlRefused(ValueError):
+    """A URL the app will not send to, said when it is saved (its text names the rule)."""
+
+
+def check_url(url: str, guard: EgressGuard | None = None, resolve_seconds: float = 3.0) -> str:
+    """Check a URL as it is saved, so that whoever types it learns at once what the
+    guard would refuse at every send. Raise UrlRefused for a scheme other than http(s),
+    credentials in the URL, or a host with an address the guard refuses (``guard``, by
+    default ``configured_guard()``). Return a warning ("" when there is none): a name
+    that does not resolve within ``resolve_seconds`` is saved (a merchant's DNS may not
+    exist yet), and is checked again before each send."""
+    prefix = "refused by the egress guard: "
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+    except ValueError as exc:  # an unclosed [ or a bad IPv6 literal
+        raise UrlRefused(f"{prefix}not a URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise UrlRefused(f"{prefix}only http and https URLs are sent to, not {scheme or '…'}:")
+    if "@" in parts.netloc:
+        raise UrlRefused(
+            f"{prefix}credentials do not belong in the URL; put the secret in the secret field"
+        )
+    if not host:
+        raise UrlRefused(f"{prefix}the URL names no host")
+    guard = configured_guard() if guard is None else guard
+    try:
+        addresses = _resolve_within(host, SCHEMES[scheme], resolve_seconds)
+    except OSError as exc:  # socket.gaierror, or TimeoutError
+        return (
+            f"{host} does not resolve now ({exc}): saved, and checked by the egress guard "
+            "again before each send"
+        )
+    try:
+        guard.check(host, addresses)
+    except EgressRefused as refused:
+        raise UrlRefused(str(refused)) from None
+    return ""
+
+
+def _resolve_within(host: str, port: int, seconds: float) -> list[Address]:
+    """resolve(), given up after ``seconds`` (TimeoutError): getaddrinfo takes no
+    timeout, so it runs in a daemon thread, left to finish on its own."""
+    outcome: list[list[Address] | OSError] = []
+
+    def run() -> None:
+        try:
+            outcome.append(resolve(host, port))
+        except OSError as exc:
+            outcome.append(exc)
+        except UnicodeError as exc:  # a name IDNA cannot encode
+            outcome.append(socket.gaierror(str(exc)))
+
+    worker = threading.Thread(target=run, name="egress-resolve", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    result = outcome[0]
+    if isinstance(result, OSError):
+        raise result
+    return result

@@ -19,6 +19,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ...core.display import url_masked
+from ...core.egress import UrlRefused, check_url
 from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.models import WebhookDestination
 from ...outbound.operations import destinations_reencrypt
@@ -122,6 +124,12 @@ class Command(BaseCommand):
     def _fields(self, options: dict[str, Any]) -> dict[str, Any]:
         fields: dict[str, Any] = {}
         if options["url"]:
+            try:
+                warning = check_url(options["url"])
+            except UrlRefused as exc:
+                raise CommandError(f"--url: {exc}") from None
+            if warning:  # saved all the same: the guard checks it again before each send
+                self.stderr.write(self.style.WARNING(f"warning: --url: {warning}"))
             fields["url"] = options["url"]
         if options["secret"]:
             for secret in options["secret"]:
@@ -165,6 +173,7 @@ class Command(BaseCommand):
         state = "enabled" if d.enabled else "DISABLED"
         events = ",".join(d.event_types) or "no events"
         return (
-            f"{state}, {d.url}, {events}, {d.rate_count}/{d.rate_seconds:g}s burst {d.burst}, "
+            f"{state}, {url_masked(d.url)}, {events}, "
+            f"{d.rate_count}/{d.rate_seconds:g}s burst {d.burst}, "
             f"{d.max_in_flight} in flight, {len(d.secrets)} secret(s)"
         )

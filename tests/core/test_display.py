@@ -82,3 +82,50 @@ def test_a_value_nested_deeper_than_the_encoder_recurses_is_printed_in_full():
 )
 def test_the_flat_printer_writes_what_json_writes(value):
     assert display._flat_json(value) == json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+# --- url_masked ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://m.example/hook?token=abc", "https://m.example/hook?token=…"),
+        ("https://m.example/hook?token=abc&v=2", "https://m.example/hook?token=…&v=…"),
+        ("https://m.example/hook?abc123", "https://m.example/hook?…"),
+        ("https://m.example/hook?a=&b=1", "https://m.example/hook?a=&b=…"),
+        ("https://m.example/hook#secret", "https://m.example/hook#…"),
+        ("https://m.example/h?k=v#f", "https://m.example/h?k=…#…"),
+        ("https://shop:pw@m.example/h", "https://shop:…@m.example/h"),
+        ("https://m.example/hook", "https://m.example/hook"),
+        ("https://m.example/a@b/c?x=1", "https://m.example/a@b/c?x=…"),
+        ("http://[::1]:8000/h?t=1", "http://[::1]:8000/h?t=…"),
+        ("https://m.example/hook?", "https://m.example/hook?"),
+        ("", ""),
+    ],
+)
+def test_url_masked(url, shown):
+    assert display.url_masked(url) == shown
+
+
+_token = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.~%", min_size=8, max_size=40)
+
+
+@given(st.lists(st.tuples(st.text("abcdefgh", min_size=1, max_size=6), _token), max_size=5))
+def test_url_masked_shows_no_query_value_and_keeps_the_rest(pairs):
+    base = "https://merchant.example/hooks/v1"
+    query = "&".join(f"{name}={value}" for name, value in pairs)
+    url = f"{base}?{query}" if pairs else base
+
+    shown = display.url_masked(url)
+
+    assert shown.startswith(base)
+    shown_query = shown[len(base) :]
+    for name, value in pairs:
+        assert value not in shown_query
+        assert f"{name}=…" in shown_query
+
+
+@given(st.text(max_size=80))
+def test_url_masked_answers_for_any_text(text):
+    assert isinstance(display.url_masked(text), str)

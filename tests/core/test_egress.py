@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.listener import Listener, listening
 from webhook_receiver.conf import parse_networks
 from webhook_receiver.core import peer_http
 from webhook_receiver.core.egress import EgressGuard, EgressRefused
@@ -20,35 +21,10 @@ from webhook_receiver.core.egress import EgressGuard, EgressRefused
 GUARD = EgressGuard()
 
 
-class Listener:
-    """A socket that listens and never accepts: what reached it stays in its backlog."""
-
-    def __init__(self, family: int, host: str) -> None:
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-
-    def connections(self) -> int:
-        self.sock.setblocking(False)
-        count = 0
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except BlockingIOError:
-                return count
-            conn.close()
-            count += 1
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def listener() -> Iterator[Listener]:
-    server = Listener(socket.AF_INET, "127.0.0.1")
-    yield server
-    server.close()
+    with listening() as server:
+        yield server
 
 
 def _post(url: str, guard: EgressGuard = GUARD) -> httpx.Response:
@@ -67,6 +43,26 @@ def test_every_loopback_form_is_refused_before_a_connection(listener, host):
         _post(f"http://{host}:{listener.port}/hook")
     assert listener.connections() == 0
     assert "127.0.0.1" in str(refused.value)
+
+
+# the other forms the save-time check refuses (tests/core/test_check_url.py), each at a
+# real listening socket's port: the IPv4 one's (0.0.0.0 and the IPv4-mapped form reach
+# it when let through), or the one on ::1
+OTHER_FORMS = ["0.0.0.0", "[::ffff:127.0.0.1]", "[::127.0.0.1]", "[64:ff9b::7f00:1]"]
+
+
+@pytest.mark.parametrize("host", OTHER_FORMS)
+def test_every_other_internal_form_is_refused_before_a_connection(listener, host):
+    with pytest.raises(EgressRefused):
+        _post(f"http://{host}:{listener.port}/hook")
+    assert listener.connections() == 0
+
+
+def test_ipv6_loopback_is_refused_before_a_connection():
+    with listening(socket.AF_INET6, "::1") as server:
+        with pytest.raises(EgressRefused, match="::1, which is loopback"):
+            _post(f"http://[::1]:{server.port}/hook")
+        assert server.connections() == 0
 
 
 def test_a_form_httpx_refuses_sends_nothing_either(listener):

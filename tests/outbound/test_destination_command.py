@@ -65,7 +65,8 @@ def test_update_changes_only_what_is_given_and_disable_stops_it():
         (["update", "nobody", "--rate", "1/s"], "no destination named 'nobody'"),
         ([*ADD[:6], "--rate", "fast"], "like 10/s"),
         (["add", "bad", "--url", "https://x.example/", "--secret", "nope!"], "whsec_"),
-        (["add", "bad", "--url", "not a url", "--secret", SECRET], "url: Enter a valid URL"),
+        (["add", "bad", "--url", "not a url", "--secret", SECRET], "--url: refused by the egress"),
+        (["add", "bad", "--url", "https://x y.example/", "--secret", SECRET], "Enter a valid URL"),
     ],
 )
 def test_mistakes_are_explained(args, message):

@@ -176,7 +176,8 @@ def check_url(url: str, guard: EgressGuard | None = None, resolve_seconds: float
         raise UrlRefused(f"{prefix}not a URL ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
-        raise UrlRefused(f"{prefix}only http and https URLs are sent to, not {scheme or '…'}:")
+        what = f"not {scheme}:" if scheme else "and this URL names no scheme"
+        raise UrlRefused(f"{prefix}only http and https URLs are sent to, {what}")
     if "@" in parts.netloc:
         raise UrlRefused(
             f"{prefix}credentials do not belong in the URL; put the secret in the secret field"

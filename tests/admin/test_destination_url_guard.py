@@ -20,6 +20,7 @@ from django.utils import timezone
 from tests.admin.test_destinations import form_data
 from tests.core.test_check_url import REFUSED_FORMS
 from tests.support.admin import change_url, flash
+from tests.support.listener import listening
 from tests.support.outbox import SECRET, destination, message
 from tests.support.status import receipt
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
@@ -244,3 +245,18 @@ def test_the_trace_page_shows_an_answers_status_never_its_text(client, staff_use
     assert OutboxMessage.objects.get().key in content
     assert "<td>412</td>" in content
     assert "ok&quot;: true" not in content
+
+
+def test_the_refusal_is_the_same_for_an_open_and_a_closed_port(admin_client):
+    with listening() as server, allowed([]):
+        errors = {
+            port: url_errors(admin_client.post(ADD, form_data(url=f"http://127.0.0.1:{port}/h")))
+            for port in (server.port, 9)
+        }
+        assert server.connections() == 0  # the check at save connects to nothing
+
+    assert (
+        errors[server.port]
+        == errors[9]
+        == ["refused by the egress guard: 127.0.0.1, which is loopback"]
+    )

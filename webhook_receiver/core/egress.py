@@ -20,6 +20,10 @@ development merchant on loopback, a partner on a private link.
 
 A refusal raises ``EgressRefused`` before any connection is made, so its text is the
 same whether the refused address has an open port or not: no port scan through it.
+
+With an egress proxy (``EGRESS_PROXY``, ``egress_tunnel.py``) the app connects only to
+the proxy, and names the destination to it by host name: the proxy resolves and
+filters the name, and only an IP literal is still checked here.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import ipaddress
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..conf import app_settings
+from ..conf.egress_proxy import EgressProxy
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -134,11 +140,31 @@ def configured_guard() -> EgressGuard:
     return EgressGuard(allowed=app_settings().egress_allowed_networks)
 
 
+def configured_proxy() -> EgressProxy | None:
+    """The egress proxy, ``WEBHOOK_RECEIVER['EGRESS_PROXY']``, or None."""
+    return app_settings().egress_proxy
+
+
+def literal_addresses(host: str) -> list[Address]:
+    """The address ``host`` spells, if it is an IP literal in any form inet_aton reads
+    (no lookup is made); [] for a name."""
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]"), None, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
+    except (OSError, UnicodeError, ValueError):
+        return []
+    return _unique(infos)
+
+
 def resolve(host: str, port: int) -> list[Address]:
     """``host`` as the system resolves it for TCP (an IP literal in any form inet_aton
     reads, ``127.1`` and ``2130706433`` among them, or a name), without duplicates."""
     literal = host.strip("[]")
-    infos = socket.getaddrinfo(literal, port, type=socket.SOCK_STREAM)
+    return _unique(socket.getaddrinfo(literal, port, type=socket.SOCK_STREAM))
+
+
+def _unique(infos: Sequence[tuple[Any, ...]]) -> list[Address]:
     addresses: list[Address] = []
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])

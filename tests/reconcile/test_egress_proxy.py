@@ -1,7 +1,8 @@
 """The http reconciliation adapter through the egress proxy (EGRESS_PROXY), on a real
 CONNECT proxy and a real sender on loopback: its pages come through the proxy's tunnel;
 the proxy's refusal fails the run at once (no retry changes it), with the proxy's
-reason; a proxy that answers 502 is retried like a network error."""
+reason; a proxy that answers 502 is retried like a network error. The stripe adapter
+goes through it too, and the SDK does not retry a refusal."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from tests.reconcile.test_hostile import http_source, later, page, record
 from tests.support.connect_proxy import DENY, RAW, connect_proxy
 from tests.support.peers import answer, hostile_peer
+from tests.support.reconciling import reconcile_with
 from webhook_receiver.reconcile.run import reconciliation_run
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +82,23 @@ def test_a_proxy_answering_502_is_retried_like_a_network_error(settings):
     assert "ProxyError: the egress proxy" in run.error and "HTTP 502 Bad Gateway" in run.error
     assert "after 2 attempts" in run.error
     assert len(proxy.connects) == 2
+
+
+def test_the_stripe_adapter_goes_through_the_proxy_and_a_refusal_is_not_retried(settings):
+    options = {"API_KEY": "sk_test_local", "TIMEOUT": 2, "MAX_NETWORK_RETRIES": 2}
+    with (
+        hostile_peer(lambda request: [(0, answer(200, {}, b"{}"))], path="") as api,
+        connect_proxy(mode=DENY) as proxy,
+    ):
+        api_base = named(api.url)
+        reconcile_with(
+            settings, "stripe", ADAPTER="stripe", OPTIONS={**options, "API_BASE": api_base}
+        )
+        through(settings, proxy.url())
+
+        run = reconciliation_run(source_slug="stripe", now=later())
+
+    assert run.outcome == "failed"
+    assert "refused by the egress proxy" in run.error, run.error
+    assert proxy.targets() == [api_base.split("//")[1]]  # once: the SDK did not retry it
+    assert api.requests == []

@@ -233,6 +233,19 @@ def test_a_silent_or_dropping_proxy_is_a_transient_error_by_the_deadline(mode, e
     assert took < 2, took
 
 
+def test_a_proxy_that_trickles_its_answer_is_cut_at_the_deadline():
+    # a byte every 0.1 s: no read waits long, and the answer would take 10 s
+    slow = b"HTTP/1.1 200 Connection established\r\nX-Pad: " + b"a" * 100 + b"\r\n\r\n"
+    with connect_proxy(mode=RAW, raw=slow, trickle=0.1) as proxy:
+        http = peer_http.client(timeout=30, proxy=proxy_of(proxy.url()))
+        began = time.monotonic()
+        with http, peer_http.deadline(0.8), pytest.raises(httpx.ConnectTimeout) as raised:
+            http.get("http://merchant.example/")
+        took = time.monotonic() - began
+    assert took < 1.5, took
+    assert "did not answer CONNECT merchant.example:80 in time" in str(raised.value)
+
+
 def test_no_proxy_listening_is_a_transient_proxy_error():
     with connect_proxy() as proxy:
         url = proxy.url()

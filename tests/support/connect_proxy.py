@@ -38,6 +38,8 @@ class ConnectProxy:
     raw: bytes = b""
     # RAW: close once ``raw`` is sent (else hold the connection open)
     close_after_raw: bool = True
+    # RAW: seconds between its bytes (0: all at once)
+    trickle: float = 0.0
     connects: list[Connect] = field(default_factory=list)
     tunnelled: int = 0
 
@@ -101,7 +103,12 @@ def connect_proxy(**options) -> Iterator[ConnectProxy]:
                 stopping.wait()
                 return
             if proxy.mode == RAW:
-                conn.sendall(proxy.raw)
+                if not proxy.trickle:
+                    conn.sendall(proxy.raw)
+                for byte in proxy.raw if proxy.trickle else b"":
+                    if stopping.wait(proxy.trickle):
+                        return
+                    conn.sendall(bytes([byte]))
                 if not proxy.close_after_raw:
                     stopping.wait()
                 return

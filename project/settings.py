@@ -192,6 +192,9 @@ WEBHOOK_RECEIVER = {
     # networks the egress guard lets destinations reach although they are internal
     # (comma-separated CIDRs; `make run` allows loopback, for local merchants)
     "EGRESS_ALLOWED_NETWORKS": env("WEBHOOK_EGRESS_ALLOWED_NETWORKS", default=""),
+    # an HTTP proxy every such request goes through as a CONNECT tunnel (smokescreen,
+    # a corporate proxy): http://[user:password@]host:port; unset, none
+    "EGRESS_PROXY": env("WEBHOOK_EGRESS_PROXY", default=None),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]

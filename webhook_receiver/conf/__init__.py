@@ -20,6 +20,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ..schemes import SCHEMES, get_scheme
+from .egress_proxy import EgressProxy, parse_egress_proxy
 from .sources import SourceConfig, source_config
 
 DUPLICATE_CHECKS = ("adaptive", "read_first", "claim_first")
@@ -132,6 +133,10 @@ DEFAULTS: dict[str, Any] = {
     # the egress guard refuses them: loopback, private, link-local, … (core/egress.py).
     # Empty: none. A development merchant on loopback: ["127.0.0.0/8", "::1/128"].
     "EGRESS_ALLOWED_NETWORKS": [],
+    # an HTTP proxy (http://[user:password@]host:port) that those requests go through,
+    # each as a CONNECT tunnel: the proxy resolves and filters the destination's name
+    # (conf/egress_proxy.py, core/peer_http.py). None: they connect directly.
+    "EGRESS_PROXY": None,
 }
 
 POSITIVE_KEYS = (
@@ -204,6 +209,7 @@ class AppSettings:
     outbox_retention: timedelta
     ops_destination: str | None
     egress_allowed_networks: tuple[IPv4Network | IPv6Network, ...]
+    egress_proxy: EgressProxy | None
 
 
 @functools.cache
@@ -262,6 +268,7 @@ def app_settings() -> AppSettings:
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
         ops_destination=merged["OPS_DESTINATION"] or None,
         egress_allowed_networks=_egress_allowed(merged["EGRESS_ALLOWED_NETWORKS"]),
+        egress_proxy=parse_egress_proxy(merged["EGRESS_PROXY"]),
     )
 
 

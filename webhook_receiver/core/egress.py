@@ -23,6 +23,10 @@ same whether the refused address has an open port or not: no port scan through i
 
 ``check_url`` applies the same rules when a URL is saved (the destination form, ``manage.py
 webhook_destination``), and refuses credentials in a URL and schemes other than http(s).
+
+With an egress proxy (``EGRESS_PROXY``, ``egress_tunnel.py``) the app connects only to
+the proxy, and names the destination to it by host name: the proxy resolves and
+filters the name, and only an IP literal is still checked here.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+from typing import Any
 
 from ..conf import app_settings
+from ..conf.egress_proxy import EgressProxy
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -139,11 +145,31 @@ def configured_guard() -> EgressGuard:
     return EgressGuard(allowed=app_settings().egress_allowed_networks)
 
 
+def configured_proxy() -> EgressProxy | None:
+    """The egress proxy, ``WEBHOOK_RECEIVER['EGRESS_PROXY']``, or None."""
+    return app_settings().egress_proxy
+
+
+def literal_addresses(host: str) -> list[Address]:
+    """The address ``host`` spells, if it is an IP literal in any form inet_aton reads
+    (no lookup is made); [] for a name."""
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]"), None, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
+    except (OSError, UnicodeError, ValueError):
+        return []
+    return _unique(infos)
+
+
 def resolve(host: str, port: int) -> list[Address]:
     """``host`` as the system resolves it for TCP (an IP literal in any form inet_aton
     reads, ``127.1`` and ``2130706433`` among them, or a name), without duplicates."""
     literal = host.strip("[]")
-    infos = socket.getaddrinfo(literal, port, type=socket.SOCK_STREAM)
+    return _unique(socket.getaddrinfo(literal, port, type=socket.SOCK_STREAM))
+
+
+def _unique(infos: Sequence[tuple[Any, ...]]) -> list[Address]:
     addresses: list[Address] = []
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])

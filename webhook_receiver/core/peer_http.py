@@ -12,7 +12,9 @@ kept, whatever the peer does. A read past the deadline raises httpx's own
 ``ReadTimeout`` (``ConnectTimeout``, ``WriteTimeout``), as a slow read would.
 
 Clients made here (``client()``) never read proxies from the environment: an
-environment proxy would get a transport of its own, without the deadline.
+environment proxy would get a transport of its own, without the deadline. The egress
+proxy (``EGRESS_PROXY``) is a part of the same backend instead: its connect opens a
+CONNECT tunnel through the proxy (``egress_tunnel.py``), within the same deadline.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 import httpcore
 import httpx
 
-from .egress import EgressGuard
+from ..conf.egress_proxy import EgressProxy
+from .egress import EgressGuard, literal_addresses
+from .egress_tunnel import authority, open_tunnel
 
 # the monotonic time by which the request in progress in this context must be over
 _deadline: ContextVar[float | None] = ContextVar("peer_http_deadline", default=None)
@@ -82,11 +86,14 @@ class _DeadlineStream(httpcore.NetworkStream):
 class _DeadlineBackend(httpcore.NetworkBackend):
     """httpcore's own blocking backend, each operation bounded by the deadline; with an
     egress ``guard``, a connection only to an address it allows, made to the address it
-    checked (the name is not resolved again)."""
+    checked (the name is not resolved again). With a ``proxy``, every connection is a
+    tunnel through it: the proxy resolves and filters the name (the guard checks only an
+    IP literal, which needs no lookup)."""
 
-    def __init__(self, guard: EgressGuard | None = None) -> None:
+    def __init__(self, guard: EgressGuard | None = None, proxy: EgressProxy | None = None) -> None:
         self._backend = httpcore.SyncBackend()
         self._guard = guard
+        self._proxy = proxy
 
     def connect_tcp(
         self,
@@ -96,6 +103,8 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
+        if self._proxy is not None:
+            return self._tunnel(self._proxy, host, port, timeout, local_address, socket_options)
         left = _left(timeout, httpcore.ConnectTimeout)
         if self._guard is None:
             stream = self._backend.connect_tcp(host, port, left, local_address, socket_options)
@@ -114,6 +123,39 @@ class _DeadlineBackend(httpcore.NetworkBackend):
             return _DeadlineStream(stream)
         raise failed
 
+    def _tunnel(
+        self,
+        proxy: EgressProxy,
+        host: str,
+        port: int,
+        timeout: float | None,
+        local_address: str | None,
+        socket_options: Iterable[Any] | None,
+    ) -> httpcore.NetworkStream:
+        target = authority(host, port)
+        literal = literal_addresses(host)
+        if self._guard is not None and literal:
+            self._guard.check(host, literal)
+        started = time.monotonic()
+        left = _left(timeout, httpcore.ConnectTimeout)
+        try:
+            raw = self._backend.connect_tcp(
+                proxy.host, proxy.port, left, local_address, socket_options
+            )
+        except httpcore.ConnectTimeout as exc:
+            raise httpcore.ConnectTimeout(f"the egress proxy {proxy}: {exc}") from exc
+        except httpcore.ConnectError as exc:
+            raise httpcore.ProxyError(f"no connection to the egress proxy {proxy}: {exc}") from exc
+        stream = _DeadlineStream(raw)
+        try:
+            # the connect timeout covers the tunnel's opening too
+            spent = time.monotonic() - started
+            open_tunnel(stream, proxy, target, None if timeout is None else timeout - spent)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.NetworkStream:
@@ -131,14 +173,19 @@ class DeadlineTransport(httpx.HTTPTransport):
     httpx's, is kept as it is."""
 
     def __init__(
-        self, *, limits: httpx.Limits, verify: Any = True, guard: EgressGuard | None = None
+        self,
+        *,
+        limits: httpx.Limits,
+        verify: Any = True,
+        guard: EgressGuard | None = None,
+        proxy: EgressProxy | None = None,
     ) -> None:
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify),
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
-            network_backend=_DeadlineBackend(guard),
+            network_backend=_DeadlineBackend(guard, proxy),
         )
 
 
@@ -149,13 +196,16 @@ def client(
     headers: dict[str, str] | None = None,
     verify: Any = True,
     guard: EgressGuard | None = None,
+    proxy: EgressProxy | None = None,
 ) -> httpx.Client:
     """An httpx client for a peer: every request it sends inside ``deadline()`` ends by
     then; redirects are not followed; with ``guard``, it connects only where the egress
-    guard allows (``EgressRefused`` otherwise, before any connection)."""
+    guard allows (``EgressRefused`` otherwise, before any connection); with ``proxy``
+    (the egress proxy), only through a tunnel it opens (``EgressProxyRefused`` if it
+    refuses the destination)."""
     limits = limits or httpx.Limits()
     return httpx.Client(
-        transport=DeadlineTransport(limits=limits, verify=verify, guard=guard),
+        transport=DeadlineTransport(limits=limits, verify=verify, guard=guard, proxy=proxy),
         timeout=timeout,
         headers=headers,
         follow_redirects=False,

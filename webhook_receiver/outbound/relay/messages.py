@@ -25,6 +25,11 @@ class Claimed:
     claimed_at: datetime | None = None
 
 
+# Sent.refused_by: who refused a destination, so that no request was made
+EGRESS_GUARD = "the egress guard"
+EGRESS_PROXY = "the egress proxy"
+
+
 @dataclass(frozen=True)
 class Sent:
     message: Claimed
@@ -34,8 +39,9 @@ class Sent:
     error: str = ""
     excerpt: str = ""
     retry_after: str | None = None
-    # the egress guard refused the destination's address: no request was made
-    refused: bool = False
+    # who refused the destination, no request made: "the egress guard" (its address) or
+    # "the egress proxy" (it would not open a tunnel); "" when none did
+    refused_by: str = ""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ...core.peer_http import parse_retry_after
 from ...core.words import duration_text
 from ..models import MessageStatus, WebhookDestination
 from ..notices import terminal_notice
-from .messages import Claimed, Sent
+from .messages import EGRESS_GUARD, Claimed, Sent
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,9 @@ def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
     code = sent.status_code
     if code is not None and 200 <= code < 300:
         return Verdict(MessageStatus.DELIVERED, None, spends_budget=False, breaker_failure=False)
-    if code in TERMINAL_STATUSES or sent.refused:
-        # refused by the egress guard: no retry changes the address, and the destination
-        # did not fail (its breaker is not counted)
+    if code in TERMINAL_STATUSES or sent.refused_by:
+        # refused by the egress guard or proxy: no retry changes the address or the
+        # proxy's rules, and the destination did not fail (its breaker is not counted)
         return Verdict(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=False)
     if code in PACING_STATUSES:
         wait = parse_retry_after(sent.retry_after, now=now, cap=dest.retry_after_cap_seconds)
@@ -83,8 +83,10 @@ def what_next(dest: WebhookDestination, sent: Sent, v: Verdict, now: datetime) -
     if v.status == MessageStatus.FAILED:
         if sent.status_code in TERMINAL_STATUSES:
             return "failed for good (a terminal answer), waiting for an operator"
-        if sent.refused:
+        if sent.refused_by == EGRESS_GUARD:
             return "failed for good (an address the egress guard refuses), waiting for an operator"
+        if sent.refused_by:
+            return f"failed for good (refused by {sent.refused_by}), waiting for an operator"
         return f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
     wait = duration_text((v.next_attempt_at or now) - now)
     if not v.spends_budget:

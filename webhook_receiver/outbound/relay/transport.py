@@ -22,14 +22,16 @@ from typing import Protocol
 import httpx
 from django.utils import timezone
 
+from ...conf.egress_proxy import EgressProxy
 from ...core import storable, tracing
-from ...core.egress import EgressGuard, EgressRefused, configured_guard
+from ...core.egress import EgressGuard, EgressRefused, configured_guard, configured_proxy
+from ...core.egress_tunnel import EgressProxyRefused
 from ...core.peer_http import body_start, charset_of, text_of
 from ...core.peer_http import client as peer_client
 from ...core.peer_http import deadline as request_deadline
 from ...schemes.standard import StandardWebhooks
 from ..models import WebhookDestination
-from .messages import Claimed, Sent
+from .messages import EGRESS_GUARD, EGRESS_PROXY, Claimed, Sent
 
 EXCERPT_CHARS = 500
 # bytes of an answer's body read for its excerpt
@@ -51,20 +53,22 @@ class Window(Protocol):
 
 
 _lock = threading.Lock()
-_clients: dict[tuple[int, str, float, EgressGuard], httpx.Client] = {}
+_clients: dict[tuple[int, str, float, EgressGuard, EgressProxy | None], httpx.Client] = {}
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
 def _client(dest: WebhookDestination) -> httpx.Client:
     """One client per destination and process: its connections are reused, each only to
-    an address the egress guard allows."""
-    guard = configured_guard()
-    ident = (dest.pk, dest.url, dest.timeout_seconds, guard)
+    an address the egress guard allows, or through the egress proxy if there is one."""
+    guard, proxy = configured_guard(), configured_proxy()
+    ident = (dest.pk, dest.url, dest.timeout_seconds, guard, proxy)
     with _lock:
         client = _clients.get(ident)
         if client is None:
             limits = httpx.Limits(max_connections=max(1, dest.max_in_flight))
-            client = peer_client(timeout=dest.timeout_seconds, limits=limits, guard=guard)
+            client = peer_client(
+                timeout=dest.timeout_seconds, limits=limits, guard=guard, proxy=proxy
+            )
             _clients[ident] = client
         return client
 
@@ -200,13 +204,13 @@ def _request(
             status_code = response.status_code
             retry_after = response.headers.get("retry-after")
             charset = charset_of(response)
-    except EgressRefused as exc:  # an internal address: no connection was made
+    except (EgressRefused, EgressProxyRefused) as exc:  # no retry changes either
         return Sent(
             message=message,
             started_at=started_at,
             duration_ms=_ms_since(began),
             error=storable.text(f"{type(exc).__name__}: {exc}", EXCERPT_CHARS),
-            refused=True,
+            refused_by=EGRESS_GUARD if isinstance(exc, EgressRefused) else EGRESS_PROXY,
         )
     except Exception as exc:  # no answer: refused, reset, timed out, or a URL httpx refuses
         return Sent(

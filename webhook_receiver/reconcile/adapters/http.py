@@ -28,7 +28,8 @@ import httpx
 from django.utils import timezone
 
 from ...core import peer_http
-from ...core.egress import EgressRefused, configured_guard
+from ...core.egress import EgressRefused, configured_guard, configured_proxy
+from ...core.egress_tunnel import EgressProxyRefused
 from . import SenderEvent, SenderUnavailable, parse_event
 
 # the start of a refusal's body kept in the run's error
@@ -73,8 +74,8 @@ def list_events(
         headers["Authorization"] = f"Bearer {options['TOKEN']}"
     params = {"created_gte": since.isoformat(), "created_lt": until.isoformat()}
     max_pages = int(options.get("MAX_PAGES", 1000))
-    guard = configured_guard()
-    with peer_http.client(timeout=timeout, headers=headers, guard=guard) as client:
+    guard, proxy = configured_guard(), configured_proxy()
+    with peer_http.client(timeout=timeout, headers=headers, guard=guard, proxy=proxy) as client:
         for _ in range(max_pages):
             body = _get(client, options["URL"], params, bounds)
             records, cursor = body.get("data"), body.get("next_cursor")
@@ -108,7 +109,7 @@ def _get(client: httpx.Client, url: str, params: dict[str, str], bounds: _Bounds
                     data = peer_http.body_start(response, max_bytes=ERROR_EXCERPT_CHARS * 4)
                 charset = peer_http.charset_of(response)
                 retry_after = response.headers.get("Retry-After")
-        except EgressRefused as exc:  # an internal address: no retry changes it
+        except (EgressRefused, EgressProxyRefused) as exc:  # no retry changes either
             raise SenderUnavailable(str(exc)) from exc
         except peer_http.TooLarge as exc:  # no retry: it would be as large again
             raise SenderUnavailable(

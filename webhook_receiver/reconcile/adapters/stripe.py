@@ -22,6 +22,8 @@ import httpx
 import stripe
 
 from ...core import peer_http
+from ...core.egress import configured_proxy
+from ...core.egress_tunnel import EgressProxyRefused
 from . import SenderEvent, SenderUnavailable
 
 PAGE = 100  # Stripe's largest page
@@ -42,7 +44,9 @@ class BoundedHTTPClient(stripe.HTTPClient):
         self._ends_at = time.monotonic() + total_seconds
         self._max_bytes = max_bytes
         verify = ssl.create_default_context(cafile=stripe.ca_bundle_path)
-        self._client = peer_http.client(timeout=timeout, verify=verify)
+        # through the egress proxy if there is one (Stripe's API is no internal address:
+        # the guard is not needed, but a proxy that filters everything must see it)
+        self._client = peer_http.client(timeout=timeout, verify=verify, proxy=configured_proxy())
 
     # the body as bytes, as Stripe's own requests client returns it (HTTPClient says str)
     def request(  # type: ignore[override]
@@ -71,6 +75,8 @@ class BoundedHTTPClient(stripe.HTTPClient):
                 f"the answer is larger than MAX_PAGE_BYTES ({self._max_bytes} bytes): {exc}",
                 should_retry=False,
             ) from exc
+        except EgressProxyRefused as exc:  # no retry changes the proxy's rules
+            raise stripe.APIConnectionError(str(exc), should_retry=False) from exc
         except httpx.HTTPError as exc:
             raise stripe.APIConnectionError(
                 f"{type(exc).__name__}: {exc}", should_retry=True

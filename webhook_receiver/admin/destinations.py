@@ -11,7 +11,6 @@ or drop each (known by its last four characters) and add new ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -23,7 +22,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
-from django.utils.translation import gettext, ngettext, ngettext_lazy
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ..core.admin_links import admin_url
@@ -33,13 +32,13 @@ from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import (
     destination_disable,
     destination_enable,
-    destination_recover_since,
 )
 from ..outbound.selectors import destinations_with_health
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
-from .confirm import Confirmation, Selection, confirm_then_act
-from .forms import DestinationForm, RecoverForm
+from .confirm import confirm_then_act
+from .destination_actions import enable_confirmation
+from .forms import DestinationForm
 
 if TYPE_CHECKING:
     from ..outbound.selectors import DestinationWithHealth
@@ -90,47 +89,6 @@ class BreakerShown:
                 % {"failures": failures, "threshold": dest.breaker_threshold},
             )
         return cls(gettext("closed"), sentence=gettext("closed"))
-
-
-def _recover_confirmation(count: int) -> Confirmation:
-    these = gettext("this destination") if count == 1 else gettext("these destinations")
-    return Confirmation(
-        action="recover_since_selected",
-        title=gettext("Recover failed messages"),
-        explanation=(
-            gettext(
-                "Once a merchant has fixed its endpoint: every failed message of %(these)s "
-                "whose last attempt started at or after the time below is sent again, oldest "
-                "first, under its own key. Each gets the whole retry policy again (its failures "
-                "go back to 0). Failed messages from before that time stay failed. An open "
-                "breaker is ended: the destination goes half-open at once, and its first "
-                "answer decides."
-            )
-            % {"these": these},
-        ),
-        form=RecoverForm,
-        submit=ngettext_lazy(
-            "Recover %(count)d destination's failed messages",
-            "Recover %(count)d destinations' failed messages",
-            "count",
-        ),
-        selection=Selection(
-            (
-                gettext("destination"),
-                gettext("enabled"),
-                gettext("failed now"),
-                gettext("last success"),
-                gettext("last failure"),
-            ),
-            lambda dest: (
-                dest.name,
-                gettext("yes") if dest.enabled else gettext("no (it sends nothing until enabled)"),
-                dest.failed_count,
-                dest.last_success_at or gettext("never"),
-                dest.last_failure_at or gettext("never"),
-            ),
-        ),
-    )
 
 
 @dataclass(frozen=True)
@@ -355,10 +313,19 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     # --- Enable ----------------------------------------------------------------------------
 
-    @admin.action(description=_("Enable (send the messages they hold)"), permissions=["change"])
-    def enable_selected(self, request: HttpRequest, queryset: QuerySet[WebhookDestination]) -> None:
+    @admin.action(description=_("Enable (send the messages they hold)…"), permissions=["change"])
+    def enable_selected(
+        self, request: HttpRequest, queryset: QuerySet[WebhookDestination]
+    ) -> TemplateResponse | None:
+        selected = list(queryset.order_by("name"))
+        confirmation = enable_confirmation(len(selected))
+        return confirm_then_act(self, request, selected, confirmation, self._enable)
+
+    def _enable(
+        self, request: HttpRequest, selected: list[WebhookDestination], reason: str
+    ) -> None:
         by = request.user.get_username()
-        for dest in queryset.order_by("name"):
+        for dest in selected:
             held = destination_enable(destination=dest, by=by)
             if held is None:
                 self.message_user(
@@ -372,36 +339,5 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
                 "Enabled: %(count)d held messages to send, in their order.",
                 held,
             ) % {"count": held}
-            self.log_change(request, dest, note)
+            self.log_change(request, dest, f"{note} {reason}".strip())
             self.message_user(request, f"{dest.name}: {note}", messages.SUCCESS)
-
-    @admin.action(description=_("Recover failed messages since…"), permissions=["recover"])
-    def recover_since_selected(
-        self, request: HttpRequest, queryset: QuerySet[WebhookDestination]
-    ) -> TemplateResponse | None:
-        selected = list(queryset.order_by("name"))
-        successes = [d.last_success_at for d in selected if d.last_success_at]
-        initial = {"since": min(successes)} if successes else None
-        confirmation = _recover_confirmation(len(selected))
-        return confirm_then_act(
-            self, request, selected, confirmation, self._recover, initial=initial
-        )
-
-    def _recover(
-        self, request: HttpRequest, selected: list[WebhookDestination], since: datetime
-    ) -> None:
-        by = request.user.get_username()
-        when = full_time(since)
-        for dest in selected:
-            count = destination_recover_since(destination=dest, since=since, by=by)
-            note = ngettext(
-                "Recovered %(count)d failed message since %(when)s.",
-                "Recovered %(count)d failed messages since %(when)s.",
-                count,
-            ) % {"count": count, "when": when}
-            self.log_change(request, dest, note)
-            text = f"{dest.name}: {note[0].lower()}{note[1:]}"
-            if count and not dest.enabled:
-                text += " " + gettext("It is disabled: they are sent once it is enabled again.")
-            ok = count and dest.enabled
-            self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)

@@ -265,6 +265,8 @@ def _behind(d: DestinationStatus) -> tuple[str, str] | None:
     age = d.oldest_eligible_age
     if age is None or age <= OLD_BACKLOG or _stalled(d) or d.breaker.state == "open":
         return None
+    if not d.enabled:  # it sends nothing: its own condition says why
+        return None
     return f"behind by {duration_text(age)}", (
         f"the oldest message due has waited {duration_text(age)} ({d.backlog} in the "
         "backlog): its limits are too low for the traffic, or it answers slowly"

@@ -232,14 +232,15 @@ def test_the_command_disables_and_enables_and_the_held_messages_go(receiver):
     admit(dest, "k1")
     admit(dest, "k2")
 
-    assert "disabled merchant: its messages are held" in run_command("disable", "merchant")
+    out = run_command("disable", "merchant")
+    assert "disabled merchant (its messages are held until it is enabled): DISABLED" in out
     relay_destination(destination_id=dest.pk)
     assert receiver.keys() == []
     assert "DISABLED" in run_command("update", "merchant")
 
     with TestCase.captureOnCommitCallbacks(execute=False):
         out = run_command("update", "merchant", "--enable")
-    assert "enabled merchant: 2 held message(s) to send, in their order" in out
+    assert "enabled merchant (2 held message(s) to send, in their order): enabled" in out
     relay_destination(destination_id=dest.pk)
     assert receiver.keys() == ["k1", "k2"]
     assert "unchanged merchant: enabled" in run_command("enable", "merchant")

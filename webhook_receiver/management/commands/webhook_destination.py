@@ -131,24 +131,23 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"updated {name} ({', '.join(sorted(changed))}): {self._describe(existing)}"
             )
-        elif not switched:
+        if switched:
+            self.stdout.write(f"{switched}: {self._describe(existing)}")
+        elif not changed:
             self.stdout.write(f"unchanged {name}: {self._describe(existing)}")
 
-    def _switch(self, dest: WebhookDestination, action: str, options: dict[str, Any]) -> bool:
-        """Enable or disable it (the operations the admin uses); whether it changed."""
+    def _switch(self, dest: WebhookDestination, action: str, options: dict[str, Any]) -> str:
+        """Enable or disable it (the operations the admin uses); what it did ("": nothing)."""
         by = "manage.py webhook_destination"
         if action == "enable" or options.get("enable"):
             held = destination_enable(destination=dest, by=by)
-            if held is not None:
-                self.stdout.write(
-                    f"enabled {dest.name}: {held} held message(s) to send, in their order"
-                )
-            return held is not None
+            if held is None:
+                return ""
+            return f"enabled {dest.name} ({held} held message(s) to send, in their order)"
         disabling = action == "disable" or options.get("disable")
         if disabling and destination_disable(destination=dest, by=by):
-            self.stdout.write(f"disabled {dest.name}: its messages are held until it is enabled")
-            return True
-        return False
+            return f"disabled {dest.name} (its messages are held until it is enabled)"
+        return ""
 
     def _fields(self, options: dict[str, Any]) -> dict[str, Any]:
         fields: dict[str, Any] = {}

@@ -473,7 +473,7 @@ def test_enable_as_an_action_leaves_an_enabled_one_alone(admin_client, gone):
     assert WebhookDestination.objects.filter(enabled=True).count() == 2
 
 
-def test_unticking_enabled_in_the_form_holds_and_ticking_it_clears_the_reason(admin_client, gone):
+def test_ticking_enabled_in_the_form_enables_it_through_the_operation(admin_client, gone):
     # the form's enabled goes through the operations: ticked, the relay's reason goes
     page = admin_client.get(change_url(gone))
     form = page.context["adminform"].form

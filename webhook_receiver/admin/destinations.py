@@ -11,6 +11,7 @@ or drop each (known by its last four characters) and add new ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -32,12 +33,13 @@ from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import (
     destination_disable,
     destination_enable,
+    destination_recover_since,
 )
 from ..outbound.selectors import destinations_with_health
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
 from .confirm import confirm_then_act
-from .destination_actions import enable_confirmation
+from .destination_actions import enable_confirmation, recover_confirmation
 from .forms import DestinationForm
 
 if TYPE_CHECKING:
@@ -197,7 +199,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
             obj.save()
             return
         obj.save(update_fields=CONFIGURATION)
-        if "enabled" in form.changed_data:
+        if "enabled" in getattr(form, "changed_data", ()):
             by = request.user.get_username()
             if obj.enabled:
                 destination_enable(destination=obj, by=by)
@@ -341,3 +343,34 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
             ) % {"count": held}
             self.log_change(request, dest, f"{note} {reason}".strip())
             self.message_user(request, f"{dest.name}: {note}", messages.SUCCESS)
+
+    @admin.action(description=_("Recover failed messages since…"), permissions=["recover"])
+    def recover_since_selected(
+        self, request: HttpRequest, queryset: QuerySet[WebhookDestination]
+    ) -> TemplateResponse | None:
+        selected = list(queryset.order_by("name"))
+        successes = [d.last_success_at for d in selected if d.last_success_at]
+        initial = {"since": min(successes)} if successes else None
+        confirmation = recover_confirmation(len(selected))
+        return confirm_then_act(
+            self, request, selected, confirmation, self._recover, initial=initial
+        )
+
+    def _recover(
+        self, request: HttpRequest, selected: list[WebhookDestination], since: datetime
+    ) -> None:
+        by = request.user.get_username()
+        when = full_time(since)
+        for dest in selected:
+            count = destination_recover_since(destination=dest, since=since, by=by)
+            note = ngettext(
+                "Recovered %(count)d failed message since %(when)s.",
+                "Recovered %(count)d failed messages since %(when)s.",
+                count,
+            ) % {"count": count, "when": when}
+            self.log_change(request, dest, note)
+            text = f"{dest.name}: {note[0].lower()}{note[1:]}"
+            if count and not dest.enabled:
+                text += " " + gettext("It is disabled: they are sent once it is enabled again.")
+            ok = count and dest.enabled
+            self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)

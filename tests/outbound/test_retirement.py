@@ -19,7 +19,10 @@ from django.utils import timezone
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.operations import destination_disable, destination_enable
+from webhook_receiver.outbound.relay.claim import relay_claim
+from webhook_receiver.outbound.relay.record import relay_record
 from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.outbound.retirement import GONE_REASON
 from webhook_receiver.outbound.trigger import relay_sweep
 
@@ -260,3 +263,23 @@ def test_the_command_names_the_relays_reason(receiver):
     dest.refresh_from_db()
     assert not dest.enabled and not dest.disabled_by_relay
     assert statuses(dest)[0][1] == MessageStatus.PENDING
+
+
+def test_a_410_recorded_by_the_record_alone_disables_too(receiver, ops):
+    # given: a round claimed and sent, its record a statement of its own (the last
+    # round of a run, or SQLite's), the merchant answering 410 to one of two
+    dest = merchant(receiver.url)
+    admit(dest, "k1")
+    admit(dest, "k2")
+    receiver.answer(410, key="k2")
+    round_ = relay_claim(destination=dest)
+
+    # when
+    relay_record(dest, relay_send(dest, round_.claimed))
+
+    # then: the 2xx delivered, the 410 held, the destination disabled, one notice
+    dest.refresh_from_db()
+    assert not dest.enabled and dest.disabled_reason == GONE_REASON
+    assert statuses(dest) == [("k1", "delivered"), ("k2", "pending")]
+    assert [t for t, _ in notices(ops)] == ["outbox.destination_disabled"]
+    assert relay_claim(destination=dest).claimed == []

@@ -22,6 +22,7 @@ from tests.support.outbox import OLD_SECRET, SECRET, destination, failed, messag
 from webhook_receiver.admin.forms import secret_label
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound.breaker import destination_breaker
+from webhook_receiver.outbound.retirement import GONE_REASON
 
 pytestmark = pytest.mark.django_db
 
@@ -391,3 +392,98 @@ def test_the_destination_list_shows_health(admin_browser, live_server, fleet):
     click_through(admin_browser, admin_browser.find_element(By.ID, "wr-recover"))
     assert admin_browser.find_element(By.TAG_NAME, "h1").text == "Recover failed messages"
     screenshot(admin_browser, "outbox-recover-confirmation")
+
+
+# --- Enable -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gone():
+    """A destination the relay disabled after a 410, holding two messages."""
+    now = timezone.now()
+    dest = destination(
+        "gone-shop",
+        enabled=False,
+        disabled_reason=GONE_REASON,
+        disabled_at=now - timedelta(hours=2),
+        failing_since=now - timedelta(hours=3),
+    )
+    message(dest, "g-1", created_at=now - timedelta(hours=3))
+    message(dest, "g-2", created_at=now - timedelta(hours=1))
+    return dest
+
+
+def test_enable_is_behind_the_change_permission(client, staff_user, gone):
+    client.force_login(staff_user("view_webhookdestination", "retry_outboxmessage"))
+
+    assert "enable_selected" not in action_values(client.get(DESTINATIONS))
+    page = client.get(change_url(gone)).content.decode()
+    assert 'id="wr-enable"' not in page
+    assert "disabled by the relay since" in page and GONE_REASON in page
+    response = client.post(button_url(gone, "enable"), {"post": "yes", "reason": ""})
+    assert response.status_code == 403
+    assert not WebhookDestination.objects.get(pk=gone.pk).enabled
+
+
+def test_enable_from_the_destination_page_resumes_its_messages(
+    client, staff_user, gone, django_capture_on_commit_callbacks
+):
+    # given: a user who may change destinations; the button on the disabled one only
+    user = staff_user("view_webhookdestination", "change_webhookdestination")
+    client.force_login(user)
+    other = destination("fine-shop")
+    assert 'id="wr-enable"' not in client.get(change_url(other)).content.decode()
+    assert 'id="wr-enable"' in client.get(change_url(gone)).content.decode()
+
+    # when: the button's confirmation page, then confirmed
+    page = client.get(button_url(gone, "enable"))
+    assert page.status_code == 200 and GONE_REASON in page.content.decode()
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        response = client.post(
+            button_url(gone, "enable"), {"post": "yes", "reason": "merchant moved back"}
+        )
+
+    # then: enabled, its reason and span cleared, its messages pending, a run queued
+    assert response.status_code == 302 and response.url == change_url(gone)
+    gone.refresh_from_db()
+    assert gone.enabled and gone.disabled_reason == "" and gone.failing_since is None
+    assert set(OutboxMessage.objects.filter(destination=gone).values_list("status", flat=True)) == {
+        MessageStatus.PENDING
+    }
+    assert queued
+    [(level, text)] = flash(response)
+    assert (level, text) == (
+        messages.SUCCESS,
+        "gone-shop: Enabled: 2 held messages to send, in their order.",
+    )
+    log = LogEntry.objects.get(user=user, object_id=str(gone.pk))
+    assert log.change_message.endswith("merchant moved back")
+
+
+def test_enable_as_an_action_leaves_an_enabled_one_alone(admin_client, gone):
+    other = destination("fine-shop")
+
+    response = act(admin_client, DESTINATIONS, "enable_selected", gone, other, reason="")
+
+    assert response.status_code == 302
+    assert set(flash(response)) == {
+        (messages.SUCCESS, "gone-shop: Enabled: 2 held messages to send, in their order."),
+        (messages.WARNING, "fine-shop was enabled already."),
+    }
+    assert WebhookDestination.objects.filter(enabled=True).count() == 2
+
+
+def test_ticking_enabled_in_the_form_enables_it_through_the_operation(admin_client, gone):
+    # the form's enabled goes through the operations: ticked, the relay's reason goes
+    page = admin_client.get(change_url(gone))
+    form = page.context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None and k != "keep_secrets"}
+    data |= {
+        "enabled": "on",
+        "event_types": "order.paid",
+        "keep_secrets": form.initial.get("keep_secrets", []),
+    }
+    response = admin_client.post(change_url(gone), data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    gone.refresh_from_db()
+    assert gone.enabled and gone.disabled_reason == "" and gone.disabled_at is None

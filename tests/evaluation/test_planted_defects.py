@@ -87,7 +87,7 @@ REJECTING = {
             "name": "shop",
             "faults": [
                 {"status": 400, "attempts": [1], "share": 0.2, "group": "malformed"},
-                {"status": 410, "attempts": [1], "share": 0.1, "group": "gone"},
+                {"status": 404, "attempts": [1], "share": 0.1, "group": "gone"},
                 {"status": 422, "attempts": [1], "share": 0.1, "group": "invalid"},
             ],
         }
@@ -134,6 +134,19 @@ SPENDING = {
     "admissions": [{"orders": 20, "over": "10s"}],
 }
 
+# a merchant that answers 410 Gone for two minutes; an operator enables it at five
+GONE = {
+    "destinations": [
+        {
+            "name": "shop",
+            "max_in_flight": 2,
+            "enable_at": "5m",
+            "faults": [{"status": 410, "from": "1m", "until": "3m"}],
+        }
+    ],
+    "admissions": [{"orders": 30, "over": "4m", "events": ["paid", "fulfilled"], "ordering": True}],
+}
+
 # the sender goes quiet at 20 minutes in a run cut off at an hour: a silence to the end
 TRAILING_SILENCE = {
     "duration": "1h",
@@ -154,6 +167,7 @@ TRAILING_SILENCE = {
         GREEDY,
         SPENDING,
         TRAILING_SILENCE,
+        GONE,
     ],
 )
 def test_each_scenario_passes_without_a_defect(data):
@@ -260,7 +274,7 @@ def test_a_lost_message_voids_the_run(monkeypatch):
 
 
 def test_a_permanent_answer_retried_breaks_the_terminal_answer(monkeypatch):
-    """400, 410 and 422 treated as transient: the merchant's rejections are retried."""
+    """400, 404 and 422 treated as transient: the merchant's rejections are retried."""
     monkeypatch.setattr(policy, "TERMINAL_STATUSES", frozenset())
 
     result = run(REJECTING)
@@ -351,3 +365,36 @@ def test_a_silence_check_that_never_runs_misses_a_trailing_silence(monkeypatch):
 
     assert broken(result) == ["silence-alert-once"]
     assert "to the cut-off" in first(result, "silence-alert-once")
+
+
+def test_a_410_taken_as_a_permanent_answer_breaks_gone_holds(monkeypatch):
+    """The relay fails a message answered 410 rather than retire its destination."""
+    monkeypatch.setattr(policy, "GONE_STATUS", -1)
+    monkeypatch.setattr(policy, "TERMINAL_STATUSES", policy.TERMINAL_STATUSES | {410})
+
+    result = run(GONE)
+
+    assert "gone-holds" in broken(result)
+    assert "failed for a 410" in first(result, "gone-holds") or "arrived at" in first(
+        result, "gone-holds"
+    )
+
+
+def test_a_410_that_disables_nothing_breaks_gone_holds(monkeypatch):
+    """The 410 holds its message but the destination is never disabled: the rest go on."""
+
+    def never_disabled(sql: str) -> str:
+        return sql.replace("d.enabled AND b.retired IS NULL", "d.enabled")
+
+    monkeypatch.setattr(queries, "CLAIM", {k: never_disabled(v) for k, v in queries.CLAIM.items()})
+    # SQLite's record: the breaker's own statement
+    monkeypatch.setattr(
+        queries,
+        "BREAKER_COUNT",
+        queries.BREAKER_COUNT.replace("ELSE false END", "ELSE enabled END"),
+    )
+
+    result = run(GONE)
+
+    assert "gone-holds" in broken(result)
+    assert "before it was enabled" in first(result, "gone-holds")

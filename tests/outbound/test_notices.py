@@ -27,7 +27,7 @@ def test_a_terminal_delivery_is_reported_to_ops_but_ops_never_reports_itself(rec
     ops.save()
     with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
         enqueue_webhook(merchant, "order.paid", "order:o1:paid:v1", {"type": "order.paid"})
-    receiver.answer(410, key="order:o1:paid:v1")
+    receiver.answer(404, key="order:o1:paid:v1")
 
     # when: the merchant's message becomes terminal, then the ops notice is relayed
     # and refused as well
@@ -39,7 +39,7 @@ def test_a_terminal_delivery_is_reported_to_ops_but_ops_never_reports_itself(rec
     # then: one notice naming the failed message, itself terminal, and nothing more
     assert notice.event_type == "outbox.message_failed"
     assert notice.payload["data"]["key"] == "order:o1:paid:v1"
-    assert notice.payload["data"]["last_answer"] == "410"
+    assert notice.payload["data"]["last_answer"] == "404"
     assert OutboxMessage.objects.filter(destination=ops).count() == 1
     assert OutboxMessage.objects.get(destination=ops).status == "failed"
 
@@ -65,7 +65,7 @@ def test_a_notice_for_a_message_with_the_longest_key_is_admitted_and_the_round_r
     with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():
         enqueue_webhook(merchant, "order.paid", long_key, {"type": "order.paid"})
         enqueue_webhook(merchant, "order.paid", "order:o2:paid:v1", {"type": "order.paid"})
-    receiver.answer(410, key=long_key)
+    receiver.answer(404, key=long_key)
 
     # when
     relay_destination(destination_id=merchant.pk)

@@ -14,6 +14,7 @@ from tests.support.browser import screenshot
 from tests.support.status import status_command
 from webhook_receiver.core.states import State
 from webhook_receiver.models import OutboxMessage, WebhookDestination
+from webhook_receiver.outbound.retirement import GONE_REASON
 from webhook_receiver.watch.destinations import destination_statuses
 from webhook_receiver.watch.sources import source_statuses
 from webhook_receiver.watch.verdict import status_verdict
@@ -59,6 +60,15 @@ def a_bad_night() -> None:
     message(behind, "behind-1", due_ago=25 * MINUTE)
     off = destination("off", enabled=False)
     message(off, "off-1")
+    gone = destination(
+        "gone",
+        enabled=False,
+        disabled_reason=GONE_REASON,
+        disabled_at=now - 10 * MINUTE,
+        last_failure_at=now - 10 * MINUTE,
+    )
+    message(gone, "gone-1", due_ago=20 * MINUTE)
+    message(gone, "gone-2", due_ago=15 * MINUTE)
 
 
 def test_each_destination_gets_its_state_and_reasons():
@@ -73,6 +83,7 @@ def test_each_destination_gets_its_state_and_reasons():
     assert codes == {
         "behind": ["behind"],
         "fine": [],
+        "gone": ["disabled_by_relay"],
         "off": ["disabled_with_backlog"],
         "paused": ["breaker_open"],
         "refused": ["messages_failed"],
@@ -84,6 +95,11 @@ def test_each_destination_gets_its_state_and_reasons():
     assert "one probe in 4 min" in statuses["paused"].reasons[0].text
     assert statuses["behind"].reasons[0].summary == "behind by 25 min"
     assert "not for 45 min" in statuses["stalled"].reasons[0].text
+    assert statuses["gone"].reasons[0].summary == "disabled by the relay, 2 messages held"
+    assert statuses["gone"].reasons[0].text == (
+        f"disabled by the relay 10 min ago: {GONE_REASON}; 2 messages held until it is "
+        "enabled again (or discarded)"
+    )
 
 
 def test_the_verdict_counts_destinations_after_the_sources():
@@ -120,6 +136,7 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
     paused = next(line for line in out.splitlines() if line.startswith("paused "))
     assert "ATTENTION" in paused and "open 4 min" in paused
     assert "off (disabled)" in out
+    assert "gone (disabled by the relay)" in out
     assert "refused: ATTENTION" in out
     assert "2 messages failed for good, waiting for Retry now or Discard" in out
     # the JSON's destinations, in its documented shape (docs/overview.md)
@@ -127,6 +144,7 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
     assert set(destinations["refused"]) == {
         "destination",
         "enabled",
+        "disabled_by_relay",
         "state",
         "reasons",
         "backlog",
@@ -141,6 +159,8 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
     assert destinations["refused"]["failed"] == 2
     assert destinations["paused"]["breaker"]["state"] == "open"
     assert destinations["fine"]["state"] == "ok"
+    assert destinations["refused"]["disabled_by_relay"] is None
+    assert destinations["gone"]["disabled_by_relay"]["reason"] == GONE_REASON
 
 
 def test_the_overview_shows_each_destination_and_links_to_its_messages(admin_client):
@@ -154,9 +174,11 @@ def test_the_overview_shows_each_destination_and_links_to_its_messages(admin_cli
     content = response.content.decode()
     assert response.status_code == 200
     assert 'id="wr-destinations"' in content
-    for name in ("behind", "fine", "off", "paused", "refused", "stalled"):
+    for name in ("behind", "fine", "gone", "off", "paused", "refused", "stalled"):
         assert f'data-destination="{name}"' in content
     assert 'data-code="relay_not_sending"' in content
+    assert 'data-code="disabled_by_relay"' in content
+    assert "disabled by the relay" in content
     assert "open, probe in 4 min" in content
     refused = WebhookDestination.objects.get(name="refused")
     failed_list = (

@@ -98,7 +98,7 @@ def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
     admit(dest, "k1")
     admit(dest, "k1")  # a duplicate admission
     admit(dest, "k2")
-    receiver.answer(410, key="k2")
+    receiver.answer(404, key="k2")
     # the test's transaction never commits: the commit is played by hand
     with django_capture_on_commit_callbacks() as on_commit:
         relay_destination(destination_id=dest.pk)
@@ -133,7 +133,7 @@ def test_a_worker_serves_the_relays_counters_itself(receiver, workers, tmp_path,
     monkeypatch.setenv("CELERY_METRICS_PORT", str(port))
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
     dest = WebhookDestination.objects.create(name="merchant", url=receiver.url)
-    receiver.answer(410, key="k3")
+    receiver.answer(404, key="k3")
     (worker,) = workers(1)
 
     # when: three messages commit, and the worker relays them

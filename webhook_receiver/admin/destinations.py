@@ -1,6 +1,9 @@
 """The outbox's destinations: configuration, added and changed here (or with ``manage.py
 webhook_destination``), never deleted (disable one instead), listed with their health,
-and recovered with **Recover since…** once a merchant has fixed its endpoint. Their
+recovered with **Recover since…** once a merchant has fixed its endpoint, and
+enabled again with **Enable** (an action, and a button on a disabled one's page, behind
+the change permission), which sends the messages it held in their order: one the relay
+disabled (a 410 Gone, a long failing span: outbound/retirement.py) shows why. Their
 secrets are never shown: the list counts them, the form (admin/forms.py) lets you keep
 or drop each (known by its last four characters) and add new ones.
 """
@@ -20,7 +23,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
-from django.utils.translation import gettext, ngettext, ngettext_lazy
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ..core.admin_links import admin_url
@@ -28,12 +31,17 @@ from ..core.display import url_masked
 from ..core.words import duration_text
 from ..outbound.breaker import destination_breaker
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
-from ..outbound.operations import destination_recover_since
+from ..outbound.operations import (
+    destination_disable,
+    destination_enable,
+    destination_recover_since,
+)
 from ..outbound.selectors import destinations_with_health
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
-from .confirm import Confirmation, Selection, confirm_then_act
-from .forms import DestinationForm, RecoverForm
+from .confirm import confirm_then_act
+from .destination_actions import enable_confirmation, recover_confirmation
+from .forms import DestinationForm
 
 if TYPE_CHECKING:
     from ..outbound.selectors import DestinationWithHealth
@@ -86,50 +94,21 @@ class BreakerShown:
         return cls(gettext("closed"), sentence=gettext("closed"))
 
 
-def _recover_confirmation(count: int) -> Confirmation:
-    these = gettext("this destination") if count == 1 else gettext("these destinations")
-    return Confirmation(
-        action="recover_since_selected",
-        title=gettext("Recover failed messages"),
-        explanation=(
-            gettext(
-                "Once a merchant has fixed its endpoint: every failed message of %(these)s "
-                "whose last attempt started at or after the time below is sent again, oldest "
-                "first, under its own key. Each gets the whole retry policy again (its failures "
-                "go back to 0). Failed messages from before that time stay failed. An open "
-                "breaker is ended: the destination goes half-open at once, and its first "
-                "answer decides."
-            )
-            % {"these": these},
-        ),
-        form=RecoverForm,
-        submit=ngettext_lazy(
-            "Recover %(count)d destination's failed messages",
-            "Recover %(count)d destinations' failed messages",
-            "count",
-        ),
-        selection=Selection(
-            (
-                gettext("destination"),
-                gettext("enabled"),
-                gettext("failed now"),
-                gettext("last success"),
-                gettext("last failure"),
-            ),
-            lambda dest: (
-                dest.name,
-                gettext("yes") if dest.enabled else gettext("no (it sends nothing until enabled)"),
-                dest.failed_count,
-                dest.last_success_at or gettext("never"),
-                dest.last_failure_at or gettext("never"),
-            ),
-        ),
-    )
+@dataclass(frozen=True)
+class EnableButton(ObjectButton):
+    """Enable: on a disabled destination's page only."""
+
+    def applies_to(self, obj: Any) -> bool:
+        return not obj.enabled
 
 
 # the configuration an admin form saves; the limiter's and breaker's state, which the
-# relay writes under the row's lock meanwhile, is never written back from a form
-CONFIGURATION = (*DestinationForm.Meta.fields, "secrets", "updated_at")
+# relay writes under the row's lock meanwhile, is never written back from a form, nor
+# is ``enabled`` (changed through destination_enable and destination_disable, which
+# resume or hold its messages and clear the relay's reason)
+CONFIGURATION = tuple(
+    f for f in (*DestinationForm.Meta.fields, "secrets", "updated_at") if f != "enabled"
+)
 
 
 @admin.register(WebhookDestination)
@@ -138,7 +117,10 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     # "Recover since…" on a destination's page: the list action on that one destination
     object_buttons = {
-        "recover": ObjectButton("recover_since_selected", None, _("recovered"), _("Recover since…"))
+        "recover": ObjectButton(
+            "recover_since_selected", None, _("recovered"), _("Recover since…")
+        ),
+        "enable": EnableButton("enable_selected", None, _("enabled"), _("Enable")),
     }
     object_noun = _("destination")
 
@@ -155,8 +137,9 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         "secret_count",
     )
     list_display_links = None
-    actions = ["recover_since_selected"]
+    actions = ["recover_since_selected", "enable_selected"]
     health_fields = (
+        "disabled_state",
         "breaker_state",
         "backlog_figure",
         "oldest_eligible",
@@ -218,10 +201,16 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         warning = getattr(form, "url_warning", "")
         if warning:  # a name that does not resolve yet: saved, the guard holds at send
             self.message_user(request, f"{obj.name}: {warning}", messages.WARNING)
-        if change:
-            obj.save(update_fields=CONFIGURATION)
-        else:
+        if not change:
             obj.save()
+            return
+        obj.save(update_fields=CONFIGURATION)
+        if "enabled" in getattr(form, "changed_data", ()):
+            by = request.user.get_username()
+            if obj.enabled:
+                destination_enable(destination=obj, by=by)
+            else:
+                destination_disable(destination=obj, by=by)
 
     # --- the list ------------------------------------------------------------------------
 
@@ -297,6 +286,20 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     def url_shown(self, obj: WebhookDestination) -> str:
         return url_masked(obj.url)
 
+    @admin.display(description=_("state"))
+    def disabled_state(self, obj: WebhookDestination) -> str:
+        if obj.enabled:
+            return gettext("enabled")
+        since = full_time(obj.disabled_at) if obj.disabled_at else gettext("unknown")
+        if obj.disabled_reason:
+            return gettext(
+                "disabled by the relay since %(time)s: %(reason)s; its messages are held "
+                "until it is enabled"
+            ) % {"time": since, "reason": obj.disabled_reason}
+        return gettext("disabled since %(time)s; its messages are held until it is enabled") % {
+            "time": since
+        }
+
     @admin.display(description=_("breaker"))
     def breaker_state(self, obj: WebhookDestination) -> str:
         return BreakerShown.of(obj).sentence
@@ -312,8 +315,44 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     # --- Recover since… ------------------------------------------------------------------
 
     def has_custom_permission(self, request: HttpRequest, action: str) -> bool:
-        """ObjectButtons' check: the one button is Recover since…"""
+        """ObjectButtons' check: Recover since… (the retry permission), Enable (change)."""
+        if action == "enable":
+            return self.has_change_permission(request)
         return action == "recover" and self.has_recover_permission(request)
+
+    def object_status_text(self, obj: Any) -> str:
+        return gettext("enabled") if obj.enabled else gettext("disabled")
+
+    # --- Enable ----------------------------------------------------------------------------
+
+    @admin.action(description=_("Enable (send the messages they hold)…"), permissions=["change"])
+    def enable_selected(
+        self, request: HttpRequest, queryset: QuerySet[WebhookDestination]
+    ) -> TemplateResponse | None:
+        selected = list(queryset.order_by("name"))
+        confirmation = enable_confirmation(len(selected))
+        return confirm_then_act(self, request, selected, confirmation, self._enable)
+
+    def _enable(
+        self, request: HttpRequest, selected: list[WebhookDestination], reason: str
+    ) -> None:
+        by = request.user.get_username()
+        for dest in selected:
+            held = destination_enable(destination=dest, by=by)
+            if held is None:
+                self.message_user(
+                    request,
+                    gettext("%(name)s was enabled already.") % {"name": dest.name},
+                    messages.WARNING,
+                )
+                continue
+            note = ngettext(
+                "Enabled: %(count)d held message to send, in its order.",
+                "Enabled: %(count)d held messages to send, in their order.",
+                held,
+            ) % {"count": held}
+            self.log_change(request, dest, f"{note} {reason}".strip())
+            self.message_user(request, f"{dest.name}: {note}", messages.SUCCESS)
 
     @admin.action(description=_("Recover failed messages since…"), permissions=["recover"])
     def recover_since_selected(
@@ -322,7 +361,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         selected = list(queryset.order_by("name"))
         successes = [d.last_success_at for d in selected if d.last_success_at]
         initial = {"since": min(successes)} if successes else None
-        confirmation = _recover_confirmation(len(selected))
+        confirmation = recover_confirmation(len(selected))
         return confirm_then_act(
             self, request, selected, confirmation, self._recover, initial=initial
         )

@@ -261,6 +261,17 @@ class DestinationForm(forms.ModelForm):
         return cleaned
 
 
+EnableForm = note_form(
+    "reason",
+    label=_("Reason"),
+    required=False,
+    help_text=_(
+        "Optional: why, e.g. the merchant moved its endpoint back. Kept in the "
+        "destination's history with your name and the time."
+    ),
+)
+
+
 class RecoverForm(forms.Form):
     since = forms.DateTimeField(
         label=_("Failed since"),

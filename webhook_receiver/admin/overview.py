@@ -142,6 +142,8 @@ class DestinationRow(_Stated):
 
     @property
     def breaker(self) -> str:
+        if self.status.disabled_by_relay:
+            return gettext("disabled by the relay")
         breaker = self.status.breaker
         if breaker.state == "open" and breaker.until is not None:
             return gettext("open, probe in %(wait)s") % {

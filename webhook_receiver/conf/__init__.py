@@ -107,6 +107,12 @@ DEFAULTS: dict[str, Any] = {
     # the name of a WebhookDestination that receives operational notices (terminal
     # deliveries; silence alerts with the "outbox" notifier); None: none are sent
     "OPS_DESTINATION": None,
+    # a destination whose answers have failed, with no success, for this many days is
+    # disabled by the relay (its messages held until an operator enables it); a notice
+    # goes to OPS_DESTINATION at DISABLE_WARNING_FRACTION of the span, and one when it is
+    # disabled. 0: never. (An answer of 410 Gone disables it at once, whatever this is.)
+    "DISABLE_AFTER_FAILING_DAYS": 5,
+    "DISABLE_WARNING_FRACTION": 0.5,
     # request headers never stored on a receipt (compared case-insensitively)
     "REDACTED_HEADERS": [
         "Authorization",
@@ -208,6 +214,9 @@ class AppSettings:
     status_timeout_seconds: float
     outbox_retention: timedelta
     ops_destination: str | None
+    # None: a failing destination is never disabled for it
+    disable_after_failing: timedelta | None
+    disable_warning_fraction: float
     egress_allowed_networks: tuple[IPv4Network | IPv6Network, ...]
     egress_proxy: EgressProxy | None
 
@@ -267,9 +276,36 @@ def app_settings() -> AppSettings:
         status_timeout_seconds=float(merged["STATUS_TIMEOUT_SECONDS"]),
         outbox_retention=timedelta(days=merged["OUTBOX_RETENTION_DAYS"]),
         ops_destination=merged["OPS_DESTINATION"] or None,
+        disable_after_failing=_failing_span(merged["DISABLE_AFTER_FAILING_DAYS"]),
+        disable_warning_fraction=_fraction(merged, "DISABLE_WARNING_FRACTION"),
         egress_allowed_networks=_egress_allowed(merged["EGRESS_ALLOWED_NETWORKS"]),
         egress_proxy=parse_egress_proxy(merged["EGRESS_PROXY"]),
     )
+
+
+def _failing_span(days: Any) -> timedelta | None:
+    try:
+        value = float(days)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value >= 0 or isinstance(days, bool):
+        raise ImproperlyConfigured(
+            "WEBHOOK_RECEIVER['DISABLE_AFTER_FAILING_DAYS'] must be a number of days, at "
+            f"least 0 (0: never), not {days!r}."
+        )
+    return timedelta(days=value) if value else None
+
+
+def _fraction(merged: Mapping[str, Any], key: str) -> float:
+    try:
+        value = float(merged[key])
+    except (TypeError, ValueError):
+        value = -1.0
+    if not 0 < value < 1 or isinstance(merged[key], bool):
+        raise ImproperlyConfigured(
+            f"WEBHOOK_RECEIVER[{key!r}] must be a fraction between 0 and 1, not {merged[key]!r}."
+        )
+    return value
 
 
 def _check_receipts_outlast_reconciliation(

@@ -36,8 +36,8 @@ import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..conf import app_settings
 from ..conf.egress_proxy import EgressProxy

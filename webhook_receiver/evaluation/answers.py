@@ -16,7 +16,10 @@ from .observed import INF, RunView, Verdict, when
 # there is held to the promise:
 # answers no retry changes, for an operator (the seed: "permanent authentication or
 # payload rejection belongs in a terminal state for operator review")
-PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 410, 422})
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 422})
+# the endpoint is gone (the Standard Webhooks advice): its destination is disabled and
+# its messages held, neither failed nor sent, until an operator enables it
+GONE = 410
 # answers that pace us when they carry a Retry-After: deferred, spending no budget
 PACING_STATUSES = frozenset({429, 503})
 # a merchant's outcomes that are a 2xx
@@ -24,7 +27,7 @@ SUCCESSES = frozenset({"applied", "duplicate"})
 
 
 def terminal_answer_final(v: RunView) -> Verdict:
-    """A permanent answer (400, 401, 403, 404, 410, 422) ends its message at that
+    """A permanent answer (400, 401, 403, 404, 422) ends its message at that
     attempt: no later request of that key reaches the merchant, and the message is
     terminal with that answer as its reason."""
     title = "a permanent answer ends its message: no later attempt, terminal with its reason"
@@ -64,7 +67,7 @@ def _breaker_failure(a: Any) -> bool | None:
     success, None neither (a permanent answer, or a 429 that paces us)."""
     if a.outcome in SUCCESSES:
         return False
-    if a.status in PERMANENT_STATUSES:
+    if a.status in PERMANENT_STATUSES or a.status == GONE:
         return None
     if a.status == 429 and a.retry_after is not None:
         return None
@@ -192,3 +195,47 @@ def budget_respected(v: RunView) -> Verdict:
                 f"{budget}, the one past it at {when(spent[budget].at)}",
             )
     return Verdict("budget-respected", title, True, count)
+
+
+def gone_holds(v: RunView) -> Verdict:
+    """After a 410 Gone, counted at the merchant and in the database: no request of its
+    destination arrives from that answer until an operator enables it (requests already
+    on their way are not held to it), no message of it is failed for the 410, and once
+    it is enabled (and answers no 410 again) every one of its messages is delivered; their
+    order is fifo-per-destination's and order-within-key's to check."""
+    title = "a 410 disables its destination: nothing failed or sent until enabled, then all"
+    count = 0
+    enables: dict[str, list[float]] = defaultdict(list)
+    for e in v.obs.enables:
+        enables[e["destination"]].append(e["at"])
+    for name, arrivals in sorted(v.obs.arrivals.items()):
+        gone = [a for a in arrivals if a.status == GONE]
+        if not gone:
+            continue
+        count += 1
+        problem = ""
+        for g in gone:
+            enabled_at = min((t for t in enables[name] if t >= g.answered), default=INF)
+            sent = [a for a in arrivals if g.answered + 1e-6 < a.at < enabled_at]
+            if sent:
+                problem = (
+                    f"answered 410 at {when(g.answered)}, then {sent[0].event} arrived at "
+                    f"{when(sent[0].at)}, before it was enabled ({when(enabled_at)})"
+                )
+                break
+        messages = v.by_dest.get(name, [])
+        failed = [m for m in messages if m["status"] == "failed" and m["last_status_code"] == GONE]
+        if not problem and failed:
+            problem = f"{failed[0]['key']} failed for a 410 instead of being held"
+        last_gone = gone[-1].answered
+        if not problem and any(t >= last_gone for t in enables[name]):
+            undelivered = [m for m in messages if m["status"] != "delivered"]
+            if undelivered:
+                m = undelivered[0]
+                problem = (
+                    f"enabled after its last 410 ({when(last_gone)}), yet {m['key']} is "
+                    f"{m['status']} at the cut-off"
+                )
+        if problem:
+            return Verdict("gone-holds", title, False, count, f"{name}: {problem}")
+    return Verdict("gone-holds", title, True, count)

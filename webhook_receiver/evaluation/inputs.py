@@ -72,6 +72,8 @@ class Destination:
     # seconds every answer takes, unless a fault says otherwise
     delay_seconds: float = 0.0
     faults: tuple[Fault, ...] = ()
+    # when an operator enables it again (after the relay disabled it: a 410 Gone)
+    enable_at: float | None = None
 
 
 @dataclass(frozen=True)

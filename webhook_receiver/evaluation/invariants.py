@@ -14,6 +14,7 @@ from typing import Any
 from .answers import (
     breaker_limits_attempts,
     budget_respected,
+    gone_holds,
     retry_after_capped,
     terminal_answer_final,
 )
@@ -336,6 +337,7 @@ CHECKS: list[Callable[[RunView], Verdict]] = [
     breaker_limits_attempts,
     retry_after_capped,
     budget_respected,
+    gone_holds,
 ]
 
 NAMES = [
@@ -353,6 +355,7 @@ NAMES = [
     "breaker-limits-attempts",
     "retry-after-capped",
     "budget-respected",
+    "gone-holds",
 ]
 
 

@@ -40,6 +40,8 @@ class Observations:
     # its ordering key back, with how many and since when
     held_back: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     statements: Counter[str] = field(default_factory=Counter)
+    # an operator enabling a destination: {at, destination, held}
+    enables: list[dict[str, Any]] = field(default_factory=list)
     wall_seconds: float = 0.0
 
 

@@ -139,6 +139,7 @@ def _destination(r: Reader, data: Any, at: str) -> Destination:
         "breaker_cooldown",
         "delay",
         "faults",
+        "enable_at",
     }
     r.known(d, at, fields)
     values: dict[str, Any] = {"name": r.slug(d.get("name"), f"{at}.name")}
@@ -158,6 +159,8 @@ def _destination(r: Reader, data: Any, at: str) -> Destination:
             values[attr] = r.duration(d[key], f"{at}.{key}", positive=True)
     if "delay" in d:
         values["delay_seconds"] = r.duration(d["delay"], f"{at}.delay")
+    if "enable_at" in d:
+        values["enable_at"] = r.duration(d["enable_at"], f"{at}.enable_at")
     values["faults"] = tuple(
         _fault(r, item, f"{at}.faults[{i}]")
         for i, item in enumerate(r.listing(d.get("faults", []), f"{at}.faults"))

@@ -53,6 +53,7 @@ from ..inbound.receive import webhook_receive
 from ..outbound import trigger
 from ..outbound.admission import enqueue_webhook
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
+from ..outbound.operations import destination_enable
 from ..outbound.relay.claim import relay_claim
 from ..outbound.relay.run import relay_run
 from ..watch.silence import silence_check
@@ -223,6 +224,9 @@ class Simulation:
             self.at(at, kind, payload)
         for crash in s.crashes:
             self.at(crash.at, "crash", crash)
+        for spec in s.destinations:
+            if spec.enable_at is not None:
+                self.at(spec.enable_at, "enable", spec.name)
         if s.destinations:
             self.at(0.0, "sweep")
         if s.inbound is not None:
@@ -270,6 +274,9 @@ class Simulation:
             self._post(payload)
         elif kind == "crash":
             self._crash(payload)
+        elif kind == "enable":
+            held = destination_enable(destination=self._destinations[payload], by="operator")
+            self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
         elif kind == "sample":
             self._sample()
             self.at(self.now() + max(1.0, self.scenario.duration / SAMPLES), "sample")

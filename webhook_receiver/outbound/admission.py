@@ -40,7 +40,7 @@ from ..conf import app_settings
 from ..core import faults, sql, tracing
 from . import queries
 from .metrics import dedup_hit_count
-from .models import MessageStatus, OutboxMessage, WebhookDestination
+from .models import ADMITTING, MessageStatus, OutboxMessage, WebhookDestination
 from .trigger import cache_outage, relay_soon
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def message_key(aggregate: str, aggregate_id: str, event: str, version: int) -> 
 def destinations_for(event_type: str) -> list[WebhookDestination]:
     """The enabled destinations subscribed to ``event_type`` (one small query; the
     subscription list is filtered here, the same way on every database)."""
-    enabled = WebhookDestination.objects.filter(enabled=True).only("id", "name", "event_types")
+    enabled = WebhookDestination.objects.filter(ADMITTING).only("id", "name", "event_types")
     return [d for d in enabled if event_type in d.event_types]
 
 

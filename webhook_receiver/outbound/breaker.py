@@ -52,6 +52,8 @@ class BreakerCount:
     failures: int
     threshold: int
     paused_until: datetime
+    # answers of 410 Gone: they retire the destination (retirement.py), not count here
+    gone: int = 0
 
     def opened(self, consecutive_failures: int | None) -> bool:
         """Whether the count the statement returned pauses the destination."""
@@ -64,7 +66,7 @@ class BreakerCount:
 
 
 def breaker_count(
-    dest: WebhookDestination, *, successes: int, failures: int, now: datetime
+    dest: WebhookDestination, *, successes: int, failures: int, now: datetime, gone: int = 0
 ) -> BreakerCount:
     """A success closes the breaker; consecutive failures past the threshold open it for
     the cool-down (after which relay_claim lets one probe through)."""
@@ -73,6 +75,7 @@ def breaker_count(
         failures=failures,
         threshold=dest.breaker_threshold,
         paused_until=now + timedelta(seconds=dest.breaker_cooldown_seconds),
+        gone=gone,
     )
 
 

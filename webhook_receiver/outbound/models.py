@@ -58,6 +58,13 @@ class WebhookDestination(models.Model):
     # that cause while it is newer than the last answer recorded
     record_error = models.TextField(blank=True)
     record_failed_at = models.DateTimeField(null=True, blank=True)
+    # retirement (retirement.py): why and when the relay disabled it (an answer of 410
+    # Gone, or no success for DISABLE_AFTER_FAILING_DAYS), empty once enabled again; and
+    # since when its answers have failed without a success, and when that was warned of
+    disabled_reason = models.TextField(blank=True, default="", db_default="")
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    failing_since = models.DateTimeField(null=True, blank=True)
+    failing_warned_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -69,8 +76,18 @@ class WebhookDestination(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def disabled_by_relay(self) -> bool:
+        """Disabled by the relay itself (410 Gone, or failing too long), not an operator."""
+        return not self.enabled and bool(self.disabled_reason)
+
     def subscribes_to(self, event_type: str) -> bool:
         return self.enabled and event_type in self.event_types
+
+
+# the destinations whose messages the relay claims and admission fans out to: a disabled
+# one (by an operator, or retired by the relay) holds its messages pending
+ADMITTING = models.Q(enabled=True)
 
 
 class MessageStatus(models.TextChoices):

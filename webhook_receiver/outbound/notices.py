@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from .admission import enqueue_webhook
-from .models import OutboxMessage, WebhookDestination
+from .models import ADMITTING, OutboxMessage, WebhookDestination
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def ops_notice_enqueue(*, event_type: str, key: str, data: dict[str, Any]) -> bo
     name = app_settings().ops_destination
     if not name:
         return False
-    destination = WebhookDestination.objects.filter(name=name, enabled=True).first()
+    destination = WebhookDestination.objects.filter(ADMITTING, name=name).first()
     if destination is None:
         logger.warning("OPS_DESTINATION %r is missing or disabled: notice %s not sent", name, key)
         return False

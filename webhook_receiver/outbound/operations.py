@@ -1,5 +1,6 @@
 """What an operator does to the outbox, from the admin or a command: retry messages now,
 discard them, recover a destination's failed messages once its endpoint is fixed,
+enable a destination again (one the relay retired: retirement.py) or disable it,
 re-encrypt the destinations' secrets after a key rotation (the figures the
 destinations page shows are read by outbound/selectors.py).
 
@@ -166,6 +167,67 @@ def destination_recover_since(
         extra={"by": by, "destination": dest.name, "message_ids": ids},
     )
     return len(ids)
+
+
+def destination_enable(
+    *, destination: WebhookDestination | int, by: str, now: datetime | None = None
+) -> int | None:
+    """Enable a disabled destination (by an operator, or retired by the relay: a 410, a
+    failing span): its held messages are sent again, in their order (oldest first, each
+    ordering key in turn), as their retry times come; its retirement's reason and
+    failing span are forgotten, and an open breaker is ended. Returns how many messages
+    it holds to send (None: it was enabled already)."""
+    now = now or timezone.now()
+    destination_id = destination if isinstance(destination, int) else destination.pk
+    with transaction.atomic():
+        dest = WebhookDestination.objects.select_for_update().get(pk=destination_id)
+        if dest.enabled:
+            return None
+        reason = dest.disabled_reason
+        WebhookDestination.objects.filter(pk=dest.pk).update(
+            enabled=True,
+            disabled_reason="",
+            disabled_at=None,
+            failing_since=None,
+            failing_warned_at=None,
+            paused_until=None,
+            updated_at=now,
+        )
+        held = OutboxMessage.objects.filter(
+            destination_id=dest.pk, status__in=(MessageStatus.PENDING, MessageStatus.SENDING)
+        ).count()
+        relay_on_commit({dest.pk})
+    logger.info(
+        "outbox: %s enabled %s (%s); %d message(s) to send",
+        by,
+        dest.name,
+        f"disabled by the relay: {reason}" if reason else "disabled",
+        held,
+        extra={"by": by, "destination": dest.name},
+    )
+    return held
+
+
+def destination_disable(
+    *, destination: WebhookDestination | int, by: str, now: datetime | None = None
+) -> bool:
+    """Disable a destination: nothing more is admitted to it, and its messages are held
+    pending until it is enabled again (or discarded). Returns False when it was
+    disabled already."""
+    now = now or timezone.now()
+    destination_id = destination if isinstance(destination, int) else destination.pk
+    with transaction.atomic():
+        changed = WebhookDestination.objects.filter(pk=destination_id, enabled=True).update(
+            enabled=False, disabled_reason="", disabled_at=now, updated_at=now
+        )
+    if changed:
+        logger.info(
+            "outbox: %s disabled destination %s",
+            by,
+            destination_id if isinstance(destination, int) else destination.name,
+            extra={"by": by, "destination_id": destination_id},
+        )
+    return bool(changed)
 
 
 def destinations_reencrypt() -> int:

@@ -114,13 +114,46 @@ RECORD_ATTEMPTS = """
     FROM answer
 """
 
+
+# Retirement (retirement.py), counted with the breaker on the row as it was before the
+# round (``{d}``: its columns' prefix): an enabled destination that answered 410 Gone, or
+# whose answers failed, with no success, since before %(disable_before)s (NULL: never),
+# is disabled, and this is the reason; its messages stay pending, held. A round of
+# failures with none since before %(warn_before)s warns once (the failing span's notice).
+def _retired(d: str) -> str:
+    return f"""CASE WHEN NOT {d}enabled THEN NULL
+            WHEN %(round_gone)s > 0 THEN %(gone_reason)s
+            WHEN %(round_successes)s = 0 AND %(round_failures)s > 0
+                AND {d}failing_since <= %(disable_before)s THEN %(failing_reason)s END"""
+
+
+def _failing_since(d: str) -> str:
+    """The failing span's start after the round: a success ends it; the first failure
+    after one starts it."""
+    return f"""CASE WHEN %(round_successes)s > 0 THEN NULL
+            WHEN %(round_failures)s > 0 THEN COALESCE({d}failing_since, %(now)s)
+            ELSE {d}failing_since END"""
+
+
+def _warned(d: str) -> str:
+    return f"""%(round_successes)s = 0 AND %(round_failures)s > 0
+            AND {d}failing_warned_at IS NULL AND {d}failing_since <= %(warn_before)s"""
+
+
+def _failing_warned_at(d: str) -> str:
+    """When the failing span was warned of: now, once it has lasted past the warning
+    (once); a success forgets it."""
+    return f"""CASE WHEN %(round_successes)s > 0 THEN NULL
+            WHEN {_warned(d)} THEN %(now)s ELSE {d}failing_warned_at END"""
+
+
 # The breaker (breaker.BreakerCount) after a round's answers, from the destination's
 # row as CLAIM read it under its lock: a success closes it; failures add to the consecutive
 # ones, and pause the destination once they reach the threshold. A round with no
 # answer leaves it as it is (``counted`` false).
-_BREAKER_AFTER = """
+_BREAKER_AFTER = f"""
     SELECT d.id,
-        %(round_successes)s + %(round_failures)s > 0 AS counted,
+        %(round_successes)s + %(round_failures)s + %(round_gone)s > 0 AS counted,
         CASE WHEN %(round_successes)s > 0 THEN 0
             ELSE d.consecutive_failures + %(round_failures)s END AS consecutive_failures,
         CASE WHEN %(round_successes)s + %(round_failures)s = 0 THEN d.paused_until
@@ -130,36 +163,54 @@ _BREAKER_AFTER = """
         CASE WHEN %(round_successes)s > 0 THEN %(now)s::timestamptz
             ELSE d.last_success_at END AS last_success_at,
         CASE WHEN %(round_successes)s = 0 AND %(round_failures)s > 0 THEN %(now)s::timestamptz
-            ELSE d.last_failure_at END AS last_failure_at
+            ELSE d.last_failure_at END AS last_failure_at,
+        {_failing_since("d.")} AS failing_since,
+        {_failing_warned_at("d.")} AS failing_warned_at,
+        {_retired("d.")} AS retired,
+        COALESCE({_warned("d.")}, false) AS warned
     FROM destination d
 """
 
 # SQLite, and RECORD: the breaker (breaker.BreakerCount) counted on the row, in the
 # UPDATE itself, under its lock, so that two workers' rounds both count: as
-# _BREAKER_AFTER computes it. It returns the count (no row: a round with no answer).
-BREAKER_COUNT = """
+# _BREAKER_AFTER computes it. It returns the count (no row: a round with no answer),
+# and the reason it retired the destination (NULL: it did not) and whether it warned
+# (both read from the row as written: the moment they were set is this round's).
+BREAKER_COUNT = f"""
     UPDATE webhook_receiver_webhookdestination
-    SET consecutive_failures = CASE WHEN %(round_successes)s > 0 THEN 0
+    SET enabled = CASE WHEN ({_retired("")}) IS NULL THEN enabled ELSE false END,
+        disabled_reason = COALESCE({_retired("")}, disabled_reason),
+        disabled_at = CASE WHEN ({_retired("")}) IS NULL THEN disabled_at ELSE %(now)s END,
+        failing_since = {_failing_since("")},
+        failing_warned_at = {_failing_warned_at("")},
+        consecutive_failures = CASE WHEN %(round_successes)s > 0 THEN 0
             ELSE consecutive_failures + %(round_failures)s END,
-        paused_until = CASE WHEN %(round_successes)s = 0
+        paused_until = CASE WHEN %(round_successes)s + %(round_failures)s = 0 THEN paused_until
+            WHEN %(round_successes)s = 0
                 AND consecutive_failures + %(round_failures)s >= %(threshold)s
             THEN %(paused_until)s END,
         last_success_at = CASE WHEN %(round_successes)s > 0 THEN %(now)s ELSE last_success_at END,
-        last_failure_at = CASE WHEN %(round_successes)s > 0 THEN last_failure_at ELSE %(now)s END
-    WHERE id = %(destination_id)s AND %(round_successes)s + %(round_failures)s > 0
-    RETURNING consecutive_failures
+        last_failure_at = CASE WHEN %(round_successes)s = 0 AND %(round_failures)s > 0
+            THEN %(now)s ELSE last_failure_at END
+    WHERE id = %(destination_id)s
+        AND %(round_successes)s + %(round_failures)s + %(round_gone)s > 0
+    RETURNING consecutive_failures,
+        CASE WHEN NOT enabled AND disabled_at = %(now)s THEN disabled_reason END AS retired,
+        enabled AND failing_warned_at = %(now)s AS warned
 """
 
 # PostgreSQL: a round's record alone (the last of a run, or one answer at a time after a
 # round that could not be recorded whole), in one statement, all or nothing. It returns
-# the messages it recorded and the breaker's count (NULL: not counted).
+# the messages it recorded, the breaker's count (NULL: not counted) and retirement's.
 RECORD = f"""
     WITH {ANSWERS_POSTGRESQL},
     recorded AS ({RECORD_MESSAGES}),
     attempt AS ({RECORD_ATTEMPTS}),
     breaker AS ({BREAKER_COUNT})
     SELECT ARRAY(SELECT id FROM recorded) AS recorded,
-        (SELECT consecutive_failures FROM breaker) AS consecutive_failures
+        (SELECT consecutive_failures FROM breaker) AS consecutive_failures,
+        (SELECT retired FROM breaker) AS retired,
+        COALESCE((SELECT warned FROM breaker), false) AS warned
 """
 
 # --- the relay's claim ---------------------------------------------------------------------
@@ -249,8 +300,8 @@ def _claim(lock: str) -> str:
     breaker AS MATERIALIZED ({_BREAKER_AFTER}),
     state AS MATERIALIZED (
         SELECT d.id, d.tokens_at, d.max_attempts,
-            d.enabled AND (b.paused_until IS NULL OR b.paused_until <= %(now)s::timestamptz)
-                AS open,
+            d.enabled AND b.retired IS NULL
+                AND (b.paused_until IS NULL OR b.paused_until <= %(now)s::timestamptz) AS open,
             -- the row as this statement's snapshot has it: a claim that committed after
             -- the snapshot (while this one waited for the lock) holds leases that the
             -- count below cannot see, so this statement claims nothing (claim.py claims
@@ -299,7 +350,12 @@ def _claim(lock: str) -> str:
                 THEN GREATEST(%(now)s::timestamptz, COALESCE(a.tokens_at, %(now)s::timestamptz))
                 ELSE d.tokens_at END,
             consecutive_failures = b.consecutive_failures, paused_until = b.paused_until,
-            last_success_at = b.last_success_at, last_failure_at = b.last_failure_at
+            last_success_at = b.last_success_at, last_failure_at = b.last_failure_at,
+            failing_since = b.failing_since, failing_warned_at = b.failing_warned_at,
+            enabled = d.enabled AND b.retired IS NULL,
+            disabled_reason = COALESCE(b.retired, d.disabled_reason),
+            disabled_at = CASE WHEN b.retired IS NULL THEN d.disabled_at
+                ELSE %(now)s::timestamptz END
         FROM allowance a JOIN breaker b ON b.id = a.id
         WHERE d.id = a.id AND ((a.open AND a.current) OR b.counted)
         RETURNING d.tokens
@@ -309,6 +365,7 @@ def _claim(lock: str) -> str:
         (SELECT json_agg(c ORDER BY c.id) FROM claimed c)::text AS claimed,
         ARRAY(SELECT id FROM recorded) AS recorded,
         CASE WHEN b.counted THEN b.consecutive_failures END AS counted_failures,
+        b.retired, COALESCE(b.warned AND b.retired IS NULL, false) AS warned,
         EXISTS (
             SELECT 1 FROM webhook_receiver_webhookdestination s WHERE s.id = %(destination_id)s
         ) AS found
@@ -324,12 +381,15 @@ def _claim(lock: str) -> str:
 # in-flight count live on it: one claimer at a time; SKIP LOCKED for a triggered run's
 # first claim, which leaves a busy destination to the worker that holds it: a round
 # with answers waits for the lock); the answers recorded and the breaker counted (as
-# RECORD does); what the limits allow now, after the answers (enabled and not paused;
+# RECORD does); what the limits allow now, after the answers (enabled, not retired by
+# them, and not paused;
 # its free slots, the breaker's one probe when half-open; its whole tokens); the
 # eligible messages leased; the row written back once. It returns the destination's row
 # as it was locked (a run needs no other read of it), the claimed messages as JSON,
 # oldest first, what RelayRound.wait is computed from, the messages it recorded and the
-# breaker's count. Keyed by skip_if_busy; {eligible} is ELIGIBLE["postgresql"].
+# breaker's count, and retirement's (a 410, a failing span past its bound: counted with
+# the breaker, so that a round stays one statement). Keyed by skip_if_busy; {eligible}
+# is ELIGIBLE["postgresql"].
 CLAIM = {
     False: _claim("FOR UPDATE OF d"),
     True: _claim("FOR UPDATE OF d SKIP LOCKED"),

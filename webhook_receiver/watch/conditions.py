@@ -265,14 +265,27 @@ def _behind(d: DestinationStatus) -> tuple[str, str] | None:
     age = d.oldest_eligible_age
     if age is None or age <= OLD_BACKLOG or _stalled(d) or d.breaker.state == "open":
         return None
+    if not d.enabled:  # it sends nothing: its own condition says why
+        return None
     return f"behind by {duration_text(age)}", (
         f"the oldest message due has waited {duration_text(age)} ({d.backlog} in the "
         "backlog): its limits are too low for the traffic, or it answers slowly"
     )
 
 
+def _disabled_by_relay(d: DestinationStatus) -> tuple[str, str] | None:
+    if not d.disabled_by_relay:
+        return None
+    since = "" if d.disabled_at is None else f" {duration_text(d.now - d.disabled_at)} ago"
+    held = f"{d.backlog} message{plural(d.backlog)} held"
+    return f"disabled by the relay, {held}", (
+        f"disabled by the relay{since}: {d.disabled_reason}; {held} until it is enabled "
+        "again (or discarded)"
+    )
+
+
 def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
-    if d.enabled or not d.backlog:
+    if d.enabled or not d.backlog or d.disabled_by_relay:
         return None
     summary = f"disabled, {d.backlog} waiting"
     return summary, f"disabled with {d.backlog} message{plural(d.backlog)} waiting to be sent"
@@ -281,6 +294,13 @@ def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
 # (code, level, why: docs/overview.md lists them, test). Every one is ATTENTION: a
 # destination is someone else's endpoint, and nothing is lost while messages wait.
 DESTINATION_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "disabled_by_relay",
+        State.ATTENTION,
+        "the relay disabled the destination (it answered 410 Gone, or failed with no "
+        "success for DISABLE_AFTER_FAILING_DAYS): its messages are held until it is enabled",
+        _disabled_by_relay,
+    ),
     Condition(
         "breaker_open",
         State.ATTENTION,

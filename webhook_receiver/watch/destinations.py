@@ -43,6 +43,9 @@ class DestinationStatus:
     # the last round of answers the relay could not record, and why
     record_failed_at: datetime | None = None
     record_error: str = ""
+    # why and when the relay disabled it (410 Gone, a failing span); "" when it did not
+    disabled_reason: str = ""
+    disabled_at: datetime | None = None
     reasons: tuple[Reason, ...] = field(default=())
 
     @property
@@ -60,6 +63,10 @@ class DestinationStatus:
         return max(moments) if moments else None
 
     @property
+    def disabled_by_relay(self) -> bool:
+        return not self.enabled and bool(self.disabled_reason)
+
+    @property
     def record_failing(self) -> bool:
         """The relay's last round could not be recorded, recently, and no answer has
         been recorded since."""
@@ -72,6 +79,9 @@ class DestinationStatus:
         return {
             "destination": self.name,
             "enabled": self.enabled,
+            "disabled_by_relay": {"reason": self.disabled_reason, "at": iso(self.disabled_at)}
+            if self.disabled_by_relay
+            else None,
             "state": self.state.label,
             "reasons": [r.as_dict() for r in self.reasons],
             "backlog": self.backlog,
@@ -118,6 +128,8 @@ def destination_statuses(*, now: datetime | None = None) -> list[DestinationStat
             first_holder=None if first is None else (first.pk, first.key, first.ordering_key),
             record_failed_at=dest.record_failed_at,
             record_error=dest.record_error,
+            disabled_reason=dest.disabled_reason,
+            disabled_at=dest.disabled_at,
         )
         statuses.append(replace(status, reasons=reasons(DESTINATION_CONDITIONS, status)))
     return statuses

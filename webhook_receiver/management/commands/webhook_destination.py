@@ -4,11 +4,14 @@
         --secret whsec_... --rate 10/s --concurrency 4 --events order.paid,order.cancelled
     manage.py webhook_destination update merchant-7 --rate 5/s
     manage.py webhook_destination disable merchant-7
+    manage.py webhook_destination enable merchant-7      (or: update merchant-7 --enable)
     manage.py webhook_destination reencrypt
 
-``reencrypt`` encrypts every destination's secrets again under the first key of
-DESTINATION_SECRET_KEYS, the step of a key rotation between adding the new key (first)
-and removing the old one (docs/outbox.md).
+Disabling holds the destination's messages; enabling it again (one the relay disabled
+after a 410 Gone or a long failing span too) sends them, in their order
+(operations.destination_enable). ``reencrypt`` encrypts every destination's secrets
+again under the first key of DESTINATION_SECRET_KEYS, the step of a key rotation
+between adding the new key (first) and removing the old one (docs/outbox.md).
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ from ...core.display import url_masked
 from ...core.egress import UrlRefused, check_url
 from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.models import WebhookDestination
-from ...outbound.operations import destinations_reencrypt
+from ...outbound.operations import (
+    destination_disable,
+    destination_enable,
+    destinations_reencrypt,
+)
 from ...schemes.standard import secret_key
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
@@ -69,6 +76,15 @@ class Command(BaseCommand):
         parser.add_argument("--max-attempts", type=int)
         parser.add_argument("--backoff-base", type=float, help="seconds")
         parser.add_argument("--backoff-cap", type=float, help="seconds")
+        switch = parser.add_mutually_exclusive_group()
+        switch.add_argument(
+            "--enable",
+            action="store_true",
+            help="enable it: its held messages are sent, in their order",
+        )
+        switch.add_argument(
+            "--disable", action="store_true", help="disable it: its messages are held"
+        )
 
     def handle(self, *, action: str, name: str | None, **options: Any) -> None:
         try:
@@ -106,20 +122,34 @@ class Command(BaseCommand):
             return
         if existing is None:
             raise CommandError(f"no destination named {name!r} (add it first).")
-        if action == "disable":
-            fields["enabled"] = False
-        elif action == "enable":
-            fields["enabled"] = True
         changed = {k: v for k, v in fields.items() if getattr(existing, k) != v}
         for key, value in changed.items():
             setattr(existing, key, value)
         if changed:
             self._save(existing)
+        switched = self._switch(existing, action, options)
+        existing.refresh_from_db()
+        if changed:
             self.stdout.write(
                 f"updated {name} ({', '.join(sorted(changed))}): {self._describe(existing)}"
             )
-        else:
+        if switched:
+            self.stdout.write(f"{switched}: {self._describe(existing)}")
+        elif not changed:
             self.stdout.write(f"unchanged {name}: {self._describe(existing)}")
+
+    def _switch(self, dest: WebhookDestination, action: str, options: dict[str, Any]) -> str:
+        """Enable or disable it (the operations the admin uses); what it did ("": nothing)."""
+        by = "manage.py webhook_destination"
+        if action == "enable" or options.get("enable"):
+            held = destination_enable(destination=dest, by=by)
+            if held is None:
+                return ""
+            return f"enabled {dest.name} ({held} held message(s) to send, in their order)"
+        disabling = action == "disable" or options.get("disable")
+        if disabling and destination_disable(destination=dest, by=by):
+            return f"disabled {dest.name} (its messages are held until it is enabled)"
+        return ""
 
     def _fields(self, options: dict[str, Any]) -> dict[str, Any]:
         fields: dict[str, Any] = {}
@@ -171,6 +201,8 @@ class Command(BaseCommand):
     @staticmethod
     def _describe(d: WebhookDestination) -> str:
         state = "enabled" if d.enabled else "DISABLED"
+        if d.disabled_by_relay:
+            state = f"DISABLED by the relay ({d.disabled_reason})"
         events = ",".join(d.event_types) or "no events"
         return (
             f"{state}, {url_masked(d.url)}, {events}, "

@@ -172,7 +172,11 @@ def _destination_row(d: DestinationStatus) -> tuple[str, ...]:
         breaker += f" {duration_text(d.breaker.until - d.now)}"
     success = d.last_success_at
     return (
-        d.name if d.enabled else f"{d.name} (disabled)",
+        d.name
+        if d.enabled
+        else f"{d.name} (disabled by the relay)"
+        if d.disabled_by_relay
+        else f"{d.name} (disabled)",
         d.state.name,
         str(d.backlog),
         "-" if age is None else duration_text(age),

@@ -32,6 +32,7 @@ from ...conf import app_settings
 from ...core import faults
 from .. import metrics, queries
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
+from ..retirement import NO_RETIREMENT, Retirement
 from .messages import Claimed, RelayRound
 from .policy import answer_log, ops_notice_terminal
 
@@ -68,6 +69,7 @@ class _Leased:
     recorded: frozenset[int] = frozenset()
     counted_failures: int | None = None
     busy: bool = False
+    retirement: Retirement = Retirement()
 
 
 def relay_claim(
@@ -111,7 +113,10 @@ def relay_claim(
             _spent_by_the_claim(leased.dest, leased.spent)
     dest, claimed = leased.dest, leased.claimed
     recorded = RelayRound(
-        claimed=[], recorded=leased.recorded, counted_failures=leased.counted_failures
+        claimed=[],
+        recorded=leased.recorded,
+        counted_failures=leased.counted_failures,
+        retirement=leased.retirement,
     )
     if leased.busy:
         return replace(recorded, busy=True)
@@ -135,6 +140,7 @@ NO_ANSWER: dict[str, Any] = {
     "round_failures": 0,
     "threshold": 0,
     "paused_until": None,
+    **NO_RETIREMENT,
 }
 
 
@@ -148,6 +154,7 @@ def _claim_postgresql(
     if row is None:
         return None
     recorded, counted = frozenset(row.recorded), row.counted_failures
+    retirement = Retirement(row.retired, bool(row.warned))
     if row.open and not row.current:
         # Another claim committed after this statement's snapshot was taken (it waited
         # for the lock, or came an instant late): the snapshot cannot count that claim's
@@ -163,10 +170,19 @@ def _claim_postgresql(
         if not recorded and counted is None:
             return None
         # a third claimer came between: it holds the destination now
-        return _Leased(row, False, busy=True, recorded=recorded, counted_failures=counted)
+        return _Leased(
+            row,
+            False,
+            busy=True,
+            recorded=recorded,
+            counted_failures=counted,
+            retirement=retirement,
+        )
     claimed, spent = _messages(json.loads(row.claimed) if row.claimed else [], now)
     tokens = row.tokens_left if row.tokens_left is not None else 0.0
-    return _Leased(row, row.open, row.slots, tokens, claimed, spent, recorded, counted)
+    return _Leased(
+        row, row.open, row.slots, tokens, claimed, spent, recorded, counted, retirement=retirement
+    )
 
 
 def lease_margin() -> timedelta:

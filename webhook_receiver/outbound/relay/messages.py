@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ..retirement import Retirement
+
 if TYPE_CHECKING:
     from ..models import WebhookDestination
 
@@ -58,3 +60,5 @@ class RelayRound:
     # the messages it recorded, and the breaker's count (None: not counted)
     recorded: frozenset[int] = frozenset()
     counted_failures: int | None = None
+    # and what it did to the destination's retirement (retirement.py)
+    retirement: Retirement = Retirement()

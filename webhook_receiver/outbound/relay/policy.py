@@ -1,8 +1,10 @@
 """What an answer means: for its message (delivered, deferred, terminal; the retry
 budget and the breaker), and in the log, one line per answer that was not a 2xx.
 
-A 2xx delivers. 400, 401, 403, 404, 410 and 422 are terminal at once: no retry changes
-them, an operator does. A 429 or 503 with a readable Retry-After defers the message as
+A 2xx delivers. 400, 401, 403, 404 and 422 are terminal at once: no retry changes
+them, an operator does. A 410 Gone retires the destination (retirement.py): the message
+is held pending, spending nothing, until an operator enables the destination again.
+A 429 or 503 with a readable Retry-After defers the message as
 asked (capped) without spending its budget. Anything else, and no answer at all, is
 retried under the same key with full-jitter backoff until the budget is spent.
 """
@@ -21,13 +23,14 @@ from ...core.peer_http import parse_retry_after
 from ...core.words import duration_text
 from ..models import MessageStatus, WebhookDestination
 from ..notices import terminal_notice
+from ..retirement import GONE_STATUS
 from .messages import EGRESS_GUARD, Claimed, Sent
 
 logger = logging.getLogger(__name__)
 
 
 # answers that no retry will change: for an operator
-TERMINAL_STATUSES = frozenset({400, 401, 403, 404, 410, 422})
+TERMINAL_STATUSES = frozenset({400, 401, 403, 404, 422})
 
 
 # answers that may carry Retry-After: the destination pacing us
@@ -40,6 +43,8 @@ class Verdict:
     next_attempt_at: datetime | None
     spends_budget: bool
     breaker_failure: bool
+    # a 410 Gone: the destination is disabled, the message held
+    gone: bool = False
 
 
 def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
@@ -47,6 +52,11 @@ def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
     code = sent.status_code
     if code is not None and 200 <= code < 300:
         return Verdict(MessageStatus.DELIVERED, None, spends_budget=False, breaker_failure=False)
+    if code == GONE_STATUS:
+        # the endpoint is gone, not this message: held for when it is enabled again
+        return Verdict(
+            MessageStatus.PENDING, now, spends_budget=False, breaker_failure=False, gone=True
+        )
     if code in TERMINAL_STATUSES or sent.refused_by:
         # refused by the egress guard or proxy: no retry changes the address or the
         # proxy's rules, and the destination did not fail (its breaker is not counted)
@@ -88,6 +98,8 @@ def what_next(dest: WebhookDestination, sent: Sent, v: Verdict, now: datetime) -
         if sent.refused_by:
             return f"failed for good (refused by {sent.refused_by}), waiting for an operator"
         return f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
+    if v.gone:
+        return "held: the destination is gone (disabled until an operator enables it)"
     wait = duration_text((v.next_attempt_at or now) - now)
     if not v.spends_budget:
         return f"deferred {wait} as Retry-After asks"

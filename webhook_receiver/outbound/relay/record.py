@@ -25,6 +25,7 @@ from ...core import faults, logs, storable
 from .. import metrics, queries
 from ..breaker import BreakerCount, breaker_count, breaker_opened_log
 from ..models import MessageStatus, WebhookDestination
+from ..retirement import Retirement, retirement_noticed, retirement_params
 from .claim import CLAIM_BATCH, relay_claim
 from .messages import RelayRound, Sent
 from .policy import Verdict, answer_log, answer_words, ops_notice_terminal, verdict, what_next
@@ -56,6 +57,7 @@ def _answers(dest: WebhookDestination, results: list[Sent], now: datetime) -> _A
             successes=sum(v.status == MessageStatus.DELIVERED for v in verdicts),
             failures=sum(v.breaker_failure for v in verdicts),
             now=now,
+            gone=sum(v.gone for v in verdicts),
         ),
         now,
     )
@@ -71,10 +73,10 @@ def relay_record(
     answers = _answers(dest, results, now or timezone.now())
     with faults.bounded_transaction():
         if connection.vendor == "postgresql":
-            recorded, consecutive_failures = _record_postgresql(dest, answers)
+            recorded, consecutive_failures, retirement = _record_postgresql(dest, answers)
         else:
-            recorded, consecutive_failures = _record_sqlite(dest, answers)
-        _recorded(dest, answers, recorded, consecutive_failures)
+            recorded, consecutive_failures, retirement = _record_sqlite(dest, answers)
+        _recorded(dest, answers, recorded, consecutive_failures, retirement)
 
 
 def relay_record_and_claim(
@@ -89,14 +91,14 @@ def relay_record_and_claim(
     answers = _answers(dest, results, now)
     with faults.bounded_transaction():
         if connection.vendor != "postgresql":
-            recorded, consecutive_failures = _record_sqlite(dest, answers)
-            _recorded(dest, answers, recorded, consecutive_failures)
+            recorded, consecutive_failures, retirement = _record_sqlite(dest, answers)
+            _recorded(dest, answers, recorded, consecutive_failures, retirement)
             return relay_claim(destination=dest, limit=limit)
         params = _breaker_params(dest, answers)
         params.update(_columns(answers))
         # the claim's own now, taken as its statement goes: its tokens are spent then
         round_ = relay_claim(destination=dest, limit=limit, recording=params)
-        _recorded(dest, answers, set(round_.recorded), round_.counted_failures)
+        _recorded(dest, answers, set(round_.recorded), round_.counted_failures, round_.retirement)
     return round_
 
 
@@ -105,15 +107,18 @@ def _recorded(
     answers: _Answers,
     recorded: set[int] | frozenset[int],
     consecutive_failures: int | None,
+    retirement: Retirement,
 ) -> None:
     """In the round's transaction, once its statement ran: the ops notices of terminal
-    answers it recorded, and the counters and log lines once it commits."""
+    answers it recorded and of the destination's retirement, and the counters and log
+    lines once it commits."""
     pairs = list(zip(answers.results, answers.verdicts, strict=True))
     for sent, v in pairs:
         if v.status == MessageStatus.FAILED and sent.message.id in recorded:
             # in the round's transaction: no notice for an answer not recorded
             answer = sent.error if sent.status_code is None else str(sent.status_code)
             ops_notice_terminal(dest, sent.message, answer=answer)
+    retirement_noticed(dest.name, retirement, answers.now)
     opened = answers.breaker.opened(consecutive_failures)
     # counted and logged once the answers are durable: a round that rolls back is sent
     # again
@@ -153,9 +158,11 @@ def _breaker_params(dest: WebhookDestination, answers: _Answers) -> dict[str, An
         "destination_id": dest.pk,
         "round_successes": breaker.successes,
         "round_failures": breaker.failures,
+        "round_gone": breaker.gone,
         "threshold": breaker.threshold,
         "paused_until": adapt(breaker.paused_until),
         "now": adapt(now),
+        **retirement_params(now),
     }
 
 
@@ -165,18 +172,22 @@ def _columns(answers: _Answers) -> dict[str, str]:
     return {"answers": json.dumps(answers.rows, default=datetime.isoformat)}
 
 
-def _record_postgresql(dest: WebhookDestination, answers: _Answers) -> tuple[set[int], int | None]:
-    """The round's one statement: the messages it recorded, and the breaker's count
-    (None: not counted)."""
+def _record_postgresql(
+    dest: WebhookDestination, answers: _Answers
+) -> tuple[set[int], int | None, Retirement]:
+    """The round's one statement: the messages it recorded, the breaker's count (None:
+    not counted), and what it did to the destination's retirement."""
     params = _breaker_params(dest, answers)
     params.update(_columns(answers))
     with connection.cursor() as cursor:
         cursor.execute(queries.RECORD, params)
-        recorded, consecutive_failures = cursor.fetchone()
-    return set(recorded), consecutive_failures
+        recorded, consecutive_failures, retired, warned = cursor.fetchone()
+    return set(recorded), consecutive_failures, Retirement(retired, bool(warned))
 
 
-def _record_sqlite(dest: WebhookDestination, answers: _Answers) -> tuple[set[int], int | None]:
+def _record_sqlite(
+    dest: WebhookDestination, answers: _Answers
+) -> tuple[set[int], int | None, Retirement]:
     """SQLite: the record's three parts, in the caller's transaction, the answers as
     VALUES (``answer``) before the first two."""
     rows = ", ".join(
@@ -195,7 +206,9 @@ def _record_sqlite(dest: WebhookDestination, answers: _Answers) -> tuple[set[int
         cursor.execute(f"{answered} {queries.RECORD_ATTEMPTS}", values)
         cursor.execute(queries.BREAKER_COUNT, _breaker_params(dest, answers))
         counted = cursor.fetchone()
-    return recorded, counted[0] if counted else None
+    if not counted:
+        return recorded, None, Retirement()
+    return recorded, counted[0], Retirement(counted[1], bool(counted[2]))
 
 
 def _committed(

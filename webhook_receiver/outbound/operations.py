@@ -142,7 +142,10 @@ def destination_recover_since(
     attempted_since = DeliveryAttempt.objects.filter(message=OuterRef("pk"), started_at__gte=since)
     with transaction.atomic():
         # the destination's row first, then its messages: the order the relay locks them in
-        dest = WebhookDestination.objects.select_for_update().get(pk=destination_id)
+        # not its secrets: a recovery needs none, even of a destination no key reads
+        dest = (
+            WebhookDestination.objects.select_for_update().defer("secrets").get(pk=destination_id)
+        )
         ids = list(
             OutboxMessage.objects.select_for_update()
             .filter(Exists(attempted_since), destination_id=dest.pk, status=MessageStatus.FAILED)

@@ -150,17 +150,28 @@ def relay_run(
     return answered
 
 
+# a destination no key reads is said again after this long (per process), not at every
+# sweep's run: webhook_status and the admin show it meanwhile
+UNREADABLE_REPEAT_SECONDS = 300.0
+_unreadable_said_at: dict[tuple[int, str], float] = {}
+
+
 def _say_unreadable(destination_id: int, exc: SecretsUnreadable) -> None:
     """A destination whose secrets no key decrypts: its claim failed as it read the row,
-    so nothing was leased and its messages stay pending. One line a run (no traceback:
-    the cause is the keys, not the code); the next sweep's run says it again until new
+    so nothing was leased and its messages stay pending. One ERROR line, with no
+    traceback (the cause is the keys, not the code), again every few minutes until new
     secrets are set or the key is back."""
     name = (
         WebhookDestination.objects.filter(pk=destination_id).values_list("name", flat=True).first()
-    )
+    ) or str(destination_id)
+    now = time.monotonic()
+    said = _unreadable_said_at.get((destination_id, name))
+    if said is not None and now - said < UNREADABLE_REPEAT_SECONDS:
+        return
+    _unreadable_said_at[(destination_id, name)] = now
     logger.error(
-        "outbox: destination %s is not relayed, its %s; its messages wait. %s",
-        name or destination_id,
+        "outbox: destination %s is not relayed (%s); its messages wait: %s",
+        name,
         exc.state,
         exc,
         extra={"destination": name, "destination_id": destination_id},

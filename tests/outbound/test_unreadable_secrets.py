@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from cryptography.fernet import Fernet
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.test import TestCase
 from django.urls import reverse
+from django.utils import timezone
 
 from tests.admin.test_destinations import form_data
-from tests.support.admin import change_url
-from tests.support.outbox import SECRET, destination, message
+from tests.support.admin import act, change_url
+from tests.support.outbox import SECRET, destination, failed, message
 from tests.support.status import status_command
 from webhook_receiver.checks import check_destination_secrets_readable
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
+from webhook_receiver.outbound.notices import ops_notice_enqueue
 from webhook_receiver.outbound.relay.run import relay_run
+from webhook_receiver.watch.trace import event_trace
 
 pytestmark = pytest.mark.django_db
 
@@ -148,3 +153,28 @@ def test_the_relay_logs_one_line_and_sends_nothing(rotated_away, receiver, caplo
     assert set(OutboxMessage.objects.values_list("status", "attempts")) == {
         (MessageStatus.PENDING, 0)
     }
+
+
+def test_a_trace_and_an_ops_notice_need_no_secrets(rotated_away, settings):
+    lost, _ = rotated_away
+    message(lost, "traced", origin_source="shop", origin_event_key="evt_1")
+    (section,) = event_trace(source="shop", event_key="evt_1").outbox
+    assert "lost" in str(section)
+
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "OPS_DESTINATION": "lost"}
+    with TestCase.captureOnCommitCallbacks(execute=False):
+        assert ops_notice_enqueue(event_type="ops.test", key="ops-1", data={})
+    assert OutboxMessage.objects.filter(key="ops-1", destination=lost).exists()
+
+
+def test_recover_since_works_on_it(rotated_away, admin_client):
+    lost, _ = rotated_away
+    now = timezone.now()
+    failed(lost, "broke", last_attempt_at=now - timedelta(minutes=5))
+    since = timezone.localtime(now - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+
+    assert act(admin_client, DESTINATIONS, "recover_since_selected", lost).status_code == 200
+    response = act(admin_client, DESTINATIONS, "recover_since_selected", lost, since=since)
+
+    assert response.status_code == 302
+    assert OutboxMessage.objects.get(key="broke").status == MessageStatus.PENDING

@@ -12,7 +12,10 @@ and decrypts in ``from_db_value``, so every reader gets the secrets themselves, 
 relay's raw claim (``SELECT d.* …``) included, and nothing else changes. A value that
 cannot be decrypted (no key set, or none of them the one that encrypted it) raises
 ``SecretsUnreadable`` as the row is read: the relay's claim fails before a message is
-claimed, never sending one unsigned.
+claimed, never sending one unsigned. What only shows such a row (the admin's
+destinations, ``webhook_status``, the deploy check E010) reads the column as stored
+(``with_stored_secrets``) and says why (``stored_secrets_problem``); what needs no secret
+at all defers the column.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from io import StringIO
 import pytest
 from cryptography.fernet import Fernet
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 from django.test import TestCase
 from django.urls import reverse
 from django.utils import timezone
@@ -178,3 +178,12 @@ def test_recover_since_works_on_it(rotated_away, admin_client):
 
     assert response.status_code == 302
     assert OutboxMessage.objects.get(key="broke").status == MessageStatus.PENDING
+
+
+def test_reencrypt_does_the_others_and_names_it(rotated_away, settings):
+    lost, kept = rotated_away
+    with pytest.raises(
+        CommandError, match=r"1 destination\(s\).*no key decrypts the secrets of lost"
+    ):
+        call_command("webhook_destination", "reencrypt", stdout=StringIO())
+    assert WebhookDestination.objects.get(name="kept").secrets == [SECRET]

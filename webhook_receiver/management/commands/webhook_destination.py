@@ -78,11 +78,19 @@ class Command(BaseCommand):
         if action == "reencrypt":
             if name:
                 raise CommandError("reencrypt takes no name: it rewrites every destination.")
-            count = destinations_reencrypt()
-            self.stdout.write(
+            count, not_read = destinations_reencrypt()
+            done = (
                 f"re-encrypted the secrets of {count} destination(s) under the first key of "
-                "DESTINATION_SECRET_KEYS; the others may be removed now"
+                "DESTINATION_SECRET_KEYS"
             )
+            if not_read:
+                raise CommandError(
+                    f"{done}; no key decrypts the secrets of {', '.join(not_read)}: put "
+                    "back the key they were encrypted with, or set new secrets "
+                    "(update NAME --secret ...), then run reencrypt again before removing "
+                    "an old key."
+                )
+            self.stdout.write(f"{done}; the others may be removed now")
             return
         if not name:
             raise CommandError(f"{action} needs the destination's name.")

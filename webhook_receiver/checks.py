@@ -16,11 +16,16 @@ from django.utils.module_loading import import_string
 from . import schemes
 from .conf import NEW_KEY_HINT, app_settings
 from .handlers import registration_conflicts
-from .outbound.encryption import is_token, secrets_decrypt
+from .outbound.encryption import SecretsNotDecrypted, is_token
 from .outbound.models import WebhookDestination
+from .outbound.selectors import destinations_unreadable
 from .reconcile.adapters import BUILT_IN
 from .reconcile.states import state_comparison
+from .schemes.base import SECRET_MIN_BYTES
 from .watch.notifiers import get_notifiers
+
+# the bearer token /metrics/ requires: as long as a signing secret's key material
+METRICS_TOKEN_MIN_CHARS = SECRET_MIN_BYTES
 
 
 @checks.register()
@@ -42,6 +47,17 @@ def check_webhook_receiver_settings(
                         f"Secret #{position + 1} of source {slug!r} {problem}.",
                         hint="Copy the signing secret exactly as the sender shows it.",
                         id="webhook_receiver.E002",
+                    )
+                )
+            elif (size := scheme.secret_bytes(secret)) < SECRET_MIN_BYTES:
+                errors.append(
+                    checks.Warning(
+                        f"Secret #{position + 1} of source {slug!r} holds {size} bytes of "
+                        f"key material, fewer than {SECRET_MIN_BYTES}: a short HMAC key is "
+                        "easier to guess.",
+                        hint=f"Ask the sender for a secret of at least {SECRET_MIN_BYTES} "
+                        "random bytes, and roll to it (list both while the sender switches).",
+                        id="webhook_receiver.W003",
                     )
                 )
         for name, value in (
@@ -101,6 +117,17 @@ def check_webhook_receiver_settings(
     except ImproperlyConfigured as exc:
         errors.append(checks.Error(str(exc), id="webhook_receiver.E006"))
     errors += database_problems(settings.DATABASES)
+    token = config.metrics_token
+    if token is not None and len(token) < METRICS_TOKEN_MIN_CHARS:
+        errors.append(
+            checks.Warning(
+                f"WEBHOOK_RECEIVER['METRICS_TOKEN'] is {len(token)} characters long, fewer "
+                f"than {METRICS_TOKEN_MIN_CHARS}: a short bearer token can be guessed.",
+                hint='Use a long random string, e.g. python -c "import secrets; '
+                'print(secrets.token_urlsafe(32))".',
+                id="webhook_receiver.W004",
+            )
+        )
     if not config.sources:
         errors.append(
             checks.Warning(
@@ -133,10 +160,11 @@ def database_problems(databases: dict[str, dict[str, Any]]) -> list[checks.Check
 def check_destination_secrets(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Whether DESTINATION_SECRET_KEYS can read every destination's secrets. A database
-    check: Django runs it on ``migrate`` and ``check --database``, before migrating, so
-    rows not yet encrypted are a warning (the migration encrypts them) unless no key
-    is set to encrypt them with."""
+    """Whether destinations' secrets can be encrypted at rest. A database check: Django
+    runs it on ``migrate`` and ``check --database``, before migrating, so rows not yet
+    encrypted are a warning (the migration encrypts them) unless no key is set to
+    encrypt them with. Whether the keys set decrypt them is E010, a deploy check: rows
+    no key reads are shown and reported where they are, and do not stop a migration."""
     try:
         keys = app_settings().destination_secret_keys
     except ImproperlyConfigured:
@@ -167,18 +195,6 @@ def check_destination_secrets(
                     )
                 )
                 continue
-            try:
-                secrets_decrypt(tokens, keys)
-            except ImproperlyConfigured:
-                problems.append(
-                    checks.Error(
-                        "No key of WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] decrypts "
-                        f"the secrets of destination {name!r}.",
-                        hint="Put back the key they were encrypted with (keep it after a "
-                        "new one until manage.py webhook_destination reencrypt has run).",
-                        id="webhook_receiver.E009",
-                    )
-                )
             if len(tokens) < len(values):
                 problems.append(
                     checks.Warning(
@@ -187,4 +203,40 @@ def check_destination_secrets(
                         id="webhook_receiver.W002",
                     )
                 )
+    return problems
+
+
+@checks.register(checks.Tags.database, deploy=True)
+def check_destination_secrets_readable(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The destinations no key of DESTINATION_SECRET_KEYS decrypts (a key removed before
+    ``webhook_destination reencrypt`` ran): ``check --deploy --database default``."""
+    try:
+        keys = app_settings().destination_secret_keys
+    except ImproperlyConfigured:
+        return []  # E001 says why
+    if not keys:
+        return []  # E008 says so
+    problems: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        try:
+            unreadable = destinations_unreadable(using=alias, keys=keys)
+        except DatabaseError:
+            continue  # not migrated yet
+        for pk, name, problem in unreadable:
+            if not isinstance(problem, SecretsNotDecrypted):
+                continue  # stored unencrypted: W002
+            problems.append(
+                checks.Error(
+                    f"Destination #{pk} {name!r} (database {alias!r}): {problem.state}, "
+                    "of WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']. Nothing is sent to it; "
+                    "its messages wait.",
+                    hint="Put back the key they were encrypted with (keep it after a new "
+                    "one until manage.py webhook_destination reencrypt has run), or set new "
+                    "secrets on its admin page (or manage.py webhook_destination update "
+                    f"{name} --secret ...).",
+                    id="webhook_receiver.E010",
+                )
+            )
     return problems

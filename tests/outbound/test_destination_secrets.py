@@ -23,7 +23,7 @@ from django.urls import reverse
 from standardwebhooks import Webhook
 
 from tests.settings import DESTINATION_SECRET_KEY
-from webhook_receiver.checks import check_destination_secrets
+from webhook_receiver.checks import check_destination_secrets, check_destination_secrets_readable
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.encryption import SecretsUnreadable
@@ -238,8 +238,10 @@ def test_a_wrong_key_leaves_the_status_pages_answering(receiver, settings, admin
     messages = admin_client.get(reverse("admin:webhook_receiver_outboxmessage_changelist"))
     assert messages.status_code == 200
     out = StringIO()
-    call_command("webhook_status", stdout=out)  # every destination ok: exit 0
-    assert "merchant" in out.getvalue()
+    with pytest.raises(SystemExit) as exit:  # the destination needs attention: exit 1
+        call_command("webhook_status", stdout=out)
+    assert exit.value.code == 1
+    assert "merchant" in out.getvalue() and "secrets unreadable" in out.getvalue()
 
 
 def test_a_key_that_is_not_a_fernet_key_is_refused_without_being_shown(settings):
@@ -295,8 +297,13 @@ def test_the_check_names_what_is_wrong(receiver, settings):
     destination(receiver.url)
     assert check_destination_secrets(databases=["default"]) == []
 
+    # a wrong key is E010, a deploy check (tests/outbound/test_unreadable_secrets.py): it
+    # shows where it matters and does not stop migrate
     with_keys(settings, OTHER_KEY)
-    assert ids(check_destination_secrets(databases=["default"])) == ["webhook_receiver.E009"]
+    assert check_destination_secrets(databases=["default"]) == []
+    assert ids(check_destination_secrets_readable(databases=["default"])) == [
+        "webhook_receiver.E010"
+    ]
 
     with_keys(settings)
     assert ids(check_destination_secrets(databases=["default"])) == ["webhook_receiver.E008"]

@@ -30,6 +30,7 @@ from ..core.admin_links import admin_url
 from ..core.display import url_masked
 from ..core.words import duration_text
 from ..outbound.breaker import destination_breaker
+from ..outbound.encryption import SecretsUnreadable, stored_secrets_problem, with_stored_secrets
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import (
     destination_disable,
@@ -102,6 +103,13 @@ class EnableButton(ObjectButton):
         return not obj.enabled
 
 
+def secrets_unreadable(obj: WebhookDestination | None) -> SecretsUnreadable | None:
+    """Why a destination of this admin's queryset (``stored_secrets``) cannot have its
+    secrets read, or None."""
+    stored = getattr(obj, "stored_secrets", None)
+    return None if stored is None else stored_secrets_problem(stored)
+
+
 # the configuration an admin form saves; the limiter's and breaker's state, which the
 # relay writes under the row's lock meanwhile, is never written back from a form, nor
 # is ``enabled`` (changed through destination_enable and destination_disable, which
@@ -149,14 +157,27 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple]:
-        secrets = ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
+        secrets: dict[str, Any] = {
+            "fields": ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
+        }
+        unreadable = secrets_unreadable(obj)
+        if unreadable is not None:
+            secrets["description"] = format_html(
+                '<strong class="wr-failed">{}</strong>. {}',
+                unreadable.state,
+                gettext(
+                    "Nothing is sent to this destination until they are replaced: add new "
+                    "secrets (and give them to the merchant), or put back the key they "
+                    "were encrypted with."
+                ),
+            )
         # the input keeps the real URL for whoever may change it; others read it masked
         url = "url" if self.has_change_permission(request, obj) else "url_shown"
         # the health first: what an operator opens this page for
         fieldsets: list[tuple] = [(_("Health"), {"fields": self.health_fields})] if obj else []
         fieldsets += [
             (_("Destination"), {"fields": ("name", url, "enabled", "event_types")}),
-            (_("Secrets"), {"fields": secrets}),
+            (_("Secrets"), secrets),
             (
                 _("Limits"),
                 {
@@ -187,7 +208,8 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         return ("name", *self.health_fields) if obj is not None else ()
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDestination]:
-        return destinations_with_health(super().get_queryset(request))
+        # the secrets as stored: a row no key decrypts is shown as such, not a 500
+        return destinations_with_health(with_stored_secrets(super().get_queryset(request)))
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # its messages are kept (PROTECT): a destination is disabled, not deleted
@@ -266,7 +288,10 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     @admin.display(description=_("secrets"))
     def secret_count(self, obj: WebhookDestination) -> str:
-        count = len(obj.secrets or [])
+        unreadable = secrets_unreadable(obj)
+        if unreadable is not None:
+            return format_html('<span class="wr-failed">{}</span>', unreadable.state)
+        count = len(getattr(obj, "stored_secrets", None) or [])
         return ngettext("%d secret", "%d secrets", count) % count
 
     def _messages_link(self, obj: WebhookDestination, count: int, status: str, css: str) -> str:

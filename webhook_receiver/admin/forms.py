@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING, Any, cast
 from django import forms
 from django.core.validators import URLValidator
 from django.utils import timezone
+from django.utils.text import format_lazy
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..core.egress import UrlRefused, check_url
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
-from ..schemes.standard import secret_key
+from ..outbound.signing_secrets import destination_secret_problem
+from ..schemes.base import SECRET_MIN_BYTES
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -148,10 +150,14 @@ class DestinationForm(forms.ModelForm):
         label=_("Add secrets"),
         required=False,
         widget=WriteOnlyTextarea(attrs={"rows": 2, "cols": 60, "autocomplete": "off"}),
-        help_text=_(
-            "One per line, whsec_ followed by base64. During a rotation every secret "
-            "kept or added signs each request. Secrets are never shown again, not even when "
-            "the form comes back with an error: type them again then."
+        help_text=format_lazy(
+            _(
+                "One per line, whsec_ followed by the base64 of at least {size} random bytes. "
+                "During a rotation every secret kept or added signs each request. Secrets are "
+                "never shown again, not even when the form comes back with an error: type "
+                "them again then."
+            ),
+            size=SECRET_MIN_BYTES,
         ),
     )
 
@@ -199,11 +205,24 @@ class DestinationForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        current = self.instance.secrets if self.instance.pk else []
+        # secrets no configured key decrypts (a key rotated away): none can be kept, and
+        # the form saves only with new ones, which replace them
+        self.unreadable: SecretsUnreadable | None = None
+        self.current: list[str] = []
+        if self.instance.pk:
+            try:
+                self.current = list(self.instance.secrets)
+            except SecretsUnreadable as exc:
+                self.unreadable = exc
         if "keep_secrets" in self.fields:
             keep_field = cast(forms.MultipleChoiceField, self.fields["keep_secrets"])
-            keep_field.choices = [(secret_fingerprint(s), secret_label(s)) for s in current]
-            self.initial.setdefault("keep_secrets", [secret_fingerprint(s) for s in current])
+            keep_field.choices = [(secret_fingerprint(s), secret_label(s)) for s in self.current]
+            self.initial.setdefault("keep_secrets", [secret_fingerprint(s) for s in self.current])
+            if self.unreadable is not None:
+                keep_field.disabled = True
+                keep_field.help_text = self.unreadable.state
+        if self.unreadable is not None and "new_secrets" in self.fields:
+            self.fields["new_secrets"].required = True
         if "event_types" in self.fields:
             self.initial["event_types"] = "\n".join(self.instance.event_types or [])
 
@@ -223,29 +242,29 @@ class DestinationForm(forms.ModelForm):
     def clean_new_secrets(self) -> list[str]:
         secrets = (self.cleaned_data.get("new_secrets") or "").split()
         for n, secret in enumerate(secrets, 1):
-            try:
-                if not secret.startswith("whsec_"):
-                    raise ValueError
-                secret_key(secret)
-            except ValueError:
+            problem = destination_secret_problem(secret)
+            if problem:
                 # the message names the line, never the secret
                 raise forms.ValidationError(
-                    gettext(
-                        "Line %(line)d is not a Standard Webhooks secret: whsec_ followed by "
-                        "base64."
-                    )
-                    % {"line": n}
-                ) from None
+                    gettext("Line %(line)d %(problem)s.") % {"line": n, "problem": problem}
+                )
         return secrets
 
     def clean(self) -> dict[str, Any]:
         # ModelForm's clean() returns its cleaned_data (the stubs allow an override's None)
         cleaned = cast(dict[str, Any], super().clean())
         keep = set(cleaned.get("keep_secrets") or [])
-        current = self.instance.secrets if self.instance.pk else []
-        kept = [s for s in current if secret_fingerprint(s) in keep]
+        kept = [s for s in self.current if secret_fingerprint(s) in keep]
         added = [s for s in cleaned.get("new_secrets") or [] if s not in kept]
         secrets = added + kept
+        if self.unreadable is not None and not added:
+            raise forms.ValidationError(
+                gettext(
+                    "This destination's %(state)s. Add new secrets (they replace them), or "
+                    "put back the key they were encrypted with."
+                )
+                % {"state": self.unreadable.state}
+            )
         if not secrets:
             raise forms.ValidationError(
                 gettext(

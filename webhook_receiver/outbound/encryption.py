@@ -12,7 +12,10 @@ and decrypts in ``from_db_value``, so every reader gets the secrets themselves, 
 relay's raw claim (``SELECT d.* …``) included, and nothing else changes. A value that
 cannot be decrypted (no key set, or none of them the one that encrypted it) raises
 ``SecretsUnreadable`` as the row is read: the relay's claim fails before a message is
-claimed, never sending one unsigned.
+claimed, never sending one unsigned. What only shows such a row (the admin's
+destinations, ``webhook_status``, the deploy check E010) reads the column as stored
+(``with_stored_secrets``) and says why (``stored_secrets_problem``); what needs no secret
+at all defers the column.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
+from django.db.models import QuerySet
 
 from ..conf import NEW_KEY_HINT, app_settings
+from ..core.words import plural
 
 SETTING = "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']"
 # a Fernet token: version byte 0x80, a timestamp, an IV, at least one AES block, an HMAC
@@ -35,7 +41,17 @@ _TOKEN_MIN_BYTES = 1 + 8 + 16 + 16 + 32
 
 
 class SecretsUnreadable(ImproperlyConfigured):
-    """Destination secrets that cannot be encrypted or decrypted with the keys set."""
+    """Destination secrets that cannot be encrypted or decrypted with the keys set.
+    ``state`` says it in a few words, for a destination's row (the admin, webhook_status,
+    the relay's log line); the message says what to do."""
+
+    def __init__(self, message: str, state: str = "secrets unreadable") -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class SecretsNotDecrypted(SecretsUnreadable):
+    """Tokens that none of the keys set decrypts: the key that encrypted them is gone."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -82,22 +98,54 @@ def secrets_decrypt(tokens: Iterable[Any], keys: Sequence[str] | None = None) ->
     if not keys:
         raise SecretsUnreadable(
             f"A destination's secrets are encrypted, and {SETTING} is empty: set the key "
-            "they were encrypted with."
+            "they were encrypted with.",
+            "secrets unreadable: no key is set",
         )
     if not all(is_token(token) for token in tokens):
         raise SecretsUnreadable(
             "A destination's secrets are stored unencrypted: run manage.py migrate "
-            "(migration webhook_receiver 0010 encrypts them), or set them again."
+            "(migration webhook_receiver 0010 encrypts them), or set them again.",
+            "secrets unreadable: stored unencrypted",
         )
     box = _box(keys)
     try:
         return [box.decrypt(token.encode("ascii")).decode() for token in tokens]
     except InvalidToken:
-        raise SecretsUnreadable(
-            f"A destination's secrets cannot be decrypted: none of the {len(keys)} key(s) "
+        n = len(keys)
+        raise SecretsNotDecrypted(
+            f"A destination's secrets cannot be decrypted: none of the {n} key(s) "
             f"of {SETTING} is the one they were encrypted with (a key removed before "
-            "manage.py webhook_destination reencrypt ran?)."
+            "manage.py webhook_destination reencrypt ran?). Put that key back, or set "
+            "new secrets.",
+            f"secrets unreadable: none of the {n} key{plural(n)} decrypts them",
         ) from None
+
+
+def stored_secrets_problem(
+    stored: Any, keys: Sequence[str] | None = None
+) -> SecretsUnreadable | None:
+    """What reading a destination whose secrets column holds ``stored`` (its JSON, or
+    that parsed) would raise, or None when it reads: for the pages and checks that show
+    such a row rather than fail on it."""
+    values = json.loads(stored) if isinstance(stored, str) else stored
+    if not isinstance(values, list):
+        return None
+    try:
+        secrets_decrypt(values, keys)
+    except SecretsUnreadable as exc:
+        return exc
+    return None
+
+
+def with_stored_secrets(queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """Destinations whose secrets are not decrypted as they are read (a row no key
+    reads would raise, and fail the whole page): ``stored_secrets`` holds the column as
+    stored, for ``stored_secrets_problem`` and for counting them."""
+    return queryset.defer("secrets").annotate(
+        stored_secrets=models.ExpressionWrapper(
+            models.F("secrets"), output_field=models.JSONField()
+        )
+    )
 
 
 class EncryptedSecretsField(models.JSONField):

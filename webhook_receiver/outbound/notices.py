@@ -27,7 +27,9 @@ def ops_notice_enqueue(*, event_type: str, key: str, data: dict[str, Any]) -> bo
     name = app_settings().ops_destination
     if not name:
         return False
-    destination = WebhookDestination.objects.filter(ADMITTING, name=name).first()
+    # what admission needs, not its secrets (a notice is admitted even while no key
+    # reads them; it waits with the rest)
+    destination = WebhookDestination.objects.filter(ADMITTING, name=name).only("id", "name").first()
     if destination is None:
         logger.warning("OPS_DESTINATION %r is missing or disabled: notice %s not sent", name, key)
         return False

@@ -24,6 +24,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
+from .encryption import SecretsNotDecrypted
 from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
 from .trigger import relay_on_commit
 
@@ -143,7 +144,10 @@ def destination_recover_since(
     attempted_since = DeliveryAttempt.objects.filter(message=OuterRef("pk"), started_at__gte=since)
     with transaction.atomic():
         # the destination's row first, then its messages: the order the relay locks them in
-        dest = WebhookDestination.objects.select_for_update().get(pk=destination_id)
+        # not its secrets: a recovery needs none, even of a destination no key reads
+        dest = (
+            WebhookDestination.objects.select_for_update().defer("secrets").get(pk=destination_id)
+        )
         ids = list(
             OutboxMessage.objects.select_for_update()
             .filter(Exists(attempted_since), destination_id=dest.pk, status=MessageStatus.FAILED)
@@ -230,15 +234,22 @@ def destination_disable(
     return bool(changed)
 
 
-def destinations_reencrypt() -> int:
+def destinations_reencrypt() -> tuple[int, list[str]]:
     """Encrypt every destination's secrets again, under the first key: after a new key
     was put first, so that the old one can be removed. One short transaction per
     destination, its row locked as the relay's claim locks it; only the secrets column
-    is written. Returns how many destinations it rewrote."""
-    done = 0
-    for pk in WebhookDestination.objects.order_by("pk").values_list("pk", flat=True):
-        with transaction.atomic():
-            dest = WebhookDestination.objects.select_for_update().only("id", "secrets").get(pk=pk)
-            dest.save(update_fields=["secrets"])  # read by any key, written by the first
+    is written. Returns how many destinations it rewrote, and the names of those whose
+    secrets no key decrypts (left as they are: new secrets, or their key, fix them)."""
+    done, unreadable = 0, []
+    for pk, name in WebhookDestination.objects.order_by("pk").values_list("pk", "name"):
+        try:
+            with transaction.atomic():
+                dest = (
+                    WebhookDestination.objects.select_for_update().only("id", "secrets").get(pk=pk)
+                )
+                dest.save(update_fields=["secrets"])  # read by any key, written by the first
+        except SecretsNotDecrypted:
+            unreadable.append(name)
+            continue
         done += 1
-    return done
+    return done, unreadable

@@ -8,7 +8,7 @@ from here, so that they never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict
 
@@ -25,6 +25,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from .encryption import SecretsUnreadable, stored_secrets_problem, with_stored_secrets
 from .models import MessageStatus, OutboxMessage, WebhookDestination
 
 # the backlog: what the relay still has to send
@@ -135,4 +136,19 @@ def failed_holding_back(destination_ids: Iterable[int]) -> dict[int, tuple[int, 
     for message in holders:
         count, oldest = found.get(message.destination_id, (0, message))
         found[message.destination_id] = (count + 1, oldest)
+    return found
+
+
+def destinations_unreadable(
+    *, using: str = "default", keys: Sequence[str] | None = None
+) -> list[tuple[int, str, SecretsUnreadable]]:
+    """The destinations whose secrets ``keys`` (those set, by default) cannot decrypt:
+    (id, name, why), by id. Reads the column as stored, so a bad row is found, not
+    raised."""
+    rows = with_stored_secrets(WebhookDestination.objects.using(using).order_by("pk"))
+    found = []
+    for pk, name, stored in rows.values_list("pk", "name", "stored_secrets"):
+        problem = stored_secrets_problem(stored, keys)
+        if problem is not None:
+            found.append((pk, name, problem))
     return found

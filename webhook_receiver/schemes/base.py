@@ -19,6 +19,11 @@ from typing import Any
 
 from ..exceptions import MalformedSignatureHeaders, MissingSignatureHeaders
 
+# The least key material a signing secret should hold: the Standard Webhooks minimum
+# (24 bytes; its own secrets are 24 to 64). Shorter ones are a system check warning
+# for a source (W003), and refused for a destination (outbound/signing_secrets.py).
+SECRET_MIN_BYTES = 24
+
 
 @dataclass(frozen=True)
 class VerifiedMessage:
@@ -62,6 +67,11 @@ class Scheme:
     def secret_problem(self, secret: str) -> str | None:
         """Why ``secret`` cannot be used with this scheme, or None (system check E002)."""
         return None
+
+    def secret_bytes(self, secret: str) -> int:
+        """How many bytes of key material ``secret`` gives the HMAC (system check W003
+        compares it with SECRET_MIN_BYTES): its UTF-8 bytes, which most schemes key with."""
+        return len(secret.encode("utf-8", "surrogatepass"))
 
 
 def require(headers: Mapping[str, str], *names: str) -> list[str]:

@@ -91,3 +91,10 @@ class StandardWebhooks(Scheme):
         except ValueError:
             return "is not 'whsec_' + base64"
         return None
+
+    def secret_bytes(self, secret: str) -> int:
+        """The base64-decoded key after ``whsec_`` (0 when it does not decode: E002)."""
+        try:
+            return len(secret_key(secret))
+        except ValueError:
+            return 0

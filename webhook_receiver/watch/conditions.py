@@ -206,6 +206,15 @@ SOURCE_CONDITIONS: tuple[Condition, ...] = (
 OLD_BACKLOG = timedelta(minutes=10)
 
 
+def _secrets_unreadable(d: DestinationStatus) -> tuple[str, str] | None:
+    if not d.secrets_unreadable:
+        return None
+    return d.secrets_unreadable, (
+        f"{d.secrets_unreadable}: nothing is sent to it (its messages wait) until new "
+        "secrets are set, or the key they were encrypted with is put back"
+    )
+
+
 def _breaker_open(d: DestinationStatus) -> tuple[str, str] | None:
     if d.breaker.state != "open" or d.breaker.until is None:
         return None
@@ -252,6 +261,8 @@ def _stalled(d: DestinationStatus) -> tuple[str, str] | None:
         return None
     if d.record_failing:  # it is sending: _record_failing names the cause
         return None
+    if d.secrets_unreadable:  # the relay runs, and refuses to sign: that is the cause
+        return None
     last = d.last_attempt_at
     if last is not None and d.now - last <= OLD_BACKLOG:
         return None
@@ -266,6 +277,8 @@ def _behind(d: DestinationStatus) -> tuple[str, str] | None:
     if age is None or age <= OLD_BACKLOG or _stalled(d) or d.breaker.state == "open":
         return None
     if not d.enabled:  # it sends nothing: its own condition says why
+        return None
+    if d.secrets_unreadable:  # not slow: sent nothing at all, for want of its secrets
         return None
     return f"behind by {duration_text(age)}", (
         f"the oldest message due has waited {duration_text(age)} ({d.backlog} in the "
@@ -300,6 +313,13 @@ DESTINATION_CONDITIONS: tuple[Condition, ...] = (
         "the relay disabled the destination (it answered 410 Gone, or failed with no "
         "success for DISABLE_AFTER_FAILING_DAYS): its messages are held until it is enabled",
         _disabled_by_relay,
+    ),
+    Condition(
+        "secrets_unreadable",
+        State.ATTENTION,
+        "no configured key decrypts the destination's signing secrets (a key removed "
+        "before they were re-encrypted): the relay sends it nothing until they are replaced",
+        _secrets_unreadable,
     ),
     Condition(
         "breaker_open",

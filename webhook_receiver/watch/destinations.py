@@ -17,6 +17,7 @@ from django.utils import timezone
 from ..core.states import Reason, State, worst_state
 from ..core.words import iso
 from ..outbound.breaker import Breaker, destination_breaker
+from ..outbound.encryption import stored_secrets_problem, with_stored_secrets
 from ..outbound.models import WebhookDestination
 from ..outbound.selectors import destinations_with_health, failed_holding_back
 from .conditions import DESTINATION_CONDITIONS, OLD_BACKLOG, reasons
@@ -46,6 +47,8 @@ class DestinationStatus:
     # why and when the relay disabled it (410 Gone, a failing span); "" when it did not
     disabled_reason: str = ""
     disabled_at: datetime | None = None
+    # why no configured key decrypts its secrets (outbound/encryption.py), or ""
+    secrets_unreadable: str = ""
     reasons: tuple[Reason, ...] = field(default=())
 
     @property
@@ -104,14 +107,15 @@ class DestinationStatus:
 def destination_statuses(*, now: datetime | None = None) -> list[DestinationStatus]:
     """One status per destination, by name."""
     now = now or timezone.now()
-    # no secrets: they are decrypted as they are read, and a status needs none of them
-    # (nor, when the key is wrong, to fail for want of it)
-    every = WebhookDestination.objects.order_by("name").defer("secrets")
+    # the secrets as stored, not decrypted as they are read: a status needs none of them,
+    # only whether the keys read them (a row no key reads is a reason, not a failure)
+    every = with_stored_secrets(WebhookDestination.objects.order_by("name"))
     rows = list(destinations_with_health(every, now=now))
     holders = failed_holding_back(d.pk for d in rows if d.held_back)
     statuses = []
     for dest in rows:
         holding_back, first = holders.get(dest.pk, (0, None))
+        unreadable = stored_secrets_problem(getattr(dest, "stored_secrets", None))
         status = DestinationStatus(
             name=dest.name,
             pk=dest.pk,
@@ -130,6 +134,7 @@ def destination_statuses(*, now: datetime | None = None) -> list[DestinationStat
             record_error=dest.record_error,
             disabled_reason=dest.disabled_reason,
             disabled_at=dest.disabled_at,
+            secrets_unreadable="" if unreadable is None else unreadable.state,
         )
         statuses.append(replace(status, reasons=reasons(DESTINATION_CONDITIONS, status)))
     return statuses

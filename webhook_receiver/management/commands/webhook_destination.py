@@ -31,7 +31,7 @@ from ...outbound.operations import (
     destination_enable,
     destinations_reencrypt,
 )
-from ...schemes.standard import secret_key
+from ...outbound.signing_secrets import destination_secret_problem
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
@@ -96,16 +96,25 @@ class Command(BaseCommand):
         if action == "reencrypt":
             if name:
                 raise CommandError("reencrypt takes no name: it rewrites every destination.")
-            count = destinations_reencrypt()
-            self.stdout.write(
+            count, not_read = destinations_reencrypt()
+            done = (
                 f"re-encrypted the secrets of {count} destination(s) under the first key of "
-                "DESTINATION_SECRET_KEYS; the others may be removed now"
+                "DESTINATION_SECRET_KEYS"
             )
+            if not_read:
+                raise CommandError(
+                    f"{done}; no key decrypts the secrets of {', '.join(not_read)}: put "
+                    "back the key they were encrypted with, or set new secrets "
+                    "(update NAME --secret ...), then run reencrypt again before removing "
+                    "an old key."
+                )
+            self.stdout.write(f"{done}; the others may be removed now")
             return
         if not name:
             raise CommandError(f"{action} needs the destination's name.")
         fields = self._fields(options)
-        existing = WebhookDestination.objects.filter(name=name).first()
+        # its secrets read apart: one no key decrypts can still be given new ones
+        existing = WebhookDestination.objects.filter(name=name).defer("secrets").first()
         if action == "add" and existing is None:
             missing = [
                 flag
@@ -122,7 +131,12 @@ class Command(BaseCommand):
             return
         if existing is None:
             raise CommandError(f"no destination named {name!r} (add it first).")
-        changed = {k: v for k, v in fields.items() if getattr(existing, k) != v}
+        unreadable = _secrets_unreadable(existing)
+        changed = {
+            k: v
+            for k, v in fields.items()
+            if (k == "secrets" and unreadable) or getattr(existing, k) != v
+        }
         for key, value in changed.items():
             setattr(existing, key, value)
         if changed:
@@ -162,13 +176,10 @@ class Command(BaseCommand):
                 self.stderr.write(self.style.WARNING(f"warning: --url: {warning}"))
             fields["url"] = options["url"]
         if options["secret"]:
-            for secret in options["secret"]:
-                try:
-                    secret_key(secret)
-                except ValueError as exc:
-                    raise CommandError(
-                        "--secret: a Standard Webhooks secret is 'whsec_' + base64."
-                    ) from exc
+            for n, secret in enumerate(options["secret"], 1):
+                problem = destination_secret_problem(secret)
+                if problem:  # said of the flag, never showing the secret
+                    raise CommandError(f"--secret #{n} {problem}.")
             fields["secrets"] = list(options["secret"])
             secrets_encrypt(fields["secrets"])  # as saving will: with no key set, say so now
         if options["events"] is not None:
@@ -191,8 +202,11 @@ class Command(BaseCommand):
         return fields
 
     def _save(self, destination: WebhookDestination) -> None:
+        # secrets left unread (none of the keys decrypts them) are neither checked nor
+        # written: save() writes the fields it loaded
+        unread = ["secrets"] if "secrets" in destination.get_deferred_fields() else []
         try:
-            destination.full_clean(exclude=["tokens", "tokens_at"])
+            destination.full_clean(exclude=["tokens", "tokens_at", *unread])
         except ValidationError as exc:
             problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
             raise CommandError(problems) from exc
@@ -204,8 +218,19 @@ class Command(BaseCommand):
         if d.disabled_by_relay:
             state = f"DISABLED by the relay ({d.disabled_reason})"
         events = ",".join(d.event_types) or "no events"
+        unreadable = _secrets_unreadable(d)
+        secrets = unreadable.state if unreadable else f"{len(d.secrets)} secret(s)"
         return (
             f"{state}, {url_masked(d.url)}, {events}, "
             f"{d.rate_count}/{d.rate_seconds:g}s burst {d.burst}, "
-            f"{d.max_in_flight} in flight, {len(d.secrets)} secret(s)"
+            f"{d.max_in_flight} in flight, {secrets}"
         )
+
+
+def _secrets_unreadable(d: WebhookDestination) -> SecretsUnreadable | None:
+    """Why the destination's secrets cannot be read (they stay unloaded), or None."""
+    try:
+        d.secrets  # noqa: B018 (loads a deferred field, which decrypts it)
+    except SecretsUnreadable as exc:
+        return exc
+    return None

@@ -13,6 +13,7 @@ from django.db import DatabaseError, OperationalError
 
 from ...core import faults, logs, tracing
 from .. import trigger
+from ..encryption import SecretsUnreadable
 from ..models import WebhookDestination
 from .claim import relay_claim
 from .messages import RelayRound, Sent
@@ -137,9 +138,41 @@ def relay_run(
     trigger.run_started(destination_id)
     answered, wait = 0, None
     with trigger.later_when_bounded(f"the relay of destination {destination_id}"):
-        answered, wait = relay_destination(
-            destination_id=destination_id, window=window, clock=clock
-        )
+        try:
+            answered, wait = relay_destination(
+                destination_id=destination_id, window=window, clock=clock
+            )
+        except SecretsUnreadable as exc:
+            _say_unreadable(destination_id, exc)
+            return 0
     if wait is not None:
         trigger.follow_up(destination_id, wait)
     return answered
+
+
+# a destination no key reads is said again after this long (per process), not at every
+# sweep's run: webhook_status and the admin show it meanwhile
+UNREADABLE_REPEAT_SECONDS = 300.0
+_unreadable_said_at: dict[tuple[int, str], float] = {}
+
+
+def _say_unreadable(destination_id: int, exc: SecretsUnreadable) -> None:
+    """A destination whose secrets no key decrypts: its claim failed as it read the row,
+    so nothing was leased and its messages stay pending. One ERROR line, with no
+    traceback (the cause is the keys, not the code), again every few minutes until new
+    secrets are set or the key is back."""
+    name = (
+        WebhookDestination.objects.filter(pk=destination_id).values_list("name", flat=True).first()
+    ) or str(destination_id)
+    now = time.monotonic()
+    said = _unreadable_said_at.get((destination_id, name))
+    if said is not None and now - said < UNREADABLE_REPEAT_SECONDS:
+        return
+    _unreadable_said_at[(destination_id, name)] = now
+    logger.error(
+        "outbox: destination %s is not relayed (%s); its messages wait: %s",
+        name,
+        exc.state,
+        exc,
+        extra={"destination": name, "destination_id": destination_id},
+    )

@@ -177,7 +177,8 @@ def test_a_secret_that_is_not_one_is_refused_without_being_echoed(admin_client):
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
     assert errors["new_secrets"] == [
-        "Line 2 is not a Standard Webhooks secret: whsec_ followed by base64."
+        "Line 2 is not a Standard Webhooks secret: whsec_ followed by base64, or a signing "
+        "key: whsk_ followed by the base64 of a 32-byte Ed25519 seed."
     ]
     assert "sk_live_abcdef" not in response.content.decode()
     assert not WebhookDestination.objects.filter(name="merchant-9").exists()

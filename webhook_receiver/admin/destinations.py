@@ -2,7 +2,8 @@
 webhook_destination``), never deleted (disable one instead), listed with their health,
 and recovered with **Recover since…** once a merchant has fixed its endpoint. Their
 secrets are never shown: the list counts them, the form (admin/forms.py) lets you keep
-or drop each (known by its last four characters) and add new ones.
+or drop each (known by its last four characters) and add new ones. The public keys of
+its Ed25519 signing keys are shown, for the merchant to verify ``v1a`` signatures with.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext, ngettext, ngettext_lazy
 from django.utils.translation import gettext_lazy as _
@@ -29,6 +30,7 @@ from ..outbound.breaker import destination_breaker
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import destination_recover_since
 from ..outbound.selectors import destinations_with_health
+from ..schemes.standard_keys import public_keys_of
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
 from .confirm import Confirmation, Selection, confirm_then_act
@@ -165,7 +167,9 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple]:
-        secrets = ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
+        secrets: tuple[str, ...] = ("new_secrets", "generate_signing_key")
+        if obj is not None:
+            secrets = ("public_keys", "keep_secrets", *secrets)
         # the health first: what an operator opens this page for
         fieldsets: list[tuple] = [(_("Health"), {"fields": self.health_fields})] if obj else []
         fieldsets += [
@@ -198,7 +202,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # the name is how host code enqueues to it (enqueue_webhook("merchant-7", …))
-        return ("name", *self.health_fields) if obj is not None else ()
+        return ("name", "public_keys", *self.health_fields) if obj is not None else ()
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDestination]:
         return destinations_with_health(super().get_queryset(request))
@@ -286,6 +290,17 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         )
 
     # --- the change form -----------------------------------------------------------------
+
+    @admin.display(description=_("Public keys"))
+    def public_keys(self, obj: WebhookDestination) -> str:
+        """What the merchant verifies ``v1a`` signatures with: public, so shown whole (the
+        signing keys they come from never are)."""
+        keys = public_keys_of(obj.secrets or [])
+        if not keys:
+            return gettext("None: it has no signing key (whsk_), only shared secrets.")
+        return format_html_join(
+            format_html("<br>"), '<code class="wr-public-key">{}</code>', ((k,) for k in keys)
+        )
 
     @admin.display(description=_("breaker"))
     def breaker_state(self, obj: WebhookDestination) -> str:

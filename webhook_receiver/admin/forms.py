@@ -15,7 +15,8 @@ from django.utils.translation import gettext_lazy as _
 
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
-from ..schemes.standard import secret_key
+from ..schemes.standard import destination_secret_problem
+from ..schemes.standard_keys import SIGNING_PREFIX, is_signing_key, new_signing_key
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -93,8 +94,10 @@ def secret_fingerprint(secret: str) -> str:
 
 
 def secret_label(secret: str) -> str:
-    """ "whsec_…8ILP": the last four characters, enough to tell secrets apart."""
-    return f"whsec_…{secret[-4:]}" if len(secret) > 12 else "whsec_…"
+    """ "whsec_…8ILP", "whsk_…Rbs=": the kind and the last four characters, enough to
+    tell secrets apart."""
+    kind = SIGNING_PREFIX if is_signing_key(secret) else "whsec_"
+    return f"{kind}…{secret[-4:]}" if len(secret) > 12 else f"{kind}…"
 
 
 class WriteOnlyTextarea(forms.Textarea):
@@ -135,9 +138,18 @@ class DestinationForm(forms.ModelForm):
         required=False,
         widget=WriteOnlyTextarea(attrs={"rows": 2, "cols": 60, "autocomplete": "off"}),
         help_text=_(
-            "One per line, whsec_ followed by base64. During a rotation every secret "
-            "kept or added signs each request. Secrets are never shown again, not even when "
-            "the form comes back with an error: type them again then."
+            "One per line: whsec_ followed by base64 (a shared secret, signature v1), or "
+            "whsk_ followed by base64 (an Ed25519 signing key, signature v1a). During a "
+            "rotation every secret kept or added signs each request. Secrets are never shown "
+            "again, not even when the form comes back with an error: type them again then."
+        ),
+    )
+    generate_signing_key = forms.BooleanField(
+        label=_("Generate a signing key"),
+        required=False,
+        help_text=_(
+            "Adds a new Ed25519 signing key (whsk_, signature v1a). Its public key is "
+            "shown here once saved, for the receiver to verify with; the signing key never is."
         ),
     )
 
@@ -200,19 +212,16 @@ class DestinationForm(forms.ModelForm):
     def clean_new_secrets(self) -> list[str]:
         secrets = (self.cleaned_data.get("new_secrets") or "").split()
         for n, secret in enumerate(secrets, 1):
-            try:
-                if not secret.startswith("whsec_"):
-                    raise ValueError
-                secret_key(secret)
-            except ValueError:
+            if destination_secret_problem(secret):
                 # the message names the line, never the secret
                 raise forms.ValidationError(
                     gettext(
                         "Line %(line)d is not a Standard Webhooks secret: whsec_ followed by "
-                        "base64."
+                        "base64, or a signing key: whsk_ followed by the base64 of a 32-byte "
+                        "Ed25519 seed."
                     )
                     % {"line": n}
-                ) from None
+                )
         return secrets
 
     def clean(self) -> dict[str, Any]:
@@ -222,6 +231,8 @@ class DestinationForm(forms.ModelForm):
         current = self.instance.secrets if self.instance.pk else []
         kept = [s for s in current if secret_fingerprint(s) in keep]
         added = [s for s in cleaned.get("new_secrets") or [] if s not in kept]
+        if cleaned.get("generate_signing_key"):
+            added.append(new_signing_key())
         secrets = added + kept
         if not secrets:
             raise forms.ValidationError(

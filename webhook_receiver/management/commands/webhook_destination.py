@@ -2,9 +2,16 @@
 
     manage.py webhook_destination add merchant-7 --url https://merchant.example/hooks \\
         --secret whsec_... --rate 10/s --concurrency 4 --events order.paid,order.cancelled
+    manage.py webhook_destination add merchant-8 --url https://… --signing-key
     manage.py webhook_destination update merchant-7 --rate 5/s
     manage.py webhook_destination disable merchant-7
     manage.py webhook_destination reencrypt
+
+``--signing-key`` generates an Ed25519 signing key (``whsk_``, signature ``v1a``) and
+prints its public key (``whpk_``) for the merchant; the signing key is never printed.
+``add`` generates one only when the destination has none (so a deploy script may repeat
+it); ``update`` always adds a new one beside the current secrets, the start of a rotation.
+``--secret`` replaces the secrets with those given (``whsec_`` secrets or ``whsk_`` keys).
 
 ``reencrypt`` encrypts every destination's secrets again under the first key of
 DESTINATION_SECRET_KEYS, the step of a key rotation between adding the new key (first)
@@ -22,7 +29,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.models import WebhookDestination
 from ...outbound.operations import destinations_reencrypt
-from ...schemes.standard import secret_key
+from ...schemes.standard import destination_secret_problem
+from ...schemes.standard_keys import (
+    is_signing_key,
+    new_signing_key,
+    public_key_of,
+    public_keys_of,
+)
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
@@ -57,7 +70,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--secret",
             action="append",
-            help="a Standard Webhooks secret (whsec_...); repeat during a rotation",
+            help="a Standard Webhooks secret (whsec_...) or Ed25519 signing key (whsk_...); "
+            "replaces the current ones; repeat during a rotation",
+        )
+        parser.add_argument(
+            "--signing-key",
+            action="store_true",
+            help="generate an Ed25519 signing key (signature v1a) and print its public key: "
+            "on add when the destination has none, on update always (a rotation)",
         )
         parser.add_argument("--events", help="comma-separated event types it is sent")
         parser.add_argument("--rate", help="requests per interval: 10/s, 600/m, 5/2s")
@@ -88,10 +108,31 @@ class Command(BaseCommand):
             raise CommandError(f"{action} needs the destination's name.")
         fields = self._fields(options)
         existing = WebhookDestination.objects.filter(name=name).first()
+        generated = None
+        if options["signing_key"]:
+            current = fields.get("secrets", existing.secrets if existing else [])
+            if action == "update" or not any(is_signing_key(s) for s in current):
+                generated = new_signing_key()
+                fields["secrets"] = [generated, *current]
+                secrets_encrypt(fields["secrets"])  # as saving will: with no key, say so now
+        self._add_or_change(action, name, fields, existing)
+        if generated is not None:
+            self.stdout.write(
+                f"new signing key for {name}; give the merchant its public key, to verify "
+                f"v1a signatures with: {public_key_of(generated)}"
+            )
+
+    def _add_or_change(
+        self,
+        action: str,
+        name: str,
+        fields: dict[str, Any],
+        existing: WebhookDestination | None,
+    ) -> None:
         if action == "add" and existing is None:
             missing = [
                 flag
-                for flag, key in (("--url", "url"), ("--secret", "secrets"))
+                for flag, key in (("--url", "url"), ("--secret or --signing-key", "secrets"))
                 if key not in fields
             ]
             if missing:
@@ -124,13 +165,10 @@ class Command(BaseCommand):
         if options["url"]:
             fields["url"] = options["url"]
         if options["secret"]:
-            for secret in options["secret"]:
-                try:
-                    secret_key(secret)
-                except ValueError as exc:
-                    raise CommandError(
-                        "--secret: a Standard Webhooks secret is 'whsec_' + base64."
-                    ) from exc
+            for position, secret in enumerate(options["secret"], 1):
+                problem = destination_secret_problem(secret)
+                if problem:  # the message says which, never the secret itself
+                    raise CommandError(f"--secret #{position} {problem}.")
             fields["secrets"] = list(options["secret"])
             secrets_encrypt(fields["secrets"])  # as saving will: with no key set, say so now
         if options["events"] is not None:
@@ -164,7 +202,8 @@ class Command(BaseCommand):
     def _describe(d: WebhookDestination) -> str:
         state = "enabled" if d.enabled else "DISABLED"
         events = ",".join(d.event_types) or "no events"
+        public = "".join(f", public key {key}" for key in public_keys_of(d.secrets))
         return (
             f"{state}, {d.url}, {events}, {d.rate_count}/{d.rate_seconds:g}s burst {d.burst}, "
-            f"{d.max_in_flight} in flight, {len(d.secrets)} secret(s)"
+            f"{d.max_in_flight} in flight, {len(d.secrets)} secret(s){public}"
         )

@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from project.devserver import address_file, reachable
 from webhook_receiver import schemes
 from webhook_receiver.conf import get_source
+from webhook_receiver.schemes.standard_keys import is_public_key
 
 
 def default_url(slug: str) -> str:
@@ -32,7 +33,8 @@ def default_url(slug: str) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Sign a test event with the source's first configured secret and POST it: "
+        "Sign a test event with the source's first configured secret that can sign (a "
+        "whpk_ public key cannot: give --secret then) and POST it: "
         '{"type": TYPE, "timestamp": now, "data": {"order_id", "version", and for '
         'inventory.* types "lines": [{"sku", "quantity"}]}}, the body shape of the demo '
         "shop's handlers. Repeat with the same --event-id to see the duplicate answer."
@@ -54,6 +56,11 @@ class Command(BaseCommand):
             help="the event type; default inventory.reserved. The demo shop handles "
             "inventory.reserved, inventory.released, order.paid, order.cancelled and "
             "order.fulfilled; a type without a handler is recorded as ignored",
+        )
+        parser.add_argument(
+            "--secret",
+            help="sign with this secret instead (a whsk_ signing key, say, for a source "
+            "configured with its whpk_ public key)",
         )
         parser.add_argument("--event-id", help="message id; default: a new random one")
         parser.add_argument("--order-id", default="ord_1042", help="data.order_id")
@@ -85,9 +92,17 @@ class Command(BaseCommand):
         if source.scheme == "stripe":
             payload["id"] = event_id
         body = json.dumps(payload, separators=(",", ":")).encode()
+        # a public key verifies and cannot sign: the sender's signing key is not ours
+        signers = [s for s in source.secrets if not is_public_key(s)]
+        secret = options["secret"] or (signers[0] if signers else None)
+        if secret is None:
+            raise CommandError(
+                f"Source {source.slug!r} has only public keys (whpk_), which cannot sign: "
+                "give the sender's signing key with --secret whsk_…."
+            )
         headers = schemes.sign(
             scheme=source.scheme,
-            secret=source.secrets[0],
+            secret=secret,
             body=body,
             message_id=event_id,
             timestamp=now,

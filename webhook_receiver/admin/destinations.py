@@ -21,6 +21,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext, ngettext_lazy
 from django.utils.translation import gettext_lazy as _
 
@@ -299,7 +300,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         if not keys:
             return gettext("None: it has no signing key (whsk_), only shared secrets.")
         return format_html_join(
-            format_html("<br>"), '<code class="wr-public-key">{}</code>', ((k,) for k in keys)
+            mark_safe("<br>"), '<code class="wr-public-key">{}</code>', ((k,) for k in keys)
         )
 
     @admin.display(description=_("breaker"))

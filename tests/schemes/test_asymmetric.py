@@ -9,9 +9,13 @@ own test vector, and the signature the Standard Webhooks reference library publi
 from __future__ import annotations
 
 import base64
+import shlex
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -326,3 +330,23 @@ def test_a_malformed_public_key_or_a_signing_key_is_a_system_check_error(setting
         "sender's public key (whpk_), and keep the signing key with the sender.",
         "Secret #3 of source 'keyed' is not 'whpk_' + base64 of a 32-byte Ed25519 public key.",
     ]
+
+
+# --- the demo's send_test_webhook -----------------------------------------------------------
+
+
+def test_send_test_webhook_signs_with_a_given_signing_key_never_with_a_public_key(settings):
+    with_source_secrets(settings, PUBLIC)
+
+    with pytest.raises(CommandError, match="only public keys"):
+        call_command("send_test_webhook", "--source", "keyed", "--print-curl", stdout=StringIO())
+    out = StringIO()
+    call_command(
+        "send_test_webhook", "--source", "keyed", "--secret", SIGNER, "--print-curl", stdout=out
+    )
+
+    words = shlex.split(out.getvalue())
+    headers = dict(words[n + 1].split(": ", 1) for n, w in enumerate(words) if w == "-H")
+    body = words[words.index("--data-binary") + 1].encode()
+    assert headers["webhook-signature"].startswith("v1a,")
+    assert verify_standard(headers, (PUBLIC,), body=body).scheme == "standard"

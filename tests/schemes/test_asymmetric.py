@@ -338,7 +338,7 @@ def test_a_malformed_public_key_or_a_signing_key_is_a_system_check_error(setting
 def test_send_test_webhook_signs_with_a_given_signing_key_never_with_a_public_key(settings):
     with_source_secrets(settings, PUBLIC)
 
-    with pytest.raises(CommandError, match="only public keys"):
+    with pytest.raises(CommandError, match="public keys \\(whpk_\\) only verify"):
         call_command("send_test_webhook", "--source", "keyed", "--print-curl", stdout=StringIO())
     out = StringIO()
     call_command(

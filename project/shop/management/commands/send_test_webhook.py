@@ -16,7 +16,6 @@ from django.core.management.base import BaseCommand, CommandError
 from project.devserver import address_file, reachable
 from webhook_receiver import schemes
 from webhook_receiver.conf import get_source
-from webhook_receiver.schemes.standard_keys import is_public_key
 
 
 def default_url(slug: str) -> str:
@@ -92,21 +91,7 @@ class Command(BaseCommand):
         if source.scheme == "stripe":
             payload["id"] = event_id
         body = json.dumps(payload, separators=(",", ":")).encode()
-        # a public key verifies and cannot sign: the sender's signing key is not ours
-        signers = [s for s in source.secrets if not is_public_key(s)]
-        secret = options["secret"] or (signers[0] if signers else None)
-        if secret is None:
-            raise CommandError(
-                f"Source {source.slug!r} has only public keys (whpk_), which cannot sign: "
-                "give the sender's signing key with --secret whsk_…."
-            )
-        headers = schemes.sign(
-            scheme=source.scheme,
-            secret=secret,
-            body=body,
-            message_id=event_id,
-            timestamp=now,
-        )
+        headers = self._signed(source, options["secret"], body, event_id, now)
         headers["Content-Type"] = "application/json"
         if source.scheme == "github":  # GitHub names the event in a header, not the body
             headers["X-GitHub-Event"] = options["type"]
@@ -132,3 +117,26 @@ class Command(BaseCommand):
             ) from exc
         self.stdout.write(f"POST {url}  event id {event_id}")
         self.stdout.write(f"{status} {answer.decode(errors='replace')}")
+
+    @staticmethod
+    def _signed(
+        source: Any, given: str | None, body: bytes, event_id: str, now: int
+    ) -> dict[str, str]:
+        """The headers by ``given``, else by the first of the source's secrets that signs:
+        a Standard Webhooks public key (whpk_) verifies and cannot (ValueError)."""
+        for secret in [given] if given else source.secrets:
+            try:
+                return schemes.sign(
+                    scheme=source.scheme,
+                    secret=secret,
+                    body=body,
+                    message_id=event_id,
+                    timestamp=now,
+                )
+            except ValueError:
+                if given:
+                    raise CommandError(f"--secret cannot sign for {source.scheme!r}.") from None
+        raise CommandError(
+            "None of the source's secrets can sign: public keys (whpk_) only verify. Give "
+            "the sender's signing key with --secret whsk_…."
+        )

@@ -279,6 +279,19 @@ def test_a_malformed_v1a_signature_matches_nothing(value):
         verify_standard(headers, (PUBLIC,))
 
 
+def test_more_v1a_entries_than_any_sender_sends_are_malformed():
+    # each would cost an Ed25519 verification per public key: a header of them is work
+    # an unauthenticated peer could make the receiver do
+    good = signed(SIGNER)
+    junk = "v1a," + base64.b64encode(keys.sign(SIGNER, b"another message")).decode()
+    at_most = " ".join([junk] * (keys.MAX_SIGNATURES - 1) + [good["webhook-signature"]])
+    too_many = f"{junk} {at_most}"
+
+    assert verify_standard({**good, "webhook-signature": at_most}, (PUBLIC,)).message_id
+    with pytest.raises(MalformedSignatureHeaders, match="more than 16 'v1a' entries"):
+        verify_standard({**good, "webhook-signature": too_many}, (PUBLIC,))
+
+
 def test_a_header_with_neither_version_is_malformed():
     headers = {**signed(SIGNER), "webhook-signature": "v2,abc"}
 

@@ -99,6 +99,10 @@ class StandardWebhooks(Scheme):
             raise MalformedSignatureHeaders(
                 f"{prefix}-signature holds no 'v1,<base64>' nor 'v1a,<base64>' entry."
             )
+        if len(asymmetric) > standard_keys.MAX_SIGNATURES:
+            raise MalformedSignatureHeaders(
+                f"{prefix}-signature holds more than {standard_keys.MAX_SIGNATURES} 'v1a' entries."
+            )
         # a whsk_ (private) key among a source's secrets matches nothing (system check E002)
         expected = (
             _digest(secret, msg_id, timestamp, body) for secret in secrets if _is_symmetric(secret)

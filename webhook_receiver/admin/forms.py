@@ -16,7 +16,12 @@ from django.utils.translation import gettext_lazy as _
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..schemes.standard import destination_secret_problem
-from ..schemes.standard_keys import SIGNING_PREFIX, is_signing_key, new_signing_key
+from ..schemes.standard_keys import (
+    SIGNING_PREFIX,
+    is_signing_key,
+    new_signing_key,
+    public_key_of,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -94,10 +99,14 @@ def secret_fingerprint(secret: str) -> str:
 
 
 def secret_label(secret: str) -> str:
-    """ "whsec_…8ILP", "whsk_…Rbs=": the kind and the last four characters, enough to
-    tell secrets apart."""
-    kind = SIGNING_PREFIX if is_signing_key(secret) else "whsec_"
-    return f"{kind}…{secret[-4:]}" if len(secret) > 12 else f"{kind}…"
+    """ "whsec_…8ILP": the last four characters, enough to tell secrets apart. A signing
+    key is told by its public key's instead ("whsk_… of whpk_…RDc="), which are no secret."""
+    if is_signing_key(secret):
+        try:
+            return f"{SIGNING_PREFIX}… of whpk_…{public_key_of(secret)[-4:]}"
+        except ValueError:
+            return f"{SIGNING_PREFIX}…"
+    return f"whsec_…{secret[-4:]}" if len(secret) > 12 else "whsec_…"
 
 
 class WriteOnlyTextarea(forms.Textarea):

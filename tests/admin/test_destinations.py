@@ -23,6 +23,7 @@ from webhook_receiver.admin.forms import secret_label
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound.breaker import destination_breaker
 from webhook_receiver.outbound.retirement import GONE_REASON
+from webhook_receiver.schemes.standard_keys import is_signing_key, new_signing_key, public_key_of
 
 pytestmark = pytest.mark.django_db
 
@@ -178,7 +179,8 @@ def test_a_secret_that_is_not_one_is_refused_without_being_echoed(admin_client):
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
     assert errors["new_secrets"] == [
-        "Line 2 is not a Standard Webhooks secret: whsec_ followed by base64."
+        "Line 2 is not a Standard Webhooks secret: whsec_ followed by base64, or a signing "
+        "key: whsk_ followed by the base64 of a 32-byte Ed25519 seed."
     ]
     assert "sk_live_abcdef" not in response.content.decode()
     assert not WebhookDestination.objects.filter(name="merchant-9").exists()
@@ -225,6 +227,57 @@ def test_a_destination_keeps_at_least_one_secret(admin_client, fleet):
     assert "A destination needs at least one secret" in response.content.decode()
     merchant.refresh_from_db()
     assert merchant.secrets == [SECRET, OLD_SECRET]
+
+
+def test_the_change_page_shows_the_public_keys_never_the_signing_key(admin_client):
+    # given: a destination signing with a shared secret and an Ed25519 key
+    key = new_signing_key()
+    dest = destination("merchant-8", secrets=[key, SECRET])
+
+    # when
+    page = admin_client.get(change_url(dest)).content.decode()
+
+    # then: the public key to copy; the signing key known by its last characters alone
+    assert f'<code class="wr-public-key">{public_key_of(key)}</code>' in page
+    seed = key.removeprefix("whsk_")
+    assert not any(seed[n : n + 8] in page for n in range(len(seed) - 7))  # nothing of it
+    assert secret_label(key) == f"whsk_… of whpk_…{public_key_of(key)[-4:]}"
+    assert secret_label(key) in page
+    assert (
+        "it has no signing key"
+        in admin_client.get(change_url(destination("plain"))).content.decode()
+    )
+
+
+def test_a_signing_key_is_generated_from_the_form_beside_the_kept_secret(admin_client):
+    from webhook_receiver.admin.forms import secret_fingerprint
+
+    dest = destination("merchant-8", secrets=[SECRET])
+    fields = form_data(name="merchant-8", url=dest.url, new_secrets="")
+
+    response = admin_client.post(
+        change_url(dest),
+        {**fields, "keep_secrets": [secret_fingerprint(SECRET)], "generate_signing_key": "on"},
+    )
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    dest.refresh_from_db()
+    new, kept = dest.secrets
+    assert is_signing_key(new) and kept == SECRET
+    assert public_key_of(new) in admin_client.get(change_url(dest)).content.decode()
+
+
+def test_a_signing_key_may_be_pasted_and_a_public_key_may_not(admin_client):
+    key = new_signing_key()
+    add = reverse("admin:webhook_receiver_webhookdestination_add")
+
+    refused = admin_client.post(add, form_data(new_secrets=public_key_of(key)))
+    added = admin_client.post(add, form_data(new_secrets=key))
+
+    assert refused.status_code == 200
+    assert "Line 1 is not a Standard Webhooks secret" in refused.content.decode()
+    assert added.status_code == 302
+    assert WebhookDestination.objects.get(name="merchant-9").secrets == [key]
 
 
 def test_saving_the_form_never_writes_back_the_relays_state(rf, admin_user, fleet):

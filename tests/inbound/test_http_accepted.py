@@ -7,8 +7,17 @@ import json
 import pytest
 
 from project.shop.models import InventoryLedgerEntry
+from tests.settings import SHOP_SECRET
 from tests.support.http import only_audit, post, sha256
-from tests.support.signing import github_headers, reserved, standard_headers, stripe_headers
+from tests.support.signing import (
+    SENDER_PUBLIC_KEY,
+    github_headers,
+    keyed_source,
+    reserved,
+    standard_headers,
+    standard_v1a_headers,
+    stripe_headers,
+)
 from webhook_receiver.models import RequestAudit, Result, WebhookReceipt
 
 pytestmark = pytest.mark.django_db
@@ -217,3 +226,26 @@ def test_keyed_source_applies_a_new_version(client):
         "order:ord_k2:inventory.reserved:v2",
     ]
     assert InventoryLedgerEntry.objects.count() == 2
+
+
+# --- Standard Webhooks v1a ---------------------------------------------------------------
+
+
+def test_a_source_given_a_public_key_applies_a_v1a_signed_delivery(client, settings):
+    # given: a source verifying v1 with a shared secret and v1a with a sender's public key
+    keyed_source(settings, SHOP_SECRET, SENDER_PUBLIC_KEY)
+    body = reserved("ord_v1a", ("SKU-A", 2))
+
+    # when: signed with Ed25519 (by RFC 8032's algorithm), then with the shared secret
+    v1a = post(client, "keyed", body, standard_v1a_headers(body, msg_id="msg_v1a"))
+    body_v1 = reserved("ord_v1", ("SKU-B", 1))
+    v1 = post(client, "keyed", body_v1, standard_headers(body_v1, msg_id="msg_v1"))
+
+    # then
+    assert v1a.json() == {"status": "applied", "event_key": "msg_v1a"}
+    assert v1.json() == {"status": "applied", "event_key": "msg_v1"}
+    receipt = WebhookReceipt.objects.get(event_key="msg_v1a")
+    stored = {name.lower(): value for name, value in receipt.headers.items()}
+    assert stored["webhook-signature"] == "[redacted]"
+    audit = RequestAudit.objects.get(message_id="msg_v1a")
+    assert (audit.verification, audit.result) == ("verified", "applied")

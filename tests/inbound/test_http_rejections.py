@@ -17,7 +17,15 @@ import pytest
 from django.db import OperationalError
 
 from tests.support.http import Case, assert_nothing_applied, only_audit, post, sha256
-from tests.support.signing import github_headers, reserved, standard_headers, stripe_headers
+from tests.support.signing import (
+    SENDER_PUBLIC_KEY,
+    github_headers,
+    keyed_source,
+    reserved,
+    standard_headers,
+    standard_v1a_headers,
+    stripe_headers,
+)
 from webhook_receiver.exceptions import PayloadTooLarge
 from webhook_receiver.inbound import receive as inbound
 from webhook_receiver.inbound.receive import read_limited_body
@@ -223,6 +231,27 @@ def test_a_late_but_authentic_request_is_audited_with_its_message_id_and_timesta
     assert audit.verification == "timestamp_out_of_tolerance"
     assert audit.message_id == "msg_late"
     assert int(audit.signature_timestamp.timestamp()) == sent_at
+    assert_nothing_applied()
+
+
+def test_a_v1a_signature_by_another_key_or_for_a_source_without_public_keys_is_refused(
+    client, settings
+):
+    keyed_source(settings, SENDER_PUBLIC_KEY)
+    body = reserved("ord_1", ("SKU-1", 1))
+    stranger = standard_v1a_headers(body, seed=bytes(32))
+
+    answers = [
+        post(client, "keyed", body, stranger),
+        post(client, "shop", body, standard_v1a_headers(body)),  # shop has no public key
+        post(client, "keyed", body + b" ", standard_v1a_headers(body)),  # a tampered body
+    ]
+
+    assert [(a.status_code, a.json()["error"]) for a in answers] == [(401, "invalid_signature")] * 3
+    assert (
+        list(RequestAudit.objects.values_list("verification", flat=True))
+        == ["invalid_signature"] * 3
+    )
     assert_nothing_applied()
 
 

@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from webhook_receiver.models import WebhookDestination
+from webhook_receiver.schemes.standard_keys import is_signing_key, new_signing_key, public_key_of
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -61,15 +62,62 @@ def test_update_changes_only_what_is_given_and_disable_stops_it():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["add", "new", "--url", "https://x.example/"], "--secret required"),
+        (["add", "new", "--url", "https://x.example/"], "--secret or --signing-key required"),
         (["update", "nobody", "--rate", "1/s"], "no destination named 'nobody'"),
         ([*ADD[:6], "--rate", "fast"], "like 10/s"),
         (["add", "bad", "--url", "https://x.example/", "--secret", "nope!"], "whsec_"),
         (["add", "bad", "--url", "not a url", "--secret", SECRET], "--url: refused by the egress"),
         (["add", "bad", "--url", "https://x y.example/", "--secret", SECRET], "Enter a valid URL"),
+        (
+            ["add", "bad", "--url", "https://x.example/", "--secret", SECRET, "--secret", "whsk_x"],
+            "--secret #2 is not 'whsk_' \\+ base64 of a 32-byte Ed25519 seed",
+        ),
+        (
+            [
+                *["add", "bad", "--url", "https://x.example/", "--secret"],
+                public_key_of(new_signing_key()),
+            ],
+            "--secret #1 is a public key \\(whpk_\\), which cannot sign",
+        ),
     ],
 )
 def test_mistakes_are_explained(args, message):
     with pytest.raises(CommandError, match=message):
         run(*args)
     assert not WebhookDestination.objects.exclude(name="merchant-7").exists()
+
+
+def test_a_signing_key_is_generated_once_by_add_and_its_public_key_printed():
+    # when: added with a generated signing key, then added again (a deploy script)
+    first = run("add", "merchant-8", "--url", "https://m8.example/h", "--signing-key")
+    again = run("add", "merchant-8", "--url", "https://m8.example/h", "--signing-key")
+
+    # then: one key, whose public key was printed; the signing key never is
+    (key,) = WebhookDestination.objects.get(name="merchant-8").secrets
+    assert is_signing_key(key)
+    assert (
+        f"give the merchant its public key, to verify v1a signatures with: {public_key_of(key)}"
+        in first
+    )
+    assert again.startswith("unchanged merchant-8") and "new signing key" not in again
+    assert f"public key {public_key_of(key)}" in again
+    assert key not in first + again and key.removeprefix("whsk_") not in first + again
+
+
+def test_update_with_a_signing_key_starts_a_rotation_beside_the_current_secrets():
+    run(*ADD)
+
+    out = run("update", "merchant-7", "--signing-key")
+
+    new, old = WebhookDestination.objects.get().secrets
+    assert is_signing_key(new) and old == SECRET
+    assert out.startswith("updated merchant-7 (secrets)")
+    assert f"with: {public_key_of(new)}" in out
+
+
+def test_a_given_signing_key_is_kept_as_given():
+    key = new_signing_key()
+
+    run("add", "merchant-8", "--url", "https://m8.example/h", "--secret", key, "--signing-key")
+
+    assert WebhookDestination.objects.get().secrets == [key]

@@ -8,6 +8,7 @@ there with the standardwebhooks library; the column is read with raw SQL.
 
 from __future__ import annotations
 
+import base64
 import json
 from io import StringIO
 
@@ -23,11 +24,14 @@ from django.urls import reverse
 from standardwebhooks import Webhook
 
 from tests.settings import DESTINATION_SECRET_KEY
+from tests.support import ed25519_rfc8032 as rfc8032
 from webhook_receiver.checks import check_destination_secrets, check_destination_secrets_readable
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.encryption import SecretsUnreadable
 from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.schemes import verify
+from webhook_receiver.schemes.standard_keys import new_signing_key, public_key_of
 
 pytestmark = pytest.mark.django_db
 
@@ -121,6 +125,36 @@ def test_the_command_and_the_admin_store_tokens(admin_client):
     assert response.status_code == 302, response.content[:2000]
     assert SECRET not in json.dumps(stored("form"))
     assert WebhookDestination.objects.get(name="form").secrets == [SECRET]
+
+
+def test_a_signing_key_is_encrypted_and_signs_v1a_beside_v1(receiver):
+    # given: a destination signing with an Ed25519 key and a shared secret
+    key = new_signing_key()
+    dest = destination(receiver.url, secrets=(key, SECRET))
+    assert not any(part in json.dumps(stored()) for part in (key, key.removeprefix("whsk_")))
+
+    # when
+    admit(dest, "both")
+    relay_destination(destination_id=dest.pk)
+
+    # then: one signature of each version; each verifies on its own
+    delivered_and_verified(receiver, "both")  # v1, by the standardwebhooks library
+    (request,) = receiver.received
+    versions = [entry.split(",")[0] for entry in request.headers["webhook-signature"].split()]
+    assert versions == ["v1a", "v1"]
+    message = verify(
+        scheme="standard",
+        secrets=[public_key_of(key)],
+        headers=request.headers,
+        body=request.body,
+        tolerance_seconds=300,
+    )
+    assert message.message_id == "both"
+    # and by RFC 8032's algorithm, which knows nothing of the app
+    v1a = request.headers["webhook-signature"].split()[0].removeprefix("v1a,")
+    content = f"both.{request.headers['webhook-timestamp']}.".encode() + request.body
+    public = base64.b64decode(public_key_of(key).removeprefix("whpk_"))
+    assert rfc8032.verify(public, content, base64.b64decode(v1a))
 
 
 def test_a_dump_of_the_table_holds_tokens_and_loads_back(receiver):

@@ -1,8 +1,10 @@
-"""Signers the app did not write: the standardwebhooks library, and the published
-Stripe and GitHub algorithms spelled out from their documentation."""
+"""Signers the app did not write: the standardwebhooks library, RFC 8032's Ed25519 in
+plain Python (Standard Webhooks v1a), and the published Stripe and GitHub algorithms
+spelled out from their documentation."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -14,6 +16,7 @@ from typing import Any
 from standardwebhooks import Webhook
 
 from tests.settings import GITHUB_SECRET, SHOP_SECRET, STRIPE_SECRET
+from tests.support import ed25519_rfc8032
 
 
 def standard_headers(
@@ -31,6 +34,35 @@ def standard_headers(
         "webhook-timestamp": str(timestamp),
         "webhook-signature": signature,
     }
+
+
+# a fixed Ed25519 seed, and its Standard Webhooks public key, for sources that verify v1a
+SENDER_SEED = hashlib.sha256(b"the tests' v1a sender").digest()
+SENDER_PUBLIC_KEY = "whpk_" + base64.b64encode(ed25519_rfc8032.public_key(SENDER_SEED)).decode()
+
+
+def standard_v1a_headers(
+    body: bytes, *, msg_id: str | None = None, seed: bytes = SENDER_SEED
+) -> dict[str, str]:
+    """Standard Webhooks v1a: Ed25519 over ``{id}.{timestamp}.{body}``, by RFC 8032's
+    algorithm (tests/support/ed25519_rfc8032.py)."""
+    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
+    timestamp = int(time.time())
+    signature = ed25519_rfc8032.sign(seed, f"{msg_id}.{timestamp}.".encode() + body)
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": "v1a," + base64.b64encode(signature).decode(),
+    }
+
+
+def keyed_source(settings, *secrets: str) -> None:
+    """A Standard Webhooks source "keyed" with these secrets, beside the tests' sources."""
+    sources = {
+        **settings.WEBHOOK_RECEIVER["SOURCES"],
+        "keyed": {"SCHEME": "standard", "SECRETS": list(secrets)},
+    }
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
 
 
 def stripe_headers(

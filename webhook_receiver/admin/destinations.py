@@ -5,7 +5,8 @@ enabled again with **Enable** (an action, and a button on a disabled one's page,
 the change permission), which sends the messages it held in their order: one the relay
 disabled (a 410 Gone, a long failing span: outbound/retirement.py) shows why. Their
 secrets are never shown: the list counts them, the form (admin/forms.py) lets you keep
-or drop each (known by its last four characters) and add new ones.
+or drop each (known by its last four characters) and add new ones. The public keys of
+its Ed25519 signing keys are shown, for the merchant to verify ``v1a`` signatures with.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -38,6 +40,7 @@ from ..outbound.operations import (
     destination_recover_since,
 )
 from ..outbound.selectors import destinations_with_health
+from ..schemes.standard_keys import public_keys_of
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
 from .confirm import confirm_then_act
@@ -157,9 +160,10 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple]:
-        secrets: dict[str, Any] = {
-            "fields": ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
-        }
+        fields: tuple[str, ...] = ("new_secrets", "generate_signing_key")
+        if obj is not None:
+            fields = ("public_keys", "keep_secrets", *fields)
+        secrets: dict[str, Any] = {"fields": fields}
         unreadable = secrets_unreadable(obj)
         if unreadable is not None:
             secrets["description"] = format_html(
@@ -205,7 +209,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # the name is how host code enqueues to it (enqueue_webhook("merchant-7", …))
-        return ("name", *self.health_fields) if obj is not None else ()
+        return ("name", "public_keys", *self.health_fields) if obj is not None else ()
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDestination]:
         # the secrets as stored: a row no key decrypts is shown as such, not a 500
@@ -324,6 +328,17 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         return gettext("disabled since %(time)s; its messages are held until it is enabled") % {
             "time": since
         }
+
+    @admin.display(description=_("Public keys"))
+    def public_keys(self, obj: WebhookDestination) -> str:
+        """What the merchant verifies ``v1a`` signatures with: public, so shown whole (the
+        signing keys they come from never are)."""
+        keys = public_keys_of(obj.secrets or [])
+        if not keys:
+            return gettext("None: it has no signing key (whsk_), only shared secrets.")
+        return format_html_join(
+            mark_safe("<br>"), '<code class="wr-public-key">{}</code>', ((k,) for k in keys)
+        )
 
     @admin.display(description=_("breaker"))
     def breaker_state(self, obj: WebhookDestination) -> str:

@@ -20,6 +20,12 @@ from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..outbound.signing_secrets import destination_secret_problem
 from ..schemes.base import SECRET_MIN_BYTES
+from ..schemes.standard_keys import (
+    SIGNING_PREFIX,
+    is_signing_key,
+    new_signing_key,
+    public_key_of,
+)
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -97,7 +103,13 @@ def secret_fingerprint(secret: str) -> str:
 
 
 def secret_label(secret: str) -> str:
-    """ "whsec_…8ILP": the last four characters, enough to tell secrets apart."""
+    """ "whsec_…8ILP": the last four characters, enough to tell secrets apart. A signing
+    key is told by its public key's instead ("whsk_… of whpk_…RDc="), which are no secret."""
+    if is_signing_key(secret):
+        try:
+            return f"{SIGNING_PREFIX}… of whpk_…{public_key_of(secret)[-4:]}"
+        except ValueError:
+            return f"{SIGNING_PREFIX}…"
     return f"whsec_…{secret[-4:]}" if len(secret) > 12 else "whsec_…"
 
 
@@ -152,12 +164,21 @@ class DestinationForm(forms.ModelForm):
         widget=WriteOnlyTextarea(attrs={"rows": 2, "cols": 60, "autocomplete": "off"}),
         help_text=format_lazy(
             _(
-                "One per line, whsec_ followed by the base64 of at least {size} random bytes. "
-                "During a rotation every secret kept or added signs each request. Secrets are "
-                "never shown again, not even when the form comes back with an error: type "
-                "them again then."
+                "One per line: whsec_ followed by the base64 of at least {size} random bytes (a "
+                "shared secret, signature v1), or "
+                "whsk_ followed by base64 (an Ed25519 signing key, signature v1a). During a "
+                "rotation every secret kept or added signs each request. Secrets are never shown "
+                "again, not even when the form comes back with an error: type them again then."
             ),
             size=SECRET_MIN_BYTES,
+        ),
+    )
+    generate_signing_key = forms.BooleanField(
+        label=_("Generate a signing key"),
+        required=False,
+        help_text=_(
+            "Adds a new Ed25519 signing key (whsk_, signature v1a). Its public key is "
+            "shown here once saved, for the receiver to verify with; the signing key never is."
         ),
     )
 
@@ -256,6 +277,8 @@ class DestinationForm(forms.ModelForm):
         keep = set(cleaned.get("keep_secrets") or [])
         kept = [s for s in self.current if secret_fingerprint(s) in keep]
         added = [s for s in cleaned.get("new_secrets") or [] if s not in kept]
+        if cleaned.get("generate_signing_key"):
+            added.append(new_signing_key())
         secrets = added + kept
         if self.unreadable is not None and not added:
             raise forms.ValidationError(

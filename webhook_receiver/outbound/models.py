@@ -18,8 +18,9 @@ class WebhookDestination(models.Model):
 
     name = models.SlugField(max_length=100, unique=True)
     url = models.URLField(max_length=2000)
-    # Standard Webhooks secrets ("whsec_" + base64); the first signs, and during a
-    # rotation every one of them signs (the header carries one signature per secret).
+    # Standard Webhooks secrets ("whsec_" + base64, signature v1) and Ed25519 signing keys
+    # ("whsk_" + base64, signature v1a); during a rotation every one of them signs (the
+    # header carries one signature per secret).
     # Stored encrypted (encryption.py): the column holds Fernet tokens, never a secret.
     secrets = EncryptedSecretsField(default=list)
     # the event types it is sent; empty: none

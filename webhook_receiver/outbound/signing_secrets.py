@@ -1,23 +1,25 @@
 """What a destination's signing secret must be, said once for every way one is set (the
 admin's form, ``manage.py webhook_destination``): a Standard Webhooks secret, ``whsec_``
 and base64, of at least ``SECRET_MIN_BYTES`` decoded bytes (the specification's
-minimum: a shorter HMAC key is easier to guess, and some receivers refuse it).
+minimum: a shorter HMAC key is easier to guess, and some receivers refuse it), or an
+Ed25519 signing key, ``whsk_`` and base64 (signature ``v1a``; its length is fixed).
+A public key (``whpk_``) cannot sign.
 """
 
 from __future__ import annotations
 
 from ..schemes.base import SECRET_MIN_BYTES
-from ..schemes.standard import secret_key
-
-# an ed25519 signing key (asymmetric signatures) has rules of its own, checked elsewhere
-SIGNING_KEY_PREFIX = "whsk_"
+from ..schemes.standard import key_problem, secret_key
+from ..schemes.standard_keys import is_public_key, is_signing_key
 
 
 def destination_secret_problem(value: str) -> str | None:
     """Why ``value`` cannot sign a destination's requests, or None. The reason never
     repeats the value: the caller names the line or the flag."""
-    if value.startswith(SIGNING_KEY_PREFIX):
-        return None
+    if is_public_key(value):
+        return "is a public key (whpk_), which cannot sign: give the whsk_ signing key"
+    if is_signing_key(value):
+        return key_problem(value)
     if not value.startswith("whsec_"):
         return "is not a Standard Webhooks secret: whsec_ followed by base64"
     try:

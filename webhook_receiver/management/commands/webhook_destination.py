@@ -2,6 +2,7 @@
 
     manage.py webhook_destination add merchant-7 --url https://merchant.example/hooks \\
         --secret whsec_... --rate 10/s --concurrency 4 --events order.paid,order.cancelled
+    manage.py webhook_destination add merchant-8 --url https://… --signing-key
     manage.py webhook_destination update merchant-7 --rate 5/s
     manage.py webhook_destination disable merchant-7
     manage.py webhook_destination enable merchant-7      (or: update merchant-7 --enable)
@@ -12,6 +13,12 @@ after a 410 Gone or a long failing span too) sends them, in their order
 (operations.destination_enable). ``reencrypt`` encrypts every destination's secrets
 again under the first key of DESTINATION_SECRET_KEYS, the step of a key rotation
 between adding the new key (first) and removing the old one (docs/outbox.md).
+
+``--signing-key`` generates an Ed25519 signing key (``whsk_``, signature ``v1a``) and
+prints its public key (``whpk_``) for the merchant; the signing key is never printed.
+``add`` generates one only when the destination has none (so a deploy script may repeat
+it); ``update`` always adds a new one beside the current secrets, the start of a rotation.
+``--secret`` replaces the secrets with those given (``whsec_`` secrets or ``whsk_`` keys).
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ from ...outbound.operations import (
     destinations_reencrypt,
 )
 from ...outbound.signing_secrets import destination_secret_problem
+from ...schemes.standard_keys import (
+    is_signing_key,
+    new_signing_key,
+    public_key_of,
+    public_keys_of,
+)
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
@@ -66,7 +79,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--secret",
             action="append",
-            help="a Standard Webhooks secret (whsec_...); repeat during a rotation",
+            help="a Standard Webhooks secret (whsec_...) or Ed25519 signing key (whsk_...); "
+            "replaces the current ones; repeat during a rotation",
+        )
+        parser.add_argument(
+            "--signing-key",
+            action="store_true",
+            help="generate an Ed25519 signing key (signature v1a) and print its public key: "
+            "on add when the destination has none, on update always (a rotation)",
         )
         parser.add_argument("--events", help="comma-separated event types it is sent")
         parser.add_argument("--rate", help="requests per interval: 10/s, 600/m, 5/2s")
@@ -115,10 +135,33 @@ class Command(BaseCommand):
         fields = self._fields(options)
         # its secrets read apart: one no key decrypts can still be given new ones
         existing = WebhookDestination.objects.filter(name=name).defer("secrets").first()
+        generated = None
+        if options["signing_key"]:
+            readable = existing is not None and _secrets_unreadable(existing) is None
+            current = fields.get("secrets", existing.secrets if existing and readable else [])
+            if action == "update" or not any(is_signing_key(s) for s in current):
+                generated = new_signing_key()
+                fields["secrets"] = [generated, *current]
+                secrets_encrypt(fields["secrets"])  # as saving will: with no key, say so now
+        self._add_or_change(action, name, fields, existing, options)
+        if generated is not None:
+            self.stdout.write(
+                f"new signing key for {name}; give the merchant its public key, to verify "
+                f"v1a signatures with: {public_key_of(generated)}"
+            )
+
+    def _add_or_change(
+        self,
+        action: str,
+        name: str,
+        fields: dict[str, Any],
+        existing: WebhookDestination | None,
+        options: dict[str, Any],
+    ) -> None:
         if action == "add" and existing is None:
             missing = [
                 flag
-                for flag, key in (("--url", "url"), ("--secret", "secrets"))
+                for flag, key in (("--url", "url"), ("--secret or --signing-key", "secrets"))
                 if key not in fields
             ]
             if missing:
@@ -219,7 +262,11 @@ class Command(BaseCommand):
             state = f"DISABLED by the relay ({d.disabled_reason})"
         events = ",".join(d.event_types) or "no events"
         unreadable = _secrets_unreadable(d)
-        secrets = unreadable.state if unreadable else f"{len(d.secrets)} secret(s)"
+        if unreadable:
+            secrets = unreadable.state
+        else:
+            public = "".join(f", public key {key}" for key in public_keys_of(d.secrets))
+            secrets = f"{len(d.secrets)} secret(s){public}"
         return (
             f"{state}, {url_masked(d.url)}, {events}, "
             f"{d.rate_count}/{d.rate_seconds:g}s burst {d.burst}, "

@@ -136,7 +136,8 @@ def signed_request(
 ) -> tuple[bytes, dict]:
     """The body and headers of one attempt: the stable key as ``webhook-id`` and
     ``Idempotency-Key``, and a Standard Webhooks signature by each of the destination's
-    secrets (space-separated, so a rotation verifies with either)."""
+    secrets, ``v1`` by a ``whsec_`` secret and ``v1a`` by a ``whsk_`` signing key
+    (space-separated, so a rotation verifies with either)."""
     body = json.dumps(message.payload, separators=(",", ":"), ensure_ascii=False).encode()
     scheme = StandardWebhooks()
     signatures = [

@@ -32,7 +32,8 @@ def default_url(slug: str) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Sign a test event with the source's first configured secret and POST it: "
+        "Sign a test event with the source's first configured secret that can sign (a "
+        "whpk_ public key cannot: give --secret then) and POST it: "
         '{"type": TYPE, "timestamp": now, "data": {"order_id", "version", and for '
         'inventory.* types "lines": [{"sku", "quantity"}]}}, the body shape of the demo '
         "shop's handlers. Repeat with the same --event-id to see the duplicate answer."
@@ -54,6 +55,11 @@ class Command(BaseCommand):
             help="the event type; default inventory.reserved. The demo shop handles "
             "inventory.reserved, inventory.released, order.paid, order.cancelled and "
             "order.fulfilled; a type without a handler is recorded as ignored",
+        )
+        parser.add_argument(
+            "--secret",
+            help="sign with this secret instead (a whsk_ signing key, say, for a source "
+            "configured with its whpk_ public key)",
         )
         parser.add_argument("--event-id", help="message id; default: a new random one")
         parser.add_argument("--order-id", default="ord_1042", help="data.order_id")
@@ -85,13 +91,7 @@ class Command(BaseCommand):
         if source.scheme == "stripe":
             payload["id"] = event_id
         body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = schemes.sign(
-            scheme=source.scheme,
-            secret=source.secrets[0],
-            body=body,
-            message_id=event_id,
-            timestamp=now,
-        )
+        headers = self._signed(source, options["secret"], body, event_id, now)
         headers["Content-Type"] = "application/json"
         if source.scheme == "github":  # GitHub names the event in a header, not the body
             headers["X-GitHub-Event"] = options["type"]
@@ -117,3 +117,26 @@ class Command(BaseCommand):
             ) from exc
         self.stdout.write(f"POST {url}  event id {event_id}")
         self.stdout.write(f"{status} {answer.decode(errors='replace')}")
+
+    @staticmethod
+    def _signed(
+        source: Any, given: str | None, body: bytes, event_id: str, now: int
+    ) -> dict[str, str]:
+        """The headers by ``given``, else by the first of the source's secrets that signs:
+        a Standard Webhooks public key (whpk_) verifies and cannot (ValueError)."""
+        for secret in [given] if given else source.secrets:
+            try:
+                return schemes.sign(
+                    scheme=source.scheme,
+                    secret=secret,
+                    body=body,
+                    message_id=event_id,
+                    timestamp=now,
+                )
+            except ValueError:
+                if given:
+                    raise CommandError(f"--secret cannot sign for {source.scheme!r}.") from None
+        raise CommandError(
+            "None of the source's secrets can sign: public keys (whpk_) only verify. Give "
+            "the sender's signing key with --secret whsk_…."
+        )

@@ -4,7 +4,6 @@ starts from."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import TYPE_CHECKING, Any, cast
 
@@ -13,6 +12,7 @@ from django.utils import timezone
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from ..core.fingerprints import secret_fingerprint
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..schemes.standard import secret_key
@@ -84,12 +84,6 @@ RequiredNoteForm = note_form(
 
 
 # --- destinations --------------------------------------------------------------------
-
-
-def secret_fingerprint(secret: str) -> str:
-    """A stable name for a secret that reveals nothing of it: the form's checkboxes
-    post this, never the secret."""
-    return hashlib.sha256(secret.encode()).hexdigest()[:16]
 
 
 def secret_label(secret: str) -> str:

@@ -138,6 +138,9 @@ class RequestAudit(models.Model):
     body_size = models.PositiveIntegerField(null=True, blank=True)
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
     received_at = models.DateTimeField()
+    # which of its source's secrets verified it, by fingerprint (core/fingerprints.py),
+    # never by value: a rotation's progress; null when refused, or the scheme did not say
+    secret_fingerprint = models.CharField(max_length=16, null=True, blank=True)
 
     class Meta:
         verbose_name = _("request audit")

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 
 from ..exceptions import InvalidSignature, MalformedSignatureHeaders
-from .base import Scheme, VerifiedMessage, any_match, parse_timestamp, require
+from .base import Scheme, VerifiedMessage, matching_secret, parse_timestamp, require
 
 
 @functools.lru_cache(maxsize=64)
@@ -73,9 +73,12 @@ class StandardWebhooks(Scheme):
             raise MalformedSignatureHeaders(f"{prefix}-signature holds no 'v1,<base64>' entry.")
         presented = [_b64decode_or_empty(sig) for sig in encoded]
         expected = (_digest(secret, msg_id, timestamp, body) for secret in secrets)
-        if not any_match(expected, presented):
+        index = matching_secret(expected, presented)
+        if index is None:
             raise InvalidSignature()
-        return VerifiedMessage(scheme=self.name, message_id=msg_id, timestamp=timestamp)
+        return VerifiedMessage(
+            scheme=self.name, message_id=msg_id, timestamp=timestamp, secret_index=index
+        )
 
     def sign(self, *, secret: str, body: bytes, message_id: str, timestamp: int) -> dict[str, str]:
         digest = _digest(secret, message_id, timestamp, body)

@@ -118,7 +118,8 @@ def _receive(
             # authentic but late (or early): worth knowing which delivery it was
             audit.message_id = exc.verified.message_id or ""
             audit.signature_timestamp = exc.verified.timestamp
-            audit.secret_fingerprint = _fingerprint(source.secrets, exc.verified)
+            secrets = source.secrets if source is not None else ()
+            audit.secret_fingerprint = _fingerprint(secrets, exc.verified)
         audit.verification = exc.code
         # The refusal stands whether or not its record can be written: an unauthenticated
         # request never turns into a 5xx. A log line stands in for a record not written.

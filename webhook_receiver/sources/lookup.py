@@ -108,9 +108,15 @@ def source_known(slug: str) -> bool:
 
 
 def sources_all() -> dict[str, SourceConfig]:
-    """Every source: the settings' in their order, then the enabled records by slug."""
+    """Every source: the settings' in their order, then the enabled records by slug (for
+    the watch: silence, status, metrics). Records that cannot be read now (logged where
+    read) leave the settings' alone, rather than fail every watch of them too."""
     configured = app_settings().sources
-    return {**configured, **dict(sorted(records.current().items()))}
+    try:
+        found = records.current()
+    except ImproperlyConfigured:
+        return dict(configured)
+    return {**configured, **dict(sorted(found.items()))}
 
 
 @receiver(setting_changed)

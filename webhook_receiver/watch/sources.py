@@ -29,13 +29,13 @@ from typing import Any
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from ..conf import app_settings
 from ..conf.sources import SourceConfig
 from ..core.states import Reason, State, worst_state
 from ..core.words import iso, seconds
 from ..exceptions import NotStored
 from ..inbound.models import FailedEvent, FailureStatus, RequestAudit, Verification
 from ..reconcile.models import ReconciliationRun, RepairItem, RepairStatus, RunOutcome
+from ..sources.lookup import sources_all
 from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
 from .traffic import last_accepted_at, unrecorded_refusals
@@ -180,7 +180,7 @@ def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
     makes such a record (activity_series sums them under UNCONFIGURED).
     """
     now = now or timezone.now()
-    configured = app_settings().sources
+    configured = sources_all()
 
     accepted, rejected, unrecorded = _last_hour(now)
     failed = _failed_figures()

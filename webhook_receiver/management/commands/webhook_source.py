@@ -106,9 +106,13 @@ class Command(BaseCommand):
         else:
             enabled = action == "enable"
             source, changed = source_set_enabled(slug, enabled)
-            word = "enabled" if enabled else "disabled (answered 404 as an unknown slug, audited)"
-            lead = f"{word} {slug}" if changed else f"unchanged {slug}, already {action}d"
-            self.stdout.write(f"{lead}: {self._describe(source)}" + (f"; {ttl}" if changed else ""))
+            lead = f"{action}d {slug}" if changed else f"unchanged {slug}, already {action}d"
+            line = f"{lead}: {self._describe(source)}"
+            if changed:
+                line += f"; {ttl}"
+            if not enabled:
+                line += ". Its requests are answered 404, as an unknown slug's, each audited"
+            self.stdout.write(line)
 
     def _list(self, slug: str) -> None:
         sources = WebhookSource.objects.all()

@@ -111,6 +111,19 @@ def source_set_enabled(slug: str, enabled: bool) -> tuple[WebhookSource, bool]:
     return source, True
 
 
+def sources_reencrypt() -> int:
+    """Encrypt every record's secrets again under the first DESTINATION_SECRET_KEYS key
+    (the step of a key rotation that ``webhook_destination reencrypt`` runs), one short
+    transaction per record. Returns how many it rewrote."""
+    done = 0
+    for pk in WebhookSource.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            source = WebhookSource.objects.select_for_update().only("id", "secrets").get(pk=pk)
+            source.save(update_fields=["secrets"])  # read by any key, written by the first
+        done += 1
+    return done
+
+
 def _locked(slug: str) -> WebhookSource:
     try:
         return WebhookSource.objects.select_for_update().get(slug=slug)

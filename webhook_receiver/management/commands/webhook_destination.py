@@ -23,6 +23,7 @@ from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.models import WebhookDestination
 from ...outbound.operations import destinations_reencrypt
 from ...schemes.standard import secret_key
+from ...sources.operations import sources_reencrypt
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
@@ -79,9 +80,11 @@ class Command(BaseCommand):
             if name:
                 raise CommandError("reencrypt takes no name: it rewrites every destination.")
             count = destinations_reencrypt()
+            sources = sources_reencrypt()  # the source records' secrets share the keys
             self.stdout.write(
-                f"re-encrypted the secrets of {count} destination(s) under the first key of "
-                "DESTINATION_SECRET_KEYS; the others may be removed now"
+                f"re-encrypted the secrets of {count} destination(s) and {sources} source "
+                "record(s) under the first key of DESTINATION_SECRET_KEYS; the others may be "
+                "removed now"
             )
             return
         if not name:

@@ -214,3 +214,12 @@ def test_a_key_rotation_reencrypts_the_source_records_too(settings, client, acme
     assert "and 1 source record(s)" in out.getvalue()
     assert WebhookSource.objects.get().secrets == [ACME_SECRET]
     assert deliver(client, "acme", ACME_SECRET, "ord_1") == 200
+
+
+def test_a_source_deleted_in_the_admin_answers_404_at_once(admin_client, client, acme):
+    assert deliver(client, "acme", ACME_SECRET, "ord_1") == 200
+    delete = reverse("admin:webhook_receiver_webhooksource_delete", args=[acme.pk])
+
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 302
+
+    assert deliver(client, "acme", ACME_SECRET, "ord_2") == 404

@@ -14,6 +14,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
@@ -62,6 +63,14 @@ class WebhookSourceAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Any, form: forms.Form, change: bool) -> None:
         super().save_model(request, obj, form, change)
         records.clear()  # this process at once; the others within the TTL
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        super().delete_model(request, obj)
+        records.clear()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WebhookSource]) -> None:
+        super().delete_queryset(request, queryset)
+        records.clear()
 
     @admin.display(description=_("state"))
     def state(self, obj: WebhookSource) -> str:

@@ -53,8 +53,9 @@ NOT_STORED = NotStored.code
 @dataclass(frozen=True)
 class SourceStatus:
     source: str
-    # False: no longer in the settings, but it still holds failed events, an open alert
-    # or open repair items (verified records only: any URL can make a rejected request)
+    # False: no longer a source (of the settings, or an enabled record), but it still
+    # holds failed events, an open alert or open repair items (verified records only:
+    # any URL can make a rejected request)
     configured: bool
     now: datetime
     silence_after: timedelta | None
@@ -172,9 +173,9 @@ class SourceStatus:
 
 
 def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
-    """One status per configured source (in the settings' order), then any source no
-    longer configured that still holds retrying or dead events, an open silence alert
-    or open repair items (by name).
+    """One status per source (the settings' in their order, then the enabled records),
+    then any source no longer configured that still holds retrying or dead events, an
+    open silence alert or open repair items (by name).
 
     Sources that only received rejected requests get no row: any URL under the endpoint
     makes such a record (activity_series sums them under UNCONFIGURED).

@@ -59,3 +59,13 @@ def test_the_status_lists_enabled_records_after_the_settings_sources(db):
 
     assert "acme" in slugs and "beta" not in slugs
     assert slugs.index("acme") > slugs.index("shop")
+
+
+def test_active_days_alone_mean_whole_days(db):
+    from webhook_receiver.sources.lookup import source_lookup
+
+    source_add(slug="acme", scheme="standard", secrets=[ACME_SECRET], active_days="mon-sun")
+
+    hours = source_lookup("acme").active_hours
+
+    assert hours is not None and hours.contains(timezone.now())

@@ -2,7 +2,8 @@
 
 ``webhook_receive`` is the one entry point the view calls. Its steps:
 
-1. Look up the source and read the body, enforcing the size limit while reading.
+1. Look up the source (the settings, then the records: sources/lookup.py) and read the
+   body, enforcing the size limit while reading.
 2. Verify the signature over the raw bytes (a pure function, no database).
 3. Parse the verified body and derive the event key.
 4. ``event_claim_and_apply`` (inbound/claim.py): claim the key and apply the effect in

@@ -12,6 +12,7 @@ from ..conf.sources import SourceConfig, source_config
 from .models import WebhookSource
 
 _MIDNIGHT = time(0, 0)
+_DAY_END = time(23, 59, 59)
 
 
 def record_options(record: WebhookSource) -> dict[str, Any]:
@@ -20,8 +21,9 @@ def record_options(record: WebhookSource) -> dict[str, Any]:
     if record.active_days or record.active_start or record.active_end:
         active_hours = {
             "DAYS": record.active_days or "mon-sun",
-            "START": (record.active_start or _MIDNIGHT).strftime("%H:%M"),
-            "END": (record.active_end or _MIDNIGHT).strftime("%H:%M"),
+            # no start: from midnight; no end: to the day's end (days alone: whole days)
+            "START": (record.active_start or _MIDNIGHT).strftime("%H:%M:%S"),
+            "END": (record.active_end or _DAY_END).strftime("%H:%M:%S"),
             "TIME_ZONE": record.active_time_zone or "UTC",
         }
     return {

@@ -241,3 +241,24 @@ def test_any_slugs_read_the_records_at_most_once_a_ttl(acme, slugs):
     assert reads_of_sources(captured) <= 1
     sources = {"acme", *app_settings().sources}
     assert [config is not None for config in found] == [slug in sources for slug in slugs]
+
+
+def test_records_no_key_decrypts_are_answered_503_and_the_settings_go_on(client, acme, settings):
+    # given: the key that encrypted the record's secrets removed too early
+    other = "q1wJZyAeYq3S3b0yb3ZxWkz3lYd1m8r8bQ6oXv3oJ5U="
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DESTINATION_SECRET_KEYS": [other]}
+    body, headers = signed(ACME_SECRET)
+
+    # when
+    record = post(client, "acme", body, headers)
+    failed_read = records._snapshot
+    made_up = post(client, "made-up", body, headers)
+    shop_body, shop_headers = signed(SHOP_SECRET, "ord_shop")
+    settings_source = post(client, "shop", shop_body, shop_headers)
+
+    # then: nothing accepted on guesswork (the sender retries), and the failed read is
+    # kept for the TTL like any snapshot: the made-up slug did not read again
+    assert record.status_code == made_up.status_code == 503
+    assert failed_read is not None and failed_read.error is not None
+    assert records._snapshot is failed_read
+    assert settings_source.status_code == 200

@@ -51,6 +51,17 @@ def _fresh_duplicate_share() -> Iterator[None]:
     duplicate_share._shares.clear()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_source_records() -> Iterator[None]:
+    """Each test reads the source records afresh: a snapshot of the last test's rows
+    (rolled back since) must not answer for this one's."""
+    from webhook_receiver.sources.lookup import records
+
+    records.clear()
+    yield
+    records.clear()
+
+
 @pytest.fixture(params=["claim_first", "read_first"])
 def duplicate_check(request, settings) -> str:
     """Run a test under each order of the first statement (DUPLICATE_CHECK)."""

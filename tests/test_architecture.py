@@ -151,6 +151,16 @@ def test_inbound_and_outbound_never_import_each_other_nor_what_reads_them():
     assert wrong == []
 
 
+def test_sources_read_only_the_layers_below_and_the_outbox_encryption():
+    allowed = {"conf", "core", "schemes", "exceptions", "sources"}
+    wrong = [
+        (m, t)
+        for m, t in imports_of("sources")
+        if room(t) not in allowed and t != f"{NAME}.outbound.encryption"
+    ]
+    assert wrong == []
+
+
 def test_reconcile_reads_inbound_and_nothing_above_it():
     wrong = [
         (m, t)

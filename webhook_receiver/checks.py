@@ -22,6 +22,7 @@ from .outbound.selectors import destinations_unreadable
 from .reconcile.adapters import BUILT_IN
 from .reconcile.states import state_comparison
 from .schemes.base import SECRET_MIN_BYTES
+from .sources.models import WebhookSource
 from .watch.notifiers import get_notifiers
 
 # the bearer token /metrics/ requires: as long as a signing secret's key material
@@ -131,7 +132,8 @@ def check_webhook_receiver_settings(
     if not config.sources:
         errors.append(
             checks.Warning(
-                "WEBHOOK_RECEIVER['SOURCES'] is empty: every webhook will be answered 404.",
+                "WEBHOOK_RECEIVER['SOURCES'] is empty: every webhook will be answered 404, "
+                "but those to a source kept as a record (manage.py webhook_source).",
                 id="webhook_receiver.W001",
             )
         )
@@ -239,4 +241,38 @@ def check_destination_secrets_readable(
                     id="webhook_receiver.E010",
                 )
             )
+    return problems
+
+
+@checks.register(checks.Tags.database)
+def check_source_records(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """A source record whose slug the settings define is never used (settings first):
+    say so, since whoever edits it in the admin expects it to count."""
+    try:
+        configured = app_settings().sources
+    except ImproperlyConfigured:
+        return []  # E001 says why
+    table = WebhookSource._meta.db_table
+    problems: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        try:
+            with connections[alias].cursor() as cursor:
+                # the slugs alone: nothing to decrypt
+                cursor.execute(f"SELECT slug FROM {table} ORDER BY slug")
+                slugs = [slug for (slug,) in cursor.fetchall()]
+        except DatabaseError:
+            continue  # not migrated yet
+        problems += [
+            checks.Warning(
+                f"Source record {slug!r} is shadowed by WEBHOOK_RECEIVER['SOURCES'][{slug!r}]: "
+                "the settings' source answers that slug, and the record is never used.",
+                hint="Delete the record (admin: webhook sources), or remove the slug from "
+                "the settings if the record should serve it.",
+                id="webhook_receiver.W005",
+            )
+            for slug in slugs
+            if slug in configured
+        ]
     return problems

@@ -18,6 +18,7 @@ from .inbound.models import (
 )
 from .outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
 from .reconcile.models import ReconciliationRun, RepairItem, RepairKind, RepairStatus, RunOutcome
+from .sources.models import WebhookSource
 from .watch.models import Heartbeat, SilenceAlert, SourceOverview
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "Verification",
     "WebhookDestination",
     "WebhookReceipt",
+    "WebhookSource",
 ]

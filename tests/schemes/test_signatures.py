@@ -84,7 +84,7 @@ def test_standard_valid_signature_returns_the_message_id_and_timestamp():
 
     # then
     assert message == VerifiedMessage(
-        scheme="standard", message_id="msg_valid", timestamp=1_700_000_000
+        scheme="standard", message_id="msg_valid", timestamp=1_700_000_000, secret_index=1
     )
 
 
@@ -92,7 +92,11 @@ def test_standard_valid_signature_returns_the_message_id_and_timestamp():
 def test_standard_rotation_accepts_a_signature_by_either_configured_secret(secret):
     headers = standard_headers(BODY, secret=secret)
 
-    assert verify_standard(headers).message_id == headers["webhook-id"]
+    message = verify_standard(headers)
+
+    assert message.message_id == headers["webhook-id"]
+    # and it says which secret verified it (its position among the configured ones)
+    assert message.secret_index == SECRETS.index(secret)
 
 
 def test_standard_several_signatures_where_only_the_last_matches():
@@ -168,7 +172,7 @@ def test_standard_header_names_in_any_case(transform):
     headers = {transform(name): value for name, value in signed.items()}
 
     assert verify_standard(headers, now=1_700_000_000) == VerifiedMessage(
-        scheme="standard", message_id="msg_any_case", timestamp=1_700_000_000
+        scheme="standard", message_id="msg_any_case", timestamp=1_700_000_000, secret_index=1
     )
 
 
@@ -369,7 +373,9 @@ def test_stripe_known_vector_verifies():
         headers, STRIPE_VECTOR_PAYLOAD, secrets=(STRIPE_VECTOR_SECRET,), now=STRIPE_VECTOR_T
     )
 
-    assert message == VerifiedMessage(scheme="stripe", message_id=None, timestamp=STRIPE_VECTOR_T)
+    assert message == VerifiedMessage(
+        scheme="stripe", message_id=None, timestamp=STRIPE_VECTOR_T, secret_index=0
+    )
 
 
 def test_stripe_known_vector_with_another_timestamp_is_invalid():
@@ -488,6 +494,7 @@ def test_github_published_vector_verifies():
         message_id="72d3162e-cc78-11e3-81ab-4c9367dc0958",
         timestamp=None,
         body_sha256=hashlib.sha256(GITHUB_VECTOR_PAYLOAD).hexdigest(),
+        secret_index=0,
     )
 
 

@@ -7,6 +7,7 @@
   confirm: the one confirm-then-act flow of every operator action
 - receipts, audit, failed_events (replay, discard): the receive side's records
 - outbox_messages (retry now, discard), destinations (health, recover since…)
+- sources (the sources kept as records: secrets by fingerprint, rotation)
 - reconciliation_runs, repair_items (four repairs), silence
 - overview (the overview page and its chart, chart.py) and trace (the trace page)
 
@@ -28,6 +29,7 @@ from . import (
     reconciliation_runs,
     repair_items,
     silence,
+    sources,
 )
 from .base import ReadOnlyAdmin, StoredEventDisplay
 

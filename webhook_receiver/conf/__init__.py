@@ -28,6 +28,10 @@ DUPLICATE_CHECKS = ("adaptive", "read_first", "claim_first")
 DEFAULTS: dict[str, Any] = {
     # slug -> source options (see SOURCE_DEFAULTS)
     "SOURCES": {},
+    # sources kept as records (the admin's webhook sources, manage.py webhook_source) are
+    # read again by each process at most this often: a change is live within it, and a
+    # slug that is no source costs one query per this long, however many a flood makes up
+    "SOURCE_RECORDS_TTL_SECONDS": 5,
     # event type -> dotted path of a handler; overrides handlers registered in code
     "HANDLERS": {},
     # audit records (and the tallies of refused requests) older than this are deleted by
@@ -146,6 +150,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 POSITIVE_KEYS = (
+    "SOURCE_RECORDS_TTL_SECONDS",
     "REJECTED_AUDIT_PER_MINUTE",
     "HEARTBEAT_MAX_AGE_SECONDS",
     "STATUS_TIMEOUT_SECONDS",
@@ -185,6 +190,7 @@ class TrustedProxies:
 @dataclass(frozen=True)
 class AppSettings:
     sources: Mapping[str, SourceConfig]
+    source_records_ttl: float
     handlers: Mapping[str, str]
     audit_retention: timedelta
     rejected_audit_per_minute: int
@@ -248,6 +254,7 @@ def app_settings() -> AppSettings:
     schemes = [*SCHEMES.values(), *(get_scheme(s.scheme) for s in sources.values())]
     return AppSettings(
         sources=sources,
+        source_records_ttl=float(merged["SOURCE_RECORDS_TTL_SECONDS"]),
         handlers=dict(merged["HANDLERS"]),
         audit_retention=timedelta(days=merged["AUDIT_RETENTION_DAYS"]),
         rejected_audit_per_minute=int(merged["REJECTED_AUDIT_PER_MINUTE"]),
@@ -407,6 +414,7 @@ def _milliseconds(merged: Mapping[str, Any], key: str) -> int:
 
 
 def get_source(slug: str) -> SourceConfig | None:
+    """A source of the settings only; ``sources.lookup.source_lookup`` finds records too."""
     return app_settings().sources.get(slug)
 
 

@@ -24,6 +24,7 @@ from django.utils import timezone
 from ..conf import TrustedProxies, app_settings
 from ..core import faults, sql, storable
 from ..core.retention import delete_in_batches
+from ..sources.lookup import source_known
 from . import metrics, queries
 from .models import RejectionTally, RequestAudit, Verification
 
@@ -43,6 +44,8 @@ class AuditDraft:
     signature_timestamp: int | None = None
     body_sha256: str = ""
     body_size: int | None = None
+    # the fingerprint of the secret that verified it (core/fingerprints.py), never a secret
+    secret_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         self.remote_addr = client_address(self.remote_addr)
@@ -66,8 +69,9 @@ class AuditDraft:
         row = {
             **self.row(result=reason, response_status=response_status),
             "minute": self.received_at.astimezone(UTC).replace(second=0, microsecond=0),
-            # every slug that is not configured shares one tally: any URL makes one
-            "tally_source": self.source if self.source in config.sources else "",
+            # every slug that is not a source (or a disabled one) shares one tally: any
+            # URL makes one
+            "tally_source": self.source if source_known(self.source) else "",
             "reason": reason,
             "keep": config.rejected_audit_per_minute,
         }
@@ -114,6 +118,7 @@ class AuditDraft:
             "body_size": self.body_size,
             "remote_addr": self.remote_addr,
             "received_at": self.received_at,
+            "secret_fingerprint": self.secret_fingerprint,
         }
 
     def record_best_effort(

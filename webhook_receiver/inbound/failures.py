@@ -34,13 +34,14 @@ from django.db import DataError, transaction
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
-from ..conf import app_settings, get_source
+from ..conf import app_settings
 from ..core import faults, logs, storable
 from ..core.backoff import full_jitter
 from ..core.retention import delete_in_batches
 from ..exceptions import InvalidPayload, PermanentError
 from ..handlers import WebhookEvent
 from ..schemes import VerifiedMessage
+from ..sources.lookup import source_lookup
 from .claim import event_claim_and_apply, failed_events_mark_resolved
 from .events import parse_event
 from .models import FailedEvent, FailureStatus, Result
@@ -200,7 +201,7 @@ def _failure_line(
 
 def _stored_event(failed: FailedEvent) -> WebhookEvent:
     """Parse the stored, already verified bytes again (no signature check)."""
-    source = get_source(failed.source)
+    source = source_lookup(failed.source)
     if source is None:
         raise PermanentError(f"Source {failed.source!r} is no longer configured.")
     timestamp = failed.signature_timestamp

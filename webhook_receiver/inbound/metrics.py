@@ -18,9 +18,9 @@ from types import TracebackType
 
 from prometheus_client import Counter, Histogram
 
-from ..conf import app_settings
 from ..core import logs
 from ..exceptions import NotStored, RejectedRequest
+from ..sources.lookup import source_known
 from .models import Result, Verification
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def refusal_unrecorded(source: str, reason: str) -> None:
 
 
 def _source_label(source: str) -> str:
-    return source if source in app_settings().sources else UNKNOWN_SOURCE
+    return source if source_known(source) else UNKNOWN_SOURCE
 
 
 def _record(source: str, result: str | None, exc: BaseException | None, seconds: float) -> None:

@@ -138,6 +138,10 @@ class RequestAudit(models.Model):
     body_size = models.PositiveIntegerField(null=True, blank=True)
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
     received_at = models.DateTimeField()
+    # which of its source's secrets verified it, by fingerprint (core/fingerprints.py),
+    # never by value: a rotation's progress; null when refused, or the scheme did not say.
+    # Nullable so that adding it rewrites no row of a large table.
+    secret_fingerprint = models.CharField(max_length=16, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         verbose_name = _("request audit")

@@ -32,10 +32,12 @@ OPEN_FAILURES = ", ".join(f"'{status}'" for status in OPEN)
 # (every INSERT of one names them in this order).
 _AUDIT = """INSERT INTO webhook_receiver_requestaudit (
         source, message_id, event_key, signature_timestamp, verification,
-        body_sha256, body_size, remote_addr, received_at, result, response_status
+        body_sha256, body_size, remote_addr, received_at, secret_fingerprint,
+        result, response_status
     )"""
 _REQUEST = """%(source)s, %(message_id)s, %(event_key)s, %(signature_timestamp)s, %(verification)s,
-        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s"""
+        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
+        %(secret_fingerprint)s"""
 
 _INSERT_RECEIPT = """
     INSERT INTO webhook_receiver_webhookreceipt (
@@ -67,7 +69,8 @@ RECORD_DUPLICATE = f"""
     {_AUDIT}
     SELECT
         source, %(message_id)s, event_key, %(signature_timestamp)s, %(verification)s,
-        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s, '{DUPLICATE}', 200
+        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
+        %(secret_fingerprint)s, '{DUPLICATE}', 200
     FROM webhook_receiver_webhookreceipt
     WHERE source = %(source)s AND event_key = %(event_key)s
     RETURNING (

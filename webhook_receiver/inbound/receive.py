@@ -2,7 +2,8 @@
 
 ``webhook_receive`` is the one entry point the view calls. Its steps:
 
-1. Look up the source and read the body, enforcing the size limit while reading.
+1. Look up the source (the settings, then the records: sources/lookup.py) and read the
+   body, enforcing the size limit while reading.
 2. Verify the signature over the raw bytes (a pure function, no database).
 3. Parse the verified body and derive the event key.
 4. ``event_claim_and_apply`` (inbound/claim.py): claim the key and apply the effect in
@@ -27,8 +28,9 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from .. import schemes
-from ..conf import app_settings, get_source
+from ..conf import app_settings
 from ..core import faults, logs, storable, tracing
+from ..core.fingerprints import secret_fingerprint
 from ..exceptions import (
     NotStored,
     PayloadTooLarge,
@@ -37,6 +39,7 @@ from ..exceptions import (
     UnknownSource,
 )
 from ..handlers import WebhookEvent
+from ..sources.lookup import source_known, source_lookup
 from .audit import AuditDraft
 from .claim import ReceiveOutcome, event_claim_and_apply, storable_headers
 from .events import parse_event
@@ -96,7 +99,9 @@ def _receive(
     # what was announced, until a body is read; clamped so an absurd header still fits
     audit.body_size = min(content_length, MAX_RECORDED_SIZE) if content_length else None
     try:
-        source = get_source(source_slug)
+        # settings first (no query); a record from the per-process snapshot. A disabled
+        # record is answered as an unknown slug is.
+        source = source_lookup(source_slug)
         if source is None:
             raise UnknownSource()
         body = read_limited_body(stream, content_length, source.max_body_bytes)
@@ -114,6 +119,8 @@ def _receive(
             # authentic but late (or early): worth knowing which delivery it was
             audit.message_id = exc.verified.message_id or ""
             audit.signature_timestamp = exc.verified.timestamp
+            secrets = source.secrets if source is not None else ()
+            audit.secret_fingerprint = _fingerprint(secrets, exc.verified)
         audit.verification = exc.code
         # The refusal stands whether or not its record can be written: an unauthenticated
         # request never turns into a 5xx. A log line stands in for a record not written.
@@ -127,6 +134,7 @@ def _receive(
         raise
     audit.message_id = message.message_id or ""
     audit.signature_timestamp = message.timestamp
+    audit.secret_fingerprint = _fingerprint(source.secrets, message)
 
     event: WebhookEvent | None = None
     try:
@@ -192,7 +200,7 @@ def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> N
             body_sha256=audit.body_sha256 or None,
         )
         return
-    source = audit.source if get_source(audit.source) is not None else ""
+    source = audit.source if source_known(audit.source) else ""
     minute = audit.received_at.replace(second=0, microsecond=0)
     if _past_bound_said.get((source, exc.code)) == minute:
         return
@@ -205,6 +213,15 @@ def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> N
         reason=exc.code,
         recorded_per_minute=app_settings().rejected_audit_per_minute,
     )
+
+
+def _fingerprint(secrets: tuple[str, ...], message: schemes.VerifiedMessage) -> str | None:
+    """The fingerprint of the secret that verified ``message`` (never the secret), when
+    its scheme says which one did."""
+    index = message.secret_index
+    if index is None or not 0 <= index < len(secrets):
+        return None
+    return secret_fingerprint(secrets[index])
 
 
 def _fallback_key(message: schemes.VerifiedMessage, body: bytes) -> str:

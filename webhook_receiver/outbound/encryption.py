@@ -1,4 +1,5 @@
-"""Destination signing secrets, encrypted at rest.
+"""Destination signing secrets, encrypted at rest (and the secrets of the inbound
+sources kept as records, sources/models.py, under the same keys).
 
 A database dump or a backup must not hand out every merchant's signing secret, so the
 ``secrets`` column holds one Fernet token per secret (AES-128-CBC and HMAC-SHA256, from
@@ -41,9 +42,9 @@ _TOKEN_MIN_BYTES = 1 + 8 + 16 + 16 + 32
 
 
 class SecretsUnreadable(ImproperlyConfigured):
-    """Destination secrets that cannot be encrypted or decrypted with the keys set.
-    ``state`` says it in a few words, for a destination's row (the admin, webhook_status,
-    the relay's log line); the message says what to do."""
+    """Stored secrets (a destination's, a source record's) that cannot be encrypted or
+    decrypted with the keys set. ``state`` says it in a few words, for a destination's
+    row (the admin, webhook_status, the relay's log line); the message says what to do."""
 
     def __init__(self, message: str, state: str = "secrets unreadable") -> None:
         super().__init__(message)
@@ -82,8 +83,8 @@ def secrets_encrypt(secrets: Iterable[str], keys: Sequence[str] | None = None) -
     keys = tuple(_keys() if keys is None else keys)
     if not keys:
         raise SecretsUnreadable(
-            f"Destination secrets are encrypted at rest, and {SETTING} is empty: set at "
-            f"least one key. {NEW_KEY_HINT}"
+            f"Signing secrets (destinations', source records') are encrypted at rest, and "
+            f"{SETTING} is empty: set at least one key. {NEW_KEY_HINT}"
         )
     box = _box(keys)
     return [box.encrypt(secret.encode()).decode("ascii") for secret in secrets]
@@ -97,7 +98,7 @@ def secrets_decrypt(tokens: Iterable[Any], keys: Sequence[str] | None = None) ->
     keys = tuple(_keys() if keys is None else keys)
     if not keys:
         raise SecretsUnreadable(
-            f"A destination's secrets are encrypted, and {SETTING} is empty: set the key "
+            f"Stored signing secrets are encrypted, and {SETTING} is empty: set the key "
             "they were encrypted with.",
             "secrets unreadable: no key is set",
         )
@@ -113,7 +114,8 @@ def secrets_decrypt(tokens: Iterable[Any], keys: Sequence[str] | None = None) ->
     except InvalidToken:
         n = len(keys)
         raise SecretsNotDecrypted(
-            f"A destination's secrets cannot be decrypted: none of the {n} key(s) "
+            "Stored signing secrets (a destination's or a source record's) cannot be "
+            f"decrypted: none of the {n} key(s) "
             f"of {SETTING} is the one they were encrypted with (a key removed before "
             "manage.py webhook_destination reencrypt ran?). Put that key back, or set "
             "new secrets.",

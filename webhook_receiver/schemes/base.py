@@ -7,7 +7,8 @@ timestamp tolerance, the same for every scheme.
 
 Comparisons: every configured secret is compared with every presented signature
 through ``hmac.compare_digest``, with no early exit, so timing reveals neither which
-secret nor which signature matched.
+secret nor which signature matched. Which secret did is said afterwards, in the
+``VerifiedMessage`` (its position among the source's secrets).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class VerifiedMessage:
     # the SHA-256 of the signed bytes, for a scheme whose message id is not signed
     # (GitHub): a key derived from it cannot be changed by whoever resends the body
     body_sha256: str | None = None
+    # which of the configured secrets verified it (its position), for the audit record's
+    # fingerprint during a rotation; None when the scheme does not say
+    secret_index: int | None = None
 
 
 class Scheme:
@@ -97,11 +101,22 @@ def parse_timestamp(raw: str, header: str) -> int:
     return int(raw)
 
 
-def any_match(expected: Iterable[bytes], presented: Iterable[bytes]) -> bool:
+def matching_secret(expected: Iterable[bytes], presented: Iterable[bytes]) -> int | None:
+    """The position of the first expected signature (one per configured secret, in their
+    order) that a presented one matches, or None when none does."""
     presented = list(presented)
-    matched = False
-    for candidate in expected:
+    found: int | None = None
+    for index, candidate in enumerate(expected):
+        matched = False
         for signature in presented:
             # no short-circuit: every pair is compared
             matched |= hmac.compare_digest(candidate, signature)
-    return matched
+        if matched and found is None:
+            found = index
+    return found
+
+
+def any_match(expected: Iterable[bytes], presented: Iterable[bytes]) -> bool:
+    """Whether any expected signature matches a presented one (a host's scheme may use
+    this when it does not say which secret verified)."""
+    return matching_secret(expected, presented) is not None

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import InvalidSignature, MalformedSignatureHeaders
-from .base import Scheme, VerifiedMessage, any_match, require
+from .base import Scheme, VerifiedMessage, matching_secret, require
 
 
 def _digest(secret: str, body: bytes) -> str:
@@ -38,7 +38,8 @@ class GitHub(Scheme):
                 raise MalformedSignatureHeaders("X-Hub-Signature-256 must be 'sha256=<hex>'.")
             presented.append(hexdigest.encode("utf-8", "replace"))
         expected = (_digest(secret, body).encode() for secret in secrets)
-        if not any_match(expected, presented):
+        index = matching_secret(expected, presented)
+        if index is None:
             raise InvalidSignature()
         delivery = headers.get("x-github-delivery") or None
         return VerifiedMessage(
@@ -46,6 +47,7 @@ class GitHub(Scheme):
             message_id=delivery,
             timestamp=None,
             body_sha256=hashlib.sha256(body).hexdigest(),
+            secret_index=index,
         )
 
     def sign(self, *, secret: str, body: bytes, message_id: str, timestamp: int) -> dict[str, str]:

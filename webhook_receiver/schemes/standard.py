@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from ..exceptions import InvalidSignature, MalformedSignatureHeaders
 from . import standard_keys
-from .base import Scheme, VerifiedMessage, any_match, parse_timestamp, require
+from .base import Scheme, VerifiedMessage, matching_secret, parse_timestamp, require
 from .standard_keys import is_public_key, is_signing_key
 
 
@@ -65,12 +65,8 @@ def _digest(secret: str, message_id: str, timestamp: int, body: bytes) -> bytes:
     return hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
 
 
-def _is_symmetric(secret: str) -> bool:
-    return not (is_public_key(secret) or is_signing_key(secret))
-
-
 def _asymmetric_match(public_keys: list[str], signed: bytes, presented: list[bytes]) -> bool:
-    # every pair is tried, as any_match does: a public key is no secret, but the time
+    # every pair is tried, as matching_secret does: a public key is no secret, but the time
     # taken then says nothing of which signature was the good one
     matched = False
     for key in public_keys:
@@ -103,18 +99,25 @@ class StandardWebhooks(Scheme):
             raise MalformedSignatureHeaders(
                 f"{prefix}-signature holds more than {standard_keys.MAX_SIGNATURES} 'v1a' entries."
             )
-        # a whsk_ (private) key among a source's secrets matches nothing (system check E002)
-        expected = (
-            _digest(secret, msg_id, timestamp, body) for secret in secrets if _is_symmetric(secret)
-        )
-        public_keys = [secret for secret in secrets if is_public_key(secret)]
         signed = _signed_content(msg_id, timestamp, body)
-        # both are computed, whichever matches: one more secret-independent step
-        matched = any_match(expected, symmetric)
-        matched |= _asymmetric_match(public_keys, signed, asymmetric)
-        if not matched:
+        # a verdict for each secret in their order (the audit names the one that
+        # verified), every one computed and every pair compared, whichever matches
+        index: int | None = None
+        for position, secret in enumerate(secrets):
+            if is_public_key(secret):
+                matched = _asymmetric_match([secret], signed, asymmetric)
+            elif is_signing_key(secret):
+                matched = False  # a private key among a source's secrets: system check E002
+            else:
+                expected = [_digest(secret, msg_id, timestamp, body)]
+                matched = matching_secret(expected, symmetric) is not None
+            if matched and index is None:
+                index = position
+        if index is None:
             raise InvalidSignature()
-        return VerifiedMessage(scheme=self.name, message_id=msg_id, timestamp=timestamp)
+        return VerifiedMessage(
+            scheme=self.name, message_id=msg_id, timestamp=timestamp, secret_index=index
+        )
 
     def sign(self, *, secret: str, body: bytes, message_id: str, timestamp: int) -> dict[str, str]:
         """``v1`` with a ``whsec_`` secret, ``v1a`` with a ``whsk_`` signing key; a

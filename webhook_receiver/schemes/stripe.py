@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import InvalidSignature, MalformedSignatureHeaders
-from .base import Scheme, VerifiedMessage, any_match, parse_timestamp, require
+from .base import Scheme, VerifiedMessage, matching_secret, parse_timestamp, require
 
 
 def _digest(secret: str, timestamp: int, body: bytes) -> str:
@@ -37,9 +37,12 @@ class Stripe(Scheme):
         if timestamp is None or not presented:
             raise MalformedSignatureHeaders("Stripe-Signature needs t=<timestamp> and v1=<hex>.")
         expected = (_digest(secret, timestamp, body).encode() for secret in secrets)
-        if not any_match(expected, presented):
+        index = matching_secret(expected, presented)
+        if index is None:
             raise InvalidSignature()
-        return VerifiedMessage(scheme=self.name, message_id=None, timestamp=timestamp)
+        return VerifiedMessage(
+            scheme=self.name, message_id=None, timestamp=timestamp, secret_index=index
+        )
 
     def sign(self, *, secret: str, body: bytes, message_id: str, timestamp: int) -> dict[str, str]:
         return {"Stripe-Signature": f"t={timestamp},v1={_digest(secret, timestamp, body)}"}

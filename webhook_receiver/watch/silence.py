@@ -36,9 +36,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from ..conf import app_settings
 from ..conf.sources import SourceConfig
 from ..inbound.models import RequestAudit, Verification
+from ..sources.lookup import sources_all
 from .models import SilenceAlert
 from .notifiers import Notifier, get_notifiers
 from .traffic import last_accepted_at, unrecorded_refusals
@@ -73,7 +73,7 @@ def silence_check(*, now: datetime | None = None) -> list[SilenceCheck]:
     now = now or timezone.now()
     notifiers = get_notifiers()
     open_alerts = {a.source: a for a in SilenceAlert.objects.filter(resolved_at__isnull=True)}
-    watched = {s.slug: s for s in app_settings().sources.values() if s.silence_after}
+    watched = {s.slug: s for s in sources_all().values() if s.silence_after}
     return [
         _check(slug, watched.get(slug), open_alerts.get(slug), now=now, notifiers=notifiers)
         for slug in sorted(watched.keys() | open_alerts.keys())

@@ -29,13 +29,13 @@ from typing import Any
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from ..conf import app_settings
 from ..conf.sources import SourceConfig
 from ..core.states import Reason, State, worst_state
 from ..core.words import iso, seconds
 from ..exceptions import NotStored
 from ..inbound.models import FailedEvent, FailureStatus, RequestAudit, Verification
 from ..reconcile.models import ReconciliationRun, RepairItem, RepairStatus, RunOutcome
+from ..sources.lookup import sources_all
 from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
 from .traffic import last_accepted_at, unrecorded_refusals
@@ -53,8 +53,9 @@ NOT_STORED = NotStored.code
 @dataclass(frozen=True)
 class SourceStatus:
     source: str
-    # False: no longer in the settings, but it still holds failed events, an open alert
-    # or open repair items (verified records only: any URL can make a rejected request)
+    # False: no longer a source (of the settings, or an enabled record), but it still
+    # holds failed events, an open alert or open repair items (verified records only:
+    # any URL can make a rejected request)
     configured: bool
     now: datetime
     silence_after: timedelta | None
@@ -172,15 +173,15 @@ class SourceStatus:
 
 
 def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
-    """One status per configured source (in the settings' order), then any source no
-    longer configured that still holds retrying or dead events, an open silence alert
-    or open repair items (by name).
+    """One status per source (the settings' in their order, then the enabled records),
+    then any source no longer configured that still holds retrying or dead events, an
+    open silence alert or open repair items (by name).
 
     Sources that only received rejected requests get no row: any URL under the endpoint
     makes such a record (activity_series sums them under UNCONFIGURED).
     """
     now = now or timezone.now()
-    configured = app_settings().sources
+    configured = sources_all()
 
     accepted, rejected, unrecorded = _last_hour(now)
     failed = _failed_figures()

@@ -27,9 +27,9 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from ..conf import app_settings, get_source
 from ..core.words import iso, seconds
 from ..inbound.models import FailedEvent, RejectionTally, RequestAudit, Verification, WebhookReceipt
+from ..sources.lookup import sources_all
 
 # observed_gaps reads at most this many receipts per source (the newest ones)
 MAX_GAP_EVENTS = 10_000
@@ -135,7 +135,7 @@ def observed_gaps(
         return None
     moments.reverse()
     gaps = sorted(b - a for a, b in zip(moments, moments[1:], strict=False))
-    config = get_source(source)
+    config = sources_all().get(source)
     window = config.silence_after if config else None
     return GapStats(
         count=len(gaps),
@@ -180,7 +180,7 @@ def activity_series(
     start = end - timedelta(hours=hours)
     count = hours * 60 // bucket_minutes
 
-    slugs = list(app_settings().sources)
+    slugs = list(sources_all())
     accepted = {slug: [0] * count for slug in slugs}
     rejected = {slug: [0] * count for slug in slugs}
     stored = Q(verification=Verification.VERIFIED, response_status__lt=500)

@@ -45,6 +45,7 @@ from ...schemes.standard_keys import (
     public_key_of,
     public_keys_of,
 )
+from ...sources.operations import sources_reencrypt
 
 RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
@@ -117,9 +118,11 @@ class Command(BaseCommand):
             if name:
                 raise CommandError("reencrypt takes no name: it rewrites every destination.")
             count, not_read = destinations_reencrypt()
+            sources, sources_not_read = sources_reencrypt()  # the same keys encrypt them
+            not_read += sources_not_read
             done = (
-                f"re-encrypted the secrets of {count} destination(s) under the first key of "
-                "DESTINATION_SECRET_KEYS"
+                f"re-encrypted the secrets of {count} destination(s) and {sources} source "
+                "record(s) under the first key of DESTINATION_SECRET_KEYS"
             )
             if not_read:
                 raise CommandError(

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from ...conf import app_settings
 from ...core import faults, logs
 from ...inbound.metrics import counters_zero_fill
+from ...sources.lookup import sources_all
 from .collectors import DatabaseCollector, OutboxCollector
 from .exporter import process_collector
 
@@ -59,7 +60,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
             headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
         )
-    slugs = list(app_settings().sources)
+    slugs = list(sources_all())
     try:
         # read first: a database that fails fails the scrape, rather than leaving
         # gaps that absence alerts would take for silence; one that does not answer

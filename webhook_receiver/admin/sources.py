@@ -1,0 +1,84 @@
+"""Sources kept as records: listed, added, changed, rotated, disabled here (or with
+``manage.py webhook_source``). A change is live in every process within
+SOURCE_RECORDS_TTL_SECONDS, without a restart. Their secrets are never shown: the list
+counts them, the form (admin/forms.py) names each by fingerprint with the last request it
+verified, to keep or to remove, and takes new ones.
+
+The settings' sources are not records: a slug they define cannot be added here, and a
+record that an edit of the settings shadowed is marked, never used (check W005).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from ..conf import app_settings
+from ..sources.lookup import records
+from ..sources.models import WebhookSource
+from .forms import SourceForm
+
+
+@admin.register(WebhookSource)
+class WebhookSourceAdmin(admin.ModelAdmin):
+    form = SourceForm
+    list_display = ("slug", "scheme", "enabled", "state", "secret_count", "updated_at")
+    list_filter = ("enabled", "scheme")
+    search_fields = ("slug",)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple]:
+        secrets = ("keep_secrets", "new_secrets") if obj is not None else ("new_secrets",)
+        ttl = app_settings().source_records_ttl
+        live = gettext(
+            "A change here is live in every process within %(ttl)g seconds "
+            "(SOURCE_RECORDS_TTL_SECONDS), without a restart."
+        ) % {"ttl": ttl}
+        return [
+            (_("Source"), {"fields": ("slug", "scheme", "enabled"), "description": live}),
+            (_("Secrets"), {"fields": secrets}),
+            (_("Limits"), {"fields": ("tolerance_seconds", "max_body_bytes")}),
+            (
+                _("Silence"),
+                {
+                    "fields": (
+                        "silence_after_seconds",
+                        "active_days",
+                        ("active_start", "active_end"),
+                        "active_time_zone",
+                    )
+                },
+            ),
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        # the slug is its senders' URL and its records' name: a new slug is a new source
+        return ("slug",) if obj is not None else ()
+
+    def save_model(self, request: HttpRequest, obj: Any, form: forms.Form, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        records.clear()  # this process at once; the others within the TTL
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        super().delete_model(request, obj)
+        records.clear()
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WebhookSource]) -> None:
+        super().delete_queryset(request, queryset)
+        records.clear()
+
+    @admin.display(description=_("state"))
+    def state(self, obj: WebhookSource) -> str:
+        if obj.slug in app_settings().sources:
+            return gettext("not used: the settings define this slug (W005)")
+        return gettext("receiving") if obj.enabled else gettext("disabled: answered 404")
+
+    @admin.display(description=_("secrets"))
+    def secret_count(self, obj: WebhookSource) -> str:
+        count = len(obj.secrets or [])
+        return ngettext("%d secret", "%d secrets", count) % count

@@ -1,0 +1,50 @@
+"""The table of sources kept as records.
+
+Imported by ``webhook_receiver.models``, so that Django finds it; it belongs to the
+``webhook_receiver`` app.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from ..outbound.encryption import EncryptedSecretsField
+from ..schemes import SCHEMES
+
+
+class WebhookSource(models.Model):
+    """A source that senders post to at ``/webhooks/<slug>/``, configured here rather than
+    in ``WEBHOOK_RECEIVER["SOURCES"]``. A slug the settings define is theirs: a record of
+    the same slug is never used (system check W005)."""
+
+    slug = models.SlugField(max_length=100, unique=True)
+    # built-in schemes only: a record never names code to import
+    scheme = models.CharField(
+        max_length=32, choices=[(name, name) for name in SCHEMES], default="standard"
+    )
+    # every one of them verifies (a rotation keeps the old beside the new). Stored
+    # encrypted (outbound/encryption.py): the column holds Fernet tokens, never a secret.
+    secrets = EncryptedSecretsField(default=list)
+    tolerance_seconds = models.PositiveIntegerField(default=300)
+    max_body_bytes = models.PositiveIntegerField(default=1024 * 1024)
+    # no accepted event for this long opens a silence alert; empty or 0: never
+    silence_after_seconds = models.PositiveIntegerField(null=True, blank=True, default=1200)
+    # when silence is unexpected (ACTIVE_HOURS of the settings): days like "mon-fri",
+    # a daily span, its time zone; no days and no span: always
+    active_days = models.CharField(max_length=64, blank=True)
+    active_start = models.TimeField(null=True, blank=True)
+    active_end = models.TimeField(null=True, blank=True)
+    active_time_zone = models.CharField(max_length=64, blank=True, default="UTC")
+    # disabled: answered exactly as an unknown slug is (404), each request audited
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = _("webhook source")
+        verbose_name_plural = _("webhook sources")
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug

@@ -275,7 +275,7 @@ def test_a_signing_key_may_be_pasted_and_a_public_key_may_not(admin_client):
     added = admin_client.post(add, form_data(new_secrets=key))
 
     assert refused.status_code == 200
-    assert "Line 1 is not a Standard Webhooks secret" in refused.content.decode()
+    assert "Line 1 is a public key (whpk_), which cannot sign" in refused.content.decode()
     assert added.status_code == 302
     assert WebhookDestination.objects.get(name="merchant-9").secrets == [key]
 

@@ -18,6 +18,7 @@ from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver.core.fingerprints import secret_fingerprint
 from webhook_receiver.models import WebhookSource
+from webhook_receiver.schemes import SCHEMES
 
 pytestmark = pytest.mark.django_db
 
@@ -223,3 +224,9 @@ def test_a_source_deleted_in_the_admin_answers_404_at_once(admin_client, client,
     assert admin_client.post(delete, {"post": "yes"}).status_code == 302
 
     assert deliver(client, "acme", ACME_SECRET, "ord_2") == 404
+
+
+def test_a_record_offers_every_built_in_scheme_and_only_those():
+    offered = [value for value, _label in WebhookSource._meta.get_field("scheme").choices]
+
+    assert offered == list(SCHEMES)

@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('slug', models.SlugField(max_length=100, unique=True)),
-                ('scheme', models.CharField(choices=[('standard', 'standard'), ('stripe', 'stripe'), ('github', 'github')], default='standard', max_length=32)),
+                ('scheme', models.CharField(choices=[('standard', 'Standard Webhooks'), ('stripe', 'Stripe'), ('github', 'GitHub')], default='standard', max_length=32)),
                 ('secrets', webhook_receiver.outbound.encryption.EncryptedSecretsField(default=list)),
                 ('tolerance_seconds', models.PositiveIntegerField(default=300)),
                 ('max_body_bytes', models.PositiveIntegerField(default=1048576)),

@@ -12,6 +12,11 @@ from ..schemes.base import SECRET_MIN_BYTES
 from ..schemes.standard import key_problem, secret_key
 from ..schemes.standard_keys import is_public_key, is_signing_key
 
+NOT_A_SECRET = (
+    "is not a Standard Webhooks secret: whsec_ followed by base64, or a signing key: "
+    "whsk_ followed by the base64 of a 32-byte Ed25519 seed"
+)
+
 
 def destination_secret_problem(value: str) -> str | None:
     """Why ``value`` cannot sign a destination's requests, or None. The reason never
@@ -21,11 +26,11 @@ def destination_secret_problem(value: str) -> str | None:
     if is_signing_key(value):
         return key_problem(value)
     if not value.startswith("whsec_"):
-        return "is not a Standard Webhooks secret: whsec_ followed by base64"
+        return NOT_A_SECRET
     try:
         size = len(secret_key(value))
     except ValueError:
-        return "is not a Standard Webhooks secret: whsec_ followed by base64"
+        return NOT_A_SECRET
     if size < SECRET_MIN_BYTES:
         return (
             f"holds {size} bytes of key material once decoded; a destination's secret needs "

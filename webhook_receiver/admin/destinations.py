@@ -333,6 +333,10 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     def public_keys(self, obj: WebhookDestination) -> str:
         """What the merchant verifies ``v1a`` signatures with: public, so shown whole (the
         signing keys they come from never are)."""
+        unreadable = secrets_unreadable(obj)
+        if unreadable is not None:
+            # a signing key no configured key decrypts has no public key to show
+            return unreadable.state
         keys = public_keys_of(obj.secrets or [])
         if not keys:
             return gettext("None: it has no signing key (whsk_), only shared secrets.")

@@ -369,8 +369,13 @@ class SourceForm(forms.ModelForm):
             "active_end",
             "active_time_zone",
         )
+        # a body limit's seven digits do not fit the admin's narrow number box
+        widgets = {"max_body_bytes": forms.NumberInput(attrs={"class": "vTextField"})}
         help_texts = {
-            "slug": _("Senders post to /webhooks/<slug>/. A slug of the settings cannot be used."),
+            "slug": _(
+                "The end of the address senders post to: /webhooks/acme/ for acme. A slug of "
+                "the settings cannot be used."
+            ),
             "enabled": _(
                 "Untick to refuse its requests exactly as an unknown slug's (404), each audited."
             ),

@@ -12,15 +12,16 @@ from tests.chaos.watcher import HEALTH, STATUS, Probe
 ANSWER = 0.5  # seconds each probe takes to answer
 
 
-def _probes(kind: str, every: float, until: float, wrong=(), unanswered=()) -> list[Probe]:
-    """A probe asked every ``every`` s from 0 to ``until``: "wrong" when asked within a
-    span of ``wrong``, no answer within one of ``unanswered``, else OK."""
+def _probes(kind: str, every: float, until: float, wrong=(), unanswered=(),
+            reason: tuple[str, ...] = ("Broker",)) -> list[Probe]:  # fmt: skip
+    """A probe asked every ``every`` s from 0 to ``until``: "wrong" (for ``reason``) when
+    asked within a span of ``wrong``, no answer within one of ``unanswered``, else OK."""
     probes, t = [], 0.0
     while t < until:
         if any(a <= t < b for a, b in unanswered):
             probes.append(Probe(kind, t, t + 5.0, None, "no answer within 5 s"))
         elif any(a <= t < b for a, b in wrong):
-            probes.append(Probe(kind, t, t + ANSWER, False, f"{kind} wrong at {t:g}"))
+            probes.append(Probe(kind, t, t + ANSWER, False, f"{kind} wrong at {t:g}", reason))
         else:
             probes.append(Probe(kind, t, t + ANSWER, True, "200"))
         t += every
@@ -46,6 +47,7 @@ def test_a_probe_that_says_each_fault_in_time_and_no_ok_within_it_is_true() -> N
     assert (frozen["fault"], frozen["began"], frozen["ended"]) == (FROZEN, 100.0, 160.0)
     assert frozen[HEALTH] == {
         "before": "ok",
+        "before_reasons": [],
         "first_wrong_s": 10.5,  # the probe asked at 110 s, answered at 110.5 s
         "first_wrong_said": "health wrong at 110",
         "ok_again_s": 2.5,  # asked at 162 s
@@ -120,3 +122,26 @@ def test_unless_required_a_wrong_cell_is_pending_and_the_run_passes() -> None:
     assert check.detail.endswith("(report-only: --require-truthful-status makes it fail the run)")
     assert passed([check])
     assert not passed([truth_check(table, required=True)])
+
+
+def test_a_reason_said_before_the_fault_neither_notices_it_nor_keeps_it_open() -> None:
+    # status names not_stored from 0 s on (a condition of the last hour, from an earlier
+    # fault), and relay_not_sending beside it from 130 to 170 s only
+    old, new = ("source:not_stored",), ("destination:relay_not_sending", "source:not_stored")
+    status = [p for p in _probes(STATUS, 3, 450, wrong=[(0, 450)], reason=old)
+              if not 130 <= p.start < 170]  # fmt: skip
+    status += _probes(STATUS, 3, 450, wrong=[(130, 170)], reason=new)
+    status = [p for p in status if p.ok is False]  # (both lists cover every instant)
+    status.sort(key=lambda p: p.start)
+    health = _probes(HEALTH, 2, 450)
+
+    frozen, broker, _ = truth_table(status + health, WINDOWS)
+
+    assert frozen[STATUS]["before"] == "wrong"
+    assert frozen[STATUS]["before_reasons"] == ["source:not_stored"]
+    assert frozen[STATUS]["first_wrong_s"] == 32.5  # relay_not_sending, asked at 132 s
+    assert frozen[STATUS]["ok_again_s"] == 11.5  # not_stored alone again, at 171 s
+    assert frozen[STATUS]["ok_during"] == 0
+    # the outage: not_stored alone all along, which it said before: never noticed
+    assert broker[STATUS]["first_wrong_s"] is None
+    assert broker[STATUS]["ok_during"] == 40

@@ -3,19 +3,20 @@ the faults' windows: per fault and per probe (``health``, ``status``), when it f
 something was wrong, when it said OK again, and whether it said OK during the fault.
 Pure data in, a table out: ``test_truth.py`` feeds it probes of its own.
 
-For a fault that began at B and ended at E (the next one beginning at N):
+For a fault that began at B and ended at E (the next one beginning at N), judged against
+what the probe said last before B (``before``: ``ok``, ``wrong``, ``None`` without an
+answer; ``before_reasons``): an answer *says the fault* when it names a reason it did
+not name then (a probe still wrong from the last fault has not noticed this one by
+repeating it), and *says it is over* when it is OK, or names no reason but those.
 
-- ``before``: the last answer before B (``ok``, ``wrong``; ``None`` without one). A
-  probe already wrong before the fault says nothing about it.
-- ``first_wrong_s``: seconds from B to the first answer "wrong" of a probe asked before
-  min(E + 60 s, N) and answered after B; ``None`` when there was none.
-- ``ok_again_s``: seconds from E to the first OK answer after the last "wrong" one, of
-  the probes asked before N (the end of the run for the last fault): negative when it
-  said OK before the fault was over; ``None`` when it never said wrong, or was still
-  wrong when the next fault began.
-- ``ok_during``: OK answers asked and answered within the fault after it had said
-  wrong (or, when it never did, after its 60 s to notice): it said the fault was over
-  while it was not.
+- ``first_wrong_s``: seconds from B to the first answer that says the fault, of a probe
+  asked before min(E + 60 s, N) and answered after B; ``None`` when there was none.
+- ``ok_again_s``: seconds from E to the first answer that says it is over after the last
+  that said the fault, of the probes asked before N (the end of the run for the last
+  fault): negative when before the fault was over; ``None`` when it never said the
+  fault, or still said it when the next fault began.
+- ``ok_during``: answers that say it is over, asked and answered within the fault after
+  it had said it (or, when it never did, after its 60 s to notice).
 - ``answers``: the probes asked in the fault, by answer (ok, wrong, none).
 - ``unanswered``: probes asked in B to min(E + 60 s, N) with no answer within bound.
 
@@ -65,20 +66,30 @@ def _figures(probes: list[Probe], window: Window, following: float) -> dict:
     began, ended = window.start, window.end
     notice_until = min(ended + WITHIN, following)
     answered_before = [p for p in probes if p.end <= began and p.ok is not None]
-    before = None if not answered_before else "ok" if answered_before[-1].ok else "wrong"
+    last = answered_before[-1] if answered_before else None
+    before = None if last is None else "ok" if last.ok else "wrong"
+    known = set(last.reasons) if last else set()
+
+    def says_fault(p: Probe) -> bool:
+        return p.ok is False and bool(set(p.reasons) - known)
+
+    def says_over(p: Probe) -> bool:
+        return p.ok is not None and set(p.reasons) <= known
+
     first_wrong = next(
-        (p for p in probes if p.ok is False and p.end > began and p.start < notice_until), None
+        (p for p in probes if says_fault(p) and p.end > began and p.start < notice_until), None
     )
     ok_again = None
     if first_wrong is not None:
         after = [p for p in probes if p.start >= first_wrong.start and p.start < following]
-        last_wrong = max(i for i, p in enumerate(after) if p.ok is False)
-        ok_again = next((p for p in after[last_wrong:] if p.ok is True), None)
+        last_wrong = max(i for i, p in enumerate(after) if says_fault(p))
+        ok_again = next((p for p in after[last_wrong:] if says_over(p)), None)
     said_from = first_wrong.end if first_wrong else began + WITHIN
-    ok_during = [p for p in probes if p.ok and p.start >= said_from and p.end <= ended]
+    ok_during = [p for p in probes if says_over(p) and p.start >= said_from and p.end <= ended]
     asked = [p for p in probes if began <= p.start < ended]
     return {
         "before": before,
+        "before_reasons": sorted(known),
         "first_wrong_s": _since(first_wrong.end, began) if first_wrong else None,
         "first_wrong_said": first_wrong.said if first_wrong else None,
         "ok_again_s": _since(ok_again.end, ended) if ok_again else None,

@@ -10,7 +10,8 @@ not name then (a probe still wrong from the last fault has not noticed this one 
 repeating it), and *says it is over* when it is OK, or names no reason but those.
 
 - ``first_wrong_s``: seconds from B to the first answer that says the fault, of a probe
-  asked before min(E + 60 s, N) and answered after B; ``None`` when there was none.
+  asked before min(E + 60 s, N) and answered after B and before N; ``None`` when there
+  was none.
 - ``ok_again_s``: seconds from E to the first answer that says it is over after the last
   that said the fault, of the probes asked before N (the end of the run for the last
   fault): negative when before the fault was over; ``None`` when it never said the
@@ -76,9 +77,9 @@ def _figures(probes: list[Probe], window: Window, following: float) -> dict:
     def says_over(p: Probe) -> bool:
         return p.ok is not None and set(p.reasons) <= known
 
-    first_wrong = next(
-        (p for p in probes if says_fault(p) and p.end > began and p.start < notice_until), None
-    )
+    # answered before the next fault began: a later answer may be that fault's
+    first_wrong = next((p for p in probes if says_fault(p) and began < p.end <= following
+                        and p.start < notice_until), None)  # fmt: skip
     ok_again = None
     if first_wrong is not None:
         after = [p for p in probes if p.start >= first_wrong.start and p.start < following]

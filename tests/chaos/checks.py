@@ -46,6 +46,13 @@ class Check:
     ok: bool
     detail: str
     figures: dict = field(default_factory=dict)
+    # False: report-only, shown as pending when it fails (a claim whose fix lands apart)
+    required: bool = True
+
+
+def passed(checks: list[Check]) -> bool:
+    """Every required check held."""
+    return all(check.ok or not check.required for check in checks)
 
 
 @dataclass

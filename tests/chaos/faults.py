@@ -6,8 +6,10 @@ was over (the process back, the server started, the lock released), and what was
 - ``gunicorn_kill``: SIGKILL to every gunicorn worker (the master starts new ones);
 - ``postgres_stop``: ``pg_ctl stop -m immediate`` (a crash: no shutdown checkpoint,
   every session cut), the server down for a while, then started (crash recovery);
-- ``redis_restart``: Redis stopped and started on its port (nothing persisted: queued
-  tasks and cached windows are gone);
+- ``frozen_worker`` (window ``frozen-worker``): SIGSTOP to the Celery worker's group
+  (its pool too), held, then SIGCONT: alive to every process check, doing nothing;
+- ``broker_outage`` (window ``broker-outage``): Redis stopped, held down, then started on
+  its port (nothing persisted: queued tasks and cached windows are gone);
 - ``lock_receipts`` / ``lock_outbox``: ``LOCK TABLE … IN ACCESS EXCLUSIVE MODE`` held in
   a connection of its own, then rolled back;
 - ``snapshot``: a ``REPEATABLE READ`` transaction that reads, then stays open (it pins
@@ -37,6 +39,8 @@ RECEIPTS = "webhook_receiver_webhookreceipt"
 OUTBOX = "webhook_receiver_outboxmessage"
 
 NOISY = "noisy-neighbours"  # the window of noisy_neighbours, as the report names it
+FROZEN = "frozen-worker"
+BROKER = "broker-outage"
 # bad destinations per worker process: were the relay run in the worker's processes,
 # enough to hold every one of them three times over
 NEIGHBOURS_PER_PROCESS = 3
@@ -64,11 +68,15 @@ class Holds:
     lock: float
     snapshot: float
     neighbours: float  # every noisy neighbour subscribed
+    frozen: float  # the worker stopped (SIGSTOP)
+    broker_down: float
     gap: float  # quiet time between faults
 
 
-SHORT = Holds(postgres_down=5, lock=10, snapshot=10, neighbours=15, gap=4)
-LONG = Holds(postgres_down=10, lock=25, snapshot=40, neighbours=30, gap=15)
+SHORT = Holds(postgres_down=5, lock=10, snapshot=10, neighbours=15, frozen=20, broker_down=30,
+              gap=4)  # fmt: skip
+LONG = Holds(postgres_down=10, lock=25, snapshot=40, neighbours=30, frozen=60, broker_down=180,
+             gap=15)  # fmt: skip
 
 
 @dataclass
@@ -84,8 +92,9 @@ class Faults:
             self.noisy_neighbours,  # first: a skipped one would leave no figure
             self.worker_kill,
             self.gunicorn_kill,
+            self.frozen_worker,
             self.postgres_stop,
-            self.redis_restart,
+            self.broker_outage,
             self.lock_receipts,
             self.lock_outbox,
             self.snapshot,
@@ -97,7 +106,8 @@ class Faults:
         restarts = 3 * 8  # a worker, gunicorn's workers, Redis: seconds each, about
         neighbours = h.neighbours + 2 * NEIGHBOURS_SETUP
         gaps = (len(self.sequence()) + 1) * h.gap
-        return h.postgres_down + 2 * h.lock + h.snapshot + neighbours + restarts + gaps
+        down = h.postgres_down + h.frozen + h.broker_down
+        return down + 2 * h.lock + h.snapshot + neighbours + restarts + gaps
 
     def run(self, stop: Callable[[], bool]) -> None:
         time.sleep(self.holds.gap)
@@ -177,11 +187,23 @@ class Faults:
         self._unless_stopping(pg.start)
         self._close(window, "(started, accepting connections)")
 
-    def redis_restart(self) -> None:
+    def frozen_worker(self) -> None:
+        worker = self.stack.worker
+        seconds = self.holds.frozen
+        window = self._window(FROZEN, f"({seconds:g} s, SIGSTOP to {worker.name}'s group)")
+        os.killpg(worker.pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:  # whatever happens, never leave it stopped
+            with suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGCONT)
+        self._close(window, "(SIGCONT)")
+
+    def broker_outage(self) -> None:
         redis = self.stack.redis
-        window = self._window("redis_restart")
+        window = self._window(BROKER, f"({self.holds.broker_down:g} s down)")
         redis.stop()
-        time.sleep(1)
+        time.sleep(self.holds.broker_down)
         self._unless_stopping(redis.start)
         self._close(window, "(answering)")
 

@@ -77,6 +77,8 @@ class Service:
         if self.process.poll() is None:
             with suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
+                # a stopped process (the frozen-worker fault) acts on it once continued
+                os.killpg(self.process.pid, signal.SIGCONT)
             with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=STOP_SECONDS)
         with suppress(ProcessLookupError):  # whatever of the group is left

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.chaos.checks import ISOLATION, Check, Requests, latency_figures, percentile
+from tests.chaos.checks import ISOLATION, Check, Requests, latency_figures, passed, percentile
 from tests.chaos.faults import Window
+from tests.chaos.watcher import HEALTH, STATUS
 
 
 def window_figures(rows: list[list], start: float, end: float, calm: bool = False,
@@ -88,8 +90,9 @@ def figures(requests: Requests, windows: list[Window], effects: list[float],
     return result
 
 
-def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, str]) -> str:
-    ok = all(c.ok for c in checks)
+def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, str],
+           truth: list[dict] = ()) -> str:  # fmt: skip
+    ok = passed(checks)
     lines = [
         f"chaos run {meta['run']}: {'PASSED' if ok else 'FAILED'}",
         f"  {meta['mode']}, {meta['events']} events, {meta['requests']} requests over "
@@ -101,11 +104,16 @@ def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, st
         lines.append(f"  a defect planted on purpose: --plant {meta['planted']}")
     lines += ["", "checks:"]
     for check in checks:
-        lines.append(f"  [{'ok' if check.ok else 'FAIL'}] {check.name}")
+        mark = "ok" if check.ok else "FAIL" if check.required else "pending"
+        lines.append(f"  [{mark}] {check.name}")
         lines.append(f"        {check.detail}")
     for exit in meta.get("unplanned_exits", []):
         lines.append(f"  [warn] {exit['process']} exited on its own (code {exit['code']}, "
                      f"during {exit['during']}) and was started again: {exit['line']}")  # fmt: skip
+    survived = meta.get("worker_survived_broker_outage")
+    if survived is not None:
+        lines.append("  the Celery worker survived the broker outage: " + (
+            "yes" if survived else "no (it exited; the supervisor started another)"))  # fmt: skip
     lines += [
         "",
         "fault windows (requests sent in the window; times of those answered):",
@@ -139,10 +147,49 @@ def render(meta: dict, checks: list[Check], per_window: dict, logs: dict[str, st
     isolation = next((c for c in checks if c.name == ISOLATION), None)
     if isolation and isolation.figures:
         lines.append(_isolation_line(isolation))
+    lines += truth_lines(truth)
     details = [f"  {name}: {f['detail']}" for name, f in per_window.items() if f.get("detail")]
     lines += ["", "faults:", *details]
     lines += ["", "logs:"] + [f"  {name}: {path}" for name, path in logs.items()]
     return "\n".join(lines) + "\n"
+
+
+def truth_lines(table: list[dict]) -> list[str]:
+    """What status and health said per fault (truth.py): first wrong, seconds after the
+    fault began; OK again, seconds after it ended; '*' marks a probe held to the fault."""
+    if not table:
+        return []
+    lines = [
+        "",
+        "status and health through the faults (UTC; wrong: +s after it began; ok again: +s",
+        "after it ended, negative before; ok-in: OK answers during it after it said wrong;",
+        "answers ok/wrong/none of the probes asked in it; unans: probes not answered within",
+        "their bound from its start to a minute after its end; * held by the truthful check):",
+        f"  {'fault':17} {'began':>8} {'ended':>8} {'probe':7} {'before':>6} {'wrong':>7} "
+        f"{'ok again':>8} {'ok-in':>6} {'answers':<9} {'unans':>5}  first wrong said",
+    ]
+    for row in table:
+        for kind in (HEALTH, STATUS):
+            f, first = row[kind], kind == HEALTH
+            a = f["answers"]
+            answers = f"{a['ok']}/{a['wrong']}/{a['none']}"
+            lines.append(
+                f"  {row['fault'] if first else '':17} {_clock(row['began']) if first else '':>8} "
+                f"{_clock(row['ended']) if first else '':>8} "
+                f"{kind + ('*' if f['held'] else ''):7} {f['before'] or '-':>6} "
+                f"{_plus(f['first_wrong_s']):>7} {_plus(f['ok_again_s']):>8} "
+                f"{'yes ' + str(f['ok_during']) if f['ok_during'] else 'no':>6} "
+                f"{answers:<9} {f['unanswered']:>5}  {(f['first_wrong_said'] or '-')[:70]}"
+            )
+    return lines
+
+
+def _clock(at: float) -> str:
+    return f"{datetime.fromtimestamp(at, UTC):%H:%M:%S}"
+
+
+def _plus(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:+.1f}"
 
 
 def _isolation_line(check: Check) -> str:
@@ -167,8 +214,10 @@ def _v(value, width: int = 6) -> str:
     return f"{'-' if value is None else value:>{width}}"
 
 
-def write(path: Path, text: str, meta: dict, checks: list[Check], per_window: dict) -> None:
+def write(path: Path, text: str, meta: dict, checks: list[Check], per_window: dict,
+          truth: list[dict] = ()) -> None:  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    data = {"meta": meta, "checks": [asdict(c) for c in checks], "windows": per_window}
+    data = {"meta": meta, "checks": [asdict(c) for c in checks], "windows": per_window,
+            "status_and_health": list(truth)}  # fmt: skip
     path.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tests.bench.server import git_commit, raise_on_sigterm
 from tests.chaos import checks, report
-from tests.chaos.faults import LONG, SHORT, Faults
+from tests.chaos.faults import BROKER, LONG, SHORT, Faults
 from tests.chaos.merchant import DESTINATION as MERCHANT
 from tests.chaos.merchant import EVENTS as MERCHANT_EVENTS
 from tests.chaos.merchant import Merchant
@@ -35,6 +35,8 @@ from tests.chaos.plan import plan_build, plan_save
 from tests.chaos.plants import ENV as PLANT_ENV
 from tests.chaos.plants import PLANTS
 from tests.chaos.processes import CeleryBeat, CeleryWorker, Gunicorn, Service
+from tests.chaos.truth import truth_check, truth_table
+from tests.chaos.watcher import Watcher
 from tests.support.paths import REPO
 from tests.support.private_servers import PrivatePostgres, PrivateRedis
 
@@ -238,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--plant", choices=sorted(PLANTS), help="plant this defect in the "
                         "served processes (docs/chaos.md): the run must fail")  # fmt: skip
+    parser.add_argument("--require-truthful-status", action="store_true", help="fail the "
+                        "run when status or health did not tell a fault within 60 s, or "
+                        "said OK during one (without it, the check is report-only)")  # fmt: skip
     args = parser.parse_args(argv)
     mode = "short" if args.short else "long"
     events = args.events or (2000 if args.short else 10000)
@@ -258,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.time()
     stack = Stack(run_dir, log, args.plant)
     sender: Service | None = None
+    watcher: Watcher | None = None
     try:
         log(f"chaos run {stamp} ({mode}, {events} events); logs in {run_dir}")
         if args.plant:
@@ -265,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"planted defect {plant.name}: {plant.defect}; '{plant.caught_by}' must fail")
         stack.start(rate="100/s")
         stack.supervise()
+        # from before the first fault to the end of the drain: the truth table's probes
+        watcher = Watcher("127.0.0.1", stack.web.port, stack.env(), run_dir / "probes.jsonl")
+        watcher.start()
         faults = Faults(stack, SHORT if args.short else LONG, log)
         duration = faults.duration()
         planned = plan_build(events, duration, args.seed, stamp.replace("-", ""))
@@ -304,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
         drain = time.time() - send_end
         log(f"drained in {drain:.1f} s (retrying, unsent: {pending})")
-        return _conclude(stack, faults, planned, requests_path, out, log, {
+        probes, watcher = watcher.stop(), None
+        table = truth_table(probes, faults.windows)
+        truthful = truth_check(table, required=args.require_truthful_status)
+        return _conclude(stack, faults, planned, requests_path, out, log, (table, truthful), {
             "run": stamp, "mode": mode, "events": len(planned), "commit": git_commit(),
             "send_seconds": send_end - send_start, "drain_seconds": drain,
             "wall_start": wall, "span": (send_start, send_end), "run_dir": str(run_dir),
@@ -319,12 +331,14 @@ def main(argv: list[str] | None = None) -> int:
             log(f"--- tail of {service.log}\n{service.tail(20)}")
         return 2
     finally:
+        if watcher is not None:
+            watcher.stop()
         stack.stop_all()
         log(f"stopped every process; wall time {time.time() - wall:.0f} s")
         run_log.close()
 
 
-def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
+def _conclude(stack, faults, planned, requests_path, out, log, truth, meta) -> int:
     lines = requests_path.read_text().splitlines()
     tail = json.loads(lines[-1])
     requests = checks.Requests([json.loads(x) for x in lines[:-1]], tail["gave_up"], tail["open"])
@@ -335,6 +349,8 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
     if faults.errors:
         results.append(checks.Check("faults: every fault carried out", False,
                                     "; ".join(faults.errors)))  # fmt: skip
+    table, truthful = truth
+    results.append(truthful)
     if meta["planted"]:
         results.append(_planted_check(PLANTS[meta["planted"]], results))
     effects = [e.at for e in book.effects.values()]
@@ -349,19 +365,20 @@ def _conclude(stack, faults, planned, requests_path, out, log, meta) -> int:
         exit | {"during": _during(_line_time(exit["line"], exit["at"]), faults.windows)}
         for exit in stack.unplanned_exits
     ]
+    meta["worker_survived_broker_outage"] = _survived(stack.unplanned_exits, faults.windows)
     meta["requests_per_second"] = len(requests.rows) / max(meta["send_seconds"], 1e-6)
     meta["wall_seconds"] = time.time() - meta.pop("wall_start")
     names = ["run.log", "manage.log", "gunicorn.log", "beat.log", "sender.log", "merchant.log",
              "postgres.log", "redis.log", "requests.jsonl", "outbound.jsonl",
-             "plan.json"]  # fmt: skip
+             "probes.jsonl", "plan.json"]  # fmt: skip
     names += sorted(p.name for p in stack.run_dir.glob("worker-*.log"))
     logs = {name: str(stack.run_dir / name) for name in names}
-    text = report.render(meta, results, per_window, logs)
+    text = report.render(meta, results, per_window, logs, table)
     for path in (out, stack.run_dir / "report.txt"):
-        report.write(path, text, meta, results, per_window)
+        report.write(path, text, meta, results, per_window, table)
     print(text, flush=True)
     log(f"report: {out} and {out.with_suffix('.json')}")
-    if all(c.ok for c in results):
+    if checks.passed(results):
         return 0
     for service in stack.services:
         log(f"--- tail of {service.log}\n{service.tail(30)}")
@@ -372,7 +389,8 @@ def _planted_check(plant, results: list[checks.Check]) -> checks.Check:
     """Whether the check that guards against the planted defect caught it. A run with a
     defect planted fails either way: by that check, or by this one."""
     caught = any(c.name == plant.caught_by and not c.ok for c in results)
-    others = [c.name for c in results if not c.ok and c.name != plant.caught_by]
+    others = [c.name for c in results
+              if not c.ok and c.required and c.name != plant.caught_by]  # fmt: skip
     detail = f"{plant.defect}; '{plant.caught_by}' {'failed' if caught else 'HELD'}"
     if others:
         detail += f"; also failed: {'; '.join(others)}"
@@ -383,3 +401,17 @@ def _during(at: float, windows) -> str:
     """The latest fault begun before an instant, if the instant is within it or 5 s after."""
     begun = [w for w in windows if w.start <= at <= w.end + 5]
     return max(begun, key=lambda w: w.start).name if begun else "no fault"
+
+
+def _survived(exits: list[dict], windows) -> bool | None:
+    """Whether the worker lived through the broker outage: no exit of its own from the
+    outage's start to the next fault's (None: no outage ran)."""
+    ordered = sorted(windows, key=lambda w: w.start)
+    for n, window in enumerate(ordered):
+        if window.name == BROKER:
+            until = ordered[n + 1].start if n + 1 < len(ordered) else float("inf")
+            return not any(
+                e["process"].startswith("celery worker") and window.start <= e["at"] < until
+                for e in exits
+            )
+    return None

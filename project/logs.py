@@ -90,13 +90,11 @@ class BrokerOutageLines(logging.Filter):
             self.dropped += 1
             return False
         self._start(record)
-        from webhook_receiver.core.logs import error_name, value_text
-
         exc = _root_cause(record.exc_info[1]) if record.exc_info else None
         error = (
-            f"{error_name(exc)}: {value_text(str(exc).splitlines()[0] if str(exc) else '')}"
+            f"{type(exc).__module__}.{type(exc).__qualname__}: {_first_line(str(exc))}"
             if exc is not None
-            else value_text(record.getMessage().splitlines()[0])
+            else _first_line(record.getMessage())
         )
         record.msg, record.args = f"broker not answering: {error}; {meanwhile}", ()
         record.exc_info, record.exc_text, record.stack_info = None, None, None
@@ -117,6 +115,10 @@ class BrokerOutageLines(logging.Filter):
             logger.handle(logger.makeRecord(
                 logger.name, logging.INFO, __file__, 0, self._back(), (), None
             ))  # fmt: skip
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def _causes(exc: BaseException | None) -> list[BaseException]:

@@ -223,6 +223,9 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # web request must not wait for a broker that is down (the beat sweep makes up for
     # a lost trigger). The worker's own connection keeps Celery's retries.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 1, "interval_start": 0}
+    # kombu's Redis transport, with a channel that closes whole when Redis goes away:
+    # without it a Redis restart ends a worker running a task (project/broker.py)
+    CELERY_BROKER_TRANSPORT = "project.broker:Transport"
 elif CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     for _folder in (_broker_dir, VAR_DIR / "broker-control"):
@@ -286,6 +289,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"timeline": {"format": logs.LINE}},
+    # a broker outage is a line when it starts and one when it ends, per process, not
+    # beat's traceback per scheduled task or the worker's line per reconnection attempt
+    "filters": {"broker_outage": {"()": "project.logs.BrokerOutageLines"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "timeline"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {
@@ -293,7 +299,15 @@ LOGGING = {
         # and succeeded would bury what matters. Failures still log (at ERROR).
         **{
             name: {"level": env("CELERY_TASK_LOG_LEVEL", default="WARNING")}
-            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+            for name in ("celery.worker.strategy", "celery.app.trace")
+        },
+        "celery.beat": {
+            "level": env("CELERY_TASK_LOG_LEVEL", default="WARNING"),
+            "filters": ["broker_outage"],
+        },
+        **{
+            name: {"filters": ["broker_outage"]}
+            for name in ("celery.worker.consumer.consumer", "celery.worker.consumer.connection")
         },
         # libraries' line per routine call; LIBRARY_LOG_LEVEL=INFO brings them back
         **{

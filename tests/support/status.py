@@ -19,6 +19,7 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
+from webhook_receiver.watch.heartbeat import heartbeat_record
 
 
 def receipt(source: str, at: datetime, key: str | None = None) -> WebhookReceipt:
@@ -120,7 +121,11 @@ def repair(source: str, kind: str, key: str, by: ReconciliationRun) -> RepairIte
     )
 
 
-def status_command(*args: str) -> tuple[int, str]:
+def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
+    """The command's exit code and output; with ``beat``, beat seen just now (as it is
+    every 30 s where beat runs), so that what is judged is the rest."""
+    if beat:
+        heartbeat_record()
     out = io.StringIO()
     try:
         call_command("webhook_status", *args, stdout=out, no_color=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 from datetime import datetime, timedelta
 
+import pytest
 from django.core.management import call_command
 
 from webhook_receiver.models import (
@@ -132,3 +133,10 @@ def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
     except SystemExit as exit:
         return exit.code, out.getvalue()
     return 0, out.getvalue()
+
+
+@pytest.fixture
+def beat_seen(db) -> None:
+    """Beat seen just now, as it is every 30 s where beat runs: the status judges the
+    rest (a test of beat's own absence leaves this out)."""
+    heartbeat_record()

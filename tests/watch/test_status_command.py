@@ -167,9 +167,7 @@ def test_command_names_what_it_could_not_read_and_shows_the_rest(time_machine_no
     document = json.loads(out.getvalue())
     assert exit.value.code == 3 == document["exit_code"]
     assert document["state"] == "unknown"
-    assert document["unread"] == [
-        {"what": "silence alerts", "why": f"database error ({DROPPED})"}
-    ]
+    assert document["unread"] == [{"what": "silence alerts", "why": f"database error ({DROPPED})"}]
     assert document["verdict"].startswith(f"Not read: silence alerts: database error ({DROPPED})")
     shop = document["sources"][0]
     assert shop["unread"] == ["silence alerts"]

@@ -77,12 +77,13 @@ class Status:
         }
 
 
-def status_read(*, now: datetime | None = None) -> Status:
+def status_read(*, now: datetime | None = None, readings: Readings | None = None) -> Status:
     """Every part of the status, each within STATUS_TIMEOUT_SECONDS: first which of the
-    app's tables are locked (so that one lock costs one bound), then each reading."""
+    app's tables are locked (so that one lock costs one bound), then each reading.
+    ``readings``: the caller's, to read more parts on the same bounds (the overview)."""
     now = now or timezone.now()
     bound = app_settings().status_timeout_seconds
-    readings = Readings(bound)
+    readings = readings or Readings(bound)
     readings.tables_probe()
     sources = source_statuses(now=now, readings=readings)
     destinations = destination_statuses(now=now, readings=readings)
@@ -96,7 +97,8 @@ def status_read(*, now: datetime | None = None) -> Status:
     broker_error = _broker_error(bound)
     system = _system_reasons(now, beat, broker_error)
     verdict = status_verdict(sources, destinations, system=system, unread=readings.unread)
-    return Status(now, sources, destinations, beat, broker_error, system, readings.unread, verdict)
+    unread = list(readings.unread)
+    return Status(now, sources, destinations, beat, broker_error, system, unread, verdict)
 
 
 def _broker_error(bound: float) -> str | None:

@@ -4,10 +4,10 @@ costs the readings of that table their bound (STATUS_TIMEOUT_SECONDS) and nothin
 What could be read is shown; what could not is named by what it is ("receipts: locked,
 not read within 3 s"), and the verdict is never OK with a part unread.
 
-On PostgreSQL, ``locked_tables`` first takes each of the app's tables' weakest lock
-(ACCESS SHARE, what any read takes), within one shared bound: a table held ACCESS
-EXCLUSIVE (LOCK TABLE, a migration, VACUUM FULL) is named, and the readings of it are
-not tried again, so one lock costs one bound, not one per reading.
+On PostgreSQL, ``locked_tables`` first looks, within one bound, for the app's tables
+that another session holds ACCESS EXCLUSIVE (LOCK TABLE, a migration, VACUUM FULL): such
+a table is named, and the readings of it are not tried, so that a lock costs the status
+one bound, not one per reading (and any number of locks, one bound in all).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from django.apps import apps
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from django.db.models import Model
 
-from ..core.faults import BOUND, NotAnswering, bound_fired, bounds_params, database_deadline
+from ..core.faults import NotAnswering, database_deadline
 
 T = TypeVar("T")
 
@@ -32,6 +32,8 @@ class Unread:
 
     what: str
     why: str
+    # the locked tables that kept it unread, when known
+    tables: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
@@ -72,23 +74,31 @@ class Readings:
         self._locked.update(locked)
         return locked
 
+    def locked_unread(self) -> None:
+        """Name each locked table that no reading named (one the status does not read,
+        such as the delivery attempts, which the relay writes): it is still a part of
+        the app that does not work."""
+        named = {t for u in self.unread for t in u.tables}
+        for table in sorted(self._locked - named):
+            self._unread(table, f"locked, not read within {self.seconds:g} s", None)
+
     def read(self, what: str, models: Iterable[type[Model]], fn: Callable[[], T], default: T) -> T:
         """``fn()`` within the bound, or ``default``, ``what`` then named unread."""
         tables = [m._meta.db_table for m in models]
         if what in self._failed:
             return default
-        held = [t for t in tables if t in self._locked]
+        held = tuple(t for t in tables if t in self._locked)
         if held:
             why = f"locked ({', '.join(held)}), not read within {self.seconds:g} s"
-            return self._unread(what, why, default)
+            return self._unread(what, why, default, held)
         try:
             with database_deadline(self.seconds):
                 return fn()
         except DatabaseError as exc:  # NotAnswering too
             return self._unread(what, unread_reason(exc), default)
 
-    def _unread(self, what: str, why: str, default: T) -> T:
-        unread = Unread(what, why)
+    def _unread(self, what: str, why: str, default: T, tables: tuple[str, ...] = ()) -> T:
+        unread = Unread(what, why, tables)
         self._failed[what] = unread
         self.unread.append(unread)
         return default
@@ -97,34 +107,35 @@ class Readings:
         return what in self._failed
 
 
+# Another session's ACCESS EXCLUSIVE lock on these tables, held or queued for (a queued
+# one makes every later reader wait behind it): the only mode a read waits for.
+BLOCKING = """
+    SELECT DISTINCT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+    WHERE l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock'
+      AND l.pid <> pg_backend_pid() AND c.relname = ANY(%s)
+"""
+# how often a lock is looked at again while the bound lasts
+POLL_SECONDS = 0.1
+
+
 def locked_tables(models: Iterable[type[Model]], seconds: float) -> list[str]:
-    """The tables of ``models`` whose ACCESS SHARE lock (what a read takes) is not
-    granted within ``seconds`` in all: each is tried in a savepoint of its own, so one
-    locked table leaves the rest to be tried, with what is left of the bound. Tables not
-    tried before the bound ran out are named too. PostgreSQL only ([] elsewhere: SQLite
+    """The tables of ``models`` that another session has held locked against reads
+    (ACCESS EXCLUSIVE: LOCK TABLE, a migration, VACUUM FULL) for ``seconds``: read from
+    pg_locks, which takes no lock, again every POLL_SECONDS until none is or the bound
+    is spent. One query when nothing is locked. PostgreSQL only ([] elsewhere: SQLite
     has no table locks, its readings' own errors say when the file is locked)."""
     if connection.vendor != "postgresql":
         return []
+    tables = [m._meta.db_table for m in models]
     deadline = time.monotonic() + seconds
-    locked: list[str] = []
-    quote = connection.ops.quote_name
-    with transaction.atomic(), connection.cursor() as cursor:
-        for model in models:
-            table = model._meta.db_table
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                locked.append(table)
-                continue
-            try:
-                with transaction.atomic():
-                    bounds = bounds_params(lock_timeout_ms=left_ms, statement_timeout_ms=left_ms)
-                    cursor.execute(BOUND, bounds)
-                    cursor.execute(f"LOCK TABLE {quote(table)} IN ACCESS SHARE MODE")
-            except DatabaseError as exc:
-                # a table missing or refused is for its readings to name; a lock is here
-                if bound_fired(exc):
-                    locked.append(table)
-    return locked
+    with database_deadline(seconds), connection.cursor() as cursor:
+        while True:
+            cursor.execute(BLOCKING, [tables])
+            held = sorted(name for (name,) in cursor.fetchall())
+            left = deadline - time.monotonic()
+            if not held or left <= POLL_SECONDS:
+                return held
+            time.sleep(POLL_SECONDS)
 
 
 def unread_reason(exc: BaseException) -> str:

@@ -94,6 +94,7 @@ def status_read(*, now: datetime | None = None, readings: Readings | None = None
         interval=heartbeat_interval(),
         read=not readings.failed(HEARTBEAT),
     )
+    readings.locked_unread()
     broker_error = _broker_error(bound)
     system = _system_reasons(now, beat, broker_error)
     verdict = status_verdict(sources, destinations, system=system, unread=readings.unread)

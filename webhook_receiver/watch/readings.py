@@ -62,6 +62,9 @@ class Readings:
         self.unread: list[Unread] = []
         self._locked: set[str] = set()  # tables found locked
         self._failed: dict[str, Unread] = {}
+        # why no connection could be had: each reading would wait its connect timeout
+        # for the same answer, so the rest are not tried
+        self._unreachable: str | None = None
 
     def tables_probe(self, models: Iterable[type[Model]] | None = None) -> list[str]:
         """Find which of ``models``' tables (by default the app's) are locked, within
@@ -69,7 +72,8 @@ class Readings:
         elsewhere)."""
         try:
             locked = locked_tables(app_tables() if models is None else models, self.seconds)
-        except DatabaseError:  # no database at all: each reading names it, on its bound
+        except DatabaseError as exc:  # the readings name it (at once, with no connection)
+            self._note_unreachable(exc)
             return []
         self._locked.update(locked)
         return locked
@@ -87,6 +91,8 @@ class Readings:
         tables = [m._meta.db_table for m in models]
         if what in self._failed:
             return default
+        if self._unreachable is not None:
+            return self._unread(what, self._unreachable, default)
         held = tuple(t for t in tables if t in self._locked)
         if held:
             why = f"locked ({', '.join(held)}), not read within {self.seconds:g} s"
@@ -95,7 +101,12 @@ class Readings:
             with database_deadline(self.seconds):
                 return fn()
         except DatabaseError as exc:  # NotAnswering too
+            self._note_unreachable(exc)
             return self._unread(what, unread_reason(exc), default)
+
+    def _note_unreachable(self, exc: DatabaseError) -> None:
+        if connection.connection is None:  # the connection itself failed
+            self._unreachable = unread_reason(exc)
 
     def _unread(self, what: str, why: str, default: T, tables: tuple[str, ...] = ()) -> T:
         unread = Unread(what, why, tables)

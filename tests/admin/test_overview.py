@@ -179,6 +179,7 @@ def test_anonymous_is_sent_to_login(client):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("beat_seen")
 def test_overview_in_a_browser(admin_browser, live_server, settings):  # noqa: F811
     from selenium.webdriver.common.by import By
 

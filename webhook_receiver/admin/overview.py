@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.contrib import admin
@@ -38,7 +39,7 @@ from ..watch.models import SilenceAlert, SourceOverview
 from ..watch.readings import Readings
 from ..watch.sources import AUDIT, LAST_HOUR, RECEIPTS, SourceStatus
 from ..watch.status import status_read
-from ..watch.traffic import GapStats, activity_series, observed_gaps
+from ..watch.traffic import ActivityBucket, GapStats, activity_series, observed_gaps
 from .base import ReadOnlyAdmin, visible_response
 from .chart import chart_svg
 from .trace import trace_page
@@ -196,7 +197,9 @@ def _figures(model_admin: admin.ModelAdmin, request: HttpRequest, now: datetime)
     destination_rows = [links.destination_row(d) for d in status.destinations]
     # each chart with its 24 hours' totals: a flood of refusals (one that made up its
     # slugs too, under "(not configured)") reads at a glance, whatever its bars' scale
-    series = readings.read(AUDIT, [RequestAudit], lambda: activity_series(now=now), {})
+    series: dict[str, list[ActivityBucket]] = readings.read(
+        AUDIT, [RequestAudit], partial(activity_series, now=now), {}
+    )
     charts = [
         (key, chart_svg(b), sum(x.accepted for x in b), sum(x.rejected for x in b))
         for key, b in series.items()

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from django.db.models import Count, Min
@@ -230,13 +231,15 @@ def source_statuses(
     """
     now = now or timezone.now()
     read = readings.read if readings is not None else _read_unbounded
-    configured = read(SOURCE_RECORDS, [WebhookSource], sources_all, dict(app_settings().sources))
-    accepted, rejected, unrecorded = read(
-        AUDIT, [RequestAudit, RejectionTally], lambda: _last_hour(now), ({}, {}, {})
+    configured: dict[str, SourceConfig] = read(
+        SOURCE_RECORDS, [WebhookSource], sources_all, dict(app_settings().sources)
     )
-    failed = read(FAILED, [FailedEvent], _failed_figures, {})
-    alerts = read(ALERTS, [SilenceAlert], _open_alerts, {})
-    repairs = read(REPAIRS, [RepairItem], _open_repairs, {})
+    nothing: LastHour = ({}, {}, {})
+    last_hour = read(AUDIT, [RequestAudit, RejectionTally], partial(_last_hour, now), nothing)
+    accepted, rejected, unrecorded = last_hour
+    failed: dict[str, dict[str, Any]] = read(FAILED, [FailedEvent], _failed_figures, {})
+    alerts: dict[str, SilenceAlert] = read(ALERTS, [SilenceAlert], _open_alerts, {})
+    repairs: dict[str, dict[str, int]] = read(REPAIRS, [RepairItem], _open_repairs, {})
 
     held = set(failed) | set(alerts) | set(repairs)
     slugs = [*configured, *sorted(held - set(configured))]
@@ -253,7 +256,7 @@ def source_statuses(
             active_hours=str(hours) if hours else None,
             in_active_hours=hours.contains(now) if hours else None,
             last_accepted_at=read(
-                RECEIPTS, [WebhookReceipt, FailedEvent], lambda s=slug: last_accepted_at(s), None
+                RECEIPTS, [WebhookReceipt, FailedEvent], partial(last_accepted_at, slug), None
             ),
             accepted_last_hour=accepted.get(slug, {}),
             rejected_last_hour=rejected.get(slug, {}),
@@ -266,7 +269,7 @@ def source_statuses(
             last_run=read(
                 RUNS,
                 [ReconciliationRun],
-                lambda s=slug, c=config: _last_run(s, c, reconciled=s in repairs),
+                partial(_last_run, slug, config, reconciled=slug in repairs),
                 None,
             ),
             open_repairs=repairs.get(slug, {}),
@@ -307,9 +310,12 @@ def _with_reasons(status: SourceStatus) -> SourceStatus:
     return replace(status, reasons=reasons(SOURCE_CONDITIONS, status))
 
 
-def _last_hour(
-    now: datetime,
-) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, int]]:
+# accepted requests by source and result, refused ones by source and reason, and refused
+# ones with no record of their own, by source
+LastHour = tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, int]]
+
+
+def _last_hour(now: datetime) -> LastHour:
     """Requests per source in (now - 1 h, now]: accepted ones by result, refused ones by
     rejection code (503s as NOT_STORED), and how many refused ones have no record."""
     accepted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

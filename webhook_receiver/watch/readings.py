@@ -118,12 +118,15 @@ class Readings:
         return what in self._failed
 
 
-# Another session's ACCESS EXCLUSIVE lock on these tables, held or queued for (a queued
+# Another session's ACCESS EXCLUSIVE lock on these tables (as the search path finds
+# them, in this database: pg_locks shows every database's), held or queued for (a queued
 # one makes every later reader wait behind it): the only mode a read waits for.
 BLOCKING = """
     SELECT DISTINCT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
     WHERE l.locktype = 'relation' AND l.mode = 'AccessExclusiveLock'
-      AND l.pid <> pg_backend_pid() AND c.relname = ANY(%s)
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.pid <> pg_backend_pid()
+      AND l.relation = ANY(SELECT to_regclass(name) FROM unnest(%s::text[]) AS name)
 """
 # how often a lock is looked at again while the bound lasts
 POLL_SECONDS = 0.1
@@ -137,7 +140,7 @@ def locked_tables(models: Iterable[type[Model]], seconds: float) -> list[str]:
     has no table locks, its readings' own errors say when the file is locked)."""
     if connection.vendor != "postgresql":
         return []
-    tables = [m._meta.db_table for m in models]
+    tables = [connection.ops.quote_name(m._meta.db_table) for m in models]
     deadline = time.monotonic() + seconds
     with database_deadline(seconds), connection.cursor() as cursor:
         while True:

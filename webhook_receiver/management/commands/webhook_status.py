@@ -55,8 +55,10 @@ class Command(BaseCommand):
         "Show each webhook source's state: the last accepted event, requests in the last "
         "hour, retrying and dead events, an open silence alert, the last reconciliation, "
         "and why a source is not ok; then each outbox destination's backlog, failed "
-        "messages and breaker. Exits 0 when all are ok, 1 when something needs "
-        "attention, 2 when an alert is open, 3 when the status cannot be read."
+        "messages and breaker; Celery's broker and beat's heartbeat before them. Each part "
+        "is read within STATUS_TIMEOUT_SECONDS; what is not is named. Exits 0 when all "
+        "are ok, 1 when something needs attention, 2 when an alert is open (the broker "
+        "unreachable, beat not seen), 3 when a part could not be read."
     )
 
     def add_arguments(self, parser: Any) -> None:

@@ -12,7 +12,15 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.support.browser import screenshot
-from tests.support.status import accepted, failed, refused, repair, run, silence
+from tests.support.status import (  # noqa: F401 (fixture)
+    accepted,
+    beat_seen,
+    failed,
+    refused,
+    repair,
+    run,
+    silence,
+)
 from webhook_receiver.models import RunOutcome
 
 OVERVIEW = reverse("admin:webhook_receiver_sourceoverview_changelist")
@@ -67,6 +75,7 @@ def a_busy_day(settings) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("beat_seen")
 def test_superuser_sees_a_row_per_source_and_the_verdict(admin_client, settings):
     # given
     a_busy_day(settings)
@@ -128,6 +137,7 @@ def test_every_link_opens_its_filtered_list(admin_client, settings):
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("beat_seen")
 def test_all_ok_says_so(admin_client):
     content = admin_client.get(OVERVIEW).content.decode()
 
@@ -169,6 +179,7 @@ def test_anonymous_is_sent_to_login(client):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("beat_seen")
 def test_overview_in_a_browser(admin_browser, live_server, settings):  # noqa: F811
     from selenium.webdriver.common.by import By
 

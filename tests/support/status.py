@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 from datetime import datetime, timedelta
 
+import pytest
 from django.core.management import call_command
 
 from webhook_receiver.models import (
@@ -19,6 +20,7 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
+from webhook_receiver.watch.heartbeat import heartbeat_record
 
 
 def receipt(source: str, at: datetime, key: str | None = None) -> WebhookReceipt:
@@ -120,10 +122,21 @@ def repair(source: str, kind: str, key: str, by: ReconciliationRun) -> RepairIte
     )
 
 
-def status_command(*args: str) -> tuple[int, str]:
+def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
+    """The command's exit code and output; with ``beat``, beat seen just now (as it is
+    every 30 s where beat runs), so that what is judged is the rest."""
+    if beat:
+        heartbeat_record()
     out = io.StringIO()
     try:
         call_command("webhook_status", *args, stdout=out, no_color=True)
     except SystemExit as exit:
         return exit.code, out.getvalue()
     return 0, out.getvalue()
+
+
+@pytest.fixture
+def beat_seen(db) -> None:
+    """Beat seen just now, as it is every 30 s where beat runs: the status judges the
+    rest (a test of beat's own absence leaves this out)."""
+    heartbeat_record()

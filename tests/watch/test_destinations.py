@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.support.browser import screenshot
-from tests.support.status import status_command
+from tests.support.status import beat_seen, status_command  # noqa: F401 (fixture)
 from webhook_receiver.core.states import State
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound.retirement import GONE_REASON
@@ -202,6 +202,7 @@ def test_without_destinations_the_overview_has_no_destination_table(admin_client
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("beat_seen")
 def test_destinations_on_the_overview_in_a_browser(admin_browser, live_server):  # noqa: F811
     from selenium.webdriver.common.by import By
 

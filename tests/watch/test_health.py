@@ -28,7 +28,8 @@ from webhook_receiver.watch.heartbeat import heartbeat_record
 DATABASE = "Database(alias='default')"
 BROKER = "Broker(transport='redis')"
 BEAT = "BeatHeartbeat(name='beat')"
-ALL_OK = {DATABASE: "OK", BROKER: "OK", BEAT: "OK"}
+TABLES = "Tables()"
+ALL_OK = {DATABASE: "OK", BROKER: "OK", BEAT: "OK", TABLES: "OK"}
 
 
 def health_json(client, **extra) -> tuple[int, dict[str, str]]:
@@ -253,6 +254,8 @@ def test_an_unreachable_database_answers_503(tmp_path):
     assert body[DATABASE] == "Unavailable: connection failed"
     assert body[BEAT] == "Unavailable: cannot read the heartbeat: database error"
     assert body[BROKER] == "OK"
+    if "postgres" in env["DATABASE_URL"]:
+        assert body[TABLES] == "Unavailable: cannot read the tables' locks: database error"
 
 
 @pytest.mark.postgres_only("the served instance reads the heartbeat from the test database")
@@ -275,5 +278,6 @@ def test_an_unreachable_broker_answers_503(tmp_path):
     assert body == {
         DATABASE: "OK",
         BEAT: "OK",
+        TABLES: "OK",
         BROKER: "Unavailable: cannot connect to the redis broker (OperationalError)",
     }

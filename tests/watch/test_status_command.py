@@ -13,10 +13,13 @@ from django.core.management import call_command
 from django.db import connection, transaction
 
 from tests.support.status import accepted, failed, refused, silence, status_command
+from webhook_receiver.watch.heartbeat import heartbeat_record
 
 pytestmark = pytest.mark.django_db
 
 SOURCES = ["shop", "stripe", "github", "small", "keyed"]  # tests/settings.py, in order
+# the error a dropped table gives, on each engine
+DROPPED = "UndefinedTable" if connection.vendor == "postgresql" else "OperationalError"
 
 
 @pytest.fixture
@@ -90,7 +93,16 @@ def test_command_json_shape(time_machine_now):
         "exit_code",
         "sources",
         "destinations",
+        "reasons",
+        "unread",
+        "broker",
+        "beat",
     }
+    assert (document["reasons"], document["unread"]) == ([], [])
+    assert document["broker"] == {"reachable": True, "error": None}
+    assert document["beat"]["age_seconds"] < 5
+    assert document["beat"]["interval_seconds"] == 30.0
+    assert document["beat"]["stale_after_seconds"] == 60.0
     assert document["destinations"] == []  # no outbox destination here
     assert document["state"] == "attention"
     assert [s["source"] for s in document["sources"]] == SOURCES
@@ -106,7 +118,9 @@ def test_command_json_shape(time_machine_now):
         "failed_events",
         "silence",
         "reconciliation",
+        "unread",
     }
+    assert shop["unread"] == []
     assert shop["state"] == "attention"
     assert [r["code"] for r in shop["reasons"]] == ["dead_letters", "rejected"]
     assert shop["reasons"][0] == {
@@ -136,16 +150,44 @@ def test_command_json_shape(time_machine_now):
     assert 119 <= shop["last_accepted_age_seconds"] <= 130
 
 
-def test_command_exits_3_when_the_status_cannot_be_read(time_machine_now):
-    # given: a real database fault, a table the status reads is gone (rolled back after)
+def test_command_names_what_it_could_not_read_and_shows_the_rest(time_machine_now):
+    # given: a real database fault, a table the status reads is gone (rolled back after),
+    # and what the other parts show
+    failed("shop", "dead", first=time_machine_now - timedelta(hours=2))
+    heartbeat_record()
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE webhook_receiver_silencealert")
-    err = io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
 
     # when
     with pytest.raises(SystemExit) as exit, transaction.atomic():
-        call_command("webhook_status", stdout=io.StringIO(), stderr=err)
+        call_command("webhook_status", "--json", stdout=out, stderr=err)
 
-    # then
+    # then: exit 3 (nothing read is an alert), the part named, the rest shown
+    document = json.loads(out.getvalue())
+    assert exit.value.code == 3 == document["exit_code"]
+    assert document["state"] == "unknown"
+    assert document["unread"] == [{"what": "silence alerts", "why": f"database error ({DROPPED})"}]
+    assert document["verdict"].startswith(f"Not read: silence alerts: database error ({DROPPED})")
+    shop = document["sources"][0]
+    assert shop["unread"] == ["silence alerts"]
+    assert shop["silence"]["open_alert"] is None
+    assert shop["failed_events"]["dead"] == 1  # read, and shown
+    assert err.getvalue().strip() == (
+        f"webhook_status: not read: silence alerts: database error ({DROPPED})"
+    )
+
+
+def test_the_table_marks_unread_figures_and_the_verdict_is_unknown(time_machine_now):
+    heartbeat_record()
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE webhook_receiver_failedevent")
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exit, transaction.atomic():
+        call_command("webhook_status", stdout=out, stderr=io.StringIO(), no_color=True)
+    lines = out.getvalue().splitlines()
     assert exit.value.code == 3
-    assert "the status could not be read" in err.getvalue()
+    assert lines[1].startswith("UNKNOWN: Not read: failed events: database error")
+    shop = next(line for line in lines if line.startswith("shop "))
+    # last accepted (receipts and failed events), retrying, dead, oldest retry: unknown
+    assert shop.split()[2:9] == ["?", "0", "/", "0", "?", "?", "?"]

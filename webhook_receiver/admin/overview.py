@@ -7,8 +7,10 @@ chart of the last 24 hours (chart.py). It hangs on the SourceOverview proxy, whi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.contrib import admin
@@ -27,17 +29,17 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
 from ..core.admin_links import admin_url
-from ..core.faults import database_deadline
 from ..core.states import Reason, State
 from ..core.words import duration_text
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage, WebhookDestination
 from ..reconcile.models import ReconciliationRun, RepairItem
-from ..watch.destinations import DestinationStatus, destination_statuses
+from ..watch.destinations import DestinationStatus
 from ..watch.models import SilenceAlert, SourceOverview
-from ..watch.sources import LAST_HOUR, SourceStatus, source_statuses
-from ..watch.traffic import GapStats, activity_series, observed_gaps
-from ..watch.verdict import status_verdict
+from ..watch.readings import Readings
+from ..watch.sources import AUDIT, LAST_HOUR, RECEIPTS, SourceStatus
+from ..watch.status import status_read
+from ..watch.traffic import ActivityBucket, GapStats, activity_series, observed_gaps
 from .base import ReadOnlyAdmin, visible_response
 from .chart import chart_svg
 from .trace import trace_page
@@ -171,34 +173,43 @@ def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
     }
     request.current_app = model_admin.admin_site.name
     try:
-        # bounded as webhook_status is: a locked table (a migration, VACUUM FULL) makes
-        # the page say so within seconds, rather than hold a web worker and then say OK
-        with database_deadline(app_settings().status_timeout_seconds):
-            context |= _figures(model_admin, request, now)
-    except DatabaseError as exc:  # NotAnswering too: "database not answering within 3 s"
+        context |= _figures(model_admin, request, now)
+    except DatabaseError as exc:  # what the readings do not cover (each is bounded)
         context["unreadable"] = gettext("The status could not be read: %(error)s") % {"error": exc}
         return TemplateResponse(request, TEMPLATE, context, status=503)
-    return TemplateResponse(request, TEMPLATE, context)
+    # a part unread (a locked table): the page shows the rest, and is no 200 "all well"
+    status = 200 if context["verdict"].complete else 503
+    return TemplateResponse(request, TEMPLATE, context, status=status)
 
 
 def _figures(model_admin: admin.ModelAdmin, request: HttpRequest, now: datetime) -> dict:
-    """Everything the page shows, read from the database."""
-    statuses = source_statuses(now=now)
-    destinations = destination_statuses(now=now)
-    verdict = status_verdict(statuses, destinations)
+    """Everything the page shows, read from the database, each part on its own bound
+    (watch/readings.py): a locked table leaves its parts unread and named, the rest
+    shown."""
+    readings = Readings(app_settings().status_timeout_seconds)
+    status = status_read(now=now, readings=readings)
+    verdict = status.verdict
     links = _Links(request, model_admin.admin_site, now)
-    rows = [links.row(s, observed_gaps(source=s.source, now=now)) for s in statuses]
-    destination_rows = [links.destination_row(d) for d in destinations]
+    rows = [
+        links.row(s, readings.read(RECEIPTS, [WebhookReceipt], _gaps(s.source, now), None))
+        for s in status.sources
+    ]
+    destination_rows = [links.destination_row(d) for d in status.destinations]
     # each chart with its 24 hours' totals: a flood of refusals (one that made up its
     # slugs too, under "(not configured)") reads at a glance, whatever its bars' scale
+    series: dict[str, list[ActivityBucket]] = readings.read(
+        AUDIT, [RequestAudit], partial(activity_series, now=now), {}
+    )
     charts = [
         (key, chart_svg(b), sum(x.accepted for x in b), sum(x.rejected for x in b))
-        for key, b in activity_series(now=now).items()
+        for key, b in series.items()
     ]
+    known = verdict.label != "unknown"
     return {
         "verdict": verdict,
-        "verdict_state": verdict.state.label,
-        "verdict_badge": badge(verdict.state),
+        "verdict_state": verdict.state.label if known else State.ALERT.label,
+        "verdict_badge": badge(verdict.state) if known else unknown_badge(),
+        "unread": readings.unread,
         "rows": rows,
         "destination_rows": destination_rows,
         "charts": charts,
@@ -206,10 +217,19 @@ def _figures(model_admin: admin.ModelAdmin, request: HttpRequest, now: datetime)
     }
 
 
+def _gaps(source: str, now: datetime) -> Callable[[], GapStats | None]:
+    return lambda: observed_gaps(source=source, now=now)
+
+
 def badge(state: State) -> SafeString:
     return format_html(
         '<span class="wr-badge wr-{}">{} {}</span>', state.label, ICONS[state], WORDS[state]
     )
+
+
+def unknown_badge() -> SafeString:
+    """A verdict with a part unread: neither OK nor any state read."""
+    return format_html('<span class="wr-badge wr-alert">? {}</span>', gettext("Unknown"))
 
 
 class _Links:

@@ -92,13 +92,16 @@ class NotAnswering(DatabaseError):
     """The database did not answer within a status tool's bound: a lock it waited for,
     a statement that ran too long, or the bound spent before the next statement."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, *, locked: bool = False) -> None:
         self.seconds = seconds
+        # the bound fired waiting for a table's lock (lock_timeout), not a slow statement
+        self.locked = locked
         super().__init__(f"database not answering within {seconds:g} s")
 
 
-# lock_not_available, query_canceled (statement_timeout)
-TIMEOUT_STATES = frozenset({"55P03", "57014"})
+# lock_not_available (lock_timeout), query_canceled (statement_timeout)
+LOCK_TIMEOUT_STATE = "55P03"
+TIMEOUT_STATES = frozenset({LOCK_TIMEOUT_STATE, "57014"})
 
 
 @contextlib.contextmanager
@@ -124,8 +127,9 @@ def database_deadline(seconds: float) -> Iterator[None]:
     except NotAnswering:
         raise
     except DatabaseError as exc:
-        if sqlstate(exc) in TIMEOUT_STATES:
-            raise NotAnswering(seconds) from exc
+        state = sqlstate(exc)
+        if state in TIMEOUT_STATES:
+            raise NotAnswering(seconds, locked=state == LOCK_TIMEOUT_STATE) from exc
         raise
 
 

@@ -18,9 +18,10 @@ from ..core.states import Reason, State, worst_state
 from ..core.words import iso
 from ..outbound.breaker import Breaker, destination_breaker
 from ..outbound.encryption import stored_secrets_problem, with_stored_secrets
-from ..outbound.models import WebhookDestination
+from ..outbound.models import OutboxMessage, WebhookDestination
 from ..outbound.selectors import destinations_with_health, failed_holding_back
 from .conditions import DESTINATION_CONDITIONS, OLD_BACKLOG, reasons
+from .readings import Readings
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,37 @@ class DestinationStatus:
         }
 
 
-def destination_statuses(*, now: datetime | None = None) -> list[DestinationStatus]:
-    """One status per destination, by name."""
+# the readings a destination's status is made of (watch/readings.py)
+DESTINATIONS = "destinations and their outbox"
+HELD_BACK = "held-back messages"
+
+
+def destination_statuses(
+    *, now: datetime | None = None, readings: Readings | None = None
+) -> list[DestinationStatus]:
+    """One status per destination, by name. With ``readings``, each part within its
+    bound: no destinations when they could not be read (``readings`` names them), and
+    none held back when the holders could not be."""
     now = now or timezone.now()
-    # the secrets as stored, not decrypted as they are read: a status needs none of them,
-    # only whether the keys read them (a row no key reads is a reason, not a failure)
-    every = with_stored_secrets(WebhookDestination.objects.order_by("name"))
-    rows = list(destinations_with_health(every, now=now))
-    holders = failed_holding_back(d.pk for d in rows if d.held_back)
+
+    def rows_read() -> list[Any]:
+        # the secrets as stored, not decrypted as they are read: a status needs none of
+        # them, only whether the keys read them (a row no key reads is a reason, not a
+        # failure)
+        every = with_stored_secrets(WebhookDestination.objects.order_by("name"))
+        return list(destinations_with_health(every, now=now))
+
+    if readings is None:
+        rows = rows_read()
+        holders = failed_holding_back(d.pk for d in rows if d.held_back)
+    else:
+        rows = readings.read(DESTINATIONS, [WebhookDestination, OutboxMessage], rows_read, [])
+        holders = readings.read(
+            HELD_BACK,
+            [OutboxMessage],
+            lambda: failed_holding_back(d.pk for d in rows if d.held_back),
+            {},
+        )
     statuses = []
     for dest in rows:
         holding_back, first = holders.get(dest.pk, (0, None))

@@ -1,7 +1,7 @@
 """GET /health/ for load balancers and orchestrators: 200 when the receiver can do its
 work, 503 when it cannot.
 
-Three checks, on django-health-check's view:
+Four checks, on django-health-check's view:
 
 - ``Database`` (the library's): ``SELECT 1`` on the default database.
 - ``Broker``: Celery's configured broker accepts a connection. Retries, the outbox relay
@@ -11,6 +11,13 @@ Three checks, on django-health-check's view:
   worker all work: without them failed events are never retried and silence never noticed.
   Its read waits at most STATUS_TIMEOUT_SECONDS (a lock, a slow database): past that the
   answer is 503, "database not answering within N s", never a probe that times out.
+  Stale, after a broker outage, it says that it waits for beat's next heartbeat (at
+  most one interval, 30 s on the demo's schedule, once beat and a worker reconnect):
+  only that heartbeat shows they came through the outage (a worker may not).
+- ``Tables``: none of the app's tables is held locked against reads by another session
+  (LOCK TABLE, a migration, VACUUM FULL) for a second (at most STATUS_TIMEOUT_SECONDS):
+  503 naming the tables within seconds, even for a probe that waited for a worker
+  behind deliveries held by that lock.
 
 A host includes ``health_view`` in its urls (``path("health/", health_view)``), or
 composes its own ``HealthView.as_view(checks=[...])`` from these classes and the
@@ -49,11 +56,16 @@ from health_check.views import HealthCheckView
 from ..conf import app_settings
 from ..core import logs
 from ..core.faults import NotAnswering, database_deadline
-from .heartbeat import BEAT, heartbeat_seen_at
+from .heartbeat import BEAT, heartbeat_interval, heartbeat_seen_at
+from .models import Heartbeat
+from .readings import app_tables, locked_tables
 
-__all__ = ["BeatHeartbeat", "Broker", "Database", "HealthView", "health_view"]
+__all__ = ["BeatHeartbeat", "Broker", "Database", "HealthView", "Tables", "health_view"]
 
 logger = logging.getLogger(__name__)
+
+# the Tables check's wait on a lock, at most STATUS_TIMEOUT_SECONDS (_lock_seconds)
+TABLES_LOCK_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -148,8 +160,60 @@ class BeatHeartbeat(HealthCheck):
             raise ServiceUnavailable(
                 f"{self.name} last seen {int(age.total_seconds())} s ago "
                 f"(at {seen_at.astimezone(datetime.UTC):%Y-%m-%d %H:%M:%S} UTC; "
-                f"at most {int(max_age.total_seconds())} s)"
+                f"at most {int(max_age.total_seconds())} s){_waits_for_next()}"
             )
+
+
+def _waits_for_next() -> str:
+    """Why a stale heartbeat keeps the answer 503 once the broker is back: only beat's
+    next heartbeat, run by a worker, shows that both came through the outage."""
+    interval = heartbeat_interval()
+    if interval is None:
+        return ""
+    every = int(interval.total_seconds())
+    return (
+        f"; waiting for beat's next heartbeat, sent every {every} s: after a broker "
+        f"outage it comes within {every} s of the broker's return, once beat and a "
+        "worker reach it again"
+    )
+
+
+@dataclasses.dataclass
+class Tables(HealthCheck):
+    """None of the app's tables is held locked against reads (ACCESS EXCLUSIVE: a LOCK
+    TABLE, a migration, VACUUM FULL) for TABLES_LOCK_SECONDS by another session
+    (watch/readings.py's ``locked_tables``): deliveries, retries and the relay would wait
+    on it. PostgreSQL only (SQLite locks the whole file, which ``Database`` meets). The
+    heartbeat's table is left to BeatHeartbeat, which names a lock on it within its own
+    bound: both run on the request's thread, one after the other."""
+
+    def __repr__(self) -> str:
+        return "Tables()"
+
+    async def run(self) -> None:
+        try:
+            locked = await sync_to_async(_locked_tables, thread_sensitive=True)()
+        except DatabaseError as exc:
+            # NotAnswering names its bound; any other error is the Database check's to name
+            reason = str(exc) if isinstance(exc, NotAnswering) else "database error"
+            raise ServiceUnavailable(f"cannot read the tables' locks: {reason}") from exc
+        if locked:
+            raise ServiceUnavailable(
+                f"locked against reads for {_lock_seconds():g} s: {', '.join(locked)}"
+            )
+
+
+def _lock_seconds() -> float:
+    """How long the check watches a lock before it names it: a second, within
+    STATUS_TIMEOUT_SECONDS. A probe that found a worker late (its workers' deliveries
+    waiting on that very lock, up to LOCK_TIMEOUT_MS) must still answer within its own
+    timeout (5 s), and a lock held for a second already holds deliveries."""
+    return min(TABLES_LOCK_SECONDS, app_settings().status_timeout_seconds)
+
+
+def _locked_tables() -> list[str]:
+    tables = [m for m in app_tables() if m is not Heartbeat]
+    return locked_tables(tables, _lock_seconds())
 
 
 def _seen_at(name: str) -> datetime.datetime | None:
@@ -159,7 +223,7 @@ def _seen_at(name: str) -> datetime.datetime | None:
         return heartbeat_seen_at(name)
 
 
-CHECKS = (Database, Broker, BeatHeartbeat)
+CHECKS = (Database, Broker, BeatHeartbeat, Tables)
 
 
 class HealthView(HealthCheckView):

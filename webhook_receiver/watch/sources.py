@@ -21,23 +21,34 @@ however large the tables grow (what the traffic reads cost: watch/traffic.py):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from django.db.models import Count, Min
 from django.utils import timezone
 
+from ..conf import app_settings
 from ..conf.sources import SourceConfig
 from ..core.states import Reason, State, worst_state
 from ..core.words import iso, seconds
 from ..exceptions import NotStored
-from ..inbound.models import FailedEvent, FailureStatus, RequestAudit, Verification
+from ..inbound.models import (
+    FailedEvent,
+    FailureStatus,
+    RejectionTally,
+    RequestAudit,
+    Verification,
+    WebhookReceipt,
+)
 from ..reconcile.models import ReconciliationRun, RepairItem, RepairStatus, RunOutcome
 from ..sources.lookup import sources_all
+from ..sources.models import WebhookSource
 from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
+from .readings import Readings
 from .traffic import last_accepted_at, unrecorded_refusals
 
 # what "recent" means for requests and results
@@ -45,6 +56,8 @@ LAST_HOUR = timedelta(hours=1)
 # the rejection "reason" of a verified request that was neither applied nor captured
 # (503): the answer's own error code, as the metrics label it
 NOT_STORED = NotStored.code
+
+T = TypeVar("T")
 
 
 # --- a source's state and why --------------------------------------------------------------
@@ -80,6 +93,9 @@ class SourceStatus:
     last_run: ReconciliationRun | None
     open_repairs: Mapping[str, int]
     reasons: tuple[Reason, ...] = field(default=())
+    # the parts not read within their bound (AUDIT, RECEIPTS, …): their figures are
+    # empty here, and null in as_dict
+    unread: tuple[str, ...] = ()
 
     @property
     def state(self) -> State:
@@ -118,7 +134,7 @@ class SourceStatus:
         """The stable machine shape (``webhook_status --json``; docs/overview.md)."""
         alert = self.silence_alert
         run = self.last_run
-        return {
+        document = {
             "source": self.source,
             "configured": self.configured,
             "state": self.state.label,
@@ -166,35 +182,64 @@ class SourceStatus:
                 },
                 "open_repair_items": dict(sorted(self.open_repairs.items())),
             },
+            "unread": list(self.unread),
         }
+        return _unread_nulled(document, self.unread)
+
+
+def _unread_nulled(document: dict[str, Any], unread: tuple[str, ...]) -> dict[str, Any]:
+    """``document`` with the figures of each unread part null: an empty figure would
+    read as "none" when it is "not known"."""
+    if RECEIPTS in unread:
+        document["last_accepted_at"] = document["last_accepted_age_seconds"] = None
+    if AUDIT in unread:
+        document["last_hour"] = None
+    if FAILED in unread:
+        document["failed_events"] = None
+    if ALERTS in unread:
+        document["silence"]["open_alert"] = None
+    if RUNS in unread:
+        document["reconciliation"]["last_run"] = None
+    if REPAIRS in unread:
+        document["reconciliation"]["open_repair_items"] = None
+    return document
 
 
 # --- the selector --------------------------------------------------------------------------
 
 
-def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
+# the readings a source's status is made of (watch/readings.py), each named as unread
+# by what it is, and the JSON keys an unread one leaves null
+AUDIT, RECEIPTS, FAILED = "request audit", "receipts", "failed events"
+ALERTS, REPAIRS, RUNS = "silence alerts", "repair items", "reconciliation runs"
+SOURCE_RECORDS = "source records"
+
+
+def source_statuses(
+    *, now: datetime | None = None, readings: Readings | None = None
+) -> list[SourceStatus]:
     """One status per source (the settings' in their order, then the enabled records),
     then any source no longer configured that still holds retrying or dead events, an
     open silence alert or open repair items (by name).
 
     Sources that only received rejected requests get no row: any URL under the endpoint
     makes such a record (activity_series sums them under UNCONFIGURED).
+
+    With ``readings``, each part is read within its bound: a part that is not is left
+    at its empty value, and named in the status's ``unread`` (and in ``readings``).
+    Without, a database error raises.
     """
     now = now or timezone.now()
-    configured = sources_all()
-
-    accepted, rejected, unrecorded = _last_hour(now)
-    failed = _failed_figures()
-    alerts = {a.source: a for a in SilenceAlert.objects.filter(resolved_at__isnull=True)}
-    repairs: dict[str, dict[str, int]] = defaultdict(dict)
-    for source, kind, n in (
-        RepairItem.objects.filter(status=RepairStatus.OPEN)
-        .values("source", "kind")
-        .annotate(n=Count("*"))
-        .values_list("source", "kind", "n")
-        .order_by()
-    ):
-        repairs[source][kind] = n
+    read = readings.read if readings is not None else _read_unbounded
+    configured: dict[str, SourceConfig] = read(
+        SOURCE_RECORDS, [WebhookSource], sources_all, dict(app_settings().sources)
+    )
+    nothing: LastHour = ({}, {}, {})
+    last_hour = read(AUDIT, [RequestAudit, RejectionTally], partial(_last_hour, now), nothing)
+    accepted, rejected, unrecorded = last_hour
+    failed: dict[str, dict[str, Any]] = read(FAILED, [FailedEvent], _failed_figures, {})
+    alerts: dict[str, SilenceAlert] = read(ALERTS, [SilenceAlert], _open_alerts, {})
+    repairs: dict[str, dict[str, int]] = read(REPAIRS, [RepairItem], _open_repairs, {})
 
     held = set(failed) | set(alerts) | set(repairs)
     slugs = [*configured, *sorted(held - set(configured))]
@@ -210,7 +255,9 @@ def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
             silence_after=config.silence_after if config else None,
             active_hours=str(hours) if hours else None,
             in_active_hours=hours.contains(now) if hours else None,
-            last_accepted_at=last_accepted_at(slug),
+            last_accepted_at=read(
+                RECEIPTS, [WebhookReceipt, FailedEvent], partial(last_accepted_at, slug), None
+            ),
             accepted_last_hour=accepted.get(slug, {}),
             rejected_last_hour=rejected.get(slug, {}),
             unrecorded_last_hour=unrecorded.get(slug, 0),
@@ -219,20 +266,56 @@ def source_statuses(*, now: datetime | None = None) -> list[SourceStatus]:
             oldest_retry_at=figures.get("oldest_retry_at"),
             next_retry_due_at=figures.get("next_retry_due_at"),
             silence_alert=alerts.get(slug),
-            last_run=_last_run(slug, config, reconciled=slug in repairs),
+            last_run=read(
+                RUNS,
+                [ReconciliationRun],
+                partial(_last_run, slug, config, reconciled=slug in repairs),
+                None,
+            ),
             open_repairs=repairs.get(slug, {}),
+            unread=()
+            if readings is None
+            else tuple(
+                w
+                for w in (SOURCE_RECORDS, AUDIT, RECEIPTS, FAILED, ALERTS, REPAIRS, RUNS)
+                if readings.failed(w)
+            ),
         )
         statuses.append(_with_reasons(status))
     return statuses
+
+
+def _read_unbounded(what: str, models: Any, fn: Callable[[], T], default: T) -> T:
+    return fn()
+
+
+def _open_alerts() -> dict[str, SilenceAlert]:
+    return {a.source: a for a in SilenceAlert.objects.filter(resolved_at__isnull=True)}
+
+
+def _open_repairs() -> dict[str, dict[str, int]]:
+    repairs: dict[str, dict[str, int]] = defaultdict(dict)
+    for source, kind, n in (
+        RepairItem.objects.filter(status=RepairStatus.OPEN)
+        .values("source", "kind")
+        .annotate(n=Count("*"))
+        .values_list("source", "kind", "n")
+        .order_by()
+    ):
+        repairs[source][kind] = n
+    return dict(repairs)
 
 
 def _with_reasons(status: SourceStatus) -> SourceStatus:
     return replace(status, reasons=reasons(SOURCE_CONDITIONS, status))
 
 
-def _last_hour(
-    now: datetime,
-) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, int]]:
+# accepted requests by source and result, refused ones by source and reason, and refused
+# ones with no record of their own, by source
+LastHour = tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, int]]
+
+
+def _last_hour(now: datetime) -> LastHour:
     """Requests per source in (now - 1 h, now]: accepted ones by result, refused ones by
     rejection code (503s as NOT_STORED), and how many refused ones have no record."""
     accepted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

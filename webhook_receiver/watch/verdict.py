@@ -1,5 +1,6 @@
-"""The one line at the top of the overview and of webhook_status: every source, then
-every destination, judged on the one scale of core/states.py."""
+"""The one line at the top of the overview and of webhook_status: what is wrong with the
+whole (Celery's broker, beat), what could not be read, then every source and every
+destination, judged on the one scale of core/states.py. Never OK with a part unread."""
 
 from __future__ import annotations
 
@@ -7,23 +8,63 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.states import State
+from ..core.states import Reason, State, worst_state
 from ..core.words import plural
+from .readings import Unread
 from .sources import SourceStatus
+
+# webhook_status's exit code when a part of the status could not be read
+UNKNOWN = 3
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The one line at the top of the overview and of webhook_status."""
+    """The one line at the top of the overview and of webhook_status. ``complete``:
+    every part was read; a verdict that is not is never OK."""
 
     state: State
     text: str
+    complete: bool = True
+
+    @property
+    def label(self) -> str:
+        """The state's word, or "unknown" when a part is unread and nothing read is an
+        alert."""
+        return self.state.label if self.complete or self.state == State.ALERT else "unknown"
+
+    @property
+    def exit_code(self) -> int:
+        """As monitoring plugins read it: 0 ok, 1 attention, 2 alert, 3 unknown (a part
+        unread, and no alert in what was read)."""
+        return UNKNOWN if self.label == "unknown" else int(self.state)
 
 
-def status_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any] = ()) -> Verdict:
+def status_verdict(
+    statuses: Sequence[SourceStatus],
+    destinations: Sequence[Any] = (),
+    *,
+    system: Sequence[Reason] = (),
+    unread: Sequence[Unread] = (),
+) -> Verdict:
     """ "All 3 sources OK", or the sources that are not, each with its first reason:
     "1 source needs attention: shop — 4 dead letters". The outbox's destinations
-    (watch/destinations.py), when there are any, are judged alike after the sources."""
+    (watch/destinations.py), when there are any, are judged alike after the sources.
+    Before them, what is wrong with the whole (``system``: "broker unreachable: …",
+    "beat not seen for 2 min"), then what could not be read ("receipts: locked, not
+    read within 3 s")."""
+    head = [r.summary for r in system]
+    if unread:
+        head.append("Not read: " + "; ".join(u.text for u in unread))
+    rest = _items_verdict(statuses, destinations)
+    if not head:
+        return rest
+    state = max(worst_state(system), rest.state)
+    # the items' own line, unless it is only "All … OK", which is not the news here
+    tail = [rest.text] if rest.state != State.OK else []
+    return Verdict(state, ". ".join([*head, *tail]), complete=not unread)
+
+
+def _items_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any]) -> Verdict:
     named = [("source", s.source, s) for s in statuses]
     named += [("destination", d.name, d) for d in destinations]
     if not named:

@@ -2,31 +2,31 @@
 the admin's overview shows, for a terminal or a monitoring check.
 
 Exit codes, as monitoring plugins (Nagios, Icinga, Sensu) read them: 0 everything is
-ok, 1 something needs attention, 2 an alert is open, 3 the status could not be read
-(a database error, or no answer within STATUS_TIMEOUT_SECONDS).
+ok, 1 something needs attention, 2 an alert is open (Celery's broker not answering and
+beat not seen are alerts too), 3 a part of the status could not be read (a lock, a
+database error, no answer within STATUS_TIMEOUT_SECONDS) and nothing read is an alert.
+Each part is read on its own bound (watch/readings.py): what could be read is shown,
+what could not is named.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.db import DatabaseError
 from django.utils import timezone
 
-from ...conf import app_settings
 from ...core import display
-from ...core.faults import database_deadline
 from ...core.states import Reason, State
 from ...core.words import duration_text
-from ...watch.destinations import DestinationStatus, destination_statuses
-from ...watch.sources import SourceStatus, source_statuses
-from ...watch.verdict import status_verdict
+from ...watch.destinations import DestinationStatus
+from ...watch.sources import AUDIT, FAILED, RECEIPTS, RUNS, SourceStatus
+from ...watch.status import Status, status_read
 
-UNKNOWN = 3
+# a figure that could not be read
+UNREAD = "?"
 COLUMNS = (
     "SOURCE",
     "STATE",
@@ -55,8 +55,10 @@ class Command(BaseCommand):
         "Show each webhook source's state: the last accepted event, requests in the last "
         "hour, retrying and dead events, an open silence alert, the last reconciliation, "
         "and why a source is not ok; then each outbox destination's backlog, failed "
-        "messages and breaker. Exits 0 when all are ok, 1 when something needs "
-        "attention, 2 when an alert is open, 3 when the status cannot be read."
+        "messages and breaker; Celery's broker and beat's heartbeat before them. Each part "
+        "is read within STATUS_TIMEOUT_SECONDS; what is not is named. Exits 0 when all "
+        "are ok, 1 when something needs attention, 2 when an alert is open (the broker "
+        "unreachable, beat not seen), 3 when a part could not be read."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -67,45 +69,39 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        now = timezone.now()
-        try:
-            # a locked table or a database that hangs is an answer too, in seconds
-            with database_deadline(app_settings().status_timeout_seconds):
-                statuses = source_statuses(now=now)
-                destinations = destination_statuses(now=now)
-        except DatabaseError as exc:  # NotAnswering too: "database not answering within 3 s"
-            self.stderr.write(f"webhook_status: the status could not be read: {exc}")
-            raise SystemExit(UNKNOWN) from None
-        verdict = status_verdict(statuses, destinations)
-        code = int(verdict.state)  # OK 0, ATTENTION 1, ALERT 2
-
+        status = status_read(now=timezone.now())
+        verdict = status.verdict
+        code = verdict.exit_code
         if options["json"]:
-            document = {
-                "generated_at": now.isoformat(),
-                "state": verdict.state.label,
-                "verdict": verdict.text,
-                "exit_code": code,
-                "sources": [s.as_dict() for s in statuses],
-                "destinations": [d.as_dict() for d in destinations],
-            }
-            self.stdout.write(json.dumps(document, indent=2))
+            self.stdout.write(json.dumps(status.as_dict(), indent=2))
         else:
-            self._report(now, verdict.state, verdict.text, statuses)
-            if destinations:
-                self._destinations(destinations)
+            self._report(status)
+            if status.destinations:
+                self._destinations(status.destinations)
+        if status.unread:
+            self.stderr.write(
+                "webhook_status: not read: " + "; ".join(u.text for u in status.unread)
+            )
         if code:
             raise SystemExit(code)
 
     # --- the table ----------------------------------------------------------------------
 
-    def _report(
-        self, now: datetime, state: State, verdict: str, statuses: Sequence[SourceStatus]
-    ) -> None:
-        self.stdout.write(f"Webhooks at {timezone.localtime(now):%Y-%m-%d %H:%M:%S %Z}")
-        self.stdout.write(self._styled(state, f"{state.name}: {display.visible(verdict)}"))
+    def _report(self, status: Status) -> None:
+        verdict = status.verdict
+        self.stdout.write(f"Webhooks at {timezone.localtime(status.now):%Y-%m-%d %H:%M:%S %Z}")
+        state = verdict.state if verdict.complete else max(verdict.state, State.ATTENTION)
+        self.stdout.write(
+            self._styled(state, f"{verdict.label.upper()}: {display.visible(verdict.text)}")
+        )
+        for reason in status.system:
+            self.stdout.write(
+                f"  {self._styled(reason.state, reason.state.name.ljust(9))}  "
+                f"{_shorten(reason.text)}"
+            )
         self.stdout.write("")
-        self._table(COLUMNS, [(s.state, _row(s)) for s in statuses])
-        self._reasons([(s.source, s.state, s.reasons) for s in statuses])
+        self._table(COLUMNS, [(s.state, _row(s)) for s in status.sources])
+        self._reasons([(s.source, s.state, s.reasons) for s in status.sources])
 
     def _destinations(self, destinations: Sequence[DestinationStatus]) -> None:
         self.stdout.write("")
@@ -152,7 +148,7 @@ class Command(BaseCommand):
 def _row(s: SourceStatus) -> tuple[str, ...]:
     age = s.last_accepted_age
     alert = s.silence_alert
-    return (
+    row = (
         s.source if s.configured else f"{s.source} (not configured)",
         s.state.name,
         "never" if age is None else f"{duration_text(age)} ago",
@@ -163,6 +159,10 @@ def _row(s: SourceStatus) -> tuple[str, ...]:
         "-" if alert is None else f"open {duration_text(s.now - alert.opened_at)}",
         _reconciliation(s),
     )
+    # the cells of each unread part: "?", not an empty figure that reads as "none"
+    cells = {RECEIPTS: (2,), AUDIT: (3,), FAILED: (4, 5, 6), RUNS: (8,)}
+    blank = {i for part in s.unread for i in cells.get(part, ())}
+    return tuple(UNREAD if i in blank else cell for i, cell in enumerate(row))
 
 
 def _destination_row(d: DestinationStatus) -> tuple[str, ...]:

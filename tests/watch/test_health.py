@@ -23,7 +23,7 @@ from health_check.base import HealthCheck, HealthCheckResult
 from tests.bench.server import GunicornServer, free_port
 from tests.support.paths import REPO
 from webhook_receiver.watch.health import BeatHeartbeat, Broker
-from webhook_receiver.watch.heartbeat import heartbeat_record
+from webhook_receiver.watch.heartbeat import heartbeat_interval, heartbeat_record
 
 DATABASE = "Database(alias='default')"
 BROKER = "Broker(transport='redis')"
@@ -123,26 +123,30 @@ def test_beat_never_seen_answers_503(client):
 
 
 @pytest.mark.django_db
-def test_beat_seen_longer_ago_than_the_max_age_answers_503(client, settings):
-    # given: the last heartbeat is 181 s old; the default max age is 180 s
-    heartbeat_record(now=timezone.now() - timedelta(seconds=181))
+def test_beat_unseen_for_two_of_its_intervals_answers_503(client, settings):
+    # given: the demo's schedule sends the heartbeat every 30 s; the last one is 61 s old
+    assert heartbeat_interval() == timedelta(seconds=30)
+    heartbeat_record(now=timezone.now() - timedelta(seconds=61))
 
     # when
     status, body = health_json(client)
 
-    # then
+    # then: the same rule as webhook_status's, two intervals
     assert status == 503
-    assert body[BEAT].startswith("Unavailable: beat last seen 181 s ago")
-    assert "at most 180 s" in body[BEAT]
+    assert body[BEAT].startswith("Unavailable: beat last seen 61 s ago")
+    assert "at most 60 s" in body[BEAT]
 
-    # and when the host allows an older heartbeat, the same one is fine
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "HEARTBEAT_MAX_AGE_SECONDS": 600}
+    # and HEARTBEAT_MAX_AGE_SECONDS caps it: a host may ask for less, never more
+    heartbeat_record(now=timezone.now() - timedelta(seconds=45))
     assert health_json(client) == (200, ALL_OK)
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "HEARTBEAT_MAX_AGE_SECONDS": 40}
+    status, body = health_json(client)
+    assert status == 503 and "at most 40 s" in body[BEAT]
 
 
 @pytest.mark.django_db
-def test_a_heartbeat_just_inside_the_max_age_is_healthy(client):
-    heartbeat_record(now=timezone.now() - timedelta(seconds=170))
+def test_a_heartbeat_just_inside_two_intervals_is_healthy(client):
+    heartbeat_record(now=timezone.now() - timedelta(seconds=55))
 
     assert health_json(client) == (200, ALL_OK)
 

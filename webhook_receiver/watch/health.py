@@ -6,7 +6,7 @@ Four checks, on django-health-check's view:
 - ``Database`` (the library's): ``SELECT 1`` on the default database.
 - ``Broker``: Celery's configured broker accepts a connection. Retries, the outbox relay
   and every beat job travel through it.
-- ``BeatHeartbeat``: beat's heartbeat task ran within HEARTBEAT_MAX_AGE_SECONDS. Beat
+- ``BeatHeartbeat``: beat's heartbeat task ran within two of its intervals. Beat
   sends it and a worker runs it, so a fresh heartbeat means beat, broker and at least one
   worker all work: without them failed events are never retried and silence never noticed.
   Its read waits at most STATUS_TIMEOUT_SECONDS (a lock, a slow database): past that the
@@ -56,7 +56,7 @@ from health_check.views import HealthCheckView
 from ..conf import app_settings
 from ..core import logs
 from ..core.faults import NotAnswering, database_deadline
-from .heartbeat import BEAT, heartbeat_interval, heartbeat_seen_at
+from .heartbeat import BEAT, heartbeat_interval, heartbeat_seen_at, heartbeat_stale_after
 from .models import Heartbeat
 from .readings import app_tables, locked_tables
 
@@ -96,7 +96,12 @@ class Broker(HealthCheck):
     def run(self) -> None:
         app = app_or_default()
         seconds = self.timeout.total_seconds()
-        connection = app.connection_for_write(self.url, transport_options=self.transport_options)
+        # another broker's URL names its own transport: Celery would otherwise impose
+        # the configured broker_transport (a host's subclass of the Redis one) on it
+        transport = urlsplit(self.url).scheme if self.url else None
+        connection = app.connection_for_write(
+            self.url, transport=transport, transport_options=self.transport_options
+        )
         try:
             # one quick retry: a blip is not an outage, a refused port fails in milliseconds
             connection.ensure_connection(
@@ -131,7 +136,9 @@ def _filesystem_folders_check(options: dict[str, Any]) -> None:
 @dataclasses.dataclass
 class BeatHeartbeat(HealthCheck):
     """Beat's heartbeat (the ``webhook_receiver.beat_heartbeat`` task) was recorded no
-    longer ago than ``max_age`` (default: HEARTBEAT_MAX_AGE_SECONDS).
+    longer ago than ``max_age`` (default: the status's rule, ``heartbeat_stale_after``:
+    two of beat's intervals, at most HEARTBEAT_MAX_AGE_SECONDS), so that a frozen worker
+    or beat is a 503 within a minute on the demo's 30 s schedule.
 
     A process that has just started fails this until beat's first heartbeat (about 30 s
     on the demo's schedule): until then nothing has shown that beat and a worker run.
@@ -149,7 +156,7 @@ class BeatHeartbeat(HealthCheck):
             raise ServiceUnavailable(f"cannot read the heartbeat: {exc}") from exc
         except DatabaseError as exc:
             raise ServiceUnavailable("cannot read the heartbeat: database error") from exc
-        max_age = self.max_age or app_settings().heartbeat_max_age
+        max_age = self.max_age or heartbeat_stale_after()
         if seen_at is None:
             raise ServiceUnavailable(
                 f"{self.name} never seen: no heartbeat recorded (is celery beat running, "

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.django_db
 
 OVERVIEW = reverse("admin:webhook_receiver_sourceoverview_changelist")
 MINUTE = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
 
 
 def destination(name: str, **fields) -> WebhookDestination:
@@ -46,8 +47,9 @@ def a_bad_night() -> None:
     """One destination of each kind: fine, paused, with terminal messages, not being
     sent to, behind its traffic, disabled with a backlog."""
     now = timezone.now()
-    fine = destination("fine", last_success_at=now - MINUTE)
-    message(fine, "fine-1")
+    # a message due 10 s ago, an answer 5 s ago: within the relay's pickup (about 30 s)
+    fine = destination("fine", last_success_at=now - 5 * SECOND)
+    message(fine, "fine-1", due_ago=10 * SECOND)
     destination(
         "paused", consecutive_failures=10, paused_until=now + 5 * MINUTE, last_failure_at=now
     )
@@ -90,7 +92,10 @@ def test_each_destination_gets_its_state_and_reasons():
         "stalled": ["relay_not_sending"],
     }
     assert statuses["fine"].state == State.OK
-    assert {d.state for name, d in statuses.items() if name != "fine"} == {State.ATTENTION}
+    assert statuses["stalled"].state == State.ALERT
+    assert {d.state for name, d in statuses.items() if name not in ("fine", "stalled")} == {
+        State.ATTENTION
+    }
     assert statuses["refused"].reasons[0].summary == "2 messages failed"
     assert "one probe in 4 min" in statuses["paused"].reasons[0].text
     assert statuses["behind"].reasons[0].summary == "behind by 25 min"
@@ -122,7 +127,7 @@ def test_the_verdict_counts_destinations_after_the_sources():
     assert verdict.text == "All 5 sources and 2 destinations OK"
 
 
-def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention():
+def test_webhook_status_lists_destinations_and_exits_2_for_a_relay_not_sending():
     # given
     a_bad_night()
 
@@ -130,8 +135,10 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
     code, out = status_command()
     json_code, document = status_command("--json")
 
-    # then: the table, the reasons, the exit code
-    assert code == 1 == json_code
+    # then: the table, the reasons, the exit code (ALERT: "stalled" is not being sent to)
+    assert code == 2 == json_code
+    stalled = next(line for line in out.splitlines() if line.startswith("stalled "))
+    assert "ALERT" in stalled
     assert "DESTINATION" in out and "BREAKER" in out
     paused = next(line for line in out.splitlines() if line.startswith("paused "))
     assert "ATTENTION" in paused and "open 4 min" in paused
@@ -151,12 +158,17 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
         "failed",
         "held_back",
         "oldest_eligible_age_seconds",
+        "due_age_seconds",
+        "pickup_seconds",
         "breaker",
         "last_success_at",
         "last_failure_at",
         "record_failure",
     }
     assert destinations["refused"]["failed"] == 2
+    # the pickup with the shipped defaults: sweep 5 s, a token 0.1 s, timeout 10 s, slack
+    assert destinations["refused"]["pickup_seconds"] == 30.1
+    assert destinations["stalled"]["due_age_seconds"] >= 30 * 60
     assert destinations["paused"]["breaker"]["state"] == "open"
     assert destinations["fine"]["state"] == "ok"
     assert destinations["refused"]["disabled_by_relay"] is None
@@ -240,8 +252,8 @@ def test_a_failed_message_holding_back_its_ordering_key_reads_as_that_cause(admi
     for n in range(2, 5):
         message(dest, f"order:ord_1:fulfilled:v{n}", due_ago=30 * MINUTE)
     OutboxMessage.objects.update(ordering_key="order:ord_1")
-    # and one without an ordering key, due a minute ago: sendable, not held back
-    message(dest, "order:ord_2:paid:v1", due_ago=MINUTE)
+    # and one without an ordering key, due 10 s ago: sendable, not held back
+    message(dest, "order:ord_2:paid:v1", due_ago=10 * SECOND)
 
     # when
     (status,) = destination_statuses()
@@ -254,9 +266,9 @@ def test_a_failed_message_holding_back_its_ordering_key_reads_as_that_cause(admi
         "failed message order:ord_1:paid:v1 holds back 3 later messages of its ordering key "
         "order:ord_1: Retry now or Discard it to let them go"
     )
-    # the oldest due is the sendable one, a minute old
+    # the oldest due is the sendable one, 10 s old
     assert status.held_back == 3
-    assert MINUTE <= status.oldest_eligible_age < 2 * MINUTE
+    assert 10 * SECOND <= status.oldest_eligible_age < MINUTE
     assert status.as_dict()["held_back"] == 3
 
     # and the overview links the reason to the failed message itself

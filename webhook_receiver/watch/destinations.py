@@ -1,26 +1,30 @@
 """Each destination's state and why, for the overview and ``manage.py webhook_status``:
 the same levels and reasons as the sources' (watch/sources.py).
 
-One grouped query for every destination (``destinations_with_health``: only pending,
-sending and failed messages are read, through the (destination, status, id) index), and
-one more when failed messages hold back later ones of their ordering key.
+One query for every destination (``destinations_with_health``: only pending, sending
+and failed messages are read, through the (destination, status, id) index), and one more
+when failed messages hold back later ones of their ordering key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from ..core.states import Reason, State, worst_state
-from ..core.words import iso
+from ..core.words import iso, seconds
 from ..outbound.breaker import Breaker, destination_breaker
 from ..outbound.encryption import stored_secrets_problem, with_stored_secrets
-from ..outbound.models import WebhookDestination
+from ..outbound.models import OutboxMessage, WebhookDestination
 from ..outbound.selectors import destinations_with_health, failed_holding_back
-from .conditions import DESTINATION_CONDITIONS, OLD_BACKLOG, reasons
+from .conditions import DESTINATION_CONDITIONS, RECORD_FAILURE_SHOWN, reasons
+from .pickup import relay_pickup
+
+if TYPE_CHECKING:
+    from ..outbound.selectors import DestinationWithHealth
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,13 @@ class DestinationStatus:
     failed: int  # terminal, waiting for an operator
     oldest_eligible_at: datetime | None  # created_at of the oldest message due now
     breaker: Breaker
+    # how long a running relay leaves a due message without an answer (watch/pickup.py)
+    pickup: timedelta
     # the last answer of either kind: the relay is sending at all
     last_success_at: datetime | None
     last_failure_at: datetime | None
+    # the earliest due time among the messages the relay would send now
+    oldest_due_at: datetime | None = None
     # pending messages behind a failed one of their ordering key; the failed messages
     # holding them back, and the oldest of those (its id, key and ordering key)
     held_back: int = 0
@@ -61,6 +69,12 @@ class DestinationStatus:
         return None if at is None else self.now - at
 
     @property
+    def due_age(self) -> timedelta | None:
+        """How long the relay has had a message to send (0 or more), or None."""
+        at = self.oldest_due_at
+        return None if at is None else max(timedelta(0), self.now - at)
+
+    @property
     def last_attempt_at(self) -> datetime | None:
         moments = [m for m in (self.last_success_at, self.last_failure_at) if m is not None]
         return max(moments) if moments else None
@@ -74,7 +88,7 @@ class DestinationStatus:
         """The relay's last round could not be recorded, recently, and no answer has
         been recorded since."""
         at, last = self.record_failed_at, self.last_attempt_at
-        return at is not None and self.now - at <= OLD_BACKLOG and (last is None or at > last)
+        return at is not None and self.now - at <= RECORD_FAILURE_SHOWN and (last is None or at > last)
 
     def as_dict(self) -> dict[str, Any]:
         """The stable machine shape (``webhook_status --json``; docs/overview.md)."""
@@ -91,6 +105,8 @@ class DestinationStatus:
             "failed": self.failed,
             "held_back": self.held_back,
             "oldest_eligible_age_seconds": None if age is None else age.total_seconds(),
+            "due_age_seconds": seconds(self.due_age),
+            "pickup_seconds": self.pickup.total_seconds(),
             "breaker": {
                 "state": self.breaker.state,
                 "until": self.breaker.until.isoformat() if self.breaker.until else None,
@@ -112,29 +128,40 @@ def destination_statuses(*, now: datetime | None = None) -> list[DestinationStat
     every = with_stored_secrets(WebhookDestination.objects.order_by("name"))
     rows = list(destinations_with_health(every, now=now))
     holders = failed_holding_back(d.pk for d in rows if d.held_back)
-    statuses = []
-    for dest in rows:
-        holding_back, first = holders.get(dest.pk, (0, None))
-        unreadable = stored_secrets_problem(getattr(dest, "stored_secrets", None))
-        status = DestinationStatus(
-            name=dest.name,
-            pk=dest.pk,
-            enabled=dest.enabled,
-            now=now,
-            backlog=dest.backlog,
-            failed=dest.failed_count,
-            oldest_eligible_at=dest.oldest_eligible_at,
-            breaker=destination_breaker(dest, now=now),
-            last_success_at=dest.last_success_at,
-            last_failure_at=dest.last_failure_at,
-            held_back=dest.held_back,
-            holding_back=holding_back,
-            first_holder=None if first is None else (first.pk, first.key, first.ordering_key),
-            record_failed_at=dest.record_failed_at,
-            record_error=dest.record_error,
-            disabled_reason=dest.disabled_reason,
-            disabled_at=dest.disabled_at,
-            secrets_unreadable="" if unreadable is None else unreadable.state,
-        )
-        statuses.append(replace(status, reasons=reasons(DESTINATION_CONDITIONS, status)))
-    return statuses
+    return [destination_status(dest, now=now, holders=holders) for dest in rows]
+
+
+def destination_status(
+    dest: DestinationWithHealth,
+    *,
+    now: datetime,
+    holders: dict[int, tuple[int, OutboxMessage]] | None = None,
+) -> DestinationStatus:
+    """A destination's status and reasons, from a row of destinations_with_health()
+    (read with_stored_secrets) and, for the held_back reason's words, the failed
+    messages holding others back (failed_holding_back)."""
+    holding_back, first = (holders or {}).get(dest.pk, (0, None))
+    unreadable = stored_secrets_problem(getattr(dest, "stored_secrets", None))
+    status = DestinationStatus(
+        name=dest.name,
+        pk=dest.pk,
+        enabled=dest.enabled,
+        now=now,
+        backlog=dest.backlog,
+        failed=dest.failed_count,
+        oldest_eligible_at=dest.oldest_eligible_at,
+        oldest_due_at=dest.oldest_due_at,
+        breaker=destination_breaker(dest, now=now),
+        pickup=relay_pickup(dest),
+        last_success_at=dest.last_success_at,
+        last_failure_at=dest.last_failure_at,
+        held_back=dest.held_back,
+        holding_back=holding_back,
+        first_holder=None if first is None else (first.pk, first.key, first.ordering_key),
+        record_failed_at=dest.record_failed_at,
+        record_error=dest.record_error,
+        disabled_reason=dest.disabled_reason,
+        disabled_at=dest.disabled_at,
+        secrets_unreadable="" if unreadable is None else unreadable.state,
+    )
+    return replace(status, reasons=reasons(DESTINATION_CONDITIONS, status))

@@ -225,6 +225,7 @@ def test_destinations_on_the_overview_in_a_browser(admin_browser, live_server): 
 
     # then: the verdict names them, every row shows, and the page does not scroll sideways
     verdict = admin_browser.find_element(By.ID, "wr-verdict")
+    assert "1 destination in alert: stalled — relay not sending" in verdict.text
     assert "5 destinations need attention" in verdict.text
     rows = admin_browser.find_elements(By.CSS_SELECTOR, "tr.wr-destination-row")
     assert [r.get_attribute("data-state") for r in rows] == [
@@ -234,6 +235,7 @@ def test_destinations_on_the_overview_in_a_browser(admin_browser, live_server): 
         "attention",
         "attention",
         "attention",
+        "alert",
     ]
     table = admin_browser.find_element(By.ID, "wr-destinations")
     admin_browser.execute_script("arguments[0].scrollIntoView()", table)

@@ -17,9 +17,7 @@ import pytest
 from celery import current_app
 from django.db import transaction
 
-from tests.support.receiver import receiver  # noqa: F401 (fixture)
 from tests.support.status import status_command
-from tests.support.worker import workers  # noqa: F401 (fixture)
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.watch.destinations import DestinationStatus, destination_statuses

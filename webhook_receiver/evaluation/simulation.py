@@ -33,13 +33,14 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 from unittest import mock
 
 import time_machine
+from celery import current_app
 from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -56,6 +57,7 @@ from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from ..outbound.operations import destination_enable
 from ..outbound.relay.claim import relay_claim
 from ..outbound.relay.run import relay_run
+from ..watch.destinations import destination_statuses
 from ..watch.silence import silence_check
 from . import traffic, world
 from .backlog import Backlog
@@ -66,6 +68,8 @@ from .settings import EVENT_TYPE, SENDER, eval_settings, sender_secret
 
 # samples of queue depth and oldest age per run, whatever its length
 SAMPLES = 240
+# the status's judgements of a backlog recorded at each sample (watch/conditions.py)
+JUDGED = ("relay_not_sending", "behind")
 # the tasks a worker process runs (the rest happen in the web process or the sender)
 WORKER_TASKS = frozenset({"relay", "sweep", "retry_sweep", "silence"})
 
@@ -164,8 +168,15 @@ class Simulation:
             silence_check()
 
     def _patched(self) -> ExitStack:
-        """The broker's place taken by the schedule."""
+        """The broker's place taken by the schedule, and beat's by the scenario's
+        intervals (which the status's pickup reads: watch/pickup.py)."""
         stack = ExitStack()
+        beat = self.scenario.beat
+        schedule = {
+            "sweep": {"task": "webhook_receiver.relay_sweep", "schedule": beat.relay_sweep},
+            "retry": {"task": "webhook_receiver.retry_failed_events", "schedule": beat.retry_sweep},
+        }
+        stack.enter_context(_beat_schedule(schedule))
         stack.enter_context(
             mock.patch.multiple(
                 tasks.relay_destination,
@@ -363,11 +374,16 @@ class Simulation:
 
     def _sample(self) -> None:
         now = self.now()
+        moment = self._start + timedelta(seconds=now)
+        # the app's own judgement at the same moment (what webhook_status would say)
+        judged = {d.name: d.reasons for d in destination_statuses(now=moment)}
         for name, dest in self._destinations.items():
-            queue = Backlog(dest, self._start + timedelta(seconds=now))
+            queue = Backlog(dest, moment)
             self.obs.samples[name].append(
                 (now, queue.open, queue.eligible_age, len(queue.held), queue.held_age)
             )
+            codes = [r.code for r in judged.get(name, ()) if r.code in JUDGED]
+            self.obs.judged.setdefault(name, []).append((now, codes[0] if codes else ""))
 
     # --- what the run left ---
 
@@ -416,6 +432,19 @@ class Simulation:
             obs.inbound_failed = dict(
                 FailedEvent.objects.filter(source=SENDER).values_list("event_key", "status")
             )
+
+
+@contextmanager
+def _beat_schedule(schedule: dict[str, Any]) -> Iterator[None]:
+    """Celery's beat_schedule set to ``schedule`` for a while (its Settings restore what
+    was there by assignment, not by deleting a key)."""
+    conf = current_app.conf
+    before = conf.beat_schedule
+    conf.beat_schedule = schedule
+    try:
+        yield
+    finally:
+        conf.beat_schedule = before
 
 
 def _offset(moment: datetime, start: datetime) -> float:

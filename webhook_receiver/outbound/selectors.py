@@ -72,9 +72,9 @@ def destinations_with_health(
     sendable = OutboxMessage.objects.filter(
         destination=OuterRef("pk"), status=MessageStatus.PENDING, next_attempt_at__lte=now
     ).exclude(Exists(_older_in_line(OPEN)))
-    held_back = OutboxMessage.objects.filter(
-        destination=OuterRef("pk"), status__in=BACKLOG
-    ).filter(Exists(_older_in_line([MessageStatus.FAILED])))
+    held_back = OutboxMessage.objects.filter(destination=OuterRef("pk"), status__in=BACKLOG).filter(
+        Exists(_older_in_line([MessageStatus.FAILED]))
+    )
     mine = OutboxMessage.objects.filter(destination=OuterRef("pk"))
     return queryset.annotate(
         backlog=_count(mine.filter(status__in=BACKLOG)),

@@ -88,7 +88,9 @@ class DestinationStatus:
         """The relay's last round could not be recorded, recently, and no answer has
         been recorded since."""
         at, last = self.record_failed_at, self.last_attempt_at
-        return at is not None and self.now - at <= RECORD_FAILURE_SHOWN and (last is None or at > last)
+        return (
+            at is not None and self.now - at <= RECORD_FAILURE_SHOWN and (last is None or at > last)
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The stable machine shape (``webhook_status --json``; docs/overview.md)."""

@@ -48,7 +48,7 @@ def sweep_interval(task: str, default: timedelta) -> timedelta:
         every = maybe_schedule(entry.get("schedule"))
         # a crontab or solar schedule has no one interval: the default stands for it
         if isinstance(every, schedule):
-            return every.run_every
+            return timedelta(seconds=every.seconds)
     return default
 
 

@@ -81,9 +81,11 @@ class DatabaseCollector:
             overdue = max((now - first).total_seconds(), 0.0) if first is not None else 0.0
             oldest.add_metric([slug], overdue)
             # how many are due, for the sweep's pickup: read only when one is overdue
-            late = overdue and overdue > retry_pickup(
-                retrying.filter(next_attempt_at__lte=now).count()
-            ).total_seconds()
+            late = (
+                overdue
+                and overdue
+                > retry_pickup(retrying.filter(next_attempt_at__lte=now).count()).total_seconds()
+            )
             stalled.add_metric([slug], 1 if late else 0)
         yield oldest
         yield stalled

@@ -27,7 +27,12 @@ SECOND = timedelta(seconds=1)
 
 
 def destination(name: str, **fields) -> WebhookDestination:
-    return WebhookDestination.objects.create(name=name, url="http://127.0.0.1:9/", **fields)
+    """A destination last changed an hour ago (a change gives the relay a pickup's time)."""
+    dest = WebhookDestination.objects.create(name=name, url="http://127.0.0.1:9/", **fields)
+    WebhookDestination.objects.filter(pk=dest.pk).update(
+        updated_at=timezone.now() - timedelta(hours=1)
+    )
+    return dest
 
 
 def message(dest: WebhookDestination, key: str, status: str = "pending", *, due_ago=MINUTE):
@@ -337,3 +342,48 @@ def test_held_back_and_unrecorded_destinations_in_a_browser(admin_browser, live_
     screenshot(admin_browser, "overview-held-back-and-unrecorded")
     width = admin_browser.execute_script("return document.documentElement.scrollWidth")
     assert width <= admin_browser.execute_script("return window.innerWidth")
+
+
+@pytest.mark.parametrize(
+    ("why", "change"),
+    [
+        ("the breaker's pause ended 10 s ago", {"paused_until": -10}),
+        ("enabled again 10 s ago", {"updated_at": -10}),
+        ("every slot leased until 10 s ago", {"leases": -10}),
+        ("every slot leased for 20 s more", {"leases": 20}),
+    ],
+)
+def test_a_relay_owes_no_answer_before_its_pause_its_leases_or_a_change_end(why, change):
+    # given: a message due for 30 min, the last answer 45 min ago, and one reason the
+    # relay could not answer until just now (or yet)
+    now = timezone.now()
+    dest = destination("merchant", last_failure_at=now - 45 * MINUTE, max_in_flight=2)
+    message(dest, "due", due_ago=30 * MINUTE)
+    if "leases" in change:
+        for n in range(2):
+            leased = message(dest, f"leased-{n}", "sending", due_ago=31 * MINUTE)
+            leased.lease_until = now + change["leases"] * SECOND
+            leased.save()
+    else:
+        moment = now + next(iter(change.values())) * SECOND
+        WebhookDestination.objects.filter(pk=dest.pk).update(**{next(iter(change)): moment})
+
+    # when
+    (status,) = destination_statuses()
+
+    # then: behind its backlog, not "not sending" (a pickup, 30 s, has not passed since)
+    assert [r.code for r in status.reasons] == ["behind"], why
+
+
+def test_with_a_slot_free_a_lease_does_not_excuse_the_silence():
+    # given: one of two slots leased for 20 s more, and a message due for 30 min
+    now = timezone.now()
+    dest = destination("merchant", last_failure_at=now - 45 * MINUTE, max_in_flight=2)
+    message(dest, "due", due_ago=30 * MINUTE)
+    leased = message(dest, "leased", "sending", due_ago=31 * MINUTE)
+    leased.lease_until = now + 20 * SECOND
+    leased.save()
+
+    # then: a free slot and nothing sent: not sending
+    (status,) = destination_statuses()
+    assert [r.code for r in status.reasons] == ["relay_not_sending"]

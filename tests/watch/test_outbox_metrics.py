@@ -103,6 +103,8 @@ def test_not_sending_is_the_status_own_condition(client):
         dest = WebhookDestination.objects.create(
             name=name, url="http://127.0.0.1:9/", last_success_at=now - answered
         )
+        # last changed an hour ago: a change gives the relay a pickup's time
+        WebhookDestination.objects.filter(pk=dest.pk).update(updated_at=now - timedelta(hours=1))
         admit(dest, f"{name}-1")
         OutboxMessage.objects.filter(key=f"{name}-1").update(
             created_at=now - due, next_attempt_at=now - due

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import Count, Exists, Min, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Exists, Max, Min, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -33,6 +33,8 @@ class Health(TypedDict):
     oldest_due_at: datetime | None
     failed_count: int
     in_flight: int
+    sending: int
+    leases_until: datetime | None
     held_back: int
 
 
@@ -58,6 +60,9 @@ def destinations_with_health(
       is);
     - ``failed_count``: terminal messages waiting for an operator;
     - ``in_flight``: requests in flight on every worker (sending, their lease unexpired);
+    - ``sending``, ``leases_until``: messages claimed and not yet recorded, and when the
+      last of their leases runs out (expired or not): a worker that stopped holds its
+      slots until then;
     - ``held_back``: pending and sending messages behind a failed one of their ordering
       key, which wait for an operator as it does.
 
@@ -80,6 +85,8 @@ def destinations_with_health(
         backlog=_count(mine.filter(status__in=BACKLOG)),
         failed_count=_count(mine.filter(status=MessageStatus.FAILED)),
         in_flight=_count(mine.filter(status=MessageStatus.SENDING, lease_until__gt=now)),
+        sending=_count(mine.filter(status=MessageStatus.SENDING)),
+        leases_until=_least(mine.filter(status=MessageStatus.SENDING), Max("lease_until")),
         oldest_eligible_at=_least(sendable, Min("created_at")),
         oldest_due_at=_least(sendable, Min("next_attempt_at")),
         held_back=_count(held_back),
@@ -91,7 +98,7 @@ def _count(messages: QuerySet[OutboxMessage]) -> Coalesce:
     return Coalesce(_least(messages, Count("id")), 0)
 
 
-def _least(messages: QuerySet[OutboxMessage], aggregate: Min | Count) -> Subquery:
+def _least(messages: QuerySet[OutboxMessage], aggregate: Min | Max | Count) -> Subquery:
     """``aggregate`` over ``messages``, a subquery of one value (NULL: none)."""
     return Subquery(
         messages.order_by().values("destination").annotate(value=aggregate).values("value")

@@ -263,9 +263,10 @@ def _waiting(d: DestinationStatus) -> timedelta | None:
 
 
 def _not_sending(d: DestinationStatus) -> bool:
-    """Messages due past the pickup, and no answer of any kind for as long."""
-    last = d.last_attempt_at
-    return _waiting(d) is not None and (last is None or d.now - last > d.pickup)
+    """Messages due past the pickup, and nothing answered for as long since a running
+    relay owed an answer (DestinationStatus.owed_since)."""
+    owed = d.owed_since
+    return _waiting(d) is not None and (owed is None or d.now - owed > d.pickup)
 
 
 def _stalled(d: DestinationStatus) -> tuple[str, str] | None:

@@ -44,6 +44,10 @@ class DestinationStatus:
     last_failure_at: datetime | None
     # the earliest due time among the messages the relay would send now
     oldest_due_at: datetime | None = None
+    # from when a running relay owes an answer: its last answer, the end of the
+    # breaker's pause, the destination's last change (enabled again), or, with every
+    # slot held by a lease, those leases running out (a stopped worker's included)
+    owed_since: datetime | None = None
     # pending messages behind a failed one of their ordering key; the failed messages
     # holding them back, and the oldest of those (its id, key and ordering key)
     held_back: int = 0
@@ -144,6 +148,9 @@ def destination_status(
     messages holding others back (failed_holding_back)."""
     holding_back, first = (holders or {}).get(dest.pk, (0, None))
     unreadable = stored_secrets_problem(getattr(dest, "stored_secrets", None))
+    held = dest.leases_until if dest.sending >= dest.max_in_flight else None
+    moments = (dest.last_success_at, dest.last_failure_at, dest.paused_until, dest.updated_at)
+    owed = [m for m in (*moments, held) if m is not None]
     status = DestinationStatus(
         name=dest.name,
         pk=dest.pk,
@@ -153,6 +160,7 @@ def destination_status(
         failed=dest.failed_count,
         oldest_eligible_at=dest.oldest_eligible_at,
         oldest_due_at=dest.oldest_due_at,
+        owed_since=max(owed) if owed else None,
         breaker=destination_breaker(dest, now=now),
         pickup=relay_pickup(dest),
         last_success_at=dest.last_success_at,

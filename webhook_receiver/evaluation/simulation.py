@@ -33,14 +33,13 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any
 from unittest import mock
 
 import time_machine
-from celery import current_app
 from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -64,7 +63,7 @@ from .backlog import Backlog
 from .inputs import Scenario
 from .observed import Observations
 from .processes import Processes
-from .settings import EVENT_TYPE, SENDER, eval_settings, sender_secret
+from .settings import EVENT_TYPE, SENDER, beat_schedule, eval_settings, sender_secret
 
 # samples of queue depth and oldest age per run, whatever its length
 SAMPLES = 240
@@ -176,7 +175,7 @@ class Simulation:
             "sweep": {"task": "webhook_receiver.relay_sweep", "schedule": beat.relay_sweep},
             "retry": {"task": "webhook_receiver.retry_failed_events", "schedule": beat.retry_sweep},
         }
-        stack.enter_context(_beat_schedule(schedule))
+        stack.enter_context(beat_schedule(schedule))
         stack.enter_context(
             mock.patch.multiple(
                 tasks.relay_destination,
@@ -432,19 +431,6 @@ class Simulation:
             obs.inbound_failed = dict(
                 FailedEvent.objects.filter(source=SENDER).values_list("event_key", "status")
             )
-
-
-@contextmanager
-def _beat_schedule(schedule: dict[str, Any]) -> Iterator[None]:
-    """Celery's beat_schedule set to ``schedule`` for a while (its Settings restore what
-    was there by assignment, not by deleting a key)."""
-    conf = current_app.conf
-    before = conf.beat_schedule
-    conf.beat_schedule = schedule
-    try:
-        yield
-    finally:
-        conf.beat_schedule = before
 
 
 def _offset(moment: datetime, start: datetime) -> float:

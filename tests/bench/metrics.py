@@ -1,13 +1,15 @@
-"""Benchmark of a /metrics/ scrape against 1,000,000 receipts and 100,000 failed events
-(a command, not a timed test).
+"""Benchmark of a /metrics/ scrape, webhook_status and the overview against 1,000,000
+receipts, 100,000 failed events and 1,000,000 outbox messages (a command, not a timed
+test).
 
-    python -m tests.bench.metrics [--receipts N] [--failed N] [--scrapes N]
+    python -m tests.bench.metrics [--receipts N] [--failed N] [--outbox N] [--scrapes N]
 
 It recreates a ``webhook_receiver_bench_metrics`` database on the local PostgreSQL
 (BENCH_METRICS_DATABASE_URL to change it), fills it with one INSERT … SELECT
 generate_series per table: receipts over 30 days from four sources; failed events, most
 of them resolved or discarded as in a long-running system, some dead and some retrying
-(a few overdue); silence alerts and repair items, most of them resolved. Then VACUUM
+(a few overdue); silence alerts and repair items, most of them resolved; outbox messages
+to three destinations, most delivered, 20,000 open (tests/bench/status.py). Then VACUUM
 ANALYZE, as autovacuum would have done by then (index-only scans need its visibility
 map), and it times GET /metrics/ through Django's full request path: the token, every
 database read, the counters and the text. It prints the median scrape against a floor
@@ -16,6 +18,10 @@ other: what the statements would cost if the database did no work), against the 
 scrape on the empty tables before the fill (so the ratio is what the tables' size
 adds), and each statement's plan nodes, which must all be index scans. Target: under
 100 ms a scrape; it exits 1 if a scrape is slower or a plan reads a table sequentially.
+Then ``webhook_status --json`` and the admin's overview, each against its own floor of
+round trips, with its slowest statements (targets: webhook_status under 1 s, a third of
+its 3 s bound STATUS_TIMEOUT_SECONDS; the overview, which adds the traffic chart and
+the gaps between receipts, under those 3 s).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .server import database_recreate
+from .status import outbox_fill, status_bench
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_metrics"
 SOURCES = ("shop", "stripe", "github", "partner")
@@ -40,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--receipts", type=int, default=1_000_000)
     parser.add_argument("--failed", type=int, default=100_000)
+    parser.add_argument("--outbox", type=int, default=1_000_000, help="outbox messages")
     parser.add_argument("--scrapes", type=int, default=20, help="timed scrapes (median)")
     args = parser.parse_args(argv)
     url = os.environ.get("BENCH_METRICS_DATABASE_URL", DEFAULT_URL)
@@ -85,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"filling {args.receipts:,} receipts and {args.failed:,} failed events…", flush=True)
     started = time.monotonic()
-    shares = _fill(connection, args.receipts, args.failed)
+    shares = _fill(connection, args.receipts, args.failed, args.outbox)
     print(f"  {time.monotonic() - started:.1f} s; failed events by status: {shares}", flush=True)
 
     statements = _statements_of_a_scrape(connection, client, auth)
@@ -99,19 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     scrape_ms = statistics.median(scrapes) * 1000
     floor_ms = statistics.median(floors) * 1000
     plans = [_plan(connection, sql, params) for sql, params in statements]
-    # The destinations are configuration, a handful of rows, listed whole at each scrape:
-    # reading that table is the point. Every other table must be read through an index.
+    # The destinations and the sources kept as records are configuration, a handful of
+    # rows, listed whole at each scrape: reading those tables is the point. Every other
+    # table must be read through an index.
+    configuration = ("webhookdestination", "webhooksource")
     sequential = [
         nodes
         for (sql, _), (_, nodes) in zip(statements, plans, strict=True)
         if any(n.startswith("Seq Scan") for n in nodes)
-        and 'FROM "webhook_receiver_webhookdestination"' not in sql
+        and not any(f'FROM "webhook_receiver_{table}"' in sql for table in configuration)
     ]
 
     print()
     print(
         f"GET /metrics/ with {len(SOURCES)} sources, {args.receipts:,} receipts, "
-        f"{args.failed:,} failed events"
+        f"{args.failed:,} failed events, {args.outbox:,} outbox messages"
     )
     print(f"  scrape      {scrape_ms:7.2f} ms  median of {args.scrapes} (target < {TARGET_MS:.0f})")
     print(f"  slowest     {max(scrapes) * 1000:7.2f} ms")
@@ -127,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"               {node}")
     if sequential:
         print(f"\n!!! {len(sequential)} statements read a table sequentially")
-    return 0 if scrape_ms < TARGET_MS and not sequential else 1
+    statuses_within = status_bench(connection, args.scrapes, lambda n: _round_trips(connection, n))
+    return 0 if scrape_ms < TARGET_MS and not sequential and statuses_within else 1
 
 
 # failed events by status, per 100: a long-running system keeps resolved and discarded
@@ -135,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 FAILED_MIX = (("resolved", 80), ("discarded", 10), ("dead", 6), ("retrying", 4))
 
 
-def _fill(connection, receipts: int, failed: int) -> dict[str, int]:
+def _fill(connection, receipts: int, failed: int, outbox: int) -> dict[str, int]:
     sources = "ARRAY[" + ", ".join(f"'{s}'" for s in SOURCES) + "]"
     source = f"({sources})[1 + n % {len(SOURCES)}]"
     with connection.cursor() as cursor:
@@ -213,41 +224,9 @@ def _fill(connection, receipts: int, failed: int) -> dict[str, int]:
             FROM generate_series(0, 500) AS n
             """
         )
-        # the outbox: three destinations, 100,000 delivered messages and a backlog of
-        # 300 (pending, some due; some in flight; some terminal)
-        cursor.execute(
-            """
-            INSERT INTO webhook_receiver_webhookdestination (name, url, secrets, event_types,
-                rate_count, rate_seconds, burst, max_in_flight, timeout_seconds, max_attempts,
-                backoff_base_seconds, backoff_cap_seconds, retry_after_cap_seconds,
-                breaker_threshold, breaker_cooldown_seconds, enabled, replay_horizon_days,
-                tokens, consecutive_failures, record_error, created_at, updated_at)
-            SELECT 'merchant-' || n, 'https://merchant.example/' || n, '[]'::jsonb,
-                '["order.paid"]'::jsonb, 10, 1, 10, 4, 10, 12, 2, 3600, 300, 10, 60, true, 30,
-                0, 0, '', now(), now()
-            FROM generate_series(1, 3) AS n
-            """
-        )
-        cursor.execute(
-            """
-            INSERT INTO webhook_receiver_outboxmessage (destination_id, key, event_type,
-                payload, metadata, ordering_key, status, attempts, failures, next_attempt_at,
-                lease_until, origin_source, origin_event_key, created_at, delivered_at,
-                last_error, discarded_by, discard_reason)
-            SELECT d.id, 'order:' || n || ':paid:v1', 'order.paid', '{}'::jsonb, '{}'::jsonb, '',
-                CASE WHEN n <= 100000 THEN 'delivered' WHEN n % 10 = 0 THEN 'failed'
-                     WHEN n % 10 = 1 THEN 'sending' ELSE 'pending' END,
-                1, 0, now() + (n % 20 - 10) * interval '1 minute',
-                CASE WHEN n % 10 = 1 THEN now() + interval '30 seconds' END,
-                '', '', now() - (100300 - n) * interval '1 second',
-                CASE WHEN n <= 100000 THEN now() - (100300 - n) * interval '1 second' END,
-                '', '', ''
-            FROM generate_series(1, 100300) AS n
-            JOIN webhook_receiver_webhookdestination d ON d.name = 'merchant-' || (1 + n % 3)
-            """
-        )
         cursor.execute("SELECT status, count(*) FROM webhook_receiver_failedevent GROUP BY status")
         shares = dict(cursor.fetchall())
+    print(f"  outbox messages by status: {outbox_fill(connection, outbox)}", flush=True)
     # outside a transaction: VACUUM cannot run in one
     tables = ("webhookreceipt", "failedevent", "repairitem", "silencealert")
     for table in (*tables, "webhookdestination", "outboxmessage"):

@@ -22,24 +22,27 @@ def test_the_example_alerts_use_only_metrics_that_exist():
         "webhook_receiver_receive_seconds_bucket",
         "webhook_receiver_failed_events",
         "webhook_receiver_oldest_retry_age_seconds",
+        "webhook_receiver_retries_stalled",
         "webhook_receiver_last_event_timestamp_seconds",
         "webhook_receiver_silence_alert_open",
         "webhook_receiver_repair_items_open",
         "webhook_receiver_outbox_breaker_open",
         "webhook_receiver_outbox_failed",
         "webhook_receiver_outbox_oldest_eligible_age_seconds",
+        "webhook_receiver_outbox_not_sending",
     }
     assert used <= exposed, used - exposed
     assert {
         "webhook_receiver_silence_alert_open",
         "webhook_receiver_last_event_timestamp_seconds",
         "webhook_receiver_failed_events",
-        "webhook_receiver_oldest_retry_age_seconds",
+        "webhook_receiver_retries_stalled",
         "webhook_receiver_repair_items_open",
         "webhook_receiver_rejected_total",
         "webhook_receiver_outbox_breaker_open",
         "webhook_receiver_outbox_failed",
         "webhook_receiver_outbox_oldest_eligible_age_seconds",
+        "webhook_receiver_outbox_not_sending",
     } <= used
 
 

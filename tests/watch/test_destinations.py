@@ -23,10 +23,16 @@ pytestmark = pytest.mark.django_db
 
 OVERVIEW = reverse("admin:webhook_receiver_sourceoverview_changelist")
 MINUTE = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
 
 
 def destination(name: str, **fields) -> WebhookDestination:
-    return WebhookDestination.objects.create(name=name, url="http://127.0.0.1:9/", **fields)
+    """A destination last changed an hour ago (a change gives the relay a pickup's time)."""
+    dest = WebhookDestination.objects.create(name=name, url="http://127.0.0.1:9/", **fields)
+    WebhookDestination.objects.filter(pk=dest.pk).update(
+        updated_at=timezone.now() - timedelta(hours=1)
+    )
+    return dest
 
 
 def message(dest: WebhookDestination, key: str, status: str = "pending", *, due_ago=MINUTE):
@@ -46,8 +52,9 @@ def a_bad_night() -> None:
     """One destination of each kind: fine, paused, with terminal messages, not being
     sent to, behind its traffic, disabled with a backlog."""
     now = timezone.now()
-    fine = destination("fine", last_success_at=now - MINUTE)
-    message(fine, "fine-1")
+    # a message due 10 s ago, an answer 5 s ago: within the relay's pickup (about 30 s)
+    fine = destination("fine", last_success_at=now - 5 * SECOND)
+    message(fine, "fine-1", due_ago=10 * SECOND)
     destination(
         "paused", consecutive_failures=10, paused_until=now + 5 * MINUTE, last_failure_at=now
     )
@@ -90,7 +97,10 @@ def test_each_destination_gets_its_state_and_reasons():
         "stalled": ["relay_not_sending"],
     }
     assert statuses["fine"].state == State.OK
-    assert {d.state for name, d in statuses.items() if name != "fine"} == {State.ATTENTION}
+    assert statuses["stalled"].state == State.ALERT
+    assert {d.state for name, d in statuses.items() if name not in ("fine", "stalled")} == {
+        State.ATTENTION
+    }
     assert statuses["refused"].reasons[0].summary == "2 messages failed"
     assert "one probe in 4 min" in statuses["paused"].reasons[0].text
     assert statuses["behind"].reasons[0].summary == "behind by 25 min"
@@ -122,7 +132,7 @@ def test_the_verdict_counts_destinations_after_the_sources():
     assert verdict.text == "All 5 sources and 2 destinations OK"
 
 
-def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention():
+def test_webhook_status_lists_destinations_and_exits_2_for_a_relay_not_sending():
     # given
     a_bad_night()
 
@@ -130,8 +140,10 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
     code, out = status_command()
     json_code, document = status_command("--json")
 
-    # then: the table, the reasons, the exit code
-    assert code == 1 == json_code
+    # then: the table, the reasons, the exit code (ALERT: "stalled" is not being sent to)
+    assert code == 2 == json_code
+    stalled = next(line for line in out.splitlines() if line.startswith("stalled "))
+    assert "ALERT" in stalled
     assert "DESTINATION" in out and "BREAKER" in out
     paused = next(line for line in out.splitlines() if line.startswith("paused "))
     assert "ATTENTION" in paused and "open 4 min" in paused
@@ -151,12 +163,17 @@ def test_webhook_status_lists_destinations_and_exits_1_for_one_needing_attention
         "failed",
         "held_back",
         "oldest_eligible_age_seconds",
+        "due_age_seconds",
+        "pickup_seconds",
         "breaker",
         "last_success_at",
         "last_failure_at",
         "record_failure",
     }
     assert destinations["refused"]["failed"] == 2
+    # the pickup with the shipped defaults: sweep 5 s, a token 0.1 s, timeout 10 s, slack
+    assert destinations["refused"]["pickup_seconds"] == 30.1
+    assert destinations["stalled"]["due_age_seconds"] >= 30 * 60
     assert destinations["paused"]["breaker"]["state"] == "open"
     assert destinations["fine"]["state"] == "ok"
     assert destinations["refused"]["disabled_by_relay"] is None
@@ -214,7 +231,8 @@ def test_destinations_on_the_overview_in_a_browser(admin_browser, live_server): 
 
     # then: the verdict names them, every row shows, and the page does not scroll sideways
     verdict = admin_browser.find_element(By.ID, "wr-verdict")
-    assert "6 destinations need attention" in verdict.text
+    assert "1 destination in alert: stalled — relay not sending" in verdict.text
+    assert "5 destinations need attention" in verdict.text
     rows = admin_browser.find_elements(By.CSS_SELECTOR, "tr.wr-destination-row")
     states = {r.get_attribute("data-destination"): r.get_attribute("data-state") for r in rows}
     assert states == {
@@ -224,7 +242,7 @@ def test_destinations_on_the_overview_in_a_browser(admin_browser, live_server): 
         "off": "attention",
         "paused": "attention",
         "refused": "attention",
-        "stalled": "attention",
+        "stalled": "alert",
     }
     table = admin_browser.find_element(By.ID, "wr-destinations")
     admin_browser.execute_script("arguments[0].scrollIntoView()", table)
@@ -243,8 +261,8 @@ def test_a_failed_message_holding_back_its_ordering_key_reads_as_that_cause(admi
     for n in range(2, 5):
         message(dest, f"order:ord_1:fulfilled:v{n}", due_ago=30 * MINUTE)
     OutboxMessage.objects.update(ordering_key="order:ord_1")
-    # and one without an ordering key, due a minute ago: sendable, not held back
-    message(dest, "order:ord_2:paid:v1", due_ago=MINUTE)
+    # and one without an ordering key, due 10 s ago: sendable, not held back
+    message(dest, "order:ord_2:paid:v1", due_ago=10 * SECOND)
 
     # when
     (status,) = destination_statuses()
@@ -257,9 +275,9 @@ def test_a_failed_message_holding_back_its_ordering_key_reads_as_that_cause(admi
         "failed message order:ord_1:paid:v1 holds back 3 later messages of its ordering key "
         "order:ord_1: Retry now or Discard it to let them go"
     )
-    # the oldest due is the sendable one, a minute old
+    # the oldest due is the sendable one, 10 s old
     assert status.held_back == 3
-    assert MINUTE <= status.oldest_eligible_age < 2 * MINUTE
+    assert 10 * SECOND <= status.oldest_eligible_age < MINUTE
     assert status.as_dict()["held_back"] == 3
 
     # and the overview links the reason to the failed message itself
@@ -326,3 +344,48 @@ def test_held_back_and_unrecorded_destinations_in_a_browser(admin_browser, live_
     screenshot(admin_browser, "overview-held-back-and-unrecorded")
     width = admin_browser.execute_script("return document.documentElement.scrollWidth")
     assert width <= admin_browser.execute_script("return window.innerWidth")
+
+
+@pytest.mark.parametrize(
+    ("why", "change"),
+    [
+        ("the breaker's pause ended 10 s ago", {"paused_until": -10}),
+        ("enabled again 10 s ago", {"updated_at": -10}),
+        ("every slot leased until 10 s ago", {"leases": -10}),
+        ("every slot leased for 20 s more", {"leases": 20}),
+    ],
+)
+def test_a_relay_owes_no_answer_before_its_pause_its_leases_or_a_change_end(why, change):
+    # given: a message due for 30 min, the last answer 45 min ago, and one reason the
+    # relay could not answer until just now (or yet)
+    now = timezone.now()
+    dest = destination("merchant", last_failure_at=now - 45 * MINUTE, max_in_flight=2)
+    message(dest, "due", due_ago=30 * MINUTE)
+    if "leases" in change:
+        for n in range(2):
+            leased = message(dest, f"leased-{n}", "sending", due_ago=31 * MINUTE)
+            leased.lease_until = now + change["leases"] * SECOND
+            leased.save()
+    else:
+        moment = now + next(iter(change.values())) * SECOND
+        WebhookDestination.objects.filter(pk=dest.pk).update(**{next(iter(change)): moment})
+
+    # when
+    (status,) = destination_statuses()
+
+    # then: behind its backlog, not "not sending" (a pickup, 30 s, has not passed since)
+    assert [r.code for r in status.reasons] == ["behind"], why
+
+
+def test_with_a_slot_free_a_lease_does_not_excuse_the_silence():
+    # given: one of two slots leased for 20 s more, and a message due for 30 min
+    now = timezone.now()
+    dest = destination("merchant", last_failure_at=now - 45 * MINUTE, max_in_flight=2)
+    message(dest, "due", due_ago=30 * MINUTE)
+    leased = message(dest, "leased", "sending", due_ago=31 * MINUTE)
+    leased.lease_until = now + 20 * SECOND
+    leased.save()
+
+    # then: a free slot and nothing sent: not sending
+    (status,) = destination_statuses()
+    assert [r.code for r in status.reasons] == ["relay_not_sending"]

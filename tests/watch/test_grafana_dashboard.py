@@ -279,7 +279,10 @@ def test_every_metric_the_dashboard_names_is_exported_by_a_real_scrape(
         # its series' creation times: not a metric for a panel
         if family.name.startswith("webhook_receiver_") and not family.name.endswith("_created")
     }
+    # (the 0/1 states for alerts: the ages of the oldest retry and message show them)
     assert ours - shown == {
+        "webhook_receiver_retries_stalled",
+        "webhook_receiver_outbox_not_sending",
         "webhook_receiver_outbox_dedup_hits",
         "webhook_receiver_outbox_in_flight",
         "webhook_receiver_outbox_limiter_utilisation",

@@ -35,6 +35,7 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
+from webhook_receiver.watch.sources import source_statuses as statuses
 from webhook_receiver.watch.traffic import last_accepted_at
 
 SOURCES = ("shop", "stripe", "github", "small", "keyed")  # tests/settings.py
@@ -267,6 +268,13 @@ def test_database_gauges_equal_the_database(client, metrics_on):
     assert (now - due).total_seconds() <= age <= (scraped_at - due).total_seconds()
     assert 15 * 60 <= age < 15 * 60 + 30
     assert value(samples, "webhook_receiver_oldest_retry_age_seconds", source="stripe") == 0
+    # and whether retries run, as the status's retries_stalled says: 15 min overdue is
+    # past the sweep's pickup (about 30 s)
+    stalled = {s.source: "retries_stalled" in [r.code for r in s.reasons] for s in statuses()}
+    assert series(samples, "webhook_receiver_retries_stalled") == {
+        labels(source=s): int(stalled[s]) for s in SOURCES
+    }
+    assert stalled["shop"] and not stalled["stripe"]
     # the last accepted event, as status.last_accepted_at defines it
     last_events = {
         labels(source=s): last_accepted_at(s).timestamp()

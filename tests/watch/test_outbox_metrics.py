@@ -17,6 +17,7 @@ from tests.support.worker import wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.watch.destinations import destination_statuses
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_on")]
 
@@ -87,6 +88,38 @@ def test_messages_held_back_by_a_failed_one_are_counted_apart_from_the_oldest_du
     assert gauge("held_back") == 2
     assert (gauge("backlog"), gauge("failed")) == (3, 1)
     assert 29 <= gauge("oldest_eligible_age_seconds") < 120
+
+
+def test_not_sending_is_the_status_own_condition(client):
+    # given: "stopped" has a message due for 2 min and no answer for 10 min; "sending"
+    # has one due as long and answered 5 s ago (behind its limit, not stopped); "fresh"
+    # has one due 5 s ago, within the relay's pickup (about 30 s)
+    now = timezone.now()
+    for name, answered, due in (
+        ("stopped", timedelta(minutes=10), timedelta(minutes=2)),
+        ("sending", timedelta(seconds=5), timedelta(minutes=2)),
+        ("fresh", timedelta(minutes=10), timedelta(seconds=5)),
+    ):
+        dest = WebhookDestination.objects.create(
+            name=name, url="http://127.0.0.1:9/", last_success_at=now - answered
+        )
+        # last changed an hour ago: a change gives the relay a pickup's time
+        WebhookDestination.objects.filter(pk=dest.pk).update(updated_at=now - timedelta(hours=1))
+        admit(dest, f"{name}-1")
+        OutboxMessage.objects.filter(key=f"{name}-1").update(
+            created_at=now - due, next_attempt_at=now - due
+        )
+
+    # when
+    samples = scrape(client)
+
+    # then: 1 exactly where the status says relay_not_sending
+    def not_sending(destination):
+        return value(samples, "webhook_receiver_outbox_not_sending", destination=destination)
+
+    assert (not_sending("stopped"), not_sending("sending"), not_sending("fresh")) == (1, 0, 0)
+    codes = {d.name: [r.code for r in d.reasons] for d in destination_statuses()}
+    assert codes == {"stopped": ["relay_not_sending"], "sending": ["behind"], "fresh": []}
 
 
 def test_dedup_hits_deliveries_and_terminal_failures_are_counted(

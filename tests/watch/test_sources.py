@@ -12,7 +12,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from tests.support.status import accepted, audit, failed, receipt, refused, repair, run, silence
@@ -136,15 +138,43 @@ def test_a_retry_failing_for_over_an_hour_needs_attention():
     assert shop.state == State.ATTENTION
 
 
-def test_a_retry_overdue_for_more_than_ten_minutes_says_retries_are_not_running():
-    failed("shop", "retrying", first=NOW - timedelta(minutes=40), due=NOW - timedelta(minutes=25))
+def test_a_retry_overdue_for_longer_than_the_sweep_leaves_one_says_retries_are_not_running():
+    # the shipped beat schedule sweeps every 15 s: a retry is taken within 15 s, a batch
+    # (0.5 s at most) and 15 s of slack; 40 s late, the sweep is not running
+    failed("shop", "retrying", first=NOW - timedelta(minutes=40), due=NOW - timedelta(seconds=40))
 
     shop = by_source()["shop"]
 
-    assert shop.retry_overdue == timedelta(minutes=25)
-    assert [(r.code, r.text) for r in shop.reasons] == [
-        ("retries_stalled", "retries are not running: one was due 25 min ago")
+    assert shop.retry_overdue == timedelta(seconds=40)
+    assert shop.retry_pickup == timedelta(seconds=30.5)
+    assert [(r.code, r.state, r.text) for r in shop.reasons] == [
+        (
+            "retries_stalled",
+            State.ALERT,
+            "retries are not running: one was due 40 s ago (a running sweep retries it "
+            "within 30 s)",
+        )
     ]
+
+
+def test_a_retry_overdue_within_the_sweeps_pickup_is_no_state():
+    failed("shop", "retrying", first=NOW - timedelta(minutes=40), due=NOW - timedelta(seconds=20))
+
+    assert by_source()["shop"].reasons == ()
+
+
+@override_settings(WEBHOOK_RECEIVER={**settings.WEBHOOK_RECEIVER, "SWEEP_BATCH_SIZE": 2})
+def test_many_retries_due_at_once_give_the_sweep_a_batch_of_time_for_each():
+    # given: 40 retries due 35 s ago, and batches of 2: 20 batches of up to 0.5 s each
+    for n in range(40):
+        late = NOW - timedelta(seconds=35)
+        failed("shop", "retrying", first=NOW - timedelta(minutes=5), due=late, key=f"due-{n}")
+
+    shop = by_source()["shop"]
+
+    # then: 15 s + 20 × 0.5 s + 15 s = 40 s, and 35 s late is not yet a state
+    assert shop.retry_pickup == timedelta(seconds=40)
+    assert shop.reasons == ()
 
 
 def test_refused_requests_in_the_last_hour_need_attention():
@@ -261,9 +291,9 @@ def test_the_rule_has_one_line_of_why_per_condition():
     assert [c.code for c in SOURCE_CONDITIONS] == [
         "silent",
         "repair_needed",
+        "retries_stalled",
         "dead_letters",
         "old_retry",
-        "retries_stalled",
         "not_stored",
         "rejected",
         "reconcile_failed",

@@ -323,6 +323,25 @@ def silence_alert_once(v: RunView) -> Verdict:
     return Verdict("silence-alert-once", title, not problem, checked, problem)
 
 
+def never_judged_not_sending(v: RunView) -> Verdict:
+    """The simulated workers and beat run throughout: at no sample does the status say
+    relay_not_sending. A backlog at a destination's limit (a flash sale) is "behind"."""
+    title = "a working relay is never judged not sending (a backlog at its limit is behind)"
+    count = 0
+    for name, judged in sorted(v.obs.judged.items()):
+        for at, code in judged:
+            count += 1
+            if code == "relay_not_sending":
+                return Verdict(
+                    "never-judged-not-sending",
+                    title,
+                    False,
+                    count,
+                    f"{name} at {when(at)}: the status said relay_not_sending",
+                )
+    return Verdict("never-judged-not-sending", title, True, count)
+
+
 CHECKS: list[Callable[[RunView], Verdict]] = [
     ledger_balances,
     one_message_per_event,
@@ -338,6 +357,7 @@ CHECKS: list[Callable[[RunView], Verdict]] = [
     retry_after_capped,
     budget_respected,
     gone_holds,
+    never_judged_not_sending,
 ]
 
 NAMES = [
@@ -356,6 +376,7 @@ NAMES = [
     "retry-after-capped",
     "budget-respected",
     "gone-holds",
+    "never-judged-not-sending",
 ]
 
 

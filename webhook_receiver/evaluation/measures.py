@@ -73,6 +73,8 @@ def measure(obs: Observations) -> dict[str, Any]:
             "held_back_longest_s": _r(max((s[4] for s in samples), default=0.0)),
             "held_back_at_cut_off": sum(e["held"] for e in obs.held_back.get(name, [])),
             "held_behind": obs.held_back.get(name, [])[:3],
+            # samples the status judged the backlog behind, or not sending
+            "judged": dict(Counter(code for _, code in obs.judged.get(name, []) if code)),
             "attempts_per_delivered": _r(
                 sum(m["attempts"] for m in delivered) / len(delivered) if delivered else None
             ),

@@ -36,6 +36,9 @@ class Observations:
     silence: list[dict[str, Any]] = field(default_factory=list)
     # (at, open messages, oldest eligible age, held back, longest held), per destination
     samples: dict[str, list[tuple[float, int, float, int, float]]] = field(default_factory=dict)
+    # at the same moments, per destination: what the status judged its backlog
+    # ("relay_not_sending", "behind", or "" for neither)
+    judged: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     # at the cut-off: per destination, each terminal message that holds later ones of
     # its ordering key back, with how many and since when
     held_back: dict[str, list[dict[str, Any]]] = field(default_factory=dict)

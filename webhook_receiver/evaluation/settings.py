@@ -1,7 +1,8 @@
 """The settings a run uses: the host's own WEBHOOK_RECEIVER (its bounds and retry policy
 are what is evaluated), with the simulated sender as the one source, the evaluation's
 handler for its events, silence notices as signals, a key for the destinations'
-secrets, and a cache that behaves as a shared one."""
+secrets, a cache that behaves as a shared one; and beat's schedule as the scenario's
+(beat_schedule), which the status's thresholds read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.test.utils import override_settings
 
@@ -57,3 +59,16 @@ def eval_settings(scenario: Scenario, seed: int) -> Iterator[None]:
     }
     with override_settings(WEBHOOK_RECEIVER=ours, CACHES=caches):
         yield
+
+
+@contextmanager
+def beat_schedule(schedule: dict[str, Any]) -> Iterator[None]:
+    """Celery's beat_schedule set to ``schedule`` for a while (its Settings restore what
+    was there by assignment, not by deleting a key)."""
+    conf = current_app.conf
+    before = conf.beat_schedule
+    conf.beat_schedule = schedule
+    try:
+        yield
+    finally:
+        conf.beat_schedule = before

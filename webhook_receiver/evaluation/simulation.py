@@ -56,16 +56,19 @@ from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from ..outbound.operations import destination_enable
 from ..outbound.relay.claim import relay_claim
 from ..outbound.relay.run import relay_run
+from ..watch.destinations import destination_statuses
 from ..watch.silence import silence_check
 from . import traffic, world
 from .backlog import Backlog
 from .inputs import Scenario
 from .observed import Observations
 from .processes import Processes
-from .settings import EVENT_TYPE, SENDER, eval_settings, sender_secret
+from .settings import EVENT_TYPE, SENDER, beat_schedule, eval_settings, sender_secret
 
 # samples of queue depth and oldest age per run, whatever its length
 SAMPLES = 240
+# the status's judgements of a backlog recorded at each sample (watch/conditions.py)
+JUDGED = ("relay_not_sending", "behind")
 # the tasks a worker process runs (the rest happen in the web process or the sender)
 WORKER_TASKS = frozenset({"relay", "sweep", "retry_sweep", "silence"})
 
@@ -164,8 +167,15 @@ class Simulation:
             silence_check()
 
     def _patched(self) -> ExitStack:
-        """The broker's place taken by the schedule."""
+        """The broker's place taken by the schedule, and beat's by the scenario's
+        intervals (which the status's pickup reads: watch/pickup.py)."""
         stack = ExitStack()
+        beat = self.scenario.beat
+        schedule = {
+            "sweep": {"task": "webhook_receiver.relay_sweep", "schedule": beat.relay_sweep},
+            "retry": {"task": "webhook_receiver.retry_failed_events", "schedule": beat.retry_sweep},
+        }
+        stack.enter_context(beat_schedule(schedule))
         stack.enter_context(
             mock.patch.multiple(
                 tasks.relay_destination,
@@ -363,11 +373,16 @@ class Simulation:
 
     def _sample(self) -> None:
         now = self.now()
+        moment = self._start + timedelta(seconds=now)
+        # the app's own judgement at the same moment (what webhook_status would say)
+        judged = {d.name: d.reasons for d in destination_statuses(now=moment)}
         for name, dest in self._destinations.items():
-            queue = Backlog(dest, self._start + timedelta(seconds=now))
+            queue = Backlog(dest, moment)
             self.obs.samples[name].append(
                 (now, queue.open, queue.eligible_age, len(queue.held), queue.held_age)
             )
+            codes = [r.code for r in judged.get(name, ()) if r.code in JUDGED]
+            self.obs.judged.setdefault(name, []).append((now, codes[0] if codes else ""))
 
     # --- what the run left ---
 

@@ -160,6 +160,16 @@ class OutboxMessage(models.Model):
             models.Index(
                 fields=["destination", "ordering_key", "id"], name="webhook_outbox_ordering"
             ),
+            # the same question over open messages only, for the status's readings
+            # (selectors.destinations_with_health): a probe per due message that never
+            # walks an order's delivered history, and a plan cheap enough that
+            # PostgreSQL does not compile it (JIT: 50 ms of 95 on a million messages)
+            models.Index(
+                fields=["destination", "ordering_key", "id"],
+                condition=models.Q(status__in=["pending", "sending", "failed"])
+                & ~models.Q(ordering_key=""),
+                name="webhook_outbox_open_ordering",
+            ),
             # the sweep: which destinations have something due
             models.Index(fields=["status", "next_attempt_at"], name="webhook_outbox_due"),
             models.Index(fields=["origin_event_key"], name="webhook_outbox_origin"),

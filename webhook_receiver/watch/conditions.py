@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 
 # a retrying event failing for longer than this is worth a look: its cause is not passing
 OLD_RETRY = timedelta(hours=1)
-# a retry due this long ago has not run: the sweeper (worker or beat) is not working
-OVERDUE_RETRY = timedelta(minutes=10)
-# a message due this long ago and still not sent: the relay is behind, or not running
-OLD_BACKLOG = timedelta(minutes=10)
+# the relay's last round that could not be recorded is named for this long (unless an
+# answer was recorded since)
+RECORD_FAILURE_SHOWN = timedelta(minutes=10)
+# How long a retry may be overdue, or a destination's due message go unanswered, before
+# it is a state: not fixed, derived from the sweeps' intervals and the destination's
+# limits (watch/pickup.py; SourceStatus.retry_pickup, DestinationStatus.pickup).
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,6 @@ def reasons(conditions: Iterable[Condition], status: Any) -> tuple[Reason, ...]:
 
 
 # --- sources -------------------------------------------------------------------------------
-
-# a retrying event failing for longer than this is worth a look: its cause is not passing
-OLD_RETRY = timedelta(hours=1)
-
-
-# a retry due this long ago has not run: the sweeper (worker or beat) is not working
-OVERDUE_RETRY = timedelta(minutes=10)
 
 
 def _silent(s: SourceStatus) -> tuple[str, str] | None:
@@ -99,10 +94,11 @@ def _old_retry(s: SourceStatus) -> tuple[str, str] | None:
 
 def _overdue(s: SourceStatus) -> tuple[str, str] | None:
     late = s.retry_overdue
-    if late is None or late <= OVERDUE_RETRY:
+    if late is None or late <= s.retry_pickup:
         return None
     return "retries not running", (
-        f"retries are not running: one was due {duration_text(late)} ago"
+        f"retries are not running: one was due {duration_text(late)} ago (a running "
+        f"sweep retries it within {duration_text(s.retry_pickup)})"
     )
 
 
@@ -158,6 +154,13 @@ SOURCE_CONDITIONS: tuple[Condition, ...] = (
         _repair,
     ),
     Condition(
+        "retries_stalled",
+        State.ALERT,
+        "a retry overdue for longer than a running sweep leaves one (its interval, plus a "
+        "batch per SWEEP_BATCH_SIZE due): the worker or beat is down, nothing is retried",
+        _overdue,
+    ),
+    Condition(
         "dead_letters",
         State.ATTENTION,
         "dead letters: verified events that will not be retried; a person replays or discards them",
@@ -169,13 +172,6 @@ SOURCE_CONDITIONS: tuple[Condition, ...] = (
         f"an event retrying for over {duration_text(OLD_RETRY)}: its cause is not passing "
         "and it will soon be dead",
         _old_retry,
-    ),
-    Condition(
-        "retries_stalled",
-        State.ATTENTION,
-        f"a retry due over {duration_text(OVERDUE_RETRY)} ago has not run: the worker or "
-        "beat is down, and nothing is retried",
-        _overdue,
     ),
     Condition(
         "not_stored",
@@ -201,9 +197,6 @@ SOURCE_CONDITIONS: tuple[Condition, ...] = (
 
 
 # --- destinations ----------------------------------------------------------------------------
-
-# a message due this long ago and still not sent: the relay is behind, or not running
-OLD_BACKLOG = timedelta(minutes=10)
 
 
 def _secrets_unreadable(d: DestinationStatus) -> tuple[str, str] | None:
@@ -255,34 +248,48 @@ def _record_failing(d: DestinationStatus) -> tuple[str, str] | None:
     )
 
 
-def _stalled(d: DestinationStatus) -> tuple[str, str] | None:
-    age = d.oldest_eligible_age
-    if not d.enabled or d.breaker.state == "open" or age is None or age <= OLD_BACKLOG:
+def _waiting(d: DestinationStatus) -> timedelta | None:
+    """How long a message the relay would send now has been due, when that is longer
+    than the relay takes to pick one up (DestinationStatus.pickup) and nothing else
+    explains it; else None."""
+    due = d.due_age
+    if not d.enabled or d.breaker.state == "open" or due is None or due <= d.pickup:
         return None
     if d.record_failing:  # it is sending: _record_failing names the cause
         return None
     if d.secrets_unreadable:  # the relay runs, and refuses to sign: that is the cause
         return None
-    last = d.last_attempt_at
-    if last is not None and d.now - last <= OLD_BACKLOG:
+    return due
+
+
+def _not_sending(d: DestinationStatus) -> bool:
+    """Messages due past the pickup, and nothing answered for as long since a running
+    relay owed an answer (DestinationStatus.owed_since)."""
+    owed = d.owed_since
+    return _waiting(d) is not None and (owed is None or d.now - owed > d.pickup)
+
+
+def _stalled(d: DestinationStatus) -> tuple[str, str] | None:
+    due = _waiting(d)
+    if due is None or not _not_sending(d):
         return None
+    last = d.last_attempt_at
     since = "never" if last is None else f"not for {duration_text(d.now - last)}"
     return "relay not sending", (
-        f"messages are due and nothing is sent ({since}): the worker or the sweep is down"
+        f"messages due for {duration_text(due)} and no answer ({since}), where a running "
+        f"relay answers within {duration_text(d.pickup)}: the worker or the sweep is down"
     )
 
 
 def _behind(d: DestinationStatus) -> tuple[str, str] | None:
-    age = d.oldest_eligible_age
-    if age is None or age <= OLD_BACKLOG or _stalled(d) or d.breaker.state == "open":
+    due = _waiting(d)
+    if due is None or _not_sending(d):
         return None
-    if not d.enabled:  # it sends nothing: its own condition says why
-        return None
-    if d.secrets_unreadable:  # not slow: sent nothing at all, for want of its secrets
-        return None
-    return f"behind by {duration_text(age)}", (
-        f"the oldest message due has waited {duration_text(age)} ({d.backlog} in the "
-        "backlog): its limits are too low for the traffic, or it answers slowly"
+    return f"behind by {duration_text(due)}", (
+        f"a message has been due for {duration_text(due)} while others are sent "
+        f"({d.backlog} in the backlog; a message is picked up within "
+        f"{duration_text(d.pickup)} at its limits): its limits are too low for the "
+        "traffic, or it answers slowly"
     )
 
 
@@ -304,9 +311,18 @@ def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
     return summary, f"disabled with {d.backlog} message{plural(d.backlog)} waiting to be sent"
 
 
-# (code, level, why: docs/overview.md lists them, test). Every one is ATTENTION: a
-# destination is someone else's endpoint, and nothing is lost while messages wait.
+# (code, level, why: docs/overview.md lists them, test). ATTENTION but one: a
+# destination is someone else's endpoint, and nothing is lost while messages wait; a
+# relay that sends nothing at all is ours, and ALERT (it is listed first).
 DESTINATION_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "relay_not_sending",
+        State.ALERT,
+        "messages due, and no answer of any kind, for longer than a running relay takes "
+        "to pick one up (the sweep's interval, a token of its rate, its timeout): the "
+        "worker or beat is down, nothing is sent",
+        _stalled,
+    ),
     Condition(
         "disabled_by_relay",
         State.ATTENTION,
@@ -348,17 +364,10 @@ DESTINATION_CONDITIONS: tuple[Condition, ...] = (
         _record_failing,
     ),
     Condition(
-        "relay_not_sending",
-        State.ATTENTION,
-        f"messages due for over {duration_text(OLD_BACKLOG)} and no answer for as long: "
-        "the worker or beat is down",
-        _stalled,
-    ),
-    Condition(
         "behind",
         State.ATTENTION,
-        f"the oldest message due has waited over {duration_text(OLD_BACKLOG)} while "
-        "others are sent: the limits are too low for the traffic",
+        "a message due for longer than the relay takes to pick one up, while others are "
+        "answered: its limits are too low for the traffic, or it answers slowly",
         _behind,
     ),
     Condition(

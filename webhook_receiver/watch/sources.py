@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from ..conf import app_settings
@@ -48,6 +48,7 @@ from ..sources.lookup import sources_all
 from ..sources.models import WebhookSource
 from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
+from .pickup import retry_pickup
 from .readings import Readings
 from .traffic import last_accepted_at, unrecorded_refusals
 
@@ -89,6 +90,9 @@ class SourceStatus:
     oldest_retry_at: datetime | None
     # the retrying event due earliest: when it was due
     next_retry_due_at: datetime | None
+    # how long a running retry sweep leaves a retry overdue, with as many due as now
+    # (watch/pickup.py)
+    retry_pickup: timedelta
     silence_alert: SilenceAlert | None
     last_run: ReconciliationRun | None
     open_repairs: Mapping[str, int]
@@ -155,6 +159,7 @@ class SourceStatus:
                 "oldest_retry_at": iso(self.oldest_retry_at),
                 "oldest_retry_age_seconds": seconds(self.oldest_retry_age),
                 "retry_overdue_seconds": seconds(self.retry_overdue),
+                "retry_pickup_seconds": seconds(self.retry_pickup),
             },
             "silence": {
                 "after_seconds": seconds(self.silence_after),
@@ -237,7 +242,9 @@ def source_statuses(
     nothing: LastHour = ({}, {}, {})
     last_hour = read(AUDIT, [RequestAudit, RejectionTally], partial(_last_hour, now), nothing)
     accepted, rejected, unrecorded = last_hour
-    failed: dict[str, dict[str, Any]] = read(FAILED, [FailedEvent], _failed_figures, {})
+    failed: dict[str, dict[str, Any]] = read(
+        FAILED, [FailedEvent], partial(_failed_figures, now), {}
+    )
     alerts: dict[str, SilenceAlert] = read(ALERTS, [SilenceAlert], _open_alerts, {})
     repairs: dict[str, dict[str, int]] = read(REPAIRS, [RepairItem], _open_repairs, {})
 
@@ -265,6 +272,7 @@ def source_statuses(
             dead=figures.get("dead", 0),
             oldest_retry_at=figures.get("oldest_retry_at"),
             next_retry_due_at=figures.get("next_retry_due_at"),
+            retry_pickup=retry_pickup(figures.get("due", 0)),
             silence_alert=alerts.get(slug),
             last_run=read(
                 RUNS,
@@ -346,22 +354,29 @@ def _last_hour(now: datetime) -> LastHour:
     )
 
 
-def _failed_figures() -> dict[str, dict[str, Any]]:
-    """Per source: retrying and dead counts, the oldest retry's first attempt and the
-    earliest retry due. Ranges of the status-first indexes; O(retrying + dead)."""
+def _failed_figures(now: datetime) -> dict[str, dict[str, Any]]:
+    """Per source: retrying and dead counts, the oldest retry's first attempt, the
+    earliest retry due and how many are due now. Ranges of the status-first indexes;
+    O(retrying + dead)."""
     figures: dict[str, dict[str, Any]] = defaultdict(dict)
     rows = (
         FailedEvent.objects.filter(status__in=(FailureStatus.RETRYING, FailureStatus.DEAD))
         .values("source", "status")
-        .annotate(n=Count("*"), first=Min("first_attempt_at"), due=Min("next_attempt_at"))
-        .values_list("source", "status", "n", "first", "due")
+        .annotate(
+            n=Count("*"),
+            first=Min("first_attempt_at"),
+            due_at=Min("next_attempt_at"),
+            due=Count("next_attempt_at", filter=Q(next_attempt_at__lte=now)),
+        )
+        .values_list("source", "status", "n", "first", "due_at", "due")
         .order_by()
     )
-    for source, status, n, first, due in rows:
+    for source, status, n, first, due_at, due in rows:
         figures[source][status] = n
         if status == FailureStatus.RETRYING:
             figures[source]["oldest_retry_at"] = first
-            figures[source]["next_retry_due_at"] = due
+            figures[source]["next_retry_due_at"] = due_at
+            figures[source]["due"] = due
     return dict(figures)
 
 

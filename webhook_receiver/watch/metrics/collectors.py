@@ -2,11 +2,12 @@
 the scrape, after a restart, and for work that Celery workers did. Every read is an
 index range (tests/bench/metrics.py shows the plans and times a scrape).
 
-- ``DatabaseCollector``: failed events, the oldest retry, the last accepted event,
-  silence alerts and repair items, for every configured source;
+- ``DatabaseCollector``: failed events, the oldest retry and whether retries run, the
+  last accepted event, silence alerts and repair items, for every configured source;
 - ``OutboxCollector``: each destination's backlog, oldest eligible message, held-back and
-  failed messages, requests in flight and the breaker, from the one grouped query the
-  destinations page and the status read (outbound/selectors.py), so they never disagree.
+  failed messages, requests in flight, the breaker and whether the relay sends, from the
+  one query the destinations page and the status read (outbound/selectors.py), judged
+  by the status's own conditions (watch/conditions.py), so they never disagree.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ...inbound.models import FailedEvent, FailureStatus
+from ...outbound.encryption import with_stored_secrets
 from ...outbound.models import WebhookDestination
 from ...outbound.selectors import destinations_with_health
 from ...reconcile.models import RepairItem, RepairKind, RepairStatus
+from ..destinations import DestinationStatus, destination_status
 from ..models import SilenceAlert
+from ..pickup import retry_pickup
 from ..traffic import last_accepted_at
 
 OPEN_FAILURES = (FailureStatus.RETRYING, FailureStatus.DEAD)
@@ -40,7 +44,7 @@ class DatabaseCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield self._failed_events()
-        yield self._oldest_retry_age()
+        yield from self._overdue_retries()
         yield self._last_event()
         yield self._silence_alerts()
         yield self._repair_items()
@@ -56,24 +60,35 @@ class DatabaseCollector:
             OPEN_FAILURES,
         )
 
-    def _oldest_retry_age(self) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(
+    def _overdue_retries(self) -> Iterator[GaugeMetricFamily]:
+        oldest = GaugeMetricFamily(
             "webhook_receiver_oldest_retry_age_seconds",
             "How long the most overdue retrying event has been due for its retry (0: none is due).",
             labels=["source"],
         )
+        stalled = GaugeMetricFamily(
+            "webhook_receiver_retries_stalled",
+            "1 while a retry is overdue for longer than a running sweep leaves one (the "
+            "overview's retries_stalled), else 0.",
+            labels=["source"],
+        )
         now = timezone.now()
         for slug in self.slugs:
+            retrying = FailedEvent.objects.filter(source=slug, status=FailureStatus.RETRYING)
             # the first entry of webhook_failed_source's (source, "retrying") range
-            due = (
-                FailedEvent.objects.filter(source=slug, status=FailureStatus.RETRYING)
-                .order_by("next_attempt_at")
-                .values_list("next_attempt_at", flat=True)
-                .first()
+            due = retrying.order_by("next_attempt_at").values_list("next_attempt_at", flat=True)
+            first = due.first()
+            overdue = max((now - first).total_seconds(), 0.0) if first is not None else 0.0
+            oldest.add_metric([slug], overdue)
+            # how many are due, for the sweep's pickup: read only when one is overdue
+            late = (
+                overdue
+                and overdue
+                > retry_pickup(retrying.filter(next_attempt_at__lte=now).count()).total_seconds()
             )
-            overdue = (now - due).total_seconds() if due is not None else 0.0
-            family.add_metric([slug], max(overdue, 0.0))
-        return family
+            stalled.add_metric([slug], 1 if late else 0)
+        yield oldest
+        yield stalled
 
     def _last_event(self) -> GaugeMetricFamily:
         family = GaugeMetricFamily(
@@ -150,6 +165,11 @@ OUTBOX_GAUGES = {
         "Requests in flight as a share of the destination's concurrency limit.",
     ),
     "breaker": ("breaker_open", "1 while the circuit breaker pauses the destination, else 0."),
+    "not_sending": (
+        "not_sending",
+        "1 while messages are due and nothing is answered for longer than a running relay "
+        "takes to pick one up (the overview's relay_not_sending), else 0.",
+    ),
 }
 
 
@@ -160,9 +180,10 @@ class OutboxCollector:
 
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
-        # no secrets: a scrape needs none of them (nor, when the key is wrong, to fail)
+        # the secrets as stored, never decrypted: a scrape needs none of them, only
+        # whether the keys read them (nor, when the key is wrong, to fail)
         destinations = destinations_with_health(
-            WebhookDestination.objects.defer("secrets").order_by("name"), now=now
+            with_stored_secrets(WebhookDestination.objects.order_by("name")), now=now
         )
         families = {
             key: GaugeMetricFamily(f"webhook_receiver_outbox_{name}", help, labels=["destination"])
@@ -179,7 +200,12 @@ class OutboxCollector:
                 "in_flight": dest.in_flight,
                 "utilisation": dest.in_flight / max(1, dest.max_in_flight),
                 "breaker": 1 if paused else 0,
+                "not_sending": int(_not_sending(destination_status(dest, now=now))),
             }
             for key, value in values.items():
                 families[key].add_metric([dest.name], value)
         yield from families.values()
+
+
+def _not_sending(status: DestinationStatus) -> bool:
+    return any(r.code == "relay_not_sending" for r in status.reasons)

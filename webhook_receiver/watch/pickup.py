@@ -1,0 +1,78 @@
+"""How long a running relay or retry sweep takes to pick up work that is due: the
+thresholds past which a backlog that does not move is a state (watch/conditions.py:
+``relay_not_sending``, ``behind``, ``retries_stalled``), derived from the configuration
+rather than fixed, so that a stopped worker shows within a minute, not ten.
+
+The sweeps' intervals are read from beat's schedule (``CELERY_BEAT_SCHEDULE``: the
+entries whose task is ``webhook_receiver.relay_sweep`` and
+``webhook_receiver.retry_failed_events``); a schedule that is not a plain interval (a
+crontab), or none, is taken to be the shipped default. docs/overview.md states each
+threshold and its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Protocol
+
+from ..conf import app_settings
+
+# the shipped beat schedule's intervals (project/settings.py), for a schedule that does
+# not say (no entry, or a crontab)
+RELAY_SWEEP_DEFAULT = timedelta(seconds=5)
+RETRY_SWEEP_DEFAULT = timedelta(seconds=15)
+# on top of the expected pickup: the run's place in the worker's queue, the claim's and
+# the record's statements, clocks a little apart
+SLACK = timedelta(seconds=15)
+# a retry sweep's batch is cut short after this long (inbound/failures.py)
+RETRY_BATCH_TIME = timedelta(seconds=0.5)
+
+
+class Limits(Protocol):
+    """A destination's limits (WebhookDestination's fields)."""
+
+    rate_count: int
+    rate_seconds: float
+    timeout_seconds: float
+
+
+def sweep_interval(task: str, default: timedelta) -> timedelta:
+    """The interval of beat's schedule entry for ``task``, or ``default``."""
+    from celery import current_app
+    from celery.schedules import maybe_schedule, schedule
+
+    for entry in (current_app.conf.beat_schedule or {}).values():
+        if entry.get("task") != task:
+            continue
+        every = maybe_schedule(entry.get("schedule"))
+        # a crontab or solar schedule has no one interval: the default stands for it
+        if isinstance(every, schedule):
+            return timedelta(seconds=every.seconds)
+    return default
+
+
+def relay_pickup(limits: Limits) -> timedelta:
+    """The longest a running relay leaves a due message of this destination without an
+    answer of any kind: the beat sweep that queues a run when no trigger did, the wait
+    for one token of its rate limit, the request's own timeout (a hanging endpoint
+    answers by timing out), and SLACK. Defaults: 5 s + 0.1 s + 10 s + 15 s ≈ 30 s."""
+    token = limits.rate_seconds / max(1, limits.rate_count)
+    return (
+        sweep_interval("webhook_receiver.relay_sweep", RELAY_SWEEP_DEFAULT)
+        + timedelta(seconds=token + limits.timeout_seconds)
+        + SLACK
+    )
+
+
+def retry_pickup(due: int) -> timedelta:
+    """The longest a running retry sweep leaves a retry overdue, with ``due`` retries
+    due at once: the sweep's interval, one batch cut short (RETRY_BATCH_TIME) per
+    SWEEP_BATCH_SIZE retries ahead of it (a full batch queues the next at once), and
+    SLACK. Defaults, a few retries due: 15 s + 0.5 s + 15 s ≈ 30 s."""
+    batches = max(1, math.ceil(due / app_settings().sweep_batch_size))
+    return (
+        sweep_interval("webhook_receiver.retry_failed_events", RETRY_SWEEP_DEFAULT)
+        + batches * RETRY_BATCH_TIME
+        + SLACK
+    )

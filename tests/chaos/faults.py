@@ -73,7 +73,10 @@ class Holds:
     gap: float  # quiet time between faults
 
 
-SHORT = Holds(postgres_down=5, lock=10, snapshot=10, neighbours=15, frozen=20, broker_down=30,
+# the worker stays frozen for a minute in both: what notices it (the relay's pickup, beat's
+# heartbeat at two of its intervals) needs 30 to 60 s, and a shorter freeze is not a fault
+# anyone could be told of
+SHORT = Holds(postgres_down=5, lock=10, snapshot=10, neighbours=15, frozen=60, broker_down=30,
               gap=4)  # fmt: skip
 LONG = Holds(postgres_down=10, lock=25, snapshot=40, neighbours=30, frozen=60, broker_down=180,
              gap=15)  # fmt: skip

@@ -13,9 +13,10 @@ repeating it), and *says it is over* when it is OK, or names no reason but those
   asked before min(E + 60 s, N) and answered after B and before N; ``None`` when there
   was none.
 - ``ok_again_s``: seconds from E to the first answer that says it is over after the last
-  that said the fault, of the probes asked before N (the end of the run for the last
-  fault): negative when before the fault was over; ``None`` when it never said the
-  fault, or still said it when the next fault began.
+  that said the fault, of the probes asked before E + 60 s: once it has said the fault,
+  an answer says it is over when it names none of the fault's own reasons (those first
+  named during it), whatever the next fault adds; negative when before the fault was
+  over; ``None`` when it never said the fault, or still said it a minute after.
 - ``ok_during``: answers that say it is over, asked and answered within the fault after
   it had said it (or, when it never did, after its 60 s to notice).
 - ``answers``: the probes asked in the fault, by answer (ok, wrong, none).
@@ -74,16 +75,28 @@ def _figures(probes: list[Probe], window: Window, following: float) -> dict:
     def says_fault(p: Probe) -> bool:
         return p.ok is False and bool(set(p.reasons) - known)
 
-    def says_over(p: Probe) -> bool:
-        return p.ok is not None and set(p.reasons) <= known
-
     # answered before the next fault began: a later answer may be that fault's
     first_wrong = next((p for p in probes if says_fault(p) and began < p.end <= following
                         and p.start < notice_until), None)  # fmt: skip
+    # this fault's own reasons: those said new from its start to its end (or its first)
+    own: set[str] = set()
+    if first_wrong is not None:
+        until = max(ended, first_wrong.end)
+        own = {r for p in probes if says_fault(p) and began < p.end <= until
+               for r in set(p.reasons) - known}  # fmt: skip
+
+    def says_over(p: Probe) -> bool:
+        if own:  # the next fault's reasons do not keep this one open
+            return p.ok is not None and not set(p.reasons) & own
+        return p.ok is not None and set(p.reasons) <= known
+
     ok_again = None
     if first_wrong is not None:
-        after = [p for p in probes if p.start >= first_wrong.start and p.start < following]
-        last_wrong = max(i for i, p in enumerate(after) if says_fault(p))
+        after = [p for p in probes if first_wrong.start <= p.start < ended + WITHIN]
+        # the last that said it while it lasted (or the first, said after its end)
+        last_wrong = max(
+            i for i, p in enumerate(after) if set(p.reasons) & own and (i == 0 or p.start < ended)
+        )
         ok_again = next((p for p in after[last_wrong:] if says_over(p)), None)
     said_from = first_wrong.end if first_wrong else began + WITHIN
     ok_during = [p for p in probes if says_over(p) and p.start >= said_from and p.end <= ended]

@@ -139,11 +139,15 @@ class Watcher:
 
 
 def status_reasons(document: dict) -> tuple[str, ...]:
-    """The reason codes of ``webhook_status --json``, but those of the run's own doing."""
+    """The reason codes of ``webhook_status --json`` (the sources', the destinations', the
+    whole's, and the parts it could not read), but those of the run's own doing."""
     codes = {f"source:{r['code']}" for s in document["sources"] for r in s["reasons"]
              if r["code"] != "rejected"}  # fmt: skip
     codes |= {f"destination:{r['code']}" for d in document["destinations"] if d["enabled"]
               for r in d["reasons"]}  # fmt: skip
+    # the whole's own (broker, beat) and each part the status could not read
+    codes |= {f"status:{r['code']}" for r in document.get("reasons", [])}
+    codes |= {f"unread:{u['what']}" for u in document.get("unread", [])}
     return tuple(sorted(codes))
 
 

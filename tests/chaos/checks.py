@@ -427,23 +427,22 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None or value == math.inf else round(value, 3)
 
 
-def _in_any(at: float, windows: list[Window]) -> bool:
-    return any(w.start <= at <= w.end for w in windows)
-
-
 def isolation_check(state: dict, book: MerchantBook, windows: list[Window]) -> Check:
     """The isolation claim of docs/outbox.md (lanes): a healthy destination's latency,
     admission to first arrival, with noisy neighbours beside it is within twice its
     figure alone, or a second more: the p99 of the merchant's messages admitted while
     every neighbour was subscribed (the fault's hold) against the p99 of those admitted
-    outside every fault's window. A message that never arrived counts as never."""
+    before the first fault began: after one, a backlog it left (a frozen worker's, a
+    broker outage's) would loosen the bound. A message that never arrived counts as
+    never."""
     noisy = next((w for w in windows if w.name == NOISY), None)
     if noisy is None or noisy.hold is None:
         return Check(ISOLATION, False, f"no {NOISY} window held: nothing measured")
     start, end = noisy.hold
     latencies = merchant_latencies(state, book)
     beside_values = [x for at, x in latencies if start <= at <= end]
-    calm_values = [x for at, x in latencies if not _in_any(at, windows)]
+    first = min(w.start for w in windows)
+    calm_values = [x for at, x in latencies if at < first]
     beside, calm = latency_figures(beside_values), latency_figures(calm_values)
     beside_p99, calm_p99 = percentile(beside_values, 0.99), percentile(calm_values, 0.99)
     bound = None if calm_p99 is None else max(2 * calm_p99, calm_p99 + 1.0)
@@ -451,12 +450,12 @@ def isolation_check(state: dict, book: MerchantBook, windows: list[Window]) -> C
     detail = (
         f"merchant p99 {_said(beside_p99)} admitted beside the neighbours "
         f"({beside['messages']} messages, max {_said(beside['max_s'])}) against "
-        f"{_said(calm_p99)} outside faults ({calm['messages']} messages); bound "
+        f"{_said(calm_p99)} before the first fault ({calm['messages']} messages); bound "
         f"max(2 x {_said(calm_p99)}, {_said(calm_p99)} + 1 s) = {_said(bound)}"
     )
     if beside_p99 is None or calm_p99 is None:
         detail += "; NOTHING TO COMPARE: no message admitted " + (
-            "beside the neighbours" if beside_p99 is None else "outside faults"
+            "beside the neighbours" if beside_p99 is None else "before the first fault"
         )
     elif not ok:
         detail += f"; OVER THE BOUND by {_said(beside_p99 - bound)}"

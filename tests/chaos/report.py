@@ -197,7 +197,7 @@ def _isolation_line(check: Check) -> str:
     f = check.figures
     beside, calm = f["beside"]["p99_s"], f["calm"]["p99_s"]
     return (
-        f"  noisy-neighbours: merchant p99 {_s(beside)} ({_s(calm)} outside faults; bound "
+        f"  noisy-neighbours: merchant p99 {_s(beside)} ({_s(calm)} before the first fault; bound "
         f"{_s(f['bound_s'])}: {'within' if check.ok else 'OVER'}); neighbours {f['neighbours']}"
     )
 

@@ -170,7 +170,7 @@ def test_the_merchant_as_fast_beside_its_neighbours_as_alone_holds(run: Recorded
     beside = len(run.admitted_beside_the_neighbours())
     assert isolation.detail.startswith(
         f"merchant p99 0.10 s admitted beside the neighbours ({beside} messages, max 0.10 s) "
-        "against 0.10 s outside faults"
+        "against 0.10 s before the first fault"
     )
     assert "bound max(2 x 0.10 s, 0.10 s + 1 s) = 1.10 s; (6 bad destinations)" in isolation.detail
     # the neighbours' own messages, still pending or failed, fail nothing: counted apart
@@ -190,7 +190,7 @@ def test_a_merchant_held_40_s_by_its_neighbours_is_over_the_bound(run: RecordedR
     assert set(failed) == {ISOLATION}
     assert failed[ISOLATION].startswith(
         f"merchant p99 40.00 s admitted beside the neighbours ({len(held)} messages, max "
-        "40.00 s) against 0.10 s outside faults"
+        "40.00 s) against 0.10 s before the first fault"
     )
     assert (
         "bound max(2 x 0.10 s, 0.10 s + 1 s) = 1.10 s; OVER THE BOUND by 38.90 s"

@@ -36,8 +36,10 @@ def status(*args: str) -> tuple[int, str]:
 def broker(private_redis: PrivateRedis, monkeypatch) -> PrivateRedis:  # noqa: F811
     """Celery's broker is the private Redis (for this test). Celery reads the
     environment's CELERY_BROKER_URL before its configuration: both are set."""
-    monkeypatch.setenv("CELERY_BROKER_URL", private_redis.url)
+    # the configuration first: its old value is read (and put back) before the
+    # environment, which Celery reads first, names the private Redis
     monkeypatch.setattr(app_or_default().conf, "broker_url", private_redis.url)
+    monkeypatch.setenv("CELERY_BROKER_URL", private_redis.url)
     return private_redis
 
 

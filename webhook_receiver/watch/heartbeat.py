@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from celery.app import app_or_default
 from django.utils import timezone
 
 from ..conf import app_settings
 from .models import Heartbeat
+from .pickup import schedule_interval
 
 BEAT = "beat"
 # the task beat sends to show that beat, the broker and a worker all run (tasks.py)
@@ -25,21 +25,9 @@ def heartbeat_seen_at(name: str = BEAT) -> datetime | None:
 
 
 def heartbeat_interval() -> timedelta | None:
-    """How often beat sends its heartbeat task, from Celery's beat schedule (the
-    ``beat_schedule`` entry whose task is HEARTBEAT_TASK); None when no entry names it
-    at a fixed interval (a crontab)."""
-    schedules = app_or_default().conf.beat_schedule or {}
-    for entry in schedules.values():
-        if entry.get("task") != HEARTBEAT_TASK:
-            continue
-        every = entry.get("schedule")
-        if isinstance(every, int | float):
-            return timedelta(seconds=every)
-        if isinstance(every, timedelta):
-            return every
-        run_every = getattr(every, "run_every", None)  # celery.schedules.schedule
-        return run_every if isinstance(run_every, timedelta) else None
-    return None
+    """How often beat sends its heartbeat task, from Celery's beat schedule; None when
+    no entry names it at a fixed interval (a crontab)."""
+    return schedule_interval(HEARTBEAT_TASK)
 
 
 def heartbeat_stale_after() -> timedelta:

@@ -37,8 +37,9 @@ class Limits(Protocol):
     timeout_seconds: float
 
 
-def sweep_interval(task: str, default: timedelta) -> timedelta:
-    """The interval of beat's schedule entry for ``task``, or ``default``."""
+def schedule_interval(task: str) -> timedelta | None:
+    """The interval of beat's schedule entry for ``task``; None when no entry names it
+    at a fixed interval (none, or a crontab or solar schedule: no one interval)."""
     from celery import current_app
     from celery.schedules import maybe_schedule, schedule
 
@@ -46,10 +47,14 @@ def sweep_interval(task: str, default: timedelta) -> timedelta:
         if entry.get("task") != task:
             continue
         every = maybe_schedule(entry.get("schedule"))
-        # a crontab or solar schedule has no one interval: the default stands for it
-        if isinstance(every, schedule):
-            return timedelta(seconds=every.seconds)
-    return default
+        return timedelta(seconds=every.seconds) if isinstance(every, schedule) else None
+    return None
+
+
+def sweep_interval(task: str, default: timedelta) -> timedelta:
+    """The interval of beat's schedule entry for ``task``, or ``default``."""
+    interval = schedule_interval(task)
+    return default if interval is None else interval
 
 
 def relay_pickup(limits: Limits) -> timedelta:

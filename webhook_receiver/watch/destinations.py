@@ -22,7 +22,7 @@ from ..outbound.models import OutboxMessage, WebhookDestination
 from ..outbound.selectors import destinations_with_health, failed_holding_back
 from .conditions import DESTINATION_CONDITIONS, RECORD_FAILURE_SHOWN, reasons
 from .pickup import relay_pickup
-from .readings import Readings
+from .readings import Readings, read_unbounded
 
 if TYPE_CHECKING:
     from ..outbound.selectors import DestinationWithHealth
@@ -147,17 +147,14 @@ def destination_statuses(
         every = with_stored_secrets(WebhookDestination.objects.order_by("name"))
         return list(destinations_with_health(every, now=now))
 
-    if readings is None:
-        rows = rows_read()
-        holders = failed_holding_back(d.pk for d in rows if d.held_back)
-    else:
-        rows = readings.read(DESTINATIONS, [WebhookDestination, OutboxMessage], rows_read, [])
-        holders = readings.read(
-            HELD_BACK,
-            [OutboxMessage],
-            lambda: failed_holding_back(d.pk for d in rows if d.held_back),
-            {},
-        )
+    read = readings.read if readings is not None else read_unbounded
+    rows: list[Any] = read(DESTINATIONS, [WebhookDestination, OutboxMessage], rows_read, [])
+    holders: dict[int, tuple[int, OutboxMessage]] = read(
+        HELD_BACK,
+        [OutboxMessage],
+        lambda: failed_holding_back(d.pk for d in rows if d.held_back),
+        {},
+    )
     return [destination_status(dest, now=now, holders=holders) for dest in rows]
 
 

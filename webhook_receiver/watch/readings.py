@@ -118,6 +118,12 @@ class Readings:
         return what in self._failed
 
 
+def read_unbounded(what: str, models: Iterable[type[Model]], fn: Callable[[], T], default: T) -> T:
+    """``Readings.read``'s signature without its bounds, for a caller with no
+    ``Readings``: ``fn()``, whose database errors raise."""
+    return fn()
+
+
 # Another session's ACCESS EXCLUSIVE lock on these tables (as the search path finds
 # them, in this database: pg_locks shows every database's), held or queued for (a queued
 # one makes every later reader wait behind it): the only mode a read waits for.

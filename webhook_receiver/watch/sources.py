@@ -21,7 +21,7 @@ however large the tables grow (what the traffic reads cost: watch/traffic.py):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -49,7 +49,7 @@ from ..sources.models import WebhookSource
 from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
 from .pickup import retry_pickup
-from .readings import Readings
+from .readings import Readings, read_unbounded
 from .traffic import last_accepted_at, unrecorded_refusals
 
 # what "recent" means for requests and results
@@ -235,7 +235,7 @@ def source_statuses(
     Without, a database error raises.
     """
     now = now or timezone.now()
-    read = readings.read if readings is not None else _read_unbounded
+    read = readings.read if readings is not None else read_unbounded
     configured: dict[str, SourceConfig] = read(
         SOURCE_RECORDS, [WebhookSource], sources_all, dict(app_settings().sources)
     )
@@ -291,10 +291,6 @@ def source_statuses(
         )
         statuses.append(_with_reasons(status))
     return statuses
-
-
-def _read_unbounded(what: str, models: Any, fn: Callable[[], T], default: T) -> T:
-    return fn()
 
 
 def _open_alerts() -> dict[str, SilenceAlert]:

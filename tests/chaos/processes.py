@@ -113,13 +113,15 @@ def cpu_ticks(pid: int) -> int:
 
 
 class Gunicorn(Service):
-    def __init__(self, env: dict[str, str], log: Path, workers: int) -> None:
+    def __init__(
+        self, env: dict[str, str], log: Path, workers: int, name: str = "gunicorn"
+    ) -> None:
         self.port = free_port()
         self.workers = workers
         env = {**env, "GUNICORN_BIND": f"127.0.0.1:{self.port}", "WEB_CONCURRENCY": str(workers)}
         command = [sys.executable, "-m", "gunicorn", "project.wsgi"]
         command += ["-c", str(REPO / "deploy" / "gunicorn.conf.py")]
-        super().__init__("gunicorn", command, env, log)
+        super().__init__(name, command, env, log)
         self.url = f"http://127.0.0.1:{self.port}/webhooks/shop/"
 
     def answers(self) -> bool:

@@ -41,6 +41,9 @@ from tests.support.paths import REPO
 from tests.support.private_servers import PrivatePostgres, PrivateRedis
 
 GUNICORN_WORKERS = 3
+# the health probes' own gunicorn (docs/production.md): two, so a slow answer does not
+# queue the next probe
+PROBE_WORKERS = 2
 DRAIN_SECONDS = {"short": 75, "long": 240}
 
 
@@ -64,6 +67,7 @@ class Stack:
         self.services: list[Service] = []
         self.worker_generation = 0
         self.web: Gunicorn | None = None
+        self.probes: Gunicorn | None = None
         self.worker: CeleryWorker | None = None
         self.beat: CeleryBeat | None = None
         # held while a fault or the supervisor replaces the worker
@@ -135,9 +139,14 @@ class Stack:
         self.web = Gunicorn(self.env(), self.run_dir / "gunicorn.log", GUNICORN_WORKERS)
         self.services.append(self.web)
         self.web.start()
+        log = self.run_dir / "gunicorn-probes.log"
+        self.probes = Gunicorn(self.env(), log, PROBE_WORKERS, name="gunicorn-probes")
+        self.services.append(self.probes)
+        self.probes.start()
         self.worker_restart(wait=False)
         self.beat_start()
         self.web.wait_ready(self.web.answers)
+        self.probes.wait_ready(self.probes.answers)
         self.worker.wait_ready(self.worker.ready)
         self.log(f"serving on {self.web.url} (started in {time.time() - started:.1f} s)")
 
@@ -272,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.start(rate="100/s")
         stack.supervise()
         # from before the first fault to the end of the drain: the truth table's probes
-        watcher = Watcher("127.0.0.1", stack.web.port, stack.env(), run_dir / "probes.jsonl")
+        watcher = Watcher("127.0.0.1", stack.probes.port, stack.env(), run_dir / "probes.jsonl")
         watcher.start()
         faults = Faults(stack, SHORT if args.short else LONG, log)
         duration = faults.duration()
@@ -368,9 +377,9 @@ def _conclude(stack, faults, planned, requests_path, out, log, truth, meta) -> i
     meta["worker_survived_broker_outage"] = _survived(stack.unplanned_exits, faults.windows)
     meta["requests_per_second"] = len(requests.rows) / max(meta["send_seconds"], 1e-6)
     meta["wall_seconds"] = time.time() - meta.pop("wall_start")
-    names = ["run.log", "manage.log", "gunicorn.log", "beat.log", "sender.log", "merchant.log",
-             "postgres.log", "redis.log", "requests.jsonl", "outbound.jsonl",
-             "probes.jsonl", "plan.json"]  # fmt: skip
+    names = ["run.log", "manage.log", "gunicorn.log", "gunicorn-probes.log", "beat.log",
+             "sender.log", "merchant.log", "postgres.log", "redis.log", "requests.jsonl",
+             "outbound.jsonl", "probes.jsonl", "plan.json"]  # fmt: skip
     names += sorted(p.name for p in stack.run_dir.glob("worker-*.log"))
     logs = {name: str(stack.run_dir / name) for name in names}
     text = report.render(meta, results, per_window, logs, table)

@@ -82,7 +82,9 @@ def _nginx_before(gunicorn: Served) -> Iterator[Served]:
         pytest.skip("needs nginx (apt-get install nginx-light; .ci/run installs it)")
     port = free_port()
     site = NGINX_SITE.read_text()
-    site = site.replace("server 127.0.0.1:8000;", f"server {gunicorn.host}:{gunicorn.port};")
+    # one gunicorn stands for both of the file's pools: the senders' and the probes'
+    for shipped in ("server 127.0.0.1:8000;", "server 127.0.0.1:8001;"):
+        site = site.replace(shipped, f"server {gunicorn.host}:{gunicorn.port};")
     site = site.replace("listen 80;", f"listen 127.0.0.1:{port};")
     # nginx's workers may run as another user: its scratch space must be theirs too
     scratch = Path(tempfile.mkdtemp(prefix="webhook-nginx-"))

@@ -31,6 +31,7 @@ from django.utils import timezone
 from ...conf import app_settings
 from ...core import faults
 from .. import metrics, queries
+from ..breaker import destination_breaker
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
 from ..retirement import NO_RETIREMENT, Retirement
 from .messages import Claimed, RelayRound
@@ -280,11 +281,11 @@ def _claim_sqlite(params: dict[str, Any], now: datetime) -> _Leased:
     dest: Any = next(iter(rows), None)
     if dest is None:
         raise WebhookDestination.DoesNotExist(f"no destination {params['destination_id']}")
-    if not dest.enabled or (dest.paused_until and dest.paused_until > now):
+    breaker = destination_breaker(dest, now=now)
+    if not dest.enabled or breaker.state == "open":
         return _Leased(dest, open=False)
     slots = dest.max_in_flight - dest.in_flight
-    if dest.consecutive_failures >= dest.breaker_threshold:
-        # half-open after the cool-down: one probe decides
+    if breaker.state == "half-open":  # one probe decides
         slots = min(slots, 1 if dest.in_flight == 0 else 0)
     tokens = _refilled(dest, now)
     # whole tokens, forgiving the float's last bits: 1.9999999999999982 is two

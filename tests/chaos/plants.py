@@ -61,16 +61,16 @@ def _delivered_without_effect(patch: Patch) -> None:
     from webhook_receiver.outbound.models import MessageStatus
     from webhook_receiver.outbound.relay import policy, record
 
-    judged = record.verdict
+    judged = record.decide
 
-    def verdict(dest: Any, sent: Any, now: Any) -> policy.Verdict:
+    def decide(dest: Any, sent: Any, now: Any) -> policy.Decision:
         if sent.status_code == 500:  # the defect: taken for a 2xx
-            return policy.Verdict(
+            return policy.Decision(
                 MessageStatus.DELIVERED, None, spends_budget=False, breaker_failure=False
             )
         return judged(dest, sent, now)
 
-    patch(record, "verdict", verdict)
+    patch(record, "decide", decide)
 
 
 def _out_of_order(patch: Patch) -> None:

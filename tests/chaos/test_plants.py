@@ -47,12 +47,12 @@ def test_delivered_without_effect_counts_a_500_as_delivered(monkeypatch) -> None
     dest = WebhookDestination(name="merchant", max_attempts=60)
     answered_500 = Sent(message, now, 5, status_code=500)
     answered_429 = Sent(message, now, 5, status_code=429, retry_after="1")
-    assert record.verdict(dest, answered_500, now).status == MessageStatus.PENDING
+    assert record.decide(dest, answered_500, now).status == MessageStatus.PENDING
 
     PLANTS["delivered-without-effect"].apply(monkeypatch.setattr)
 
-    assert record.verdict(dest, answered_500, now).status == MessageStatus.DELIVERED
-    assert record.verdict(dest, answered_429, now).status == MessageStatus.PENDING
+    assert record.decide(dest, answered_500, now).status == MessageStatus.DELIVERED
+    assert record.decide(dest, answered_429, now).status == MessageStatus.PENDING
 
 
 def test_out_of_order_drops_the_ordering_key_from_the_claim(monkeypatch) -> None:

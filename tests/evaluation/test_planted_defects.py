@@ -285,14 +285,14 @@ def test_a_permanent_answer_retried_breaks_the_terminal_answer(monkeypatch):
 
 def test_a_terminal_answer_given_one_more_try_breaks_the_terminal_answer(monkeypatch):
     """A relay that tries a permanent answer once more before it gives up."""
-    decide = policy.verdict
+    decide = policy.decide
 
     def one_more_try(dest, sent, now):
         if sent.status_code in policy.TERMINAL_STATUSES and sent.message.failures == 0:
-            return policy.Verdict("pending", now, spends_budget=True, breaker_failure=False)
+            return policy.Decision("pending", now, spends_budget=True, breaker_failure=False)
         return decide(dest, sent, now)
 
-    monkeypatch.setattr(record, "verdict", one_more_try)
+    monkeypatch.setattr(record, "decide", one_more_try)
 
     assert broken(run(REJECTING)) == ["terminal-answer-final"]
 
@@ -343,14 +343,14 @@ def test_a_retry_after_above_the_cap_waited_in_full_breaks_the_cap(monkeypatch):
 
 def test_a_budget_ignored_breaks_the_budget(monkeypatch):
     """A relay that never spends the retry budget: failing messages are tried for ever."""
-    decide = policy.verdict
+    decide = policy.decide
 
     def endless(dest, sent, now):
         generous = copy.copy(dest)
         generous.max_attempts = 10**6
         return decide(generous, sent, now)
 
-    monkeypatch.setattr(record, "verdict", endless)
+    monkeypatch.setattr(record, "decide", endless)
 
     result = run(SPENDING)
 

@@ -35,7 +35,7 @@ from ..breaker import destination_breaker
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
 from ..retirement import NO_RETIREMENT, Retirement
 from .messages import Claimed, RelayRound
-from .policy import answer_log, ops_notice_terminal
+from .reporting import log_answer, notify_terminal
 
 # a lease outlives the request's own timeout by lease_margin(); this much when the
 # statements are not bounded (LOCK_TIMEOUT_MS or STATEMENT_TIMEOUT_MS of 0)
@@ -343,12 +343,12 @@ def _spent_by_the_claim(dest: WebhookDestination, spent: list[Claimed]) -> None:
     """Messages the claim failed (their unrecorded attempt spent the budget): the notice,
     then, once committed, the log line and the count, as for any terminal answer."""
     for message in spent:
-        ops_notice_terminal(dest, message, answer="attempt not recorded")
+        notify_terminal(dest, message, answer="attempt not recorded")
 
     def committed() -> None:
         for message in spent:
             then = f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
-            answer_log(dest, message, "gave no recorded answer", then)
+            log_answer(dest, message, "gave no recorded answer", then)
             metrics.terminal_count(dest.name)
 
     transaction.on_commit(committed)

@@ -1,5 +1,6 @@
-"""What an answer means: for its message (delivered, deferred, terminal; the retry
-budget and the breaker), and in the log, one line per answer that was not a 2xx.
+"""What an answer means for its message (delivered, deferred, terminal; the retry budget
+and the breaker), and in words: an answer in, a decision out. Recording it, its log
+line and its notice are reporting.py's, called where the answer is recorded.
 
 A 2xx delivers. 400, 401, 403, 404 and 422 are terminal at once: no retry changes
 them, an operator does. A 410 Gone retires the destination (retirement.py): the message
@@ -11,23 +12,15 @@ retried under the same key with full-jitter backoff until the budget is spent.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
-
-from ...core import storable
 from ...core.backoff import full_jitter
 from ...core.peer_http import parse_retry_after
 from ...core.words import duration_text
 from ..models import MessageStatus, WebhookDestination
-from ..notices import terminal_notice
 from ..retirement import GONE_STATUS
-from .messages import EGRESS_GUARD, Claimed, Sent
-
-logger = logging.getLogger(__name__)
-
+from .messages import EGRESS_GUARD, Sent
 
 # answers that no retry will change: for an operator
 TERMINAL_STATUSES = frozenset({400, 401, 403, 404, 422})
@@ -38,7 +31,7 @@ PACING_STATUSES = frozenset({429, 503})
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Decision:
     status: str  # a MessageStatus
     next_attempt_at: datetime | None
     spends_budget: bool
@@ -47,35 +40,35 @@ class Verdict:
     gone: bool = False
 
 
-def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
+def decide(dest: WebhookDestination, sent: Sent, now: datetime) -> Decision:
     """What one answer means for its message (the issue's table, in one place)."""
     code = sent.status_code
     if code is not None and 200 <= code < 300:
-        return Verdict(MessageStatus.DELIVERED, None, spends_budget=False, breaker_failure=False)
+        return Decision(MessageStatus.DELIVERED, None, spends_budget=False, breaker_failure=False)
     if code == GONE_STATUS:
         # the endpoint is gone, not this message: held for when it is enabled again
-        return Verdict(
+        return Decision(
             MessageStatus.PENDING, now, spends_budget=False, breaker_failure=False, gone=True
         )
     if code in TERMINAL_STATUSES or sent.refused_by:
         # refused by the egress guard or proxy: no retry changes the address or the
         # proxy's rules, and the destination did not fail (its breaker is not counted)
-        return Verdict(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=False)
+        return Decision(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=False)
     if code in PACING_STATUSES:
         wait = parse_retry_after(sent.retry_after, now=now, cap=dest.retry_after_cap_seconds)
         if wait is not None:
             # the destination is pacing us: later, without spending the retry budget
             at = now + timedelta(seconds=wait)
-            return Verdict(
+            return Decision(
                 MessageStatus.PENDING, at, spends_budget=False, breaker_failure=code == 503
             )
     # other answers, timeouts and connection errors: backoff, same key
     if sent.message.failures + 1 >= dest.max_attempts:
-        return Verdict(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=True)
+        return Decision(MessageStatus.FAILED, None, spends_budget=True, breaker_failure=True)
     wait = full_jitter(
         sent.message.failures + 1, base=dest.backoff_base_seconds, cap=dest.backoff_cap_seconds
     )
-    return Verdict(
+    return Decision(
         MessageStatus.PENDING,
         now + timedelta(seconds=wait),
         spends_budget=True,
@@ -83,13 +76,15 @@ def verdict(dest: WebhookDestination, sent: Sent, now: datetime) -> Verdict:
     )
 
 
-def answer_words(sent: Sent) -> str:
+def answer_text(sent: Sent) -> str:
+    """The answer in words, for the log line."""
     if sent.status_code is None:
         return f"gave no answer ({sent.error})"
     return f"answered {sent.status_code}"
 
 
-def what_next(dest: WebhookDestination, sent: Sent, v: Verdict, now: datetime) -> str:
+def next_step_text(dest: WebhookDestination, sent: Sent, v: Decision, now: datetime) -> str:
+    """What happens to the message next, in words, for the log line."""
     if v.status == MessageStatus.FAILED:
         if sent.status_code in TERMINAL_STATUSES:
             return "failed for good (a terminal answer), waiting for an operator"
@@ -104,41 +99,3 @@ def what_next(dest: WebhookDestination, sent: Sent, v: Verdict, now: datetime) -
     if not v.spends_budget:
         return f"deferred {wait} as Retry-After asks"
     return f"retried in {wait} (failure {sent.message.failures + 1} of {dest.max_attempts})"
-
-
-def answer_log(dest: WebhookDestination, message: Claimed, answer: str, then: str) -> None:
-    """One WARNING line per answer that was not a 2xx, or request that got none."""
-    answer = storable.text(answer, 300)
-    logger.warning(
-        "outbox: %s %s to %s, attempt %d: %s",
-        dest.name,
-        answer,
-        storable.text(message.key, 255),
-        message.attempt,
-        then,
-        extra={
-            "webhook": {
-                "destination": dest.name,
-                "key": message.key,
-                "attempt": message.attempt,
-                "answer": answer,
-                "next": then,
-            }
-        },
-    )
-
-
-def ops_notice_terminal(dest: WebhookDestination, message: Claimed, *, answer: str) -> None:
-    """Tell the ops destination (if any); a failure here never fails the round (a
-    savepoint of its own when the round's transaction is open)."""
-    try:
-        with transaction.atomic():
-            terminal_notice(
-                destination=dest.name,
-                message_id=message.id,
-                key=message.key,
-                event_type=message.event_type,
-                answer=answer,
-            )
-    except Exception:
-        logger.exception("terminal notice for %s not admitted", message.key)

@@ -7,7 +7,7 @@ On PostgreSQL a round is recorded by one statement, all of it or none, whatever
 interrupts the worker: the one that claims the next round (``queries.CLAIM``, through
 ``relay_record_and_claim``), or one of its own (``queries.RECORD``). On SQLite, by its
 three parts in one transaction.
-What each answer means is ``policy.verdict``'s, decided here; the SQL applies it.
+What each answer means is ``policy.decide``'s, decided here; the SQL applies it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from ..models import MessageStatus, WebhookDestination
 from ..retirement import Retirement, retirement_noticed, retirement_params
 from .claim import CLAIM_BATCH, relay_claim
 from .messages import RelayRound, Sent
-from .policy import Verdict, answer_log, answer_words, ops_notice_terminal, verdict, what_next
+from .policy import Decision, answer_text, decide, next_step_text
+from .reporting import log_answer, notify_terminal
 from .transport import EXCERPT_CHARS
 
 logger = logging.getLogger(__name__)
@@ -40,14 +41,14 @@ class _Answers:
     the breaker's count."""
 
     results: list[Sent]
-    verdicts: list[Verdict]
+    verdicts: list[Decision]
     rows: list[dict[str, Any]]
     breaker: BreakerCount
     now: datetime
 
 
 def _answers(dest: WebhookDestination, results: list[Sent], now: datetime) -> _Answers:
-    verdicts = [verdict(dest, sent, now) for sent in results]
+    verdicts = [decide(dest, sent, now) for sent in results]
     return _Answers(
         results,
         verdicts,
@@ -117,7 +118,7 @@ def _recorded(
         if v.status == MessageStatus.FAILED and sent.message.id in recorded:
             # in the round's transaction: no notice for an answer not recorded
             answer = sent.error if sent.status_code is None else str(sent.status_code)
-            ops_notice_terminal(dest, sent.message, answer=answer)
+            notify_terminal(dest, sent.message, answer=answer)
     retirement_noticed(dest.name, retirement, answers.now)
     opened = answers.breaker.opened(consecutive_failures)
     # counted and logged once the answers are durable: a round that rolls back is sent
@@ -129,7 +130,7 @@ def _recorded(
     )
 
 
-def _answer(sent: Sent, v: Verdict, now: datetime) -> dict[str, Any]:
+def _answer(sent: Sent, v: Decision, now: datetime) -> dict[str, Any]:
     """One answer as the record's statement takes it (``queries.ANSWER_COLUMNS``)."""
     adapt = connection.ops.adapt_datetimefield_value
     m = sent.message
@@ -213,7 +214,7 @@ def _record_sqlite(
 
 def _committed(
     dest: WebhookDestination,
-    answers: list[tuple[Sent, Verdict]],
+    answers: list[tuple[Sent, Decision]],
     recorded: set[int],
     now: datetime,
     paused_after: int | None,
@@ -226,7 +227,7 @@ def _committed(
     for sent, v in answers:
         message = sent.message
         if message.id not in recorded:
-            answer_log(dest, message, answer_words(sent), "not recorded: its lease ran out")
+            log_answer(dest, message, answer_text(sent), "not recorded: its lease ran out")
             continue
         if v.status == MessageStatus.DELIVERED:
             metrics.delivery_record(
@@ -238,7 +239,7 @@ def _committed(
             continue
         if v.status == MessageStatus.FAILED:
             metrics.terminal_count(dest.name)
-        answer_log(dest, message, answer_words(sent), what_next(dest, sent, v, now))
+        log_answer(dest, message, answer_text(sent), next_step_text(dest, sent, v, now))
 
 
 def record_each(dest: WebhookDestination, results: list[Sent]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from .observed import INF, RunView, Verdict, when
+from .observed import INF, InvariantResult, RunView, when
 
 # Written here apart from the relay's own policy (relay/policy.py), so that a change
 # there is held to the promise:
@@ -26,7 +26,7 @@ PACING_STATUSES = frozenset({429, 503})
 SUCCESSES = frozenset({"applied", "duplicate"})
 
 
-def terminal_answer_final(v: RunView) -> Verdict:
+def terminal_answer_final(v: RunView) -> InvariantResult:
     """A permanent answer (400, 401, 403, 404, 422) ends its message at that
     attempt: no later request of that key reaches the merchant, and the message is
     terminal with that answer as its reason."""
@@ -52,14 +52,14 @@ def terminal_answer_final(v: RunView) -> Verdict:
             reason = m["last_status_code"] or m["last_error"] or "none"
             problem = f"terminal with the reason {reason!r}, not {final.status}"
         if problem:
-            return Verdict(
+            return InvariantResult(
                 "terminal-answer-final",
                 title,
                 False,
                 count,
                 f"{event} at {name}: answered {final.status} at {when(final.at)}; {problem}",
             )
-    return Verdict("terminal-answer-final", title, True, count)
+    return InvariantResult("terminal-answer-final", title, True, count)
 
 
 def _breaker_failure(a: Any) -> bool | None:
@@ -74,7 +74,7 @@ def _breaker_failure(a: Any) -> bool | None:
     return True
 
 
-def breaker_limits_attempts(v: RunView) -> Verdict:
+def breaker_limits_attempts(v: RunView) -> InvariantResult:
     """Counted at the merchant: once ``breaker_threshold`` consecutive failures have
     been answered, at most one request is started per cool-down (a probe, started no
     sooner than a cool-down after the last failure was answered) until one succeeds.
@@ -110,7 +110,7 @@ def breaker_limits_attempts(v: RunView) -> Verdict:
                     if early
                     else f"{len(batch)} probes at once"
                 )
-                return Verdict(
+                return InvariantResult(
                     "breaker-limits-attempts",
                     title,
                     False,
@@ -127,10 +127,10 @@ def breaker_limits_attempts(v: RunView) -> Verdict:
                 if opened_at is None:
                     opened_at, opened_by = answered, number
                 free_at = max(free_at, answered + spec.breaker_cooldown_seconds)
-    return Verdict("breaker-limits-attempts", title, True, count)
+    return InvariantResult("breaker-limits-attempts", title, True, count)
 
 
-def retry_after_capped(v: RunView) -> Verdict:
+def retry_after_capped(v: RunView) -> InvariantResult:
     """A 429 or 503 with a Retry-After is waited as asked up to the destination's cap,
     and no longer: its next attempt is set at least min(asked, cap) after the request
     started, and no more than that past its answer (the request's deadline at most)."""
@@ -155,7 +155,7 @@ def retry_after_capped(v: RunView) -> Verdict:
             if waited is None or not (
                 expected - 1e-6 <= waited <= expected + spec.timeout_seconds + 1e-6
             ):
-                return Verdict(
+                return InvariantResult(
                     "retry-after-capped",
                     title,
                     False,
@@ -165,10 +165,10 @@ def retry_after_capped(v: RunView) -> Verdict:
                     f"{spec.retry_after_cap_seconds:g} s); the next attempt was set "
                     + ("never" if waited is None else f"{waited:g} s later"),
                 )
-    return Verdict("retry-after-capped", title, True, count)
+    return InvariantResult("retry-after-capped", title, True, count)
 
 
-def budget_respected(v: RunView) -> Verdict:
+def budget_respected(v: RunView) -> InvariantResult:
     """No message is tried past its retry budget: at the merchant, at most
     ``max_attempts`` requests of a key got an answer that spends it (anything but a 2xx,
     a permanent answer, or a Retry-After that paces us)."""
@@ -186,7 +186,7 @@ def budget_respected(v: RunView) -> Verdict:
             and not (a.status in PACING_STATUSES and a.retry_after is not None)
         ]
         if len(spent) > budget:
-            return Verdict(
+            return InvariantResult(
                 "budget-respected",
                 title,
                 False,
@@ -194,10 +194,10 @@ def budget_respected(v: RunView) -> Verdict:
                 f"{event} at {name}: {len(spent)} failed requests against a budget of "
                 f"{budget}, the one past it at {when(spent[budget].at)}",
             )
-    return Verdict("budget-respected", title, True, count)
+    return InvariantResult("budget-respected", title, True, count)
 
 
-def gone_holds(v: RunView) -> Verdict:
+def gone_holds(v: RunView) -> InvariantResult:
     """After a 410 Gone, counted at the merchant and in the database: no request of its
     destination arrives from that answer until an operator enables it (requests already
     on their way are not held to it), no message of it is failed for the 410, and once
@@ -237,5 +237,5 @@ def gone_holds(v: RunView) -> Verdict:
                     f"{m['status']} at the cut-off"
                 )
         if problem:
-            return Verdict("gone-holds", title, False, count, f"{name}: {problem}")
-    return Verdict("gone-holds", title, True, count)
+            return InvariantResult("gone-holds", title, False, count, f"{name}: {problem}")
+    return InvariantResult("gone-holds", title, True, count)

@@ -18,10 +18,10 @@ from .answers import (
     retry_after_capped,
     terminal_answer_final,
 )
-from .observed import INF, Observations, RunView, Verdict, when
+from .observed import INF, InvariantResult, Observations, RunView, when
 
 
-def one_message_per_event(v: RunView) -> Verdict:
+def one_message_per_event(v: RunView) -> InvariantResult:
     title = "one durable message per logical event and destination"
     admitted = {(a["destination"], a["key"]) for a in v.obs.admissions}
     created = Counter((a["destination"], a["key"]) for a in v.obs.admissions if a["created"])
@@ -29,7 +29,7 @@ def one_message_per_event(v: RunView) -> Verdict:
     for a in v.obs.admissions:
         pair = (a["destination"], a["key"])
         if rows[pair] != 1 or created[pair] != 1:
-            return Verdict(
+            return InvariantResult(
                 "one-message-per-event",
                 title,
                 False,
@@ -40,24 +40,24 @@ def one_message_per_event(v: RunView) -> Verdict:
     extra = sorted(set(rows) - admitted)
     if extra:
         d, key = extra[0]
-        return Verdict(
+        return InvariantResult(
             "one-message-per-event",
             title,
             False,
             len(admitted),
             f"{key} to {d}: a message nothing admitted",
         )
-    return Verdict("one-message-per-event", title, True, len(admitted))
+    return InvariantResult("one-message-per-event", title, True, len(admitted))
 
 
-def key_on_every_attempt(v: RunView) -> Verdict:
+def key_on_every_attempt(v: RunView) -> InvariantResult:
     title = "every attempt of a message carries its key (webhook-id, Idempotency-Key)"
     count = 0
     for name, arrivals in v.obs.arrivals.items():
         for a in arrivals:
             count += 1
             if not (a.webhook_id == a.idempotency_key == a.event):
-                return Verdict(
+                return InvariantResult(
                     "key-on-every-attempt",
                     title,
                     False,
@@ -65,10 +65,10 @@ def key_on_every_attempt(v: RunView) -> Verdict:
                     f"{a.event} at {name}, its request {a.seen} at {when(a.at)}: webhook-id "
                     f"{a.webhook_id!r}, Idempotency-Key {a.idempotency_key!r}",
                 )
-    return Verdict("key-on-every-attempt", title, True, count)
+    return InvariantResult("key-on-every-attempt", title, True, count)
 
 
-def fifo_per_destination(v: RunView) -> Verdict:
+def fifo_per_destination(v: RunView) -> InvariantResult:
     """First attempts follow admission order among a destination's messages that nothing
     held back: a message admitted earlier, and not waiting for an older one of its
     ordering key, is never first tried after a later one."""
@@ -82,7 +82,7 @@ def fifo_per_destination(v: RunView) -> Verdict:
             first = v.first_attempt[m["id"]]
             if latest[0] > first and latest[1] is not None:
                 earlier = latest[1]
-                return Verdict(
+                return InvariantResult(
                     "fifo-per-destination",
                     title,
                     False,
@@ -96,10 +96,10 @@ def fifo_per_destination(v: RunView) -> Verdict:
                 seen_keys.add(m["ordering_key"])
             if not held_back and v.first_attempt[m["id"]] > latest[0]:
                 latest = (v.first_attempt[m["id"]], m)
-    return Verdict("fifo-per-destination", title, True, count)
+    return InvariantResult("fifo-per-destination", title, True, count)
 
 
-def order_within_key(v: RunView) -> Verdict:
+def order_within_key(v: RunView) -> InvariantResult:
     title = "strict order within an ordering key"
     count = 0
     for name, messages in v.by_dest.items():
@@ -121,7 +121,7 @@ def order_within_key(v: RunView) -> Verdict:
                 nexts = [a.seq for a in v.arrivals_of[(name, m["key"])]]
                 broken = seq is None or (bool(nexts) and min(nexts) < seq)
             if broken:
-                return Verdict(
+                return InvariantResult(
                     "order-within-key",
                     title,
                     False,
@@ -129,10 +129,10 @@ def order_within_key(v: RunView) -> Verdict:
                     f"{name}: {m['key']} was tried at {when(first)} while the earlier "
                     f"{before['key']} of {key} was delivered {when(done)}",
                 )
-    return Verdict("order-within-key", title, True, count)
+    return InvariantResult("order-within-key", title, True, count)
 
 
-def limiter_within_rate(v: RunView) -> Verdict:
+def limiter_within_rate(v: RunView) -> InvariantResult:
     """Counted at the merchant: in any span of T seconds, at most rate × T + burst
     requests started; and never more in flight than max_in_flight."""
     title = "the limiter never exceeds its rate plus burst, nor its concurrency, at the merchant"
@@ -151,7 +151,7 @@ def limiter_within_rate(v: RunView) -> Verdict:
             # (times are to the microsecond: the bound allows for that much)
             if (j + 1 - rate * t) + best > capacity + 1e-6 + rate * 1e-6:
                 span = t - times[best_i]
-                return Verdict(
+                return InvariantResult(
                     "limiter-within-rate",
                     title,
                     False,
@@ -162,7 +162,7 @@ def limiter_within_rate(v: RunView) -> Verdict:
                 )
         peak = v.obs.max_concurrency.get(name, 0)
         if peak > spec.max_in_flight:
-            return Verdict(
+            return InvariantResult(
                 "limiter-within-rate",
                 title,
                 False,
@@ -170,10 +170,10 @@ def limiter_within_rate(v: RunView) -> Verdict:
                 f"{name}: {peak} requests in flight at once, above max_in_flight "
                 f"{spec.max_in_flight}",
             )
-    return Verdict("limiter-within-rate", title, True, count)
+    return InvariantResult("limiter-within-rate", title, True, count)
 
 
-def no_early_attempt(v: RunView) -> Verdict:
+def no_early_attempt(v: RunView) -> InvariantResult:
     """No attempt before the time its previous answer set: the recorded next_attempt_at,
     and, at the merchant, the Retry-After it asked for (up to the destination's cap)."""
     title = "no attempt before its next_attempt_at or Retry-After"
@@ -183,7 +183,7 @@ def no_early_attempt(v: RunView) -> Verdict:
         for before, after in zip(attempts, attempts[1:], strict=False):
             count += 1
             if before["next"] is not None and after["started"] < before["next"] - 1e-6:
-                return Verdict(
+                return InvariantResult(
                     "no-early-attempt",
                     title,
                     False,
@@ -200,7 +200,7 @@ def no_early_attempt(v: RunView) -> Verdict:
             count += 1
             due = before.at + min(before.retry_after, caps[name])
             if after.at < due - 1e-6:
-                return Verdict(
+                return InvariantResult(
                     "no-early-attempt",
                     title,
                     False,
@@ -208,17 +208,17 @@ def no_early_attempt(v: RunView) -> Verdict:
                     f"{event} at {name}: asked to wait {before.retry_after:g} s at "
                     f"{when(before.at)} (Retry-After), tried again at {when(after.at)}",
                 )
-    return Verdict("no-early-attempt", title, True, count)
+    return InvariantResult("no-early-attempt", title, True, count)
 
 
-def one_effect_per_key(v: RunView) -> Verdict:
+def one_effect_per_key(v: RunView) -> InvariantResult:
     title = "one effect per key, at the merchant and at this app's receiver"
     count = 0
     for m in v.obs.messages:
         count += 1
         effects = v.obs.merchant_effects.get(m["destination"], Counter())[m["key"]]
         if effects > 1 or (m["status"] == "delivered" and effects != 1):
-            return Verdict(
+            return InvariantResult(
                 "one-effect-per-key",
                 title,
                 False,
@@ -228,17 +228,17 @@ def one_effect_per_key(v: RunView) -> Verdict:
     for key, effects in sorted(v.obs.inbound_effects.items()):
         count += 1
         if effects > 1:
-            return Verdict(
+            return InvariantResult(
                 "one-effect-per-key",
                 title,
                 False,
                 count,
                 f"{key} at this app's receiver: applied {effects} times",
             )
-    return Verdict("one-effect-per-key", title, True, count)
+    return InvariantResult("one-effect-per-key", title, True, count)
 
 
-def ledger_balances(v: RunView) -> Verdict:
+def ledger_balances(v: RunView) -> InvariantResult:
     """Outbound: admitted = delivered + terminal with a reason + pending at the cut-off.
     Inbound: sent = applied + dead-lettered + awaiting a retry. Nothing else."""
     title = "the ledger balances (admitted = delivered + terminal + pending at the cut-off)"
@@ -252,7 +252,7 @@ def ledger_balances(v: RunView) -> Verdict:
     accounted = states["delivered"] + states["failed"] + states["pending"] + states["sending"]
     if accounted != len(admitted) or len(v.obs.messages) != len(admitted):
         others = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-        return Verdict(
+        return InvariantResult(
             "ledger-balances",
             title,
             False,
@@ -265,7 +265,7 @@ def ledger_balances(v: RunView) -> Verdict:
     held = {k for k, status in v.obs.inbound_failed.items() if status in ("dead", "retrying")}
     missing = sorted(sent - applied - held)
     if missing:
-        return Verdict(
+        return InvariantResult(
             "ledger-balances",
             title,
             False,
@@ -274,10 +274,10 @@ def ledger_balances(v: RunView) -> Verdict:
             f"({len(missing)} such): the run is void",
             voids=True,
         )
-    return Verdict("ledger-balances", title, True, len(admitted) + len(sent))
+    return InvariantResult("ledger-balances", title, True, len(admitted) + len(sent))
 
 
-def silence_alert_once(v: RunView) -> Verdict:
+def silence_alert_once(v: RunView) -> InvariantResult:
     """Every gap in the sender's traffic longer than the silence window (plus one check
     interval) opens exactly one alert, none opens otherwise, and each resolves once
     traffic returns. A silence that lasts to the cut-off is a silence too: its alert
@@ -285,7 +285,7 @@ def silence_alert_once(v: RunView) -> Verdict:
     title = "a silent sender opens one alert per silence, and it resolves"
     spec = v.obs.scenario.inbound
     if spec is None:
-        return Verdict("silence-alert-once", title, True, 0)
+        return InvariantResult("silence-alert-once", title, True, 0)
     times = sorted({s["at"] for s in v.obs.inbound_sent})
     gaps = list(zip(times, times[1:], strict=False))
     slack = v.obs.scenario.beat.silence_check
@@ -320,10 +320,10 @@ def silence_alert_once(v: RunView) -> Verdict:
     elif len(resolved) != len(opened) - still_open:
         problem = f"{len(opened)} alerts opened, {len(resolved)} resolved"
     checked = len(gaps) + (trailing is not None)
-    return Verdict("silence-alert-once", title, not problem, checked, problem)
+    return InvariantResult("silence-alert-once", title, not problem, checked, problem)
 
 
-def never_judged_not_sending(v: RunView) -> Verdict:
+def never_judged_not_sending(v: RunView) -> InvariantResult:
     """The simulated workers and beat run throughout: at no sample does the status say
     relay_not_sending. A backlog at a destination's limit (a flash sale) is "behind"."""
     title = "a working relay is never judged not sending (a backlog at its limit is behind)"
@@ -332,17 +332,17 @@ def never_judged_not_sending(v: RunView) -> Verdict:
         for at, code in judged:
             count += 1
             if code == "relay_not_sending":
-                return Verdict(
+                return InvariantResult(
                     "never-judged-not-sending",
                     title,
                     False,
                     count,
                     f"{name} at {when(at)}: the status said relay_not_sending",
                 )
-    return Verdict("never-judged-not-sending", title, True, count)
+    return InvariantResult("never-judged-not-sending", title, True, count)
 
 
-CHECKS: list[Callable[[RunView], Verdict]] = [
+CHECKS: list[Callable[[RunView], InvariantResult]] = [
     ledger_balances,
     one_message_per_event,
     key_on_every_attempt,
@@ -380,13 +380,13 @@ NAMES = [
 ]
 
 
-def destinations_isolated(obs: Observations, alone: Observations | None) -> Verdict:
+def destinations_isolated(obs: Observations, alone: Observations | None) -> InvariantResult:
     """A limited (or failing) destination does not delay another: each destination named
     ``isolated`` gets every delivery at the same simulated time as in a run of the same
     scenario where it is the only destination."""
     title = "a limited destination does not delay another"
     if alone is None:
-        return Verdict("destinations-isolated", title, True, 0)
+        return InvariantResult("destinations-isolated", title, True, 0)
     then = {(m["destination"], m["key"]): m["delivered"] for m in alone.messages}
     count = 0
     for m in obs.messages:
@@ -399,7 +399,7 @@ def destinations_isolated(obs: Observations, alone: Observations | None) -> Verd
             with_others is not None and by_itself is not None and with_others > by_itself + 1e-6
         )
         if late:
-            return Verdict(
+            return InvariantResult(
                 "destinations-isolated",
                 title,
                 False,
@@ -407,10 +407,10 @@ def destinations_isolated(obs: Observations, alone: Observations | None) -> Verd
                 f"{m['key']} to {m['destination']}: delivered {when(with_others)} beside the "
                 f"others, {when(by_itself)} alone",
             )
-    return Verdict("destinations-isolated", title, True, count)
+    return InvariantResult("destinations-isolated", title, True, count)
 
 
-def check(obs: Observations, alone: Observations | None = None) -> list[Verdict]:
+def check(obs: Observations, alone: Observations | None = None) -> list[InvariantResult]:
     view = RunView(obs)
     verdicts = {c.__name__.replace("_", "-"): c(view) for c in CHECKS}
     verdicts["destinations-isolated"] = destinations_isolated(obs, alone)

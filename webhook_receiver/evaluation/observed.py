@@ -1,4 +1,4 @@
-"""What one run left (``Observations``), and how the invariants read it: a ``Verdict``
+"""What one run left (``Observations``), and how the invariants read it: an ``InvariantResult``
 per invariant, simulated times in words, and the observations indexed by destination,
 message and key (``RunView``)."""
 
@@ -49,7 +49,7 @@ class Observations:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class InvariantResult:
     name: str
     title: str
     held: bool

@@ -25,7 +25,7 @@ from .heartbeat import heartbeat_interval, heartbeat_seen_at, heartbeat_stale_af
 from .models import Heartbeat
 from .readings import Readings, Unread
 from .sources import SourceStatus, source_statuses
-from .verdict import Verdict, status_verdict
+from .verdict import Headline, status_verdict
 
 HEARTBEAT = "heartbeat"
 
@@ -51,7 +51,7 @@ class Status:
     broker_error: str | None
     system: tuple[Reason, ...]
     unread: list[Unread]
-    verdict: Verdict
+    verdict: Headline
 
     def as_dict(self) -> dict[str, Any]:
         """``webhook_status --json`` (docs/overview.md)."""

@@ -18,7 +18,7 @@ UNKNOWN = 3
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Headline:
     """The one line at the top of the overview and of webhook_status. ``complete``:
     every part was read; a verdict that is not is never OK."""
 
@@ -45,7 +45,7 @@ def status_verdict(
     *,
     system: Sequence[Reason] = (),
     unread: Sequence[Unread] = (),
-) -> Verdict:
+) -> Headline:
     """ "All 3 sources OK", or the sources that are not, each with its first reason:
     "1 source needs attention: shop — 4 dead letters". The outbox's destinations
     (watch/destinations.py), when there are any, are judged alike after the sources.
@@ -61,23 +61,23 @@ def status_verdict(
     state = max(worst_state(system), rest.state)
     # the items' own line, unless it is only "All … OK", which is not the news here
     tail = [rest.text] if rest.state != State.OK else []
-    return Verdict(state, ". ".join([*head, *tail]), complete=not unread)
+    return Headline(state, ". ".join([*head, *tail]), complete=not unread)
 
 
-def _items_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any]) -> Verdict:
+def _items_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any]) -> Headline:
     named = [("source", s.source, s) for s in statuses]
     named += [("destination", d.name, d) for d in destinations]
     if not named:
-        return Verdict(State.OK, "No sources configured")
+        return Headline(State.OK, "No sources configured")
     worst = max(item.state for _, _, item in named)
     if worst == State.OK:
         if not destinations:
             n = len(statuses)
-            return Verdict(
+            return Headline(
                 State.OK, f"All {n} source{plural(n)} OK" if n > 1 else "The source is OK"
             )
         counted = [_count(len(statuses), "source"), _count(len(destinations), "destination")]
-        return Verdict(State.OK, "All " + " and ".join(c for c in counted if c) + " OK")
+        return Headline(State.OK, "All " + " and ".join(c for c in counted if c) + " OK")
     parts = []
     for level in (State.ALERT, State.ATTENTION):
         for kind in ("source", "destination"):
@@ -91,7 +91,7 @@ def _items_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any]
                 else f"{n} {kind}{' needs' if n == 1 else 's need'} attention"
             )
             parts.append(f"{head}: " + "; ".join(_one_line(name, item) for name, item in hit))
-    return Verdict(worst, ". ".join(parts))
+    return Headline(worst, ". ".join(parts))
 
 
 def _count(n: int, kind: str) -> str:

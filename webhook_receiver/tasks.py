@@ -9,7 +9,7 @@ a breaking change.
 Schedule them with beat (the demo project does, in ``project/settings.py``). They are
 safe to run on several workers at once and to run again after a lost worker: sweeps
 claim rows with ``SKIP LOCKED``, and every effect goes through a claim. A database error
-is one log line a run (``faults.healing``), and the next run tries again.
+is one log line a run (``faults.tolerates_database_errors``), and the next run tries again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from celery import shared_task
 from celery.signals import worker_process_shutdown
 
 from .conf import app_settings
-from .core.faults import healing
+from .core.faults import tolerates_database_errors
 
 
 class _TaskOptions(TypedDict):
@@ -46,7 +46,7 @@ AT_LEAST_ONCE: _TaskOptions = {
     time_limit=300,
     **AT_LEAST_ONCE,
 )
-@healing
+@tolerates_database_errors
 def retry_failed_events() -> int:
     """Retry the failed events that are due, one bounded batch per run.
 
@@ -67,7 +67,7 @@ def retry_failed_events() -> int:
     time_limit=600,
     **AT_LEAST_ONCE,
 )
-@healing
+@tolerates_database_errors
 def purge_audit_records() -> int:
     """Delete audit records past ``AUDIT_RETENTION_DAYS``."""
     from .inbound.audit import audit_purge
@@ -81,7 +81,7 @@ def purge_audit_records() -> int:
     time_limit=600,
     **AT_LEAST_ONCE,
 )
-@healing
+@tolerates_database_errors
 def purge_receipts() -> int:
     """Delete receipts past ``RECEIPT_RETENTION_DAYS`` (hourly on beat)."""
     from .inbound.retention import receipts_purge
@@ -95,7 +95,7 @@ def purge_receipts() -> int:
     time_limit=600,
     **AT_LEAST_ONCE,
 )
-@healing
+@tolerates_database_errors
 def purge_failed_events() -> int:
     """Delete resolved and discarded failed events past ``FAILED_EVENT_RETENTION_DAYS``."""
     from .inbound.failures import failed_events_purge
@@ -112,7 +112,7 @@ def purge_failed_events() -> int:
     time_limit=90,
     **AT_LEAST_ONCE,
 )
-@healing
+@tolerates_database_errors
 def relay_destination(destination_id: int) -> bool:
     """Relay one destination: queued on commit of each admission, by the sweep, and as
     the follow-up its token bucket asks for (a worker never sleeps for it). The run goes
@@ -136,13 +136,13 @@ def relay_lanes_finish(**kwargs: object) -> None:
 @shared_task(
     name="webhook_receiver.relay_sweep", soft_time_limit=20, time_limit=30, ignore_result=True
 )
-@healing
+@tolerates_database_errors
 def relay_sweep() -> int:
     """Queue a run for every destination with an eligible message: the safety net for a
     lost trigger (schedule it every few seconds)."""
-    from .outbound.trigger import relay_sweep
+    from .outbound.trigger import outbox_sweep
 
-    return relay_sweep()
+    return outbox_sweep()
 
 
 @shared_task(
@@ -151,7 +151,7 @@ def relay_sweep() -> int:
     time_limit=600,
     **AT_LEAST_ONCE,
 )
-@healing
+@tolerates_database_errors
 def purge_outbox() -> int:
     """Delete delivered and discarded messages past their retention (daily on beat)."""
     from .outbound.retention import outbox_purge
@@ -168,7 +168,7 @@ def purge_outbox() -> int:
     time_limit=900,
     **AT_LEAST_ONCE,
 )
-@healing
+@tolerates_database_errors
 def reconcile_sources() -> dict[str, str]:
     """Reconcile every source that has a RECONCILE block; one run per source at a time,
     enforced by the database (a source already running is skipped). A failed run is
@@ -181,7 +181,7 @@ def reconcile_sources() -> dict[str, str]:
 @shared_task(
     name="webhook_receiver.beat_heartbeat", soft_time_limit=20, time_limit=30, ignore_result=True
 )
-@healing
+@tolerates_database_errors
 def beat_heartbeat() -> None:
     """Schedule this on beat every 30 to 60 seconds: /health/ reports beat as down once
     its heartbeat is older than HEARTBEAT_MAX_AGE_SECONDS. (Not acks_late: a lost beat is
@@ -194,7 +194,7 @@ def beat_heartbeat() -> None:
 @shared_task(
     name="webhook_receiver.check_silence", soft_time_limit=50, time_limit=60, ignore_result=True
 )
-@healing
+@tolerates_database_errors
 def check_silence() -> dict[str, str]:
     """Schedule this on beat every minute: a source silent for longer than its
     SILENCE_AFTER_SECONDS opens one alert (and one notice); accepted traffic resolves it

@@ -40,7 +40,7 @@ from webhook_receiver.models import (
 )
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import relay_claim
-from webhook_receiver.outbound.relay.run import relay_destination as relay_run
+from webhook_receiver.outbound.relay.run import destination_relay
 from webhook_receiver.tasks import relay_destination, relay_sweep
 
 WORKERS = "Celery workers in other processes must see the test database"
@@ -291,7 +291,7 @@ def test_an_answer_that_trickles_is_cut_off_at_the_destination_timeout():
 
         # when
         began = time.monotonic()
-        relay_run(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
         took = time.monotonic() - began
 
     # then: the attempt ended within its timeout (one read's worth of slack), so a lease

@@ -29,7 +29,7 @@ from webhook_receiver.checks import check_destination_secrets, check_destination
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.encryption import SecretsUnreadable
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import destination_relay
 from webhook_receiver.schemes import verify
 from webhook_receiver.schemes.standard_keys import new_signing_key, public_key_of
 from webhook_receiver.watch.heartbeat import heartbeat_record  # noqa: E402
@@ -136,7 +136,7 @@ def test_a_signing_key_is_encrypted_and_signs_v1a_beside_v1(receiver):
 
     # when
     admit(dest, "both")
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
 
     # then: one signature of each version; each verifies on its own
     delivered_and_verified(receiver, "both")  # v1, by the standardwebhooks library
@@ -176,13 +176,13 @@ def test_a_key_rotation_keeps_every_delivery_verifying(receiver, settings):
     # given: secrets encrypted under the old key, and a delivery that verifies
     dest = destination(receiver.url)
     admit(dest, "before")
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
     delivered_and_verified(receiver, "before")
 
     # when: a new key is put first; the old one still decrypts
     with_keys(settings, NEW_KEY, DESTINATION_SECRET_KEY)
     admit(dest, "during")
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
     delivered_and_verified(receiver, "during")
     # every secret is encrypted again under the new key
     out = StringIO()
@@ -196,7 +196,7 @@ def test_a_key_rotation_keeps_every_delivery_verifying(receiver, settings):
     # then: the old key is removed, and deliveries verify as before, with both secrets
     with_keys(settings, NEW_KEY)
     admit(dest, "after")
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
     delivered_and_verified(receiver, "after")
     delivered_and_verified(receiver, "after", secret=OLD_SECRET)
 
@@ -226,7 +226,7 @@ def test_without_the_key_the_relay_stops_before_sending_anything(receiver, setti
 
     # when / then: a clear error, naming the setting
     with pytest.raises(SecretsUnreadable, match=r"DESTINATION_SECRET_KEYS"):
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # nothing was sent, signed or not, and the message is as it was
     assert receiver.received == []

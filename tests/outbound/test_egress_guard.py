@@ -9,7 +9,7 @@ from django.test import override_settings
 
 from tests.outbound.test_relay import admit, destination
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import destination_relay
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +30,7 @@ def test_a_destination_on_loopback_is_refused_and_fails_for_good(
         admit(dest, "order:ord_1:paid:v1")
 
         with django_capture_on_commit_callbacks(execute=True):
-            sent, _ = relay_destination(destination_id=dest.pk)
+            sent, _ = destination_relay(destination_id=dest.pk)
 
     assert sent == 1
     assert receiver.received == []
@@ -57,7 +57,7 @@ def test_the_allow_list_lets_the_same_destination_through(receiver):
         dest = destination(receiver.url)
         admit(dest, "order:ord_1:paid:v1")
 
-        sent, _ = relay_destination(destination_id=dest.pk)
+        sent, _ = destination_relay(destination_id=dest.pk)
 
     assert sent == 1
     assert len(receiver.received) == 1

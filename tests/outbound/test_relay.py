@@ -18,9 +18,9 @@ from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDesti
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import relay_claim
 from webhook_receiver.outbound.relay.record import relay_record
-from webhook_receiver.outbound.relay.run import relay_destination, relay_run
+from webhook_receiver.outbound.relay.run import destination_relay, relay_run
 from webhook_receiver.outbound.relay.transport import relay_send
-from webhook_receiver.outbound.trigger import relay_sweep
+from webhook_receiver.outbound.trigger import outbox_sweep
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -58,7 +58,7 @@ def test_a_delivery_carries_the_key_and_a_signature_the_library_verifies(receive
     admit(dest, "order:ord_1:paid:v1")
 
     # when
-    sent, _ = relay_destination(destination_id=dest.pk)
+    sent, _ = destination_relay(destination_id=dest.pk)
 
     # then: delivered, once, with the stable key in both headers
     assert sent == 1
@@ -110,14 +110,14 @@ def test_a_server_error_backs_off_and_the_retry_keeps_the_key(receiver):
     admit(dest, "order:ord_2:paid:v1")
     receiver.answer(500)
 
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
     message = OutboxMessage.objects.get()
     assert (message.status, message.failures) == ("pending", 1)
     assert message.next_attempt_at <= later(11)
 
     # when: due again
     OutboxMessage.objects.update(next_attempt_at=timezone.now())
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
 
     # then: delivered, and both requests carried the same key
     assert receiver.keys() == ["order:ord_2:paid:v1", "order:ord_2:paid:v1"]
@@ -179,7 +179,7 @@ def test_a_refusal_is_terminal_at_once(receiver, status):
     admit(dest, "k")
     receiver.answer(status)
 
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
 
     message = OutboxMessage.objects.get()
     assert (message.status, message.last_status_code) == ("failed", status)
@@ -192,7 +192,7 @@ def test_attempts_exhausted_is_terminal(receiver):
     for _ in range(2):
         receiver.answer(502)
         OutboxMessage.objects.update(next_attempt_at=timezone.now())
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
     assert OutboxMessage.objects.get().status == "failed"
 
 
@@ -225,8 +225,8 @@ def test_a_failing_destination_does_not_delay_another(receiver):
         admit(down, f"down-{n}")
     admit(up, "up-0")
 
-    relay_destination(destination_id=down.pk)
-    sent, _ = relay_destination(destination_id=up.pk)
+    destination_relay(destination_id=down.pk)
+    sent, _ = destination_relay(destination_id=up.pk)
 
     assert sent == 1 and receiver.keys() == ["up-0"]
     assert set(OutboxMessage.objects.filter(destination=down).values_list("status", flat=True)) == {
@@ -356,7 +356,7 @@ def test_no_transaction_is_open_while_a_request_is_in_flight(receiver):
     receiver.on_request = look
 
     # when
-    sent, _ = relay_destination(destination_id=dest.pk)
+    sent, _ = destination_relay(destination_id=dest.pk)
 
     # then: three requests, none of them with a transaction open across it
     assert sent == 3
@@ -389,7 +389,7 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
     try:
         # when: a trigger's run meets the busy row
         started = time.monotonic()
-        sent, wait = relay_destination(destination_id=dest.pk)
+        sent, wait = destination_relay(destination_id=dest.pk)
         took = time.monotonic() - started
     finally:
         release.set()
@@ -398,7 +398,7 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
     # then: it left at once, sending nothing; the holder's run (or the next) sends it
     assert (sent, wait) == (0, None) and took < 1.0
     assert receiver.received == []
-    assert relay_destination(destination_id=dest.pk)[0] == 1
+    assert destination_relay(destination_id=dest.pk)[0] == 1
 
 
 def test_the_sweep_queues_one_run_per_destination_with_something_due(receiver, broker):
@@ -411,7 +411,7 @@ def test_the_sweep_queues_one_run_per_destination_with_something_due(receiver, b
     for n in range(3):
         admit(second, f"b{n}")
 
-    assert relay_sweep() == 2
+    assert outbox_sweep() == 2
     assert broker.llen("celery") == 2
 
 
@@ -426,14 +426,14 @@ def test_the_sweep_leaves_a_destination_its_breaker_paused_until_the_pause_ends(
     )
 
     # when / then: the sweep queues a run for the open one only
-    assert relay_sweep() == 1
+    assert outbox_sweep() == 1
     assert broker.llen("celery") == 1
 
     # once the pause has ended, the next sweep queues the paused one's probe
     WebhookDestination.objects.filter(pk=paused.pk).update(
         paused_until=timezone.now() - timedelta(seconds=1)
     )
-    assert relay_sweep() == 2
+    assert outbox_sweep() == 2
 
 
 def test_a_queued_follow_up_is_the_run_an_admission_would_have_queued(receiver, broker, settings):

@@ -20,7 +20,7 @@ from webhook_receiver import tasks as relay_tasks
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import UNRECORDED, relay_claim
-from webhook_receiver.outbound.relay.run import relay_destination, relay_run
+from webhook_receiver.outbound.relay.run import destination_relay, relay_run
 from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.watch.destinations import destination_statuses
 
@@ -74,7 +74,7 @@ def test_an_answer_with_a_nul_in_its_body_is_recorded_and_spends_the_budget():
         admit(dest, "order:o1:paid:v1")
 
         # when
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # then: the attempt is recorded, with the NUL escaped; one failure is spent and the
     # message waits for its backoff, sent once
@@ -100,7 +100,7 @@ def test_an_answer_in_a_charset_no_text_codec_reads_is_recorded(charset):
         admit(dest, "order:o2:paid:v1")
 
         # when
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # then: recorded, terminal, with the body read as text somehow
     attempt = only_attempt("order:o2:paid:v1")
@@ -126,7 +126,7 @@ def test_an_answer_that_trickles_its_head_ends_at_the_destination_timeout(what):
         admit(dest, "order:o3:paid:v1")
 
         # when
-        _, took = timed(lambda: relay_destination(destination_id=dest.pk))
+        _, took = timed(lambda: destination_relay(destination_id=dest.pk))
 
     # then: the request ended at its timeout (a read's slack), as no answer, recorded and
     # backing off; its lease (timeout + 24 s) outlived it by far
@@ -182,7 +182,7 @@ def test_a_round_refused_as_a_whole_is_recorded_answer_by_answer():
             admit(dest, key)
 
         # when
-        sent, _ = relay_destination(destination_id=dest.pk)
+        sent, _ = destination_relay(destination_id=dest.pk)
 
     # then: one round of three, each recorded: the refused one without its excerpt, and
     # with why; each spent one failure
@@ -334,7 +334,7 @@ def test_each_answer_that_is_not_a_2xx_is_one_warning_and_deliveries_are_not_log
             caplog.at_level(logging.INFO, logger="webhook_receiver"),
             django_capture_on_commit_callbacks(execute=True),
         ):
-            relay_destination(destination_id=dest.pk)
+            destination_relay(destination_id=dest.pk)
 
     # then: one line per answer that was not a 2xx, naming the destination, the key, the
     # attempt, the answer and what happens next; nothing for the delivery
@@ -370,7 +370,7 @@ def test_a_request_that_got_no_answer_is_one_warning(django_capture_on_commit_ca
             caplog.at_level(logging.WARNING, logger="webhook_receiver"),
             django_capture_on_commit_callbacks(execute=True),
         ):
-            relay_destination(destination_id=dest.pk)
+            destination_relay(destination_id=dest.pk)
 
     # then
     (line,) = [
@@ -425,7 +425,7 @@ def test_any_answer_is_recorded_as_one_attempt(status, charset, retry_after, hea
         admit(dest, key)
 
         # when
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # then: one request, one attempt recorded, the message no longer claimed
     assert len(peer.requests) == 1

@@ -24,7 +24,7 @@ from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDesti
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import lease_margin, relay_claim
 from webhook_receiver.outbound.relay.record import relay_record
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import destination_relay
 from webhook_receiver.outbound.relay.transport import relay_send
 
 pytestmark = pytest.mark.django_db
@@ -101,7 +101,7 @@ def test_a_run_of_one_message_is_its_claim_and_its_record_with_the_claim_that_fi
     admit(dest, ["k1"], committed=True)
 
     with statements() as sent:
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # no read of the destination besides the claim's, no savepoint
     assert [s.split()[0] for s in sent] == ["WITH", "WITH"], sent
@@ -116,7 +116,7 @@ def test_a_backlog_one_request_at_a_time_costs_a_statement_a_delivery_and_one_mo
     admit(dest, [f"k{n}" for n in range(5)], committed=True)
 
     with statements() as sent:
-        delivered, _ = relay_destination(destination_id=dest.pk)
+        delivered, _ = destination_relay(destination_id=dest.pk)
 
     # the first claim, then one statement an answer (the last claims nothing)
     assert delivered == 5
@@ -131,7 +131,7 @@ def test_a_backlog_costs_at_most_a_statement_a_delivery(receiver):
     admit(dest, [f"k{n:02}" for n in range(30)], committed=True)
 
     with statements() as sent:
-        delivered, _ = relay_destination(destination_id=dest.pk)
+        delivered, _ = destination_relay(destination_id=dest.pk)
 
     # each statement records at least one answer: answers come back together, so fewer
     assert delivered == 30
@@ -149,7 +149,7 @@ def test_the_statement_that_delivers_a_message_claims_the_next_of_its_ordering_k
             enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"}, ordering_key="o1")
 
     with statements() as sent:
-        delivered, _ = relay_destination(destination_id=dest.pk)
+        delivered, _ = destination_relay(destination_id=dest.pk)
 
     # the first claim, the first's record with the second's claim, the second's record
     assert delivered == 2 and len(sent) == 3
@@ -165,7 +165,7 @@ def test_the_statement_that_opens_the_breaker_claims_nothing(receiver):
     receiver.answer(500, key="k1")
 
     with statements() as sent:
-        delivered, _ = relay_destination(destination_id=dest.pk)
+        delivered, _ = destination_relay(destination_id=dest.pk)
 
     # the first answer pauses the destination: the statement that records it claims
     # nothing, and k2 is never sent
@@ -264,7 +264,7 @@ def test_a_destination_that_does_not_exist_is_not_found(caller):
         if caller == "claim":
             relay_claim(destination=987654)
         else:
-            relay_destination(destination_id=987654)
+            destination_relay(destination_id=987654)
 
 
 @pytest.mark.parametrize(

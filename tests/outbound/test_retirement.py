@@ -21,7 +21,7 @@ from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.operations import destination_disable, destination_enable
 from webhook_receiver.outbound.relay.claim import relay_claim
 from webhook_receiver.outbound.relay.record import relay_record
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import destination_relay
 from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.outbound.retirement import GONE_REASON
 from webhook_receiver.outbound.trigger import relay_sweep
@@ -71,7 +71,7 @@ def test_a_410_disables_the_destination_and_holds_its_messages(receiver, ops, ca
         caplog.at_level(logging.WARNING, logger="webhook_receiver.outbound.retirement"),
         TestCase.captureOnCommitCallbacks(execute=True),
     ):
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # then: disabled with its reason and time; nothing failed, nothing more sent
     dest.refresh_from_db()
@@ -92,7 +92,7 @@ def test_a_410_disables_the_destination_and_holds_its_messages(receiver, ops, ca
     # when: the sweep (the notice aside) and another run come
     OutboxMessage.objects.filter(destination=ops).delete()
     assert relay_sweep() == 0
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
 
     # then: still held
     assert receiver.keys() == ["k1"]
@@ -105,13 +105,13 @@ def test_enabling_sends_what_it_held_in_order(receiver, ops):
     for key, ordering in (("k1", "o"), ("k2", None), ("k3", "o"), ("k4", "o")):
         admit(dest, key, ordering)
     receiver.answer(410, key="k1")
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
     assert not WebhookDestination.objects.get(pk=dest.pk).enabled
 
     # when: an operator enables it, and the relay runs
     with TestCase.captureOnCommitCallbacks(execute=False):
         held = destination_enable(destination=dest, by="ops-person")
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
 
     # then: all delivered, in admission order, the first one again under its key
     assert held == 4
@@ -131,7 +131,7 @@ def test_the_ops_destination_answering_410_is_disabled_without_a_notice_to_itsel
     admit(ops, "k1")
     receiver.answer(410)
 
-    relay_destination(destination_id=ops.pk)
+    destination_relay(destination_id=ops.pk)
 
     ops.refresh_from_db()
     assert not ops.enabled and ops.disabled_reason == GONE_REASON
@@ -143,7 +143,7 @@ def _relay_at(dest, moment):
         OutboxMessage.objects.filter(destination=dest, status="pending").update(
             next_attempt_at=moment
         )
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
 
 def test_a_long_failing_span_warns_then_disables(receiver, ops, settings):
@@ -237,14 +237,14 @@ def test_the_command_disables_and_enables_and_the_held_messages_go(receiver):
 
     out = run_command("disable", "merchant")
     assert "disabled merchant (its messages are held until it is enabled): DISABLED" in out
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
     assert receiver.keys() == []
     assert "DISABLED" in run_command("update", "merchant")
 
     with TestCase.captureOnCommitCallbacks(execute=False):
         out = run_command("update", "merchant", "--enable")
     assert "enabled merchant (2 held message(s) to send, in their order): enabled" in out
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
     assert receiver.keys() == ["k1", "k2"]
     assert "unchanged merchant: enabled" in run_command("enable", "merchant")
 
@@ -253,7 +253,7 @@ def test_the_command_names_the_relays_reason(receiver):
     dest = merchant(receiver.url)
     admit(dest, "k1")
     receiver.answer(410)
-    relay_destination(destination_id=dest.pk)
+    destination_relay(destination_id=dest.pk)
 
     assert "DISABLED by the relay (answered 410 Gone" in run_command("update", "merchant")
     with TestCase.captureOnCommitCallbacks(execute=False):

@@ -29,7 +29,7 @@ from webhook_receiver.models import (
     WebhookDestination,
 )
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import destination_relay
 
 DASHBOARD = REPO / "deploy" / "grafana" / "webhook_receiver.json"
 METRIC = re.compile(r"webhook_receiver_[a-z_]+")
@@ -239,7 +239,7 @@ def test_every_metric_the_dashboard_names_is_exported_by_a_real_scrape(
             enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
     receiver.answer(404, key="k2")
     with django_capture_on_commit_callbacks(execute=True):
-        relay_destination(destination_id=dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # when: /metrics/ is scraped
     response = client.get("/metrics/", **AUTH)

@@ -27,7 +27,7 @@ from webhook_receiver.models import (
     RequestAudit,
     WebhookDestination,
 )
-from webhook_receiver.outbound.relay.run import relay_destination
+from webhook_receiver.outbound.relay.run import destination_relay
 
 pytestmark = pytest.mark.django_db
 
@@ -66,7 +66,7 @@ def test_one_forwarded_order_is_one_trace_from_the_sender_to_the_merchant(spans,
     answer = post(Client(), "shop", body, headers)
     assert answer.json()["status"] == "applied", answer.content
     message = OutboxMessage.objects.get()
-    sent, _ = relay_destination(destination_id=message.destination_id)
+    sent, _ = destination_relay(destination_id=message.destination_id)
 
     # then: one trace, the sender's, through every span
     assert sent == 1

@@ -275,7 +275,7 @@ class Outage:
         return result
 
 
-def healing(task: Callable[..., Any]) -> Callable[..., Any]:
+def tolerates_database_errors(task: Callable[..., Any]) -> Callable[..., Any]:
     """For Celery tasks: a database error is one line (its traceback once in a while,
     log_failure), not Celery's traceback for every run of a periodic task through an
     outage; the next run (beat's, or a sweep's) tries again. A session the error left

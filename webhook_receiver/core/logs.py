@@ -57,7 +57,7 @@ def log_line(logger: logging.Logger, level: int, what: str, **fields: Any) -> No
     logger.log(level, "%s: %s", what, pairs, extra={"webhook": fields})
 
 
-def logged_already(response: R) -> R:
+def mark_logged(response: R) -> R:
     """``response``, marked as logged: Django's ``django.request`` logger would log every
     4xx and 5xx again, a bare "Service Unavailable: /webhooks/shop/" without the event's
     key, after the app's own line that has it."""

@@ -160,7 +160,7 @@ class Simulation:
             assert lanes is not None
             lanes.relay(payload)
         elif kind == "sweep":
-            trigger.relay_sweep()
+            trigger.outbox_sweep()
         elif kind == "retry_sweep":
             failed_events_retry_due()
         elif kind == "silence":

@@ -50,7 +50,7 @@ class WebhookView(APIView):
         if isinstance(exc, MethodNotAllowed):
             # not a delivery: no line of Django's per request either (a flood of GETs
             # would be a line each); the server's access log has them
-            logs.logged_already(response)
+            logs.mark_logged(response)
         return response
 
     def post(self, request: Request, source: str) -> Response:
@@ -73,7 +73,7 @@ class WebhookView(APIView):
                 body["detail"] = str(exc)
             # the service logged it (within the audit bound): Django's bare line would
             # log every refusal of a flood again
-            return logs.logged_already(Response(body, status=exc.status_code))
+            return logs.mark_logged(Response(body, status=exc.status_code))
         except NotStored:  # logged where it happened
             return _retry_later()
         except Exception as exc:
@@ -101,7 +101,7 @@ def _retry_later() -> Response:
         status=503,
         headers={"Retry-After": RETRY_AFTER_SECONDS},
     )
-    return logs.logged_already(response)
+    return logs.mark_logged(response)
 
 
 def _body(request: Request) -> tuple[IO[bytes] | None, int | None]:

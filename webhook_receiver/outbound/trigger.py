@@ -143,7 +143,7 @@ def follow_up(destination_id: int, wait: float) -> None:
     cache.set(queued_key(destination_id), 1, timeout=due - now + FOLLOW_UP_SLACK)
 
 
-def relay_sweep() -> int:
+def outbox_sweep() -> int:
     """Queue a run for every destination with an eligible message: a trigger lost with a
     broker or a worker is made good within one sweep (every few seconds on beat). A
     destination its breaker paused is left until the pause ends (its run could claim
@@ -155,7 +155,7 @@ def relay_sweep() -> int:
     )
     not_paused = Q(destination__paused_until__isnull=True) | Q(destination__paused_until__lte=now)
     destinations: list[int] = []
-    with later_when_bounded("the relay sweep"), faults.bounded_transaction():
+    with stops_at_database_bounds("the relay sweep"), faults.bounded_transaction():
         destinations = list(
             OutboxMessage.objects.filter(due, not_paused, destination__enabled=True)
             # no ordering: the model's (-id) would make DISTINCT one row per message, and
@@ -170,7 +170,7 @@ def relay_sweep() -> int:
 
 
 @contextmanager
-def later_when_bounded(what: str) -> Iterator[None]:
+def stops_at_database_bounds(what: str) -> Iterator[None]:
     """A lock or statement timeout of the relay's bounds (a locked outbox table) ends
     the run with one WARNING line: its messages stay due, and the next sweep (every few
     seconds) queues the run again. Anything else is raised."""

@@ -254,7 +254,7 @@ class HealthView(HealthCheckView):
                 "health check failing: %s",
                 "; ".join(f"{result.check!r}: {result.error}" for result in failed),
             )
-            logs.logged_already(response)
+            logs.mark_logged(response)
         return response
 
 

@@ -111,7 +111,7 @@ def relay_claim(
         if leased is None:
             return RelayRound(claimed=[], busy=True)
         if leased.spent:
-            _spent_by_the_claim(leased.dest, leased.spent)
+            _report_spent(leased.dest, leased.spent)
     dest, claimed = leased.dest, leased.claimed
     recorded = RelayRound(
         claimed=[],
@@ -339,7 +339,7 @@ def _refilled(dest: WebhookDestination, now: datetime) -> float:
     return min(capacity, dest.tokens + elapsed * dest.rate_count / dest.rate_seconds)
 
 
-def _spent_by_the_claim(dest: WebhookDestination, spent: list[Claimed]) -> None:
+def _report_spent(dest: WebhookDestination, spent: list[Claimed]) -> None:
     """Messages the claim failed (their unrecorded attempt spent the budget): the notice,
     then, once committed, the log line and the count, as for any terminal answer."""
     for message in spent:

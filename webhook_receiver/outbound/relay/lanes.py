@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
 
-from ...core.faults import healing
+from ...core.faults import tolerates_database_errors
 from .run import relay_run
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,8 @@ class RelayLanes:
             return self._idle.wait_for(lambda: not self._running, timeout)
 
     def _lane(self, destination_id: int) -> None:
-        run = healing(self.run)  # a database error: one line, and the sweep tries again
+        # a database error: one line, and the sweep tries again
+        run = tolerates_database_errors(self.run)
         while True:
             # as a Celery task's start and end do: a connection that broke, or outlived
             # CONN_MAX_AGE, is closed, and the run opens a fresh one

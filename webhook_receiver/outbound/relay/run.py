@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 BUDGET_SECONDS = 20.0
 
 
-def relay_destination(
+def destination_relay(
     *,
     destination_id: int,
     budget_seconds: float = BUDGET_SECONDS,
@@ -92,7 +92,7 @@ def _start(window: Window, dest: WebhookDestination, round_: RelayRound) -> None
 
 def _record_and_claim(dest: WebhookDestination, answers: list[Sent]) -> RelayRound:
     """The answers that came, and the next claim, in one transaction; if that fails, the
-    answers one by one (see relay_destination), then the claim alone."""
+    answers one by one (see destination_relay), then the claim alone."""
     try:
         with faults.bounded_transaction(savepoint=True):
             return relay_record_and_claim(dest, answers)
@@ -137,9 +137,9 @@ def relay_run(
     # this run is the one queued: later admissions must queue their own
     trigger.run_started(destination_id)
     answered, wait = 0, None
-    with trigger.later_when_bounded(f"the relay of destination {destination_id}"):
+    with trigger.stops_at_database_bounds(f"the relay of destination {destination_id}"):
         try:
-            answered, wait = relay_destination(
+            answered, wait = destination_relay(
                 destination_id=destination_id, window=window, clock=clock
             )
         except SecretsUnreadable as exc:

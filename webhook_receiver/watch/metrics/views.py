@@ -74,7 +74,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse(
             "The database did not answer.\n", status=503, content_type="text/plain; charset=utf-8"
         )
-        return logs.logged_already(response)
+        return logs.mark_logged(response)
     counters_zero_fill(slugs)
     output = generate_latest(_Exposition(process_collector(), stored))
     return HttpResponse(output, content_type=CONTENT_TYPE_PLAIN_0_0_4)

@@ -80,6 +80,12 @@ KNOWN_STALE: dict[str, dict[str, str]] = {
     },
 }
 
+# Code that other work rewrites (webhook_receiver/inbound/, webhook_receiver/conf/) and
+# that still names a page from before: file -> {page as named: where it now is}.
+KNOWN_STALE_IN_CODE: dict[str, dict[str, str]] = {
+    "webhook_receiver/inbound/metrics.py": {"docs/metrics.md": "docs/watching.md#metrics"},
+}
+
 
 def github_anchor(heading: str) -> str:
     """The anchor GitHub gives a heading's text (before any -1, -2 suffix)."""
@@ -122,9 +128,9 @@ def page_anchors(page: Path) -> frozenset[str]:
 
 
 def links(page: Path) -> list[str]:
-    return [
-        match.group(1) for line in prose_lines(page.read_text()) for match in LINK.finditer(line)
-    ]
+    """Every link target of the page's prose; a link's text may run over a line's end."""
+    prose = "\n".join(prose_lines(page.read_text()))
+    return [match.group(1) for match in LINK.finditer(prose)]
 
 
 def broken(page: Path, target: str) -> str | None:
@@ -185,7 +191,9 @@ def code_files() -> list[Path]:
     return files
 
 
-def test_every_docs_page_the_code_names_exists():
+def missing_pages_named() -> list[tuple[str, int, str]]:
+    """(file, line, "docs/<page>.md[#anchor]") for each named page or anchor that is not
+    there."""
     missing = []
     for path in code_files():
         if path == Path(__file__):  # this module names the stale pages on purpose
@@ -194,5 +202,26 @@ def test_every_docs_page_the_code_names_exists():
             for match in NAMED_PAGE.finditer(line):
                 page, anchor = ROOT / "docs" / match.group(1), (match.group(2) or "#")[1:]
                 if not page.exists() or (anchor and anchor not in page_anchors(page)):
-                    missing.append(f"{path.relative_to(ROOT)}:{number}: {match.group(0)}")
+                    missing.append((path.relative_to(ROOT).as_posix(), number, match.group(0)))
+    return missing
+
+
+def test_every_docs_page_the_code_names_exists():
+    missing = [
+        f"{name}:{number}: {named}"
+        for name, number, named in missing_pages_named()
+        if named not in KNOWN_STALE_IN_CODE.get(name, {})
+    ]
     assert missing == []
+
+
+def test_the_known_stale_names_in_code_are_still_there():
+    """An entry of KNOWN_STALE_IN_CODE that was fixed is to be removed."""
+    still = {(name, named) for name, _, named in missing_pages_named()}
+    outdated = [
+        f"{name}: {named}"
+        for name, stale in KNOWN_STALE_IN_CODE.items()
+        for named in stale
+        if (name, named) not in still
+    ]
+    assert outdated == [], "fixed: remove these from KNOWN_STALE_IN_CODE"

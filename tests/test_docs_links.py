@@ -147,8 +147,9 @@ def broken(page: Path, target: str) -> str | None:
 
 
 def test_anchors_follow_githubs_rule():
-    assert github_anchor("Read first or claim first (`DUPLICATE_CHECK`)") == (
-        "read-first-or-claim-first-duplicate_check"
+    assert github_anchor("What an answer means (`verdict`)") == "what-an-answer-means-verdict"
+    assert github_anchor("`manage.py webhook_status [--json]`") == (
+        "managepy-webhook_status---json"
     )
     assert github_anchor("The client's address") == "the-clients-address"
     assert github_anchor("Standard Webhooks `v1a`: Ed25519 public keys") == (

@@ -46,7 +46,7 @@ logger_class = TimelineLogger
 # the request, its answer and how long it took (the line's own time comes first)
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms "%(a)s"'
 
-# --- metrics (webhook_receiver/watch/metrics/, docs/metrics.md) ------------------------
+# --- metrics (webhook_receiver/watch/metrics/, docs/watching.md) ------------------------
 # The workers are separate processes, so prometheus_client runs in multiprocess mode:
 # each worker writes its counters to files in this directory, and a scrape, whichever
 # worker answers it, sums them all. prometheus_client picks its mode when it is first

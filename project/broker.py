@@ -17,7 +17,7 @@ transport: the restore then fails with a connection error, which kombu ignores a
 should (the messages stay in Redis's unacked set, restored after the visibility
 timeout, as any worker's that dies), and the later close finds the channel closed.
 The same two lines belong in kombu's ``Channel.close``; drop this module when a
-release has them (docs/production.md).
+release has them (docs/deploying.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ app.autodiscover_tasks()
 def _metrics_serve(**kwargs) -> None:
     """With CELERY_METRICS_PORT set (and PROMETHEUS_MULTIPROC_DIR, for the worker alone),
     the worker serves the relay's counters for Prometheus: on CELERY_METRICS_ADDR,
-    127.0.0.1 unless set (docs/metrics.md)."""
+    127.0.0.1 unless set (docs/watching.md)."""
     port = os.environ.get("CELERY_METRICS_PORT")
     if port:
         from webhook_receiver.watch.metrics import worker_metrics_serve

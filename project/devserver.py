@@ -8,7 +8,7 @@ process group. The three run in sessions of their own, so that the terminal's Ct
 reaches this process alone and each of them is told exactly once.
 
 gunicorn is served directly, which suits development only: in production put nginx in
-front of it (deploy/nginx.conf, docs/production.md).
+front of it (deploy/nginx.conf, docs/deploying.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`manage.py check --deploy` on the demo project, in the production environment that
-docs/production.md documents: nothing to report."""
+docs/deploying.md documents: nothing to report."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from tests.support.paths import REPO
 
-# docs/production.md, "The environment of a deployment"
+# docs/deploying.md, "The environment of a deployment"
 PRODUCTION = {
     "DJANGO_SECRET_KEY": "a-production-key-of-fifty-characters-or-more-0123456789abcdef",
     "DJANGO_ALLOWED_HOSTS": "webhooks.example.com",

@@ -415,7 +415,7 @@ def celery_drain(database_url: str, events: int) -> dict[str, Any]:
 # --- the report ------------------------------------------------------------------------
 
 
-# The README's table: a backlog of N takes N / (W x rate a process).
+# docs/benchmarks.md's table: a backlog of N takes N / (W x rate a process).
 PROJECTED_BACKLOGS = (10_000, 100_000, 1_000_000)
 PROJECTED_WORKERS = (1, 2, 4)
 

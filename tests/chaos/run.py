@@ -41,7 +41,7 @@ from tests.support.paths import REPO
 from tests.support.private_servers import PrivatePostgres, PrivateRedis
 
 GUNICORN_WORKERS = 3
-# the health probes' own gunicorn (docs/production.md): two, so a slow answer does not
+# the health probes' own gunicorn (docs/deploying.md): two, so a slow answer does not
 # queue the next probe
 PROBE_WORKERS = 2
 DRAIN_SECONDS = {"short": 75, "long": 240}

@@ -201,7 +201,7 @@ def test_beat_schedule_names_the_task():
     assert len(entries) == 1
     schedule = entries[0]["schedule"]
     assert isinstance(schedule, crontab)
-    assert schedule.hour == set(range(24))  # hourly, as the README says
+    assert schedule.hour == set(range(24))  # hourly, as docs/operations.md says
 
 
 def test_the_scheduled_task_is_registered_in_the_celery_app():

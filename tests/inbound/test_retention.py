@@ -1,6 +1,6 @@
 """Receipts' retention (``inbound.retention``): receipts older than RECEIPT_RETENTION_DAYS
 go, in batches that never hold up a claim; a key still held as a failed event keeps its
-receipt; a redelivery of a purged key is applied again, as the README says."""
+receipt; a redelivery of a purged key is applied again, as docs/operations.md says."""
 
 from __future__ import annotations
 

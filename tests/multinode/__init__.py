@@ -7,5 +7,5 @@ in transaction mode to one PostgreSQL and one Redis (``python -m tests.multinode
 - ``sender``: the client that spreads signed events over both nodes, duplicates included;
 - ``checks``: exactly once, the destination's limits, and every message delivered;
 - ``cpu``: who spends the CPU during a run (per process, from ``/proc``);
-- ``scenario``: one run and its report; ``measure``: the figures of docs/scaling.md.
+- ``scenario``: one run and its report; ``measure``: the figures of docs/deploying.md.
 """

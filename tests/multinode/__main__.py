@@ -1,6 +1,6 @@
 """``python -m tests.multinode [--events N] [--out FILE]``: one run of the scenario
 (see ``tests.multinode.scenario``), its report printed and written as JSON. Exits 1
-when a check failed. ``--measure`` runs the figures of docs/scaling.md instead
+when a check failed. ``--measure`` runs the figures of docs/deploying.md instead
 (``tests.multinode.measure``)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="its requests in flight")
     parser.add_argument("--no-restart", action="store_true", help="leave PgBouncer running")
     parser.add_argument("--keep-logs", type=Path, help="copy every process's log here")
-    parser.add_argument("--measure", action="store_true", help="the figures (docs/scaling.md)")
+    parser.add_argument("--measure", action="store_true", help="the figures (docs/deploying.md)")
     args, rest = parser.parse_known_args(argv)
     if pgbouncer_binary() is None or not postgres_answers():
         print("needs PostgreSQL at 127.0.0.1:5432 and pgbouncer (apt-get install pgbouncer)")

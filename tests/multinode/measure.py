@@ -1,4 +1,4 @@
-"""The figures of docs/scaling.md: ``python -m tests.multinode --measure [--repeat N]``.
+"""The figures of docs/deploying.md: ``python -m tests.multinode --measure [--repeat N]``.
 
 - receive: new events (``inventory.reserved``, no duplicates) sent over both nodes by
   ``--threads`` sender threads, with 1, 2 and 4 gunicorn workers a node, each layout

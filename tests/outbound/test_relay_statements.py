@@ -1,5 +1,5 @@
 """What a relay round costs the database: on PostgreSQL one statement records the answers
-that came and claims what replaces them, and a run reads nothing else (docs/outbox.md,
+that came and claims what replaces them, and a run reads nothing else (docs/sending.md,
 "A round in one statement"); on SQLite, whose writers one IMMEDIATE transaction
 serialises, three to record and three to claim. The one statement sees what it records:
 a message it delivers frees its slot and its ordering key, a breaker it opens claims

@@ -151,7 +151,7 @@ def test_webhook_status_lists_destinations_and_exits_2_for_a_relay_not_sending()
     assert "gone (disabled by the relay)" in out
     assert "refused: ATTENTION" in out
     assert "2 messages failed for good, waiting for Retry now or Discard" in out
-    # the JSON's destinations, in its documented shape (docs/overview.md)
+    # the JSON's destinations, in its documented shape (docs/watching.md)
     destinations = {d["destination"]: d for d in json.loads(document)["destinations"]}
     assert set(destinations["refused"]) == {
         "destination",

@@ -83,7 +83,7 @@ def test_command_json_shape(time_machine_now):
     # when
     code, out = status_command("--json")
 
-    # then: valid JSON with the documented keys (docs/overview.md)
+    # then: valid JSON with the documented keys (docs/watching.md)
     document = json.loads(out)
     assert code == 1 == document["exit_code"]
     assert set(document) == {

@@ -1,4 +1,4 @@
-"""The invariants of what an answer means, held to what docs/outbox.md promises (and the
+"""The invariants of what an answer means, held to what docs/sending.md promises (and the
 seed: "permanent authentication or payload rejection belongs in a terminal state for
 operator review, not an endless retry loop"): a permanent answer is final, the breaker
 limits attempts to one probe per cool-down, a Retry-After is waited up to its cap, and
@@ -63,7 +63,7 @@ def terminal_answer_final(v: RunView) -> InvariantResult:
 
 
 def _breaker_failure(a: Any) -> bool | None:
-    """What an answer is to the breaker (docs/outbox.md): True a failure, False a
+    """What an answer is to the breaker (docs/sending.md): True a failure, False a
     success, None neither (a permanent answer, or a 429 that paces us)."""
     if a.outcome in SUCCESSES:
         return False

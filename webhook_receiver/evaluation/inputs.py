@@ -16,7 +16,7 @@ MAX_DURATION = 31 * 86400
 # a fixed Monday morning: a report never depends on the day it was run
 DEFAULT_START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 # the worker processes that run relay and beat tasks: `celery -A project worker` runs as
-# many as the machine has cores, and the documented machine has two (docs/production.md)
+# many as the machine has cores, and the documented machine has two (docs/deploying.md)
 DEFAULT_WORKERS = 2
 # a run's worker processes at most (each is a thread with a connection of its own)
 MAX_WORKERS = 64

@@ -1,4 +1,4 @@
-"""The outbox's metrics, served by /metrics/ beside the receiver's (docs/metrics.md).
+"""The outbox's metrics, served by /metrics/ beside the receiver's (docs/watching.md).
 
 Counted where they happen, with prometheus-client (multiprocess mode when
 ``PROMETHEUS_MULTIPROC_DIR`` is set, as for the web workers):

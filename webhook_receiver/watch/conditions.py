@@ -1,5 +1,5 @@
 """What makes a source or a destination not OK: each condition a stable code (in
-``webhook_status --json``; docs/overview.md lists them), its level, why it matters, and
+``webhook_status --json``; docs/watching.md lists them), its level, why it matters, and
 its test. The one rule for a state: the worst condition that holds.
 """
 
@@ -35,7 +35,7 @@ RECORD_FAILURE_SHOWN = timedelta(minutes=10)
 class Condition:
     code: str
     state: State
-    # why this condition matters, in one line (docs/overview.md lists them)
+    # why this condition matters, in one line (docs/watching.md lists them)
     why: str
     # (summary, sentence) for a source's or destination's status, or None when the
     # condition does not hold
@@ -311,7 +311,7 @@ def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
     return summary, f"disabled with {d.backlog} message{plural(d.backlog)} waiting to be sent"
 
 
-# (code, level, why: docs/overview.md lists them, test). ATTENTION but one: a
+# (code, level, why: docs/watching.md lists them, test). ATTENTION but one: a
 # destination is someone else's endpoint, and nothing is lost while messages wait; a
 # relay that sends nothing at all is ours, and ALERT (it is listed first).
 DESTINATION_CONDITIONS: tuple[Condition, ...] = (

@@ -98,7 +98,7 @@ class DestinationStatus:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """The stable machine shape (``webhook_status --json``; docs/overview.md)."""
+        """The stable machine shape (``webhook_status --json``; docs/watching.md)."""
         age = self.oldest_eligible_age
         return {
             "destination": self.name,

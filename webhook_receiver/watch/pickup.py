@@ -6,7 +6,7 @@ rather than fixed, so that a stopped worker shows within a minute, not ten.
 The sweeps' intervals are read from beat's schedule (``CELERY_BEAT_SCHEDULE``: the
 entries whose task is ``webhook_receiver.relay_sweep`` and
 ``webhook_receiver.retry_failed_events``); a schedule that is not a plain interval (a
-crontab), or none, is taken to be the shipped default. docs/overview.md states each
+crontab), or none, is taken to be the shipped default. docs/watching.md states each
 threshold and its reason.
 """
 

@@ -135,7 +135,7 @@ class SourceStatus:
         return sum(self.open_repairs.values())
 
     def as_dict(self) -> dict[str, Any]:
-        """The stable machine shape (``webhook_status --json``; docs/overview.md)."""
+        """The stable machine shape (``webhook_status --json``; docs/watching.md)."""
         alert = self.silence_alert
         run = self.last_run
         document = {

@@ -54,7 +54,7 @@ class Status:
     verdict: Headline
 
     def as_dict(self) -> dict[str, Any]:
-        """``webhook_status --json`` (docs/overview.md)."""
+        """``webhook_status --json`` (docs/watching.md)."""
         age = self.beat.age(self.now)
         return {
             "generated_at": self.now.isoformat(),

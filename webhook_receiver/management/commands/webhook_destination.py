@@ -12,7 +12,7 @@ Disabling holds the destination's messages; enabling it again (one the relay dis
 after a 410 Gone or a long failing span too) sends them, in their order
 (operations.destination_enable). ``reencrypt`` encrypts every destination's secrets
 again under the first key of DESTINATION_SECRET_KEYS, the step of a key rotation
-between adding the new key (first) and removing the old one (docs/outbox.md).
+between adding the new key (first) and removing the old one (docs/sending.md).
 
 ``--signing-key`` generates an Ed25519 signing key (``whsk_``, signature ``v1a``) and
 prints its public key (``whpk_``) for the merchant; the signing key is never printed.

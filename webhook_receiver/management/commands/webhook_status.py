@@ -65,7 +65,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json",
             action="store_true",
-            help="print one JSON object (its shape is in docs/overview.md) instead of a table",
+            help="print one JSON object (its shape is in docs/watching.md) instead of a table",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

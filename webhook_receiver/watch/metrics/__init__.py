@@ -1,4 +1,4 @@
-"""Prometheus metrics at ``GET /metrics/`` (docs/metrics.md lists each one and why).
+"""Prometheus metrics at ``GET /metrics/`` (docs/watching.md lists each one and why).
 
 Two kinds of value, each kept where it stays right:
 

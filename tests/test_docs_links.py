@@ -1,0 +1,246 @@
+"""Every relative link of README.md and docs/*.md leads somewhere, and every docs page
+the code names exists: a page renamed or a heading reworded breaks a test, not a reader.
+
+Anchors follow GitHub's rule for headings: lowercased, punctuation dropped (letters,
+digits, '_', '-' and spaces stay), each space a '-', and a repeated heading's anchor
+suffixed -1, -2, …
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# [text](target) and [text](target "title"); images too. Autolinks (<https://…>) and
+# reference-style links are not used in these pages.
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^()\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+# Where code, templates and deploy files name a docs page: "docs/<page>.md", with an
+# anchor when one is given.
+NAMED_PAGE = re.compile(r"docs/([A-Za-z0-9_-]+\.md)(#[A-Za-z0-9_-]+)?")
+CODE_DIRS = ("webhook_receiver", "project", "tests", "deploy", ".ci")
+CODE_FILES = ("Makefile", "pyproject.toml")
+CODE_SUFFIXES = {".py", ".html", ".txt", ".yml", ".yaml", ".json", ".conf", ".toml", ""}
+
+# Links in pages that other work rewrites (configuration.md's tables come from the
+# declarations in webhook_receiver/conf/, upgrading.md gains a note with each change):
+# they still name pages and anchors from before the docs were laid out one page per room.
+# Each is listed with where it now leads; a test fails once one is no longer needed, so
+# that the list only ever shrinks.
+_MOVED = {
+    "../README.md#configuration-at-a-glance": "../README.md#installing-into-a-project",
+    "../README.md#retention-at-a-month-of-peak": "operations.md#retention-at-a-month-of-peak",
+    "design.md#read-first-or-claim-first-duplicate_check": "(the setting is removed)",
+    "design.md#lock-and-statement-timeouts-sent-with-the-first-statement": (
+        "receiving.md#lock-and-statement-timeouts-sent-with-the-first-statement"
+    ),
+    "design.md#admission-when-the-cache-or-the-outbox-table-is-not-there": (
+        "sending.md#admission-when-the-cache-or-the-outbox-table-is-not-there"
+    ),
+    "hostile-input.md#a-flood-of-refused-requests": "security.md#a-flood-of-refused-requests",
+    "hostile-input.md#the-clients-address": "security.md#the-clients-address",
+    "hostile-input.md#what-an-operator-sees": "security.md#what-an-operator-sees",
+    "hostile-input.md#requests-to-addresses-someone-typed": (
+        "security.md#requests-to-addresses-someone-typed"
+    ),
+    "sources.md": "receiving.md#sources-kept-as-records",
+    "silence.md": "watching.md#silence-alerts",
+    "trace.md": "watching.md#one-events-story",
+    "overview.md#thresholds-how-long-is-too-long": "watching.md#thresholds-how-long-is-too-long",
+    "outbox.md#endpoints-that-retire-themselves": "sending.md#endpoints-that-retire-themselves",
+    "outbox.md#secrets-at-rest-and-rotating-their-key": (
+        "sending.md#secrets-at-rest-and-rotating-their-key"
+    ),
+    "outbox.md#the-url-checked-when-it-is-saved-shown-masked": (
+        "sending.md#the-url-checked-when-it-is-saved-shown-masked"
+    ),
+}
+# page -> {link as written: where it now leads}
+KNOWN_STALE: dict[str, dict[str, str]] = {
+    "configuration.md": dict(_MOVED),
+    "upgrading.md": {
+        link: _MOVED[link]
+        for link in (
+            "../README.md#retention-at-a-month-of-peak",
+            "outbox.md#endpoints-that-retire-themselves",
+            "outbox.md#secrets-at-rest-and-rotating-their-key",
+            "hostile-input.md#what-an-operator-sees",
+            "sources.md",
+        )
+    },
+}
+
+# Code that other work rewrites (webhook_receiver/inbound/, webhook_receiver/conf/) and
+# that still names a page from before: file -> {page as named: where it now is}.
+KNOWN_STALE_IN_CODE: dict[str, dict[str, str]] = {
+    "webhook_receiver/inbound/metrics.py": {"docs/metrics.md": "docs/watching.md#metrics"},
+}
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading's text (before any -1, -2 suffix)."""
+    text = INLINE_CODE.sub(lambda code: code.group(0).strip("`"), heading)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link in a heading: its text
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def prose_lines(text: str) -> list[str]:
+    """The page's lines outside fenced code blocks, with inline code blanked out."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        lines.append("" if fenced else INLINE_CODE.sub("``", line))
+    return lines
+
+
+def headings_with_code(page: Path) -> list[str]:
+    """Headings read with their inline code, which prose_lines blanks out."""
+    headings, fenced = [], False
+    for line in page.read_text().splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (heading := HEADING.match(line)):
+            headings.append(heading.group(2))
+    return headings
+
+
+@cache
+def page_anchors(page: Path) -> frozenset[str]:
+    seen: Counter[str] = Counter()
+    found = set()
+    for heading in headings_with_code(page):
+        anchor = github_anchor(heading)
+        found.add(anchor if not seen[anchor] else f"{anchor}-{seen[anchor]}")
+        seen[anchor] += 1
+    return frozenset(found)
+
+
+def links(page: Path) -> list[str]:
+    """Every link target of the page's prose; a link's text may run over a line's end."""
+    prose = "\n".join(prose_lines(page.read_text()))
+    return [match.group(1) for match in LINK.finditer(prose)]
+
+
+def broken(page: Path, target: str) -> str | None:
+    """Why ``target``, linked from ``page``, leads nowhere; None when it resolves."""
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto: …: not ours to check
+        return None
+    path_part, _, anchor = target.partition("#")
+    linked = (page.parent / path_part).resolve() if path_part else page
+    if not linked.exists():
+        return "no such file"
+    if anchor and linked.suffix == ".md" and anchor not in page_anchors(linked):
+        return f"no heading with the anchor #{anchor}"
+    return None
+
+
+def test_anchors_follow_githubs_rule():
+    assert github_anchor("What an answer means (`verdict`)") == "what-an-answer-means-verdict"
+    assert github_anchor("`manage.py webhook_status [--json]`") == (
+        "managepy-webhook_status---json"
+    )
+    assert github_anchor("The client's address") == "the-clients-address"
+    assert github_anchor("Standard Webhooks `v1a`: Ed25519 public keys") == (
+        "standard-webhooks-v1a-ed25519-public-keys"
+    )
+    assert github_anchor("Recover since…") == "recover-since"
+    assert github_anchor("One event's story — trace") == "one-events-story--trace"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_relative_link_and_anchor_resolves(page):
+    stale = KNOWN_STALE.get(page.name, {})
+    failures = [
+        f"{page.name}: ({target}): {why}"
+        for target in links(page)
+        if target not in stale and (why := broken(page, target))
+    ]
+    assert failures == []
+
+
+def test_the_known_stale_links_are_still_there_and_still_stale():
+    """An entry of KNOWN_STALE whose link was fixed (or left its page) is to be removed."""
+    outdated = [
+        f"{name}: {link}"
+        for name, stale in KNOWN_STALE.items()
+        for link in stale
+        if link not in links(ROOT / "docs" / name) or not broken(ROOT / "docs" / name, link)
+    ]
+    assert outdated == [], "fixed: remove these from KNOWN_STALE"
+
+
+def test_where_the_stale_links_now_lead_resolves():
+    """The replacements listed beside each stale link are themselves links that resolve."""
+    docs = ROOT / "docs"
+    wrong = [
+        f"{page}: {link} -> {new}"
+        for page, stale in KNOWN_STALE.items()
+        for link, new in stale.items()
+        if not new.startswith("(") and broken(docs / page, new)
+    ]
+    wrong += [
+        f"{name}: {named} -> {new}"
+        for name, stale in KNOWN_STALE_IN_CODE.items()
+        for named, new in stale.items()
+        if broken(ROOT / "README.md", new)
+    ]
+    assert wrong == []
+
+
+def code_files() -> list[Path]:
+    files = [ROOT / name for name in CODE_FILES]
+    for directory in CODE_DIRS:
+        files += [
+            path
+            for path in (ROOT / directory).rglob("*")
+            if path.is_file() and path.suffix in CODE_SUFFIXES and "__pycache__" not in path.parts
+        ]
+    return files
+
+
+def missing_pages_named() -> list[tuple[str, int, str]]:
+    """(file, line, "docs/<page>.md[#anchor]") for each named page or anchor that is not
+    there."""
+    missing = []
+    for path in code_files():
+        if path == Path(__file__):  # this module names the stale pages on purpose
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for match in NAMED_PAGE.finditer(line):
+                page, anchor = ROOT / "docs" / match.group(1), (match.group(2) or "#")[1:]
+                if not page.exists() or (anchor and anchor not in page_anchors(page)):
+                    missing.append((path.relative_to(ROOT).as_posix(), number, match.group(0)))
+    return missing
+
+
+def test_every_docs_page_the_code_names_exists():
+    missing = [
+        f"{name}:{number}: {named}"
+        for name, number, named in missing_pages_named()
+        if named not in KNOWN_STALE_IN_CODE.get(name, {})
+    ]
+    assert missing == []
+
+
+def test_the_known_stale_names_in_code_are_still_there():
+    """An entry of KNOWN_STALE_IN_CODE that was fixed is to be removed."""
+    still = {(name, named) for name, _, named in missing_pages_named()}
+    outdated = [
+        f"{name}: {named}"
+        for name, stale in KNOWN_STALE_IN_CODE.items()
+        for named in stale
+        if (name, named) not in still
+    ]
+    assert outdated == [], "fixed: remove these from KNOWN_STALE_IN_CODE"

@@ -14,8 +14,6 @@ from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-WHERE = "WEBHOOK_RECEIVER['EGRESS_PROXY']"
-
 
 @dataclass(frozen=True)
 class EgressProxy:
@@ -35,28 +33,28 @@ class EgressProxy:
         return f"EgressProxy({str(self)!r})"
 
 
-def parse_egress_proxy(value: Any) -> EgressProxy | None:
+def parse_egress_proxy(value: Any, where: str) -> EgressProxy | None:
     """None or "": no proxy. Otherwise ``http://[user:password@]host:port`` (the port
-    is required: proxies have no usual one). A problem is ImproperlyConfigured, whose
-    text never repeats the URL (it may hold a password)."""
+    is required: proxies have no usual one). A problem is ImproperlyConfigured, naming
+    the setting as ``where``, whose text never repeats the URL (it may hold a password)."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise ImproperlyConfigured(f"{WHERE} must be a URL, http://host:port.")
+        raise ImproperlyConfigured(f"{where} must be a URL, http://host:port.")
     try:
         url = urlsplit(value.strip())
         port = url.port
     except ValueError:
-        raise ImproperlyConfigured(f"{WHERE} is not a URL (http://host:port).") from None
+        raise ImproperlyConfigured(f"{where} is not a URL (http://host:port).") from None
     if url.scheme != "http":
         raise ImproperlyConfigured(
-            f"{WHERE} must be an http:// URL (the app speaks to the proxy in plain HTTP, "
+            f"{where} must be an http:// URL (the app speaks to the proxy in plain HTTP, "
             f"and TLS to the destination inside its tunnel), not {url.scheme or 'no'} scheme."
         )
     if not url.hostname or port is None:
-        raise ImproperlyConfigured(f"{WHERE} must name a host and a port: http://host:port.")
+        raise ImproperlyConfigured(f"{where} must name a host and a port: http://host:port.")
     if url.path not in ("", "/") or url.query or url.fragment:
-        raise ImproperlyConfigured(f"{WHERE} must be only http://host:port, without a path.")
+        raise ImproperlyConfigured(f"{where} must be only http://host:port, without a path.")
     authorization = None
     if url.username is not None or url.password is not None:
         pair = f"{unquote(url.username or '')}:{unquote(url.password or '')}"

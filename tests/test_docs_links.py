@@ -32,58 +32,18 @@ CODE_DIRS = ("webhook_receiver", "project", "tests", "deploy", ".ci")
 CODE_FILES = ("Makefile", "pyproject.toml")
 CODE_SUFFIXES = {".py", ".html", ".txt", ".yml", ".yaml", ".json", ".conf", ".toml", ""}
 
-# Links in pages that other work rewrites (configuration.md's tables come from the
-# declarations in webhook_receiver/conf/, upgrading.md gains a note with each change):
-# they still name pages and anchors from before the docs were laid out one page per room.
-# Each is listed with where it now leads; a test fails once one is no longer needed, so
-# that the list only ever shrinks.
-_MOVED = {
-    "../README.md#configuration-at-a-glance": "../README.md#installing-into-a-project",
-    "../README.md#retention-at-a-month-of-peak": "operations.md#retention-at-a-month-of-peak",
-    "design.md#read-first-or-claim-first-duplicate_check": "(the setting is removed)",
-    "design.md#lock-and-statement-timeouts-sent-with-the-first-statement": (
-        "receiving.md#lock-and-statement-timeouts-sent-with-the-first-statement"
-    ),
-    "design.md#admission-when-the-cache-or-the-outbox-table-is-not-there": (
-        "sending.md#admission-when-the-cache-or-the-outbox-table-is-not-there"
-    ),
-    "hostile-input.md#a-flood-of-refused-requests": "security.md#a-flood-of-refused-requests",
-    "hostile-input.md#the-clients-address": "security.md#the-clients-address",
-    "hostile-input.md#what-an-operator-sees": "security.md#what-an-operator-sees",
-    "hostile-input.md#requests-to-addresses-someone-typed": (
-        "security.md#requests-to-addresses-someone-typed"
-    ),
-    "sources.md": "receiving.md#sources-kept-as-records",
-    "silence.md": "watching.md#silence-alerts",
-    "trace.md": "watching.md#one-events-story",
-    "overview.md#thresholds-how-long-is-too-long": "watching.md#thresholds-how-long-is-too-long",
-    "outbox.md#endpoints-that-retire-themselves": "sending.md#endpoints-that-retire-themselves",
-    "outbox.md#secrets-at-rest-and-rotating-their-key": (
-        "sending.md#secrets-at-rest-and-rotating-their-key"
-    ),
-    "outbox.md#the-url-checked-when-it-is-saved-shown-masked": (
-        "sending.md#the-url-checked-when-it-is-saved-shown-masked"
-    ),
-}
+# Links in pages that other work rewrites, listed with where they now lead; a test fails
+# once one is no longer needed, so that the list only ever shrinks.
 # page -> {link as written: where it now leads}
 KNOWN_STALE: dict[str, dict[str, str]] = {
-    "configuration.md": dict(_MOVED),
-    "upgrading.md": {
-        link: _MOVED[link]
-        for link in (
-            "../README.md#retention-at-a-month-of-peak",
-            "outbox.md#endpoints-that-retire-themselves",
-            "outbox.md#secrets-at-rest-and-rotating-their-key",
-            "hostile-input.md#what-an-operator-sees",
-            "sources.md",
-        )
+    "configuration.md": {
+        "design.md#read-first-or-claim-first-duplicate_check": "(the setting is removed)",
     },
 }
 
-# Code that other work rewrites (webhook_receiver/inbound/, webhook_receiver/conf/) and
-# that still names a page from before: file -> {page as named: where it now is}.
+# Code that still names a page from before: file -> {page as named: where it now is}.
 KNOWN_STALE_IN_CODE: dict[str, dict[str, str]] = {
-    "webhook_receiver/inbound/metrics.py": {"docs/metrics.md": "docs/watching.md#metrics"},
+    "webhook_receiver/conf/__init__.py": {"docs/design.md": "(the setting is removed)"},
 }
 
 

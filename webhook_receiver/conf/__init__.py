@@ -81,9 +81,10 @@ class AppSettings:
         5,
         at_least_one(float, " of seconds"),
         "how old a process's snapshot of the sources kept as records may get "
-        "([sources.md](sources.md)): a change in the admin or with `manage.py "
-        "webhook_source` is live within it, without a restart; a record source costs one "
-        "query per this long and process, and so does any number of slugs that are no source",
+        "([receiving.md](receiving.md#sources-kept-as-records)): a change in the admin or "
+        "with `manage.py webhook_source` is live within it, without a restart; a record "
+        "source costs one query per this long and process, and so does any number of slugs "
+        "that are no source",
     )
     handlers: Mapping[str, str] = key(
         "HANDLERS",
@@ -104,7 +105,7 @@ class AppSettings:
         at_least_one(int),
         "refused requests per source and reason whose audit record is written, each minute; "
         "beyond, they are counted exactly in that minute's rejection tally, so a flood cannot "
-        "fill the disk ([docs/hostile-input.md](hostile-input.md#a-flood-of-refused-requests))",
+        "fill the disk ([docs/security.md](security.md#a-flood-of-refused-requests))",
     )
     trusted_proxies: TrustedProxies | None = key(
         "TRUSTED_PROXIES",
@@ -115,7 +116,7 @@ class AppSettings:
         "deploy/nginx.conf on the same host: preferred, it believes no one else) or their "
         "number (`1`: believes whichever peer connects, safe only where nothing else can "
         "reach the app); `None`: the header is ignored and `REMOTE_ADDR` is recorded "
-        "([docs/hostile-input.md](hostile-input.md#the-clients-address))",
+        "([docs/security.md](security.md#the-clients-address))",
     )
     receipt_retention: timedelta = key(
         "RECEIPT_RETENTION_DAYS",
@@ -126,7 +127,7 @@ class AppSettings:
         "than any sender redelivers (Stripe resends events for up to 30 days, Svix retries "
         "for about 28 hours) and than every source's reconciliation window (checked at "
         "start-up, `webhook_receiver.E001`); see [README, "
-        "Retention](../README.md#retention-at-a-month-of-peak)",
+        "Retention](operations.md#retention-at-a-month-of-peak)",
     )
     purge_batch_size: int = key(
         "PURGE_BATCH_SIZE",
@@ -156,7 +157,7 @@ class AppSettings:
         "delivery fails as transient and is captured (`202 deferred`): a locked table, the "
         "receipts table included, never holds a sender or a worker. Set with the first "
         "statement, in its round trip, and local to the transaction "
-        "([docs/design.md](design.md#lock-and-statement-timeouts-sent-with-the-first-statement)). "
+        "([receiving.md](receiving.md#lock-and-statement-timeouts-sent-with-the-first-statement)). "
         "The same bound holds a refusal's record and each of the outbox relay's transactions",
     )
     statement_timeout_ms: int = key(
@@ -173,7 +174,7 @@ class AppSettings:
         "PostgreSQL: the outbox admission's insert waits at most this long for a lock on the "
         "outbox table (it never waits in normal work); past it the order event is deferred, "
         "rather than hold a web worker for `LOCK_TIMEOUT_MS` "
-        "([docs/design.md](design.md#admission-when-the-cache-or-the-outbox-table-is-not-there))",
+        "([docs/sending.md](sending.md#admission-when-the-cache-or-the-outbox-table-is-not-there))",
     )
     redacted_headers: frozenset[str] = key(
         "REDACTED_HEADERS",
@@ -198,7 +199,7 @@ class AppSettings:
         "`[redacted]`: a signature without a timestamp (GitHub's) lets whoever reads it "
         "resubmit the delivery. `True` keeps them. The admin shows them redacted either way; "
         "`manage.py webhook_redact_headers` redacts rows stored before "
-        "([docs/hostile-input.md](hostile-input.md#what-an-operator-sees))",
+        "([docs/security.md](security.md#what-an-operator-sees))",
     )
     retry_max_attempts: int = key(
         "RETRY_MAX_ATTEMPTS",
@@ -251,7 +252,8 @@ class AppSettings:
         ["log", "signal"],
         name_list,
         "who hears of a silence alert opening and resolving: `log`, `mail_admins`, `signal`, "
-        "`outbox`, or dotted paths of `Notifier` subclasses ([docs/silence.md](silence.md))",
+        "`outbox`, or dotted paths of `Notifier` subclasses "
+        "([watching.md](watching.md#silence-alerts))",
     )
     metrics_token: str | None = key(
         "METRICS_TOKEN",
@@ -265,7 +267,7 @@ class AppSettings:
         None,
         dotted_path,
         "dotted path of the host's `fn(*, source, event_key) -> list[EffectSection]`, the "
-        "effects the trace page shows ([docs/trace.md](trace.md))",
+        "effects the trace page shows ([watching.md](watching.md#one-events-story))",
     )
     heartbeat_max_age: timedelta = key(
         "HEARTBEAT_MAX_AGE_SECONDS",
@@ -306,7 +308,7 @@ class AppSettings:
         "how long (fractions of a day allowed) a destination's answers may fail with no "
         "success before the relay disables it and holds its messages until it is enabled "
         "again; `0`: never (a 410 Gone disables it at once whatever this is). "
-        "[docs/outbox.md](outbox.md#endpoints-that-retire-themselves)",
+        "[docs/sending.md](sending.md#endpoints-that-retire-themselves)",
     )
     disable_warning_fraction: float = key(
         "DISABLE_WARNING_FRACTION",
@@ -322,7 +324,7 @@ class AppSettings:
         "Fernet keys that encrypt outbox destinations' signing secrets at rest: the first "
         "encrypts, every one decrypts; required once a destination has secrets. Rotate: put "
         "a new key first, run `manage.py webhook_destination reencrypt`, remove the old one "
-        "([docs/outbox.md](outbox.md#secrets-at-rest-and-rotating-their-key))",
+        "([docs/sending.md](sending.md#secrets-at-rest-and-rotating-their-key))",
     )
     egress_allowed_networks: tuple[IPv4Network | IPv6Network, ...] = key(
         "EGRESS_ALLOWED_NETWORKS",
@@ -335,7 +337,7 @@ class AppSettings:
         "resolved address; a refused delivery fails for good, with the rule in its error, "
         "and does not count against the breaker (`webhook_receiver/core/egress.py`). A "
         "destination's URL is checked against the same rules when it is saved "
-        "([docs/outbox.md](outbox.md#the-url-checked-when-it-is-saved-shown-masked))",
+        "([docs/sending.md](sending.md#the-url-checked-when-it-is-saved-shown-masked))",
     )
     egress_proxy: EgressProxy | None = key(
         "EGRESS_PROXY",
@@ -351,7 +353,7 @@ class AppSettings:
         "silent or dropped proxy is retried like a network error. The credentials go only "
         "into `Proxy-Authorization`: messages, reprs and logs show `http://***@host:port`. "
         "A malformed value is `ImproperlyConfigured`, without the URL "
-        "([docs/hostile-input.md](hostile-input.md#requests-to-addresses-someone-typed))",
+        "([docs/security.md](security.md#requests-to-addresses-someone-typed))",
     )
 
     @functools.cached_property

@@ -1,4 +1,4 @@
-"""The receive path's metrics, counted where they happen (docs/metrics.md lists each one
+"""The receive path's metrics, counted where they happen (docs/watching.md#metrics lists each one
 and why): requests accepted by result, refused by reason, those the audit bound left
 without a record, and the time to receive one.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..conf import app_settings
 from ..core import storable
@@ -16,16 +16,10 @@ from ..core.states import Reason, State
 from ..core.words import duration_text, plural, top_counts
 from ..exceptions import NotStored
 from ..reconcile.models import RunOutcome
-
-if TYPE_CHECKING:
-    from .destinations import DestinationStatus
-    from .sources import SourceStatus
+from .statuses import DestinationStatus, SourceStatus
 
 # a retrying event failing for longer than this is worth a look: its cause is not passing
 OLD_RETRY = timedelta(hours=1)
-# the relay's last round that could not be recorded is named for this long (unless an
-# answer was recorded since)
-RECORD_FAILURE_SHOWN = timedelta(minutes=10)
 # How long a retry may be overdue, or a destination's due message go unanswered, before
 # it is a state: not fixed, derived from the sweeps' intervals and the destination's
 # limits (watch/pickup.py; SourceStatus.retry_pickup, DestinationStatus.pickup).

@@ -11,7 +11,7 @@ from typing import Any
 from ..core.states import Reason, State, worst_state
 from ..core.words import plural
 from .readings import Unread
-from .sources import SourceStatus
+from .statuses import SourceStatus
 
 # webhook_status's exit code when a part of the status could not be read
 UNKNOWN = 3

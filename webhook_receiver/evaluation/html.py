@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from .report import _age, _num, held_back_words
 from .report_charts import scenario_charts
-from .svg import join
+from ..core.svg import join
 
 STYLE = """
 :root { color-scheme: light; --ink: #1f2328; --muted: #5b636d; --line: #d8dde3;

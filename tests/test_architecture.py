@@ -54,16 +54,15 @@ def _allowed_lazily(module: str, function: str) -> bool:
 
 
 def imported(module: str, path: Path) -> set[str]:
-    """The app modules ``module`` imports, at its top or inside a function (but the
-    allowed lazy imports, and those only for type checkers)."""
+    """The app modules ``module`` imports, at its top, inside a function or under ``if
+    TYPE_CHECKING:`` (a type-only import is still a dependency), but the allowed lazy
+    imports."""
     tree = ast.parse(path.read_text())
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST, function: str | None) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue
             inner = function
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 inner = child.name

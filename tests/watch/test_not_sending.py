@@ -20,7 +20,8 @@ from django.db import transaction
 from tests.support.status import status_command
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.watch.destinations import DestinationStatus, destination_statuses
+from webhook_receiver.watch.destinations import destination_statuses
+from webhook_receiver.watch.statuses import DestinationStatus
 
 pytestmark = [
     pytest.mark.postgres_only("a Celery worker in another process must see the test database"),

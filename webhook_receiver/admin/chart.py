@@ -1,6 +1,6 @@
-"""The overview's chart of the last 24 hours: inline SVG built here (no script, no
-external asset), accepted requests above the axis and refused ones below, each column
-with a <title> for hover."""
+"""The overview's chart of the last 24 hours: inline SVG (core/svg.py draws the app's
+charts; this lays out the overview's), accepted requests above the axis and refused
+ones below, each column with a <title> for hover."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from datetime import timedelta
 
 from django.utils import timezone
 from django.utils.html import format_html
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
+from ..core.svg import compact_count, join
 from ..core.words import duration_text
 from ..watch.traffic import ActivityBucket
 
@@ -101,20 +102,9 @@ def chart_svg(buckets: list[ActivityBucket]) -> SafeString:
         height,
         duration_text(size),
         scale,
-        mark_safe("".join(parts)),  # each part went through format_html
+        join(parts),
         empty,
     )
-
-
-def compact_count(count: int) -> str:
-    """ "950", "2.4k", "24k", "1.2M": a count in at most four characters, rounded down
-    (a scale's label: the exact count is beside it, in its title)."""
-    for size, unit in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
-        if count >= size:
-            tenths = count * 10 // size
-            whole, tenth = divmod(tenths, 10)
-            return f"{whole}.{tenth}{unit}" if whole < 10 and tenth else f"{whole}{unit}"
-    return str(count)
 
 
 _RECT = '<rect x="{}" y="{}" width="{}" height="{}" class="{}"/>'

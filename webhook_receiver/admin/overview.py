@@ -34,11 +34,11 @@ from ..core.words import duration_text
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage, WebhookDestination
 from ..reconcile.models import ReconciliationRun, RepairItem
-from ..watch.destinations import DestinationStatus
 from ..watch.models import SilenceAlert, SourceOverview
 from ..watch.readings import Readings
-from ..watch.sources import AUDIT, LAST_HOUR, RECEIPTS, SourceStatus
+from ..watch.sources import LAST_HOUR
 from ..watch.status import status_read
+from ..watch.statuses import AUDIT, RECEIPTS, DestinationStatus, SourceStatus
 from ..watch.traffic import ActivityBucket, GapStats, activity_series, observed_gaps
 from .base import ReadOnlyAdmin, visible_response
 from .chart import chart_svg

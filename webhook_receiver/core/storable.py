@@ -88,8 +88,16 @@ def _json_unstorable(char: str) -> bool:
     return code == 0 or 0xD800 <= code < 0xE000
 
 
+def is_json_storable(value: str) -> bool:
+    """Whether a JSON column takes ``value`` as a string as it is: no NUL, no lone
+    surrogate (what admission refuses in a producer's metadata, and json_value escapes in
+    a peer's JSON)."""
+    # isascii: the usual case, at C speed
+    return "\x00" not in value and (value.isascii() or not any(map(_json_unstorable, value)))
+
+
 def _json_text(value: str) -> str:
-    if "\x00" not in value and value.isascii():  # the usual case, at C speed
+    if is_json_storable(value):
         return value
     return "".join(escape(c) if _json_unstorable(c) else c for c in value)
 

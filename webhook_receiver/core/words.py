@@ -1,5 +1,6 @@
 """How the app words durations, counts and moments, the same on every page, command,
-notice and machine-readable report."""
+notice and machine-readable report. A counted noun goes through Django's ``ngettext``
+where it is written, as the admin's do."""
 
 from __future__ import annotations
 
@@ -23,11 +24,6 @@ def duration_text(delta: timedelta) -> str:
         return f"{hours} h {minutes:02d} min"
     days, hours = divmod(hours, 24)
     return f"{days} d {hours} h"
-
-
-def plural(n: int) -> str:
-    """The "s" of "1 request" / "2 requests"."""
-    return "" if n == 1 else "s"
 
 
 def top_counts(counts: Mapping[str, int], shown: int = 3) -> str:

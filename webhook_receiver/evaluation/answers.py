@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from django.utils.translation import ngettext
+
 from .observed import INF, InvariantResult, RunView, when
 
 # Written here apart from the relay's own policy (relay/policy.py), so that a change
@@ -43,8 +45,8 @@ def terminal_answer_final(v: RunView) -> InvariantResult:
         problem = ""
         if later:
             problem = (
-                f"{len(later)} later request{'s' if len(later) != 1 else ''}, the first at "
-                f"{when(later[0].at)}"
+                ngettext("%d later request", "%d later requests", len(later)) % len(later)
+                + f", the first at {when(later[0].at)}"
             )
         elif m is None or m["status"] != "failed":
             problem = f"the message is {m['status'] if m else 'missing'}, not terminal"

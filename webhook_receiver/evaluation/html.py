@@ -14,10 +14,11 @@ from typing import Any
 
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import ngettext
 
+from ..core.svg import join
 from .report import _age, _num, held_back_words
 from .report_charts import scenario_charts
-from .svg import join
 
 STYLE = """
 :root { color-scheme: light; --ink: #1f2328; --muted: #5b636d; --line: #d8dde3;
@@ -82,14 +83,13 @@ def html_report(export: dict[str, Any]) -> str:
     broken = sum(1 for s in scenarios for v in s["verdicts"] if not v["held"])
     outcome = "every invariant held"
     if not export["held"]:
-        outcome = f"{broken} invariant{'s' if broken != 1 else ''} broken"
-    plural = "s" if len(scenarios) != 1 else ""
+        outcome = ngettext("%d invariant broken", "%d invariants broken", broken) % broken
+    counted = ngettext("%d scenario", "%d scenarios", len(scenarios)) % len(scenarios)
     body = [
         format_html(
-            '<header><h1>Delivery evaluation</h1><p class="meta">{} scenario{}, seed {}; '
+            '<header><h1>Delivery evaluation</h1><p class="meta">{}, seed {}; '
             "code {}; database {}</p></header>",
-            len(scenarios),
-            plural,
+            counted,
             export["seed"],
             export["code_version"],
             export["database"],
@@ -124,9 +124,9 @@ def _verdicts(export: dict[str, Any]) -> SafeString:
         parts.append(
             format_html(
                 '<div class="banner held-banner" id="all-held">&#10004; Every invariant held '
-                "in every scenario ({} scenario{}, seed {}).</div>",
-                len(export["scenarios"]),
-                "s" if len(export["scenarios"]) != 1 else "",
+                "in every scenario ({}, seed {}).</div>",
+                ngettext("%d scenario", "%d scenarios", len(export["scenarios"]))
+                % len(export["scenarios"]),
                 export["seed"],
             )
         )

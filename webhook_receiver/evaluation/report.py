@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils.translation import ngettext
+
 LINE = "-" * 100
 
 
@@ -70,9 +72,9 @@ def text_report(export: dict[str, Any]) -> str:
 
 def body_text(export: dict[str, Any]) -> str:
     scenarios = export["scenarios"]
+    counted = ngettext("%d scenario", "%d scenarios", len(scenarios)) % len(scenarios)
     out = [
-        f"webhook_eval: {len(scenarios)} scenario{'s' if len(scenarios) != 1 else ''}, "
-        f"seed {export['seed']}",
+        f"webhook_eval: {counted}, seed {export['seed']}",
         "",
         "VERDICTS",
         *verdict_lines(export),
@@ -248,7 +250,8 @@ def _compare_metrics(
 def compare_text(regressions: list[str], changes: list[str], saved_path: str) -> str:
     out = [f"Compared with {saved_path}:"]
     if regressions:
-        out.append(f"  {len(regressions)} regression{'s' if len(regressions) != 1 else ''}:")
+        n = len(regressions)
+        out.append("  " + ngettext("%d regression:", "%d regressions:", n) % n)
         out += [f"    REGRESSION {r}" for r in regressions]
     else:
         out.append("  no regression")

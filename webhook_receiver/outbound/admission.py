@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..core import faults, sql, tracing
+from ..core import faults, sql, storable, tracing
 from . import queries
 from .metrics import dedup_hit_count
 from .models import ADMITTING, MessageStatus, OutboxMessage, WebhookDestination
@@ -184,21 +184,12 @@ def _checked_metadata(metadata: Any) -> dict[str, Any]:
             todo.extend(node.values())
         elif isinstance(node, list | tuple):
             todo.extend(node)
-        elif isinstance(node, str) and not _storable_in_json(node):
+        elif isinstance(node, str) and not storable.is_json_storable(node):
             raise ValueError(
                 f"metadata cannot hold NUL nor a lone surrogate (in {node!r}): "
                 "a JSON column on PostgreSQL refuses them"
             )
     return metadata
-
-
-def _storable_in_json(text: str) -> bool:
-    # isascii: the usual case, at C speed
-    return "\x00" not in text and (text.isascii() or not any(_surrogate(c) for c in text))
-
-
-def _surrogate(char: str) -> bool:
-    return "\ud800" <= char <= "\udfff"
 
 
 def _remember(window_key: str) -> None:

@@ -32,9 +32,9 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 from django.db.models import QuerySet
+from django.utils.translation import ngettext
 
 from ..conf import NEW_KEY_HINT, app_settings
-from ..core.words import plural
 
 SETTING = "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']"
 # a Fernet token: version byte 0x80, a timestamp, an IV, at least one AES block, an HMAC
@@ -119,7 +119,12 @@ def secrets_decrypt(tokens: Iterable[Any], keys: Sequence[str] | None = None) ->
             f"of {SETTING} is the one they were encrypted with (a key removed before "
             "manage.py webhook_destination reencrypt ran?). Put that key back, or set "
             "new secrets.",
-            f"secrets unreadable: none of the {n} key{plural(n)} decrypts them",
+            ngettext(
+                "secrets unreadable: none of the %d key decrypts them",
+                "secrets unreadable: none of the %d keys decrypts them",
+                n,
+            )
+            % n,
         ) from None
 
 

@@ -8,24 +8,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from django.utils.translation import ngettext
 
 from ..conf import app_settings
 from ..core import storable
 from ..core.states import Reason, State
-from ..core.words import duration_text, plural, top_counts
+from ..core.words import duration_text, top_counts
 from ..exceptions import NotStored
 from ..reconcile.models import RunOutcome
-
-if TYPE_CHECKING:
-    from .destinations import DestinationStatus
-    from .sources import SourceStatus
+from .statuses import DestinationStatus, SourceStatus
 
 # a retrying event failing for longer than this is worth a look: its cause is not passing
 OLD_RETRY = timedelta(hours=1)
-# the relay's last round that could not be recorded is named for this long (unless an
-# answer was recorded since)
-RECORD_FAILURE_SHOWN = timedelta(minutes=10)
 # How long a retry may be overdue, or a destination's due message go unanswered, before
 # it is a state: not fixed, derived from the sweeps' intervals and the destination's
 # limits (watch/pickup.py; SourceStatus.retry_pickup, DestinationStatus.pickup).
@@ -72,14 +68,14 @@ def _repair(s: SourceStatus) -> tuple[str, str] | None:
     n = s.open_repair_total
     if not n:
         return None
-    summary = f"{n} open repair item{plural(n)}"
+    summary = ngettext("%d open repair item", "%d open repair items", n) % n
     return summary, f"{summary} ({top_counts(s.open_repairs)})"
 
 
 def _dead(s: SourceStatus) -> tuple[str, str] | None:
     if not s.dead:
         return None
-    text = f"{s.dead} dead letter{plural(s.dead)}"
+    text = ngettext("%d dead letter", "%d dead letters", s.dead) % s.dead
     return text, text
 
 
@@ -107,7 +103,7 @@ def _rejected(s: SourceStatus) -> tuple[str, str] | None:
     n = sum(refused.values())
     if not n:
         return None
-    summary = f"{n} request{plural(n)} refused"
+    summary = ngettext("%d request refused", "%d requests refused", n) % n
     text = f"{summary} in the last hour ({top_counts(refused)})"
     if s.unrecorded_last_hour:
         text += (
@@ -122,8 +118,13 @@ def _not_stored(s: SourceStatus) -> tuple[str, str] | None:
     n = s.rejected_last_hour.get(NotStored.code, 0)
     if not n:
         return None
-    summary = f"{n} request{plural(n)} not stored (503)"
-    return summary, f"{n} request{plural(n)} answered 503 (not stored) in the last hour"
+    summary = ngettext("%d request not stored (503)", "%d requests not stored (503)", n) % n
+    text = ngettext(
+        "%d request answered 503 (not stored) in the last hour",
+        "%d requests answered 503 (not stored) in the last hour",
+        n,
+    )
+    return summary, text % n
 
 
 def _reconcile_failed(s: SourceStatus) -> tuple[str, str] | None:
@@ -220,7 +221,7 @@ def _breaker_open(d: DestinationStatus) -> tuple[str, str] | None:
 def _failed(d: DestinationStatus) -> tuple[str, str] | None:
     if not d.failed:
         return None
-    summary = f"{d.failed} message{plural(d.failed)} failed"
+    summary = ngettext("%d message failed", "%d messages failed", d.failed) % d.failed
     return summary, f"{summary} for good, waiting for Retry now or Discard"
 
 
@@ -228,7 +229,7 @@ def _held_back(d: DestinationStatus) -> tuple[str, str] | None:
     if not d.held_back or d.first_holder is None:
         return None
     key, ordering_key = (storable.text(value, 255) for value in d.first_holder[1:])
-    behind = f"{d.held_back} later message{plural(d.held_back)}"
+    behind = ngettext("%d later message", "%d later messages", d.held_back) % d.held_back
     if d.holding_back == 1:
         text = f"failed message {key} holds back {behind} of its ordering key {ordering_key}"
     else:
@@ -297,7 +298,7 @@ def _disabled_by_relay(d: DestinationStatus) -> tuple[str, str] | None:
     if not d.disabled_by_relay:
         return None
     since = "" if d.disabled_at is None else f" {duration_text(d.now - d.disabled_at)} ago"
-    held = f"{d.backlog} message{plural(d.backlog)} held"
+    held = ngettext("%d message held", "%d messages held", d.backlog) % d.backlog
     return f"disabled by the relay, {held}", (
         f"disabled by the relay{since}: {d.disabled_reason}; {held} until it is enabled "
         "again (or discarded)"
@@ -308,7 +309,12 @@ def _disabled(d: DestinationStatus) -> tuple[str, str] | None:
     if d.enabled or not d.backlog or d.disabled_by_relay:
         return None
     summary = f"disabled, {d.backlog} waiting"
-    return summary, f"disabled with {d.backlog} message{plural(d.backlog)} waiting to be sent"
+    text = ngettext(
+        "disabled with %d message waiting to be sent",
+        "disabled with %d messages waiting to be sent",
+        d.backlog,
+    )
+    return summary, text % d.backlog
 
 
 # (code, level, why: docs/watching.md lists them, test). ATTENTION but one: a

@@ -21,8 +21,7 @@ however large the tables grow (what the traffic reads cost: watch/traffic.py):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -32,8 +31,6 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..conf.sources import SourceConfig
-from ..core.states import Reason, State, worst_state
-from ..core.words import iso, seconds
 from ..exceptions import NotStored
 from ..inbound.models import (
     FailedEvent,
@@ -50,6 +47,16 @@ from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
 from .pickup import retry_pickup
 from .readings import Readings, read_unbounded
+from .statuses import (
+    ALERTS,
+    AUDIT,
+    FAILED,
+    RECEIPTS,
+    REPAIRS,
+    RUNS,
+    SOURCE_RECORDS,
+    SourceStatus,
+)
 from .traffic import last_accepted_at, unrecorded_refusals
 
 # what "recent" means for requests and results
@@ -61,163 +68,7 @@ NOT_STORED = NotStored.code
 T = TypeVar("T")
 
 
-# --- a source's state and why --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SourceStatus:
-    source: str
-    # False: no longer a source (of the settings, or an enabled record), but it still
-    # holds failed events, an open alert or open repair items (verified records only:
-    # any URL can make a rejected request)
-    configured: bool
-    now: datetime
-    silence_after: timedelta | None
-    active_hours: str | None
-    # None when no active hours are set (always active)
-    in_active_hours: bool | None
-    last_accepted_at: datetime | None
-    # verified requests in the last hour by result (applied, duplicate, deferred, …)
-    accepted_last_hour: Mapping[str, int]
-    # refused requests in the last hour by rejection code, and NOT_STORED for 503s
-    rejected_last_hour: Mapping[str, int]
-    # of those, how many have no audit record of their own: beyond the audit bound,
-    # counted in the rejection tallies only (a flood)
-    unrecorded_last_hour: int
-    retrying: int
-    dead: int
-    # the retrying event that has failed longest: its first attempt
-    oldest_retry_at: datetime | None
-    # the retrying event due earliest: when it was due
-    next_retry_due_at: datetime | None
-    # how long a running retry sweep leaves a retry overdue, with as many due as now
-    # (watch/pickup.py)
-    retry_pickup: timedelta
-    silence_alert: SilenceAlert | None
-    last_run: ReconciliationRun | None
-    open_repairs: Mapping[str, int]
-    reasons: tuple[Reason, ...] = field(default=())
-    # the parts not read within their bound (AUDIT, RECEIPTS, …): their figures are
-    # empty here, and null in as_dict
-    unread: tuple[str, ...] = ()
-
-    @property
-    def state(self) -> State:
-        return worst_state(self.reasons)
-
-    @property
-    def last_accepted_age(self) -> timedelta | None:
-        return _age(self.now, self.last_accepted_at)
-
-    @property
-    def oldest_retry_age(self) -> timedelta | None:
-        return _age(self.now, self.oldest_retry_at)
-
-    @property
-    def retry_overdue(self) -> timedelta | None:
-        due = _age(self.now, self.next_retry_due_at)
-        return due if due is not None and due > timedelta(0) else None
-
-    @property
-    def accepted_total(self) -> int:
-        return sum(self.accepted_last_hour.values())
-
-    @property
-    def rejected_total(self) -> int:
-        return sum(self.rejected_last_hour.values())
-
-    @property
-    def requests_last_hour(self) -> int:
-        return self.accepted_total + self.rejected_total
-
-    @property
-    def open_repair_total(self) -> int:
-        return sum(self.open_repairs.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        """The stable machine shape (``webhook_status --json``; docs/watching.md)."""
-        alert = self.silence_alert
-        run = self.last_run
-        document = {
-            "source": self.source,
-            "configured": self.configured,
-            "state": self.state.label,
-            "reasons": [r.as_dict() for r in self.reasons],
-            "last_accepted_at": iso(self.last_accepted_at),
-            "last_accepted_age_seconds": seconds(self.last_accepted_age),
-            "last_hour": {
-                "requests": self.requests_last_hour,
-                "accepted": self.accepted_total,
-                "rejected": self.rejected_total,
-                "accepted_by_result": dict(sorted(self.accepted_last_hour.items())),
-                "rejected_by_reason": dict(sorted(self.rejected_last_hour.items())),
-                "rejected_unrecorded": self.unrecorded_last_hour,
-            },
-            "failed_events": {
-                "retrying": self.retrying,
-                "dead": self.dead,
-                "oldest_retry_at": iso(self.oldest_retry_at),
-                "oldest_retry_age_seconds": seconds(self.oldest_retry_age),
-                "retry_overdue_seconds": seconds(self.retry_overdue),
-                "retry_pickup_seconds": seconds(self.retry_pickup),
-            },
-            "silence": {
-                "after_seconds": seconds(self.silence_after),
-                "active_hours": self.active_hours,
-                "in_active_hours": self.in_active_hours,
-                "open_alert": None
-                if alert is None
-                else {
-                    "opened_at": iso(alert.opened_at),
-                    "last_accepted_at": iso(alert.last_accepted_at),
-                    "rejected_total": alert.rejected_total,
-                    "rejected_counts": dict(sorted(alert.rejected_counts.items())),
-                },
-            },
-            "reconciliation": {
-                "last_run": None
-                if run is None
-                else {
-                    "id": run.pk,
-                    "outcome": run.outcome,
-                    "started_at": iso(run.started_at),
-                    "finished_at": iso(run.finished_at),
-                    "counts": dict(sorted(run.counts.items())),
-                    "error": run.error,
-                },
-                "open_repair_items": dict(sorted(self.open_repairs.items())),
-            },
-            "unread": list(self.unread),
-        }
-        return _unread_nulled(document, self.unread)
-
-
-def _unread_nulled(document: dict[str, Any], unread: tuple[str, ...]) -> dict[str, Any]:
-    """``document`` with the figures of each unread part null: an empty figure would
-    read as "none" when it is "not known"."""
-    if RECEIPTS in unread:
-        document["last_accepted_at"] = document["last_accepted_age_seconds"] = None
-    if AUDIT in unread:
-        document["last_hour"] = None
-    if FAILED in unread:
-        document["failed_events"] = None
-    if ALERTS in unread:
-        document["silence"]["open_alert"] = None
-    if RUNS in unread:
-        document["reconciliation"]["last_run"] = None
-    if REPAIRS in unread:
-        document["reconciliation"]["open_repair_items"] = None
-    return document
-
-
 # --- the selector --------------------------------------------------------------------------
-
-
-# the readings a source's status is made of (watch/readings.py), each named as unread
-# by what it is, and the JSON keys an unread one leaves null
-AUDIT, RECEIPTS, FAILED = "request audit", "receipts", "failed events"
-ALERTS, REPAIRS, RUNS = "silence alerts", "repair items", "reconciliation runs"
-SOURCE_RECORDS = "source records"
 
 
 def source_statuses(
@@ -389,7 +240,3 @@ def _last_run(
         .order_by("-started_at")
         .first()
     )
-
-
-def _age(now: datetime, moment: datetime | None) -> timedelta | None:
-    return None if moment is None else now - moment

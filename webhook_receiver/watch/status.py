@@ -19,12 +19,13 @@ from health_check.exceptions import ServiceUnavailable
 from ..conf import app_settings
 from ..core.states import Reason, State
 from ..core.words import duration_text, iso, seconds
-from .destinations import DestinationStatus, destination_statuses
+from .destinations import destination_statuses
 from .health import Broker
 from .heartbeat import heartbeat_interval, heartbeat_seen_at, heartbeat_stale_after
 from .models import Heartbeat
 from .readings import Readings, Unread
-from .sources import SourceStatus, source_statuses
+from .sources import source_statuses
+from .statuses import DestinationStatus, SourceStatus
 from .verdict import Headline, status_verdict
 
 HEARTBEAT = "heartbeat"

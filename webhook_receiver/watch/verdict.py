@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils.translation import ngettext
+
 from ..core.states import Reason, State, worst_state
-from ..core.words import plural
 from .readings import Unread
-from .sources import SourceStatus
+from .statuses import SourceStatus
 
 # webhook_status's exit code when a part of the status could not be read
 UNKNOWN = 3
@@ -74,7 +75,7 @@ def _items_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any]
         if not destinations:
             n = len(statuses)
             return Headline(
-                State.OK, f"All {n} source{plural(n)} OK" if n > 1 else "The source is OK"
+                State.OK, f"All {_counted(n, 'source')} OK" if n > 1 else "The source is OK"
             )
         counted = [_count(len(statuses), "source"), _count(len(destinations), "destination")]
         return Headline(State.OK, "All " + " and ".join(c for c in counted if c) + " OK")
@@ -85,17 +86,27 @@ def _items_verdict(statuses: Sequence[SourceStatus], destinations: Sequence[Any]
             if not hit:
                 continue
             n = len(hit)
-            head = (
-                f"{n} {kind}{plural(n)} in alert"
-                if level == State.ALERT
-                else f"{n} {kind}{' needs' if n == 1 else 's need'} attention"
-            )
+            head = f"{_counted(n, kind)} in alert" if level == State.ALERT else _attention(n, kind)
             parts.append(f"{head}: " + "; ".join(_one_line(name, item) for name, item in hit))
     return Headline(worst, ". ".join(parts))
 
 
 def _count(n: int, kind: str) -> str:
-    return f"{n} {kind}{plural(n)}" if n else ""
+    return _counted(n, kind) if n else ""
+
+
+# each phrase whole, for each kind, so that a translation can word it as its language does
+def _counted(n: int, kind: str) -> str:
+    """ "1 source", "3 destinations"."""
+    if kind == "source":
+        return ngettext("%d source", "%d sources", n) % n
+    return ngettext("%d destination", "%d destinations", n) % n
+
+
+def _attention(n: int, kind: str) -> str:
+    if kind == "source":
+        return ngettext("%d source needs attention", "%d sources need attention", n) % n
+    return ngettext("%d destination needs attention", "%d destinations need attention", n) % n
 
 
 def _one_line(name: str, status: Any) -> str:

@@ -21,9 +21,8 @@ from django.utils import timezone
 from ...core import display
 from ...core.states import Reason, State
 from ...core.words import duration_text
-from ...watch.destinations import DestinationStatus
-from ...watch.sources import AUDIT, FAILED, RECEIPTS, RUNS, SourceStatus
 from ...watch.status import Status, status_read
+from ...watch.statuses import AUDIT, FAILED, RECEIPTS, RUNS, DestinationStatus, SourceStatus
 
 # a figure that could not be read
 UNREAD = "?"

@@ -23,9 +23,10 @@ from ...outbound.encryption import with_stored_secrets
 from ...outbound.models import WebhookDestination
 from ...outbound.selectors import destinations_with_health
 from ...reconcile.models import RepairItem, RepairKind, RepairStatus
-from ..destinations import DestinationStatus, destination_status
+from ..destinations import destination_status
 from ..models import SilenceAlert
 from ..pickup import retry_pickup
+from ..statuses import DestinationStatus
 from ..traffic import last_accepted_at
 
 OPEN_FAILURES = (FailureStatus.RETRYING, FailureStatus.DEAD)

@@ -1,6 +1,7 @@
-"""Inline SVG charts for the evaluation's HTML report, drawn in Python: the report is one
-file a person can open anywhere (offline, attached to a ticket), so no script library,
-no network. Every text drawn comes through ``format_html`` (names come from scenario
+"""Inline SVG charts drawn in Python, for the admin's overview (admin/chart.py lays out
+its bars) and the evaluation's HTML report (line and histogram charts, below): no script
+library, no network, so that a page or a report file reads anywhere (offline, attached
+to a ticket). Every text drawn comes through ``format_html`` (names come from scenario
 files a team writes); numbers are formatted here.
 """
 
@@ -50,6 +51,17 @@ def duration(seconds: float) -> str:
 
 def number(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:.3g}"
+
+
+def compact_count(count: int) -> str:
+    """ "950", "2.4k", "24k", "1.2M": a count in at most four characters, rounded down
+    (a scale's label: the exact count is beside it, in its title)."""
+    for size, unit in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
+        if count >= size:
+            tenths = count * 10 // size
+            whole, tenth = divmod(tenths, 10)
+            return f"{whole}.{tenth}{unit}" if whole < 10 and tenth else f"{whole}{unit}"
+    return str(count)
 
 
 def ticks(top: float, *, time: bool, whole: bool = False) -> list[float]:

@@ -29,7 +29,6 @@ import argparse
 import functools
 import multiprocessing as mp
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,22 +41,23 @@ from typing import Any
 
 import environ
 
+from .cli import bench_main
 from .common import DEFAULT_DATABASE_URL, FULL_PATH
 from .load import event_bodies, run_phase, signed_requests
 from .report import Stats, stats_of, write_section
 from .server import (
     BASE_DIR,
+    RESULTS_DIR,
     GunicornServer,
     _connect,
     bench_env,
     database_analyze,
     database_migrate,
+    database_prepare,
     database_recreate,
     git_commit,
-    raise_on_sigterm,
 )
 
-RESULTS_DIR = BASE_DIR / "bench-results"
 LARGE_DATABASE_URL = os.environ.get(
     "BENCH_LARGE_DATABASE_URL",
     DEFAULT_DATABASE_URL.rsplit("/", 1)[0] + "/webhook_receiver_bench_large",
@@ -646,18 +646,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--growth-output", type=Path, default=RESULTS_DIR / "growth.json")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.growth", description=__doc__)
+def arguments_alone(parser: argparse.ArgumentParser) -> None:
+    """Run alone, the section also takes the receive bench's phase length."""
     parser.add_argument("--requests", type=int, default=1000, help="requests a phase")
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def run(args: argparse.Namespace) -> int:
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    env = bench_env(database_url)
-    print("preparing the bench database ...", flush=True)
-    database_recreate(database_url)
-    database_migrate(env)
+    env = database_prepare(database_url)
     with GunicornServer(env, RESULTS_DIR / "gunicorn.log") as server:
         print(f"serving the bench database on {server.host}:{server.port}, 2 sync workers")
         result = bench_growth(args, server, database_url)
@@ -665,8 +662,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted; the servers were stopped", file=sys.stderr)
-        sys.exit(130)
+    bench_main(
+        "tests.bench.growth", __doc__, arguments_alone, run, stopped="the servers were stopped"
+    )

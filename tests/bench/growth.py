@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -202,18 +202,24 @@ def _purge_job(env: dict[str, str], out: Any) -> None:
     out.put({"deleted": deleted, "seconds": time.perf_counter() - started})
 
 
-def receipts_purge_run(env: dict[str, str]) -> dict[str, Any]:
-    """``receipts_purge()`` once on the large database, in a process of its own."""
+def answer_of(job: Callable[..., None], *args: Any, timeout: float) -> dict[str, Any]:
+    """What ``job(*args, out)`` puts on ``out``, run in a fresh (spawned) process, so
+    that its Django set-up is its own."""
     context = mp.get_context("spawn")
     out = context.Queue()
-    process = context.Process(target=_purge_job, args=(env, out), daemon=True)
+    process = context.Process(target=job, args=(*args, out), daemon=True)
     process.start()
     try:
-        return out.get(timeout=600)
+        return out.get(timeout=timeout)
     finally:
         process.join(timeout=10)
         if process.is_alive():
             process.terminate()
+
+
+def receipts_purge_run(env: dict[str, str]) -> dict[str, Any]:
+    """``receipts_purge()`` once on the large database, in a process of its own."""
+    return answer_of(_purge_job, env, timeout=600)
 
 
 def large_prepare(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
@@ -353,7 +359,7 @@ def _explain_all(url: str, queries: Any) -> dict[str, Any]:
                     "subject": "ord-explain", "outcome": Jsonb({"status": "applied"}),
                     "body": b"{}", "headers": Jsonb({}), "received_at": now,
                     "verification": "verified", "body_sha256": "0" * 64, "body_size": 2,
-                    "remote_addr": "127.0.0.1", "result": "applied",
+                    "remote_addr": "127.0.0.1", "result": "applied", "secret_fingerprint": None,
                 }  # fmt: skip
                 with conn.transaction(force_rollback=True):
                     plan = conn.execute(
@@ -378,16 +384,7 @@ def _buffers(plan: dict[str, Any], key: str) -> int:
 
 
 def explain(urls: dict[str, str]) -> dict[str, Any]:
-    context = mp.get_context("spawn")
-    out = context.Queue()
-    process = context.Process(target=_explain_job, args=(urls, out), daemon=True)
-    process.start()
-    try:
-        return out.get(timeout=120)
-    finally:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.terminate()
+    return answer_of(_explain_job, urls, timeout=120)
 
 
 # --- the rounds ------------------------------------------------------------------------

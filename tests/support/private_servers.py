@@ -113,8 +113,9 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.directory / "pg.log"),
                   "-o", options, "-w", "start")  # fmt: skip
 
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m mode``: "immediate" is a crash, recovered at the next start."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def _dsn(self, database: str) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={database}"

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 import time
 from dataclasses import dataclass
 
 from .cli import bench_main
 from .common import SOURCE
-from .load import PreparedRequest, http_request, run_phase, standard_headers
+from .load import PreparedRequest, http_request, run_phase, standard_headers, unknown_slugs
 from .report import percentile
 from .server import (
     RESULTS_DIR,
@@ -77,12 +76,7 @@ def flood(kind: str, host: str, count: int) -> list[PreparedRequest]:
         headers["webhook-signature"] = "v1," + "A" * 43 + "="
         wire = http_request(host, path, BODY, headers)
         return [PreparedRequest(path, wire, "invalid_signature", b"401")] * count
-    requests = []
-    for _ in range(count):
-        slug_path = f"/webhooks/{secrets.token_hex(6)}/"
-        wire = http_request(host, slug_path, BODY, {"Content-Type": "application/json"})
-        requests.append(PreparedRequest(slug_path, wire, "unknown_source", b"404"))
-    return requests
+    return unknown_slugs(host, count, BODY)
 
 
 KINDS = ("unsigned", "forged", "random slugs")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -29,11 +28,10 @@ from .cli import bench_main
 from .common import SHOP_SECRET, SOURCE
 from .load import (
     PhaseResult,
-    PreparedRequest,
     event_bodies,
-    http_request,
     run_phase,
     signed_requests,
+    unknown_slugs,
 )
 from .report import percentile
 from .server import (
@@ -47,6 +45,7 @@ from .server import (
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_sources"
 RECORD = "acme"
+UNKNOWN_BODY = b'{"type": "inventory.reserved"}'
 WARMUP_REQUESTS = 200
 # a record source does the settings source's work, plus a dictionary lookup and, once a
 # TTL per worker, one query: within measurement noise of the floor
@@ -67,16 +66,6 @@ def record_add(env: dict[str, str]) -> None:
         check=True,
         stdout=subprocess.DEVNULL,
     )
-
-
-def unknown_slugs(host: str, count: int) -> list[PreparedRequest]:
-    body = b'{"type": "inventory.reserved"}'
-    requests = []
-    for _ in range(count):
-        path = f"/webhooks/{secrets.token_hex(6)}/"
-        wire = http_request(host, path, body, {"Content-Type": "application/json"})
-        requests.append(PreparedRequest(path, wire, "unknown_source", b"404"))
-    return requests
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
                 result = run_phase(server.host, server.port, requests, args.concurrency)
                 errors += _account(slug, result, rates, p50, number, args.rounds)
             result = run_phase(
-                server.host, server.port, unknown_slugs(host, args.requests), args.concurrency
+                server.host,
+                server.port,
+                unknown_slugs(host, args.requests, UNKNOWN_BODY),
+                args.concurrency,
             )
             errors += _account("unknown", result, rates, p50, number, args.rounds)
 

@@ -86,7 +86,7 @@ def test_the_destination_list_shows_each_ones_health(admin_client, fleet):
         "crm": (0, 0, False),
     }
     rows = {d.name: d for d in response.context["cl"].result_list}
-    model_admin = site._registry[WebhookDestination]
+    model_admin = site.get_model_admin(WebhookDestination)
     assert model_admin.oldest_eligible(rows["merchant-7"]).endswith(">10 min</span>")
     assert model_admin.oldest_eligible(rows["warehouse"]).endswith(">1 min</span>")
     # and as shown: the breaker in words, the counts linking to the messages behind them
@@ -282,7 +282,7 @@ def test_a_signing_key_may_be_pasted_and_a_public_key_may_not(admin_client):
 
 def test_saving_the_form_never_writes_back_the_relays_state(rf, admin_user, fleet):
     # given: the form's copy of the row, read before the relay recorded a success
-    model_admin = site._registry[WebhookDestination]
+    model_admin = site.get_model_admin(WebhookDestination)
     stale = WebhookDestination.objects.get(name="merchant-7")
     succeeded = timezone.now()
     WebhookDestination.objects.filter(pk=stale.pk).update(

@@ -144,7 +144,7 @@ def test_the_search_looks_keys_up_in_the_indexes(rf, admin_user):
             [ids],
         )
         cursor.execute("ANALYZE webhook_receiver_outboxmessage")
-    model_admin = site._registry[OutboxMessage]
+    model_admin = site.get_model_admin(OutboxMessage)
     request = rf.get("/", {"q": "order:777:paid:v1"})
     request.user = admin_user
 

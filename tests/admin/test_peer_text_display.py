@@ -13,7 +13,6 @@ import json
 import re
 import sys
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler
 from io import StringIO
 
 import pytest
@@ -24,7 +23,8 @@ from django.utils import timezone
 from project.shop.trace import shop_effects
 from tests.support.http import post
 from tests.support.peer_text import NAMED, OTHER_INVISIBLE, SPOOFED_TYPE, assert_no_invisible, deep
-from tests.support.reconciling import reconcile_with, serving
+from tests.support.peers import answer, hostile_peer
+from tests.support.reconciling import reconcile_with
 from tests.support.signing import event_body, standard_headers
 from webhook_receiver.admin.cells import trace_url
 from webhook_receiver.models import (
@@ -155,19 +155,9 @@ def test_a_repair_item_whose_sender_record_is_deep_has_a_readable_page(
 # --- invisible characters, wherever a peer's text is shown ------------------------------
 
 
-class RefusesWithSpoofedText(BaseHTTPRequestHandler):
-    """A sender's API answering 400 with text that holds an override."""
-
-    def do_GET(self) -> None:  # noqa: N802
-        body = f"unknown cursor for {SPOOFED_TYPE}".encode()
-        self.send_response(400)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+# a sender's API answering 400 with text that holds an override
+TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+REFUSAL = answer(400, TEXT, f"unknown cursor for {SPOOFED_TYPE}".encode())
 
 
 @pytest.fixture
@@ -180,8 +170,8 @@ def spoofed(client, settings) -> dict:
     assert deliver(client, key, body)["status"] == "ignored"
     dead = event_body("order.paid", order_id=f"ord_{NAMED}", version=1)
     assert deliver(client, "msg_\u2067dead", dead)["status"] == "dead_lettered"
-    with serving(RefusesWithSpoofedText) as base_url:
-        reconcile_with(settings, "shop", OPTIONS={"URL": base_url, "RETRIES": 0})
+    with hostile_peer(lambda request: [(0, REFUSAL)], path="") as sender:
+        reconcile_with(settings, "shop", OPTIONS={"URL": sender.url, "RETRIES": 0})
         run = reconciliation_run(source_slug="shop", now=timezone.now())
     assert run.outcome == RunOutcome.FAILED and "\u202e" in run.error
     return {

@@ -305,7 +305,7 @@ def test_every_search_field_can_use_an_index(rf, admin_user, model):
     # Exact lookups on indexed columns: with sequential scans priced out, the planner
     # finds an index for every field the search ORs together. (A case-insensitive
     # "=field" search wraps the column in UPPER(), which no plain index serves.)
-    model_admin = site._registry[model]
+    model_admin = site.get_model_admin(model)
     request = rf.get("/", {"q": "msg_x"})
     request.user = admin_user
     found, _ = model_admin.get_search_results(request, model.objects.all(), "msg_x")

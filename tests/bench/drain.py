@@ -33,29 +33,26 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from .cli import bench_main
 from .common import DEFAULT_DATABASE_URL, FULL_PATH
 from .load import event_bodies, run_phase, signed_requests
 from .report import write_section
 from .server import (
-    BASE_DIR,
+    RESULTS_DIR,
     GunicornServer,
     LoggedProcess,
     _connect,
     bench_env,
     database_analyze,
-    database_migrate,
-    database_recreate,
+    database_prepare,
     git_commit,
-    raise_on_sigterm,
 )
 
-RESULTS_DIR = BASE_DIR / "bench-results"
 BROKER_URL = os.environ.get("BENCH_DRAIN_BROKER_URL", "redis://127.0.0.1:6379/12")
 CELERY_CONCURRENCY = 2
 DRAIN_TIMEOUT_SECONDS = 300  # a drain of the default backlog takes seconds
@@ -552,17 +549,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-output", type=Path, default=RESULTS_DIR / "drain.json")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.drain", description=__doc__)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def run(args: argparse.Namespace) -> int:
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    env = bench_env(database_url)
-    print("preparing the bench database ...", flush=True)
-    database_recreate(database_url)
-    database_migrate(env)
+    env = database_prepare(database_url)
     with GunicornServer(env, RESULTS_DIR / "gunicorn.log") as server:
         print(f"serving on {server.host}:{server.port} with gunicorn, 2 sync workers", flush=True)
         rps, errors = receive_phase(server, event_bodies(WARMUP_EVENTS, "warmup"), "warmup")
@@ -572,8 +561,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted; the server and the drainers were stopped", file=sys.stderr)
-        sys.exit(130)
+    bench_main(
+        "tests.bench.drain",
+        __doc__,
+        add_arguments,
+        run,
+        stopped="the server and the drainers were stopped",
+    )

@@ -18,26 +18,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import signal
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .cli import bench_main
 from .common import SOURCE
-from .load import PreparedRequest, http_request, run_phase, standard_headers
+from .load import PreparedRequest, http_request, run_phase, standard_headers, unknown_slugs
 from .report import percentile
-from .run import RESULTS_DIR
 from .server import (
+    RESULTS_DIR,
     GunicornServer,
     _connect,
-    bench_env,
     database_analyze,
-    database_migrate,
-    database_recreate,
+    database_prepare,
     git_commit,
-    raise_on_sigterm,
 )
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_flood"
@@ -81,36 +76,20 @@ def flood(kind: str, host: str, count: int) -> list[PreparedRequest]:
         headers["webhook-signature"] = "v1," + "A" * 43 + "="
         wire = http_request(host, path, BODY, headers)
         return [PreparedRequest(path, wire, "invalid_signature", b"401")] * count
-    requests = []
-    for _ in range(count):
-        slug_path = f"/webhooks/{secrets.token_hex(6)}/"
-        wire = http_request(host, slug_path, BODY, {"Content-Type": "application/json"})
-        requests.append(PreparedRequest(slug_path, wire, "unknown_source", b"404"))
-    return requests
+    return unknown_slugs(host, count, BODY)
 
 
 KINDS = ("unsigned", "forged", "random slugs")
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.flood", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=10_000, help="requests per flood")
     parser.add_argument("--concurrency", type=int, default=4, help="client processes")
-    args = parser.parse_args(argv)
-    if min(args.requests, args.concurrency) < 1:
-        parser.error("--requests and --concurrency must be at least 1")
-    return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def run(args: argparse.Namespace) -> int:
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    env = bench_env(database_url)
-    print("preparing the bench database ...", flush=True)
-    database_recreate(database_url)
-    database_migrate(env)
+    env = database_prepare(database_url)
 
     errors = 0
     lines = []
@@ -158,4 +137,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench_main(
+        "tests.bench.flood",
+        __doc__,
+        add_arguments,
+        run,
+        at_least_one=("requests", "concurrency"),
+        stopped="the server was stopped",
+    )

@@ -29,12 +29,11 @@ import argparse
 import functools
 import multiprocessing as mp
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,22 +41,23 @@ from typing import Any
 
 import environ
 
+from .cli import bench_main
 from .common import DEFAULT_DATABASE_URL, FULL_PATH
 from .load import event_bodies, run_phase, signed_requests
 from .report import Stats, stats_of, write_section
 from .server import (
     BASE_DIR,
+    RESULTS_DIR,
     GunicornServer,
     _connect,
     bench_env,
     database_analyze,
     database_migrate,
+    database_prepare,
     database_recreate,
     git_commit,
-    raise_on_sigterm,
 )
 
-RESULTS_DIR = BASE_DIR / "bench-results"
 LARGE_DATABASE_URL = os.environ.get(
     "BENCH_LARGE_DATABASE_URL",
     DEFAULT_DATABASE_URL.rsplit("/", 1)[0] + "/webhook_receiver_bench_large",
@@ -202,18 +202,24 @@ def _purge_job(env: dict[str, str], out: Any) -> None:
     out.put({"deleted": deleted, "seconds": time.perf_counter() - started})
 
 
-def receipts_purge_run(env: dict[str, str]) -> dict[str, Any]:
-    """``receipts_purge()`` once on the large database, in a process of its own."""
+def answer_of(job: Callable[..., None], *args: Any, timeout: float) -> dict[str, Any]:
+    """What ``job(*args, out)`` puts on ``out``, run in a fresh (spawned) process, so
+    that its Django set-up is its own."""
     context = mp.get_context("spawn")
     out = context.Queue()
-    process = context.Process(target=_purge_job, args=(env, out), daemon=True)
+    process = context.Process(target=job, args=(*args, out), daemon=True)
     process.start()
     try:
-        return out.get(timeout=600)
+        return out.get(timeout=timeout)
     finally:
         process.join(timeout=10)
         if process.is_alive():
             process.terminate()
+
+
+def receipts_purge_run(env: dict[str, str]) -> dict[str, Any]:
+    """``receipts_purge()`` once on the large database, in a process of its own."""
+    return answer_of(_purge_job, env, timeout=600)
 
 
 def large_prepare(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
@@ -353,7 +359,7 @@ def _explain_all(url: str, queries: Any) -> dict[str, Any]:
                     "subject": "ord-explain", "outcome": Jsonb({"status": "applied"}),
                     "body": b"{}", "headers": Jsonb({}), "received_at": now,
                     "verification": "verified", "body_sha256": "0" * 64, "body_size": 2,
-                    "remote_addr": "127.0.0.1", "result": "applied",
+                    "remote_addr": "127.0.0.1", "result": "applied", "secret_fingerprint": None,
                 }  # fmt: skip
                 with conn.transaction(force_rollback=True):
                     plan = conn.execute(
@@ -378,16 +384,7 @@ def _buffers(plan: dict[str, Any], key: str) -> int:
 
 
 def explain(urls: dict[str, str]) -> dict[str, Any]:
-    context = mp.get_context("spawn")
-    out = context.Queue()
-    process = context.Process(target=_explain_job, args=(urls, out), daemon=True)
-    process.start()
-    try:
-        return out.get(timeout=120)
-    finally:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.terminate()
+    return answer_of(_explain_job, urls, timeout=120)
 
 
 # --- the rounds ------------------------------------------------------------------------
@@ -646,18 +643,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--growth-output", type=Path, default=RESULTS_DIR / "growth.json")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.growth", description=__doc__)
+def arguments_alone(parser: argparse.ArgumentParser) -> None:
+    """Run alone, the section also takes the receive bench's phase length."""
     parser.add_argument("--requests", type=int, default=1000, help="requests a phase")
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def run(args: argparse.Namespace) -> int:
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    env = bench_env(database_url)
-    print("preparing the bench database ...", flush=True)
-    database_recreate(database_url)
-    database_migrate(env)
+    env = database_prepare(database_url)
     with GunicornServer(env, RESULTS_DIR / "gunicorn.log") as server:
         print(f"serving the bench database on {server.host}:{server.port}, 2 sync workers")
         result = bench_growth(args, server, database_url)
@@ -665,8 +659,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted; the servers were stopped", file=sys.stderr)
-        sys.exit(130)
+    bench_main(
+        "tests.bench.growth", __doc__, arguments_alone, run, stopped="the servers were stopped"
+    )

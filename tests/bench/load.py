@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import json
 import multiprocessing as mp
+import secrets
 import socket
 import time
 from collections.abc import Sequence
@@ -108,6 +109,16 @@ def http_request(host: str, path: str, body: bytes, headers: dict[str, str]) -> 
         *(f"{name}: {value}" for name, value in headers.items()),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def unknown_slugs(host: str, count: int, body: bytes) -> list[PreparedRequest]:
+    """``count`` POSTs of ``body``, each to a made-up slug of its own: 404 for each."""
+    requests = []
+    for _ in range(count):
+        path = f"/webhooks/{secrets.token_hex(6)}/"
+        wire = http_request(host, path, body, {"Content-Type": "application/json"})
+        requests.append(PreparedRequest(path, wire, "unknown_source", b"404"))
+    return requests
 
 
 def signed_requests(

@@ -29,11 +29,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from .cli import bench_main
 from .server import database_recreate
 from .status import outbox_fill, status_bench
 
@@ -43,13 +43,14 @@ TOKEN = "bench-metrics-token"
 TARGET_MS = 100.0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--receipts", type=int, default=1_000_000)
     parser.add_argument("--failed", type=int, default=100_000)
     parser.add_argument("--outbox", type=int, default=1_000_000, help="outbox messages")
     parser.add_argument("--scrapes", type=int, default=20, help="timed scrapes (median)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     url = os.environ.get("BENCH_METRICS_DATABASE_URL", DEFAULT_URL)
     database_recreate(url)
     os.environ["DATABASE_URL"] = url
@@ -300,4 +301,4 @@ def _what(sql: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench_main("tests.bench.metrics", __doc__, add_arguments, run)

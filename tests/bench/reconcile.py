@@ -23,18 +23,20 @@ import sys
 import time
 from datetime import datetime, timedelta
 
+from .cli import bench_main
 from .server import database_recreate
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_reconcile"
 PAGE = 1000
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--receipts", type=int, default=1_000_000)
     parser.add_argument("--events", type=int, default=100_000, help="sender events in the window")
     parser.add_argument("--missing", type=int, default=100)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     url = os.environ.get("BENCH_RECONCILE_DATABASE_URL", DEFAULT_URL)
     database_recreate(url)
     os.environ["DATABASE_URL"] = url
@@ -166,4 +168,4 @@ def _reconcile(connection, start: datetime, end: datetime, now: datetime):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench_main("tests.bench.reconcile", __doc__, add_arguments, run)

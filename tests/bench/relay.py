@@ -58,12 +58,13 @@ from urllib.parse import parse_qs, quote, urlsplit
 from tests.support.limits import bucket_excess, worst_window
 from tests.support.wire import read_webhook
 
+from .cli import bench_main
 from .common import SHOP_SECRET
-from .server import BASE_DIR, LoggedProcess, database_recreate, git_commit, raise_on_sigterm
+from .server import RESULTS_DIR, LoggedProcess, database_recreate, git_commit
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_relay"
-BROKER_URL = "redis://127.0.0.1:6379/14"
-RESULTS_DIR = BASE_DIR / "bench-results"
+# its own Redis db, flushed between phases (BENCH_RELAY_BROKER_URL to change it)
+BROKER_URL = os.environ.get("BENCH_RELAY_BROKER_URL", "redis://127.0.0.1:6379/14")
 HOST = "127.0.0.1"
 EVENT_TYPE = "order.paid"
 ADMIT_BATCH = 500  # messages admitted per transaction
@@ -633,8 +634,7 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 # --- the run ------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.relay", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=int, default=2000, help="messages per round")
     parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (median)")
     parser.add_argument("--rate", type=int, default=50, help="the limited destination's R/s")
@@ -645,16 +645,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also: a throttled backlog with one trigger per admission (no target; ~1 min)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "relay.json")
-    args = parser.parse_args(argv)
-    if min(args.messages, args.rounds, args.rate, args.samples) < 1:
-        parser.error("--messages, --rounds, --rate and --samples must be at least 1")
-    return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def run(args: argparse.Namespace) -> int:
     url = os.environ.get("BENCH_RELAY_DATABASE_URL", DEFAULT_URL)
     print("preparing the bench database ...", flush=True)
     database_recreate(url)
@@ -702,7 +695,7 @@ def _run(args: argparse.Namespace, env: dict[str, str], receiver: Receiver) -> i
     )
     admit(limited, 20 * args.rate, "limited")
     analyze()
-    broker.flushdb()  # db 14: this bench's own
+    broker.flushdb()  # this bench's own db
     # not the limiter but the trigger is measured: limits that do not bind
     quick = destination("latency", receiver.url, rate_count=1000, burst=1000, max_in_flight=4)
 
@@ -850,8 +843,11 @@ def _limited_line(name: str, lim: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted; the receiver and the worker were stopped", file=sys.stderr)
-        sys.exit(130)
+    bench_main(
+        "tests.bench.relay",
+        __doc__,
+        add_arguments,
+        run,
+        at_least_one=("messages", "rounds", "rate", "samples"),
+        stopped="the receiver and the worker were stopped",
+    )

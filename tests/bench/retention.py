@@ -26,20 +26,20 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .cli import bench_main
 from .common import DEFAULT_DATABASE_URL, SOURCE
 from .load import event_bodies, standard_headers
-from .server import BASE_DIR, _connect, bench_env, database_migrate, database_recreate
+from .server import RESULTS_DIR, _connect, bench_env, database_migrate, database_recreate
 
 DATABASE_URL = os.environ.get(
     "RETENTION_DATABASE_URL", DEFAULT_DATABASE_URL.rsplit("/", 1)[0] + "/webhook_retention_bench"
 )
-RESULTS = BASE_DIR / "bench-results" / "retention.json"
+RESULTS = RESULTS_DIR / "retention.json"
 DAY = 86400
 
 # Each table's rows: the first ``past`` of them older than every retention (40 days),
@@ -198,17 +198,14 @@ def timed_job(job: Callable[[], int]) -> Callable[[], dict[str, float]]:
     return run
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.retention", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
     parser.add_argument("--past", type=float, default=0.25, help="share past retention")
     parser.add_argument("--seconds", type=float, default=10.0, help="baseline length")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     past = int(args.rows * args.past)
     env = bench_env(DATABASE_URL)
     os.environ.update({k: v for k, v in env.items() if k.startswith(("BENCH_", "DJANGO_"))})
@@ -261,4 +258,4 @@ def report(results: dict[str, Any], sizes: dict[str, Any], args: argparse.Namesp
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench_main("tests.bench.retention", __doc__, add_arguments, run)

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +32,7 @@ import environ
 from tests.support.private_servers import running_pgbouncer
 
 from . import drain, growth
+from .cli import bench_main
 from .common import BARE_PATH, CLAIM_PATH, DEFAULT_DATABASE_URL, FULL_PATH
 from .load import PhaseResult, event_bodies, run_phase, signed_requests
 from .report import (
@@ -51,18 +50,14 @@ from .report import (
     write_json,
 )
 from .server import (
-    BASE_DIR,
+    RESULTS_DIR,
     GunicornServer,
-    bench_env,
     database_analyze,
-    database_migrate,
-    database_recreate,
+    database_prepare,
     floor_tables_create,
     git_commit,
-    raise_on_sigterm,
 )
 
-RESULTS_DIR = BASE_DIR / "bench-results"
 WARMUP_REQUESTS = 300
 
 
@@ -95,8 +90,7 @@ class ErrorLog:
         self.samples.extend(f"{label}: {s}" for s in result.error_samples[: min(2, room)])
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Many short rounds rather than a few long ones: other work on a shared 2-core
     # machine comes in bursts of seconds, which a short round pairs up across endpoints
     # and a median of fifteen shrugs off. 1000 requests still give a p99 from 10
@@ -121,15 +115,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     drain.add_arguments(parser)
     growth.add_arguments(parser)
-    args = parser.parse_args(argv)
-    if min(args.requests, args.concurrency, args.rounds) < 1:
-        parser.error("--requests, --concurrency and --rounds must be at least 1")
-    if args.pgbouncer and (args.drain or args.growth):
-        # their drainers and second server connect directly: not comparable to a server
-        # behind the pooler
-        print("--pgbouncer: the drain and growth sections are skipped")
-        args.drain = args.growth = False
-    return args
 
 
 def measure(
@@ -183,17 +168,14 @@ def bench(args: argparse.Namespace, server: GunicornServer, errors: ErrorLog) ->
     return rounds
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    # even when started in the background, where SIGINT is inherited as ignored
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def run(args: argparse.Namespace) -> int:
+    if args.pgbouncer and (args.drain or args.growth):
+        # their drainers and second server connect directly: not comparable to a server
+        # behind the pooler
+        print("--pgbouncer: the drain and growth sections are skipped")
+        args.drain = args.growth = False
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    env = bench_env(database_url)
-
-    print("preparing the bench database ...", flush=True)
-    database_recreate(database_url)
-    database_migrate(env)
+    env = database_prepare(database_url)
     floor_tables_create(database_url)
 
     errors = ErrorLog()
@@ -261,8 +243,11 @@ def _report_errors(errors: ErrorLog, server_log: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted; the server was stopped", file=sys.stderr)
-        sys.exit(130)
+    bench_main(
+        "tests.bench.run",
+        __doc__,
+        add_arguments,
+        run,
+        at_least_one=("requests", "concurrency", "rounds"),
+        stopped="the server was stopped",
+    )

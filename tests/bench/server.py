@@ -21,6 +21,7 @@ from psycopg import sql
 from .common import BARE_PATH, FLOOR_DDL
 
 BASE_DIR = Path(__file__).resolve().parents[2]
+RESULTS_DIR = BASE_DIR / "bench-results"
 HOST = "127.0.0.1"
 # The set-up under test, the same for all three endpoints: 2 sync workers, as on a
 # 2-core host. Access logging stays off (gunicorn's default) to time the app, not logs.
@@ -76,6 +77,15 @@ def database_migrate(env: dict[str, str]) -> None:
         env=env,
         check=True,
     )
+
+
+def database_prepare(database_url: str) -> dict[str, str]:
+    """A fresh, migrated bench database; the environment a server or worker runs in."""
+    env = bench_env(database_url)
+    print("preparing the bench database ...", flush=True)
+    database_recreate(database_url)
+    database_migrate(env)
+    return env
 
 
 def floor_tables_create(database_url: str) -> None:

@@ -20,52 +20,42 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import signal
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
 
+from .cli import bench_main
 from .common import SHOP_SECRET, SOURCE
 from .load import (
     PhaseResult,
-    PreparedRequest,
     event_bodies,
-    http_request,
     run_phase,
     signed_requests,
+    unknown_slugs,
 )
 from .report import percentile
-from .run import RESULTS_DIR
 from .server import (
     BASE_DIR,
+    RESULTS_DIR,
     GunicornServer,
-    bench_env,
     database_analyze,
-    database_migrate,
-    database_recreate,
+    database_prepare,
     git_commit,
-    raise_on_sigterm,
 )
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_sources"
 RECORD = "acme"
+UNKNOWN_BODY = b'{"type": "inventory.reserved"}'
 WARMUP_REQUESTS = 200
 # a record source does the settings source's work, plus a dictionary lookup and, once a
 # TTL per worker, one query: within measurement noise of the floor
 TARGET_RATIO = 0.95
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.sources", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=2000, help="requests per phase")
     parser.add_argument("--concurrency", type=int, default=4, help="client processes")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    args = parser.parse_args(argv)
-    if min(args.requests, args.concurrency, args.rounds) < 1:
-        parser.error("--requests, --concurrency and --rounds must be at least 1")
-    return args
 
 
 def record_add(env: dict[str, str]) -> None:
@@ -78,25 +68,9 @@ def record_add(env: dict[str, str]) -> None:
     )
 
 
-def unknown_slugs(host: str, count: int) -> list[PreparedRequest]:
-    body = b'{"type": "inventory.reserved"}'
-    requests = []
-    for _ in range(count):
-        path = f"/webhooks/{secrets.token_hex(6)}/"
-        wire = http_request(host, path, body, {"Content-Type": "application/json"})
-        requests.append(PreparedRequest(path, wire, "unknown_source", b"404"))
-    return requests
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def run(args: argparse.Namespace) -> int:
     database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
-    env = bench_env(database_url)
-    print("preparing the bench database ...", flush=True)
-    database_recreate(database_url)
-    database_migrate(env)
+    env = database_prepare(database_url)
     record_add(env)
 
     rates: dict[str, list[float]] = {SOURCE: [], RECORD: [], "unknown": []}
@@ -130,7 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = run_phase(server.host, server.port, requests, args.concurrency)
                 errors += _account(slug, result, rates, p50, number, args.rounds)
             result = run_phase(
-                server.host, server.port, unknown_slugs(host, args.requests), args.concurrency
+                server.host,
+                server.port,
+                unknown_slugs(host, args.requests, UNKNOWN_BODY),
+                args.concurrency,
             )
             errors += _account("unknown", result, rates, p50, number, args.rounds)
 
@@ -184,4 +161,11 @@ def _account(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    bench_main(
+        "tests.bench.sources",
+        __doc__,
+        add_arguments,
+        run,
+        at_least_one=("requests", "concurrency", "rounds"),
+        stopped="the server was stopped",
+    )

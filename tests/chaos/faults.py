@@ -185,7 +185,7 @@ class Faults:
     def postgres_stop(self) -> None:
         pg = self.stack.postgres
         window = self._window("postgres_stop", f"({self.holds.postgres_down:g} s down)")
-        pg._run("pg_ctl", "-D", str(pg.data), "-m", "immediate", "-w", "stop")
+        pg.stop("immediate")
         time.sleep(self.holds.postgres_down)
         self._unless_stopping(pg.start)
         self._close(window, "(started, accepting connections)")

@@ -219,8 +219,7 @@ class Stack:
 
     def _postgres_stop(self) -> None:
         if (self.postgres.data / "postmaster.pid").exists():
-            self.postgres._run("pg_ctl", "-D", str(self.postgres.data), "-m", "immediate",
-                               "-w", "stop")  # fmt: skip
+            self.postgres.stop("immediate")
 
 
 def _last_error(text: str) -> str:

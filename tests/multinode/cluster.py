@@ -175,7 +175,6 @@ class Cluster:
         self.pgbouncer = PrivatePgBouncer(
             self._subdir("pgbouncer"), pool_size=self.layout.pool_size
         )
-        self.pgbouncer.directory.chmod(0o755)
         self.pgbouncer.start()
         self._stack.callback(self.pgbouncer.stop)
         self.timings["servers_s"] = time.monotonic() - began

@@ -14,12 +14,10 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,8 +26,9 @@ from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
 from tests.settings import SHOP_SECRET
+from tests.support.peers import Chunks, answer_head, hostile_peer, trickled
 from tests.support.proxy import Forwarded, forwarding_proxy
-from tests.support.receiver import Receiver, _handler
+from tests.support.receiver import Receiver, running_receiver
 from tests.support.worker import Worker, wait_for
 from webhook_receiver.models import (
     DeliveryAttempt,
@@ -56,21 +55,6 @@ RESERVED = {
 
 
 # --- helpers -----------------------------------------------------------------------------
-
-
-@contextmanager
-def another_receiver() -> Iterator[Receiver]:
-    """A second recording receiver, built as the ``receiver`` fixture builds its own."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), None)
-    recv = Receiver(url=f"http://127.0.0.1:{server.server_address[1]}/hooks")
-    server.RequestHandlerClass = _handler(recv)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield recv
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextmanager
@@ -285,8 +269,8 @@ def stopped(worker: Worker) -> bool:
 def test_an_answer_that_trickles_is_cut_off_at_the_destination_timeout():
     # given: a destination that sends its status line, then its body a byte at a time,
     # for three times its one-second timeout
-    with trickling_server(seconds=3.0) as url:
-        dest = WebhookDestination.objects.create(name="trickle", url=url, timeout_seconds=1)
+    with hostile_peer(trickles(seconds=3.0)) as peer:
+        dest = WebhookDestination.objects.create(name="trickle", url=peer.url, timeout_seconds=1)
         admit(dest, ["k"])
 
         # when
@@ -302,36 +286,10 @@ def test_an_answer_that_trickles_is_cut_off_at_the_destination_timeout():
     assert OutboxMessage.objects.get().status != "sending"
 
 
-@contextmanager
-def trickling_server(*, seconds: float) -> Iterator[str]:
-    """A loopback server that answers 200 at once, then its body a byte every 0.1 s."""
+def trickles(*, seconds: float) -> Callable[[bytes], Chunks]:
+    """A peer's script: 200 at once, then its body a byte every 0.1 s."""
     size = round(seconds / 0.1)
-
-    class Trickle(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            self.send_response(200)
-            self.send_header("content-length", str(size))
-            self.end_headers()
-            with suppress(BrokenPipeError, ConnectionResetError):  # the client may stop reading
-                for _ in range(size):
-                    self.wfile.write(b".")
-                    self.wfile.flush()
-                    time.sleep(0.1)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hooks"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return lambda request: [(0.0, answer_head(200, {}, size)), *trickled([b"."] * size, every=0.1)]
 
 
 # --- 3. limits across two worker processes -------------------------------------------------
@@ -498,7 +456,7 @@ def test_a_stuck_destination_does_not_delay_another(receiver, workers, stuck):
 @contextmanager
 def _stuck_url(stuck: str) -> Iterator[tuple[str, Receiver | None]]:
     if stuck == "429":
-        with another_receiver() as pacing:
+        with running_receiver() as pacing:
             for _ in range(20):
                 pacing.answer(429, {"Retry-After": "60"})
             yield pacing.url, pacing

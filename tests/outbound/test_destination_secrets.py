@@ -77,6 +77,14 @@ def delivered_and_verified(receiver, key: str, secret: str = SECRET) -> None:
 # --- at rest ------------------------------------------------------------------------------
 
 
+def add_by_command() -> None:
+    """The destination "cli", added with its secret by ``manage.py webhook_destination``."""
+    call_command(
+        "webhook_destination", "add", "cli", "--url", "https://cli.example/h",
+        "--secret", SECRET, stdout=StringIO(),
+    )  # fmt: skip
+
+
 def test_the_column_holds_tokens_never_a_secret(receiver):
     destination(receiver.url)
 
@@ -91,16 +99,7 @@ def test_the_column_holds_tokens_never_a_secret(receiver):
 
 
 def test_the_command_and_the_admin_store_tokens(admin_client):
-    call_command(
-        "webhook_destination",
-        "add",
-        "cli",
-        "--url",
-        "https://cli.example/h",
-        "--secret",
-        SECRET,
-        stdout=StringIO(),
-    )
+    add_by_command()
     assert SECRET not in json.dumps(stored("cli"))
 
     fields = {
@@ -240,16 +239,7 @@ def test_without_the_key_a_destination_with_secrets_cannot_be_saved(settings):
     with pytest.raises(SecretsUnreadable, match=empty), transaction.atomic():
         destination("https://merchant.example/h")
     with pytest.raises(CommandError, match=r"DESTINATION_SECRET_KEYS"):
-        call_command(
-            "webhook_destination",
-            "add",
-            "cli",
-            "--url",
-            "https://cli.example/h",
-            "--secret",
-            SECRET,
-            stdout=StringIO(),
-        )
+        add_by_command()
     assert not WebhookDestination.objects.exists()
 
 

@@ -7,10 +7,9 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 from django.utils import timezone
@@ -18,7 +17,8 @@ from django.utils import timezone
 from project.shop.models import OrderState
 from tests.support.failing import fail_schema
 from tests.support.http import post
-from tests.support.reconciling import reconcile_with, serving
+from tests.support.peers import Chunks, answer, hostile_peer, parsed
+from tests.support.reconciling import reconcile_with
 from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.models import ReconciliationRun, RepairItem
 from webhook_receiver.reconcile.run import RunInProgress, reconciliation_run
@@ -28,43 +28,38 @@ pytestmark = pytest.mark.django_db
 TOKEN = "sender-api-token"
 
 
-class Sender(BaseHTTPRequestHandler):
+def json_answer(status: int, body: bytes, delay: float = 0.0) -> Chunks:
+    return [(delay, answer(status, {"Content-Type": "application/json"}, body))]
+
+
+@dataclass
+class Sender:
     """The http contract: pages of records, a cursor, a bearer token; or misbehaviour."""
 
-    records: list[dict] = []
-    page_size = 2
-    mode = "ok"  # ok | slow | error | garbage
-    requests: list[dict] = []
+    base_url: str = ""
+    records: list[dict] = field(default_factory=list)
+    page_size: int = 2
+    mode: str = "ok"  # ok | slow | error | garbage
+    requests: list[dict] = field(default_factory=list)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        query = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
-        Sender.requests.append({"query": query, "auth": self.headers.get("Authorization")})
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return self._send(401, b'{"error": "unauthorized"}')
-        if self.mode == "slow":
-            time.sleep(3)
+    def script(self, raw: bytes) -> Chunks:
+        request = parsed(raw)
+        auth = request.headers.get("authorization")
+        self.requests.append({"query": request.query, "auth": auth})
+        if auth != f"Bearer {TOKEN}":
+            return json_answer(401, b'{"error": "unauthorized"}')
         if self.mode == "error":
-            return self._send(500, b"oops")
+            return json_answer(500, b"oops")
         if self.mode == "garbage":
-            return self._send(200, b"<html>not json</html>")
-        gte = datetime.fromisoformat(query["created_gte"])
-        lt = datetime.fromisoformat(query["created_lt"])
+            return json_answer(200, b"<html>not json</html>")
+        gte = datetime.fromisoformat(request.query["created_gte"])
+        lt = datetime.fromisoformat(request.query["created_lt"])
         listed = [r for r in self.records if gte <= datetime.fromisoformat(r["created_at"]) < lt]
-        start = int(query.get("cursor", 0))
+        start = int(request.query.get("cursor", 0))
         page = listed[start : start + self.page_size]
         more = start + self.page_size < len(listed)
         body = {"data": page, "next_cursor": str(start + self.page_size) if more else None}
-        self._send(200, json.dumps(body).encode())
-
-    def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+        return json_answer(200, json.dumps(body).encode(), delay=3 if self.mode == "slow" else 0)
 
 
 def http_options(base_url: str, **more: Any) -> dict[str, Any]:
@@ -80,16 +75,16 @@ def http_options(base_url: str, **more: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def sender(settings) -> Iterator[type[Sender]]:
-    Sender.records, Sender.requests, Sender.mode = [], [], "ok"
-    with serving(Sender) as base_url:
-        reconcile_with(settings, "shop", OPTIONS=http_options(base_url))
+def sender(settings) -> Iterator[Sender]:
+    sender = Sender()
+    with hostile_peer(sender.script, path="") as peer:
+        sender.base_url = peer.url
+        reconcile_with(settings, "shop", OPTIONS=http_options(peer.url))
         settings.WEBHOOK_RECEIVER = {
             **settings.WEBHOOK_RECEIVER,
             "STATE_COMPARISON": "project.shop.reconcile.OrderStates",
         }
-        Sender.base_url = base_url
-        yield Sender
+        yield sender
 
 
 def listed(event_id: str, body: bytes, created_at: datetime) -> dict:
@@ -341,16 +336,17 @@ def test_runs_and_items_are_shown_read_only_in_the_admin(client, admin_client, s
     assert add.status_code == 403
 
 
-class StripeEvents(BaseHTTPRequestHandler):
+@dataclass
+class StripeEvents:
     """Stripe's Events list, as far as the SDK reads it: created[gte]/[lt], limit,
     starting_after, has_more."""
 
-    events: list[dict] = []
-    requests: list[dict] = []
+    events: list[dict]
+    requests: list[dict] = field(default_factory=list)
 
-    def do_GET(self) -> None:  # noqa: N802
-        query = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
-        StripeEvents.requests.append(query)
+    def script(self, raw: bytes) -> Chunks:
+        query = parsed(raw).query
+        self.requests.append(query)
         gte, lt = int(query["created[gte]"]), int(query["created[lt]"])
         listed = [e for e in self.events if gte <= e["created"] < lt]
         if "starting_after" in query:
@@ -363,15 +359,7 @@ class StripeEvents(BaseHTTPRequestHandler):
             "has_more": len(listed) > limit,
             "data": listed[:limit],
         }
-        payload = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args) -> None:
-        pass
+        return json_answer(200, json.dumps(body).encode())
 
 
 def test_the_stripe_adapter_reads_the_events_list_through_the_sdk(client, settings):
@@ -384,21 +372,22 @@ def test_the_stripe_adapter_reads_the_events_list_through_the_sdk(client, settin
         {"id": "evt_0", "type": "order.paid", "data": {"order_id": "s1", "version": 1}}
     ).encode()
     assert post(client, "stripe", applied, stripe_headers(applied)).status_code == 200
-    StripeEvents.requests = []
-    StripeEvents.events = [
-        {
-            "id": f"evt_{n}",
-            "object": "event",
-            "type": "customer.updated",
-            "created": int(now.timestamp()),
-            "data": {"object": {"id": f"cus_{n}"}},
-        }
-        for n in range(150)
-    ]
+    stripe = StripeEvents(
+        [
+            {
+                "id": f"evt_{n}",
+                "object": "event",
+                "type": "customer.updated",
+                "created": int(now.timestamp()),
+                "data": {"object": {"id": f"cus_{n}"}},
+            }
+            for n in range(150)
+        ]
+    )
 
     # when
-    with serving(StripeEvents) as base_url:
-        options = {"API_KEY": "sk_test_local", "API_BASE": base_url}
+    with hostile_peer(stripe.script, path="") as api:
+        options = {"API_KEY": "sk_test_local", "API_BASE": api.url}
         reconcile_with(settings, "stripe", ADAPTER="stripe", OPTIONS=options)
         run = reconciliation_run(source_slug="stripe", now=later())
 
@@ -407,27 +396,17 @@ def test_the_stripe_adapter_reads_the_events_list_through_the_sdk(client, settin
     assert run.sender_records == 150
     assert run.counts["missing"] == 149
     assert not RepairItem.objects.filter(event_key="evt_0").exists()
-    assert [r.get("starting_after") for r in StripeEvents.requests] == [None, "evt_99"]
+    assert [r.get("starting_after") for r in stripe.requests] == [None, "evt_99"]
 
 
-class StripeRefuses(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        body = (
-            b'{"error": {"message": "Invalid API Key provided", "type": "invalid_request_error"}}'
-        )
-        self.send_response(401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+STRIPE_REFUSES = (
+    b'{"error": {"message": "Invalid API Key provided", "type": "invalid_request_error"}}'
+)
 
 
 def test_a_stripe_key_refused_fails_the_run_with_stripes_reason(settings):
-    with serving(StripeRefuses) as base_url:
-        options = {"API_KEY": "sk_test_wrong", "API_BASE": base_url}
+    with hostile_peer(lambda request: json_answer(401, STRIPE_REFUSES), path="") as api:
+        options = {"API_KEY": "sk_test_wrong", "API_BASE": api.url}
         reconcile_with(settings, "stripe", ADAPTER="stripe", OPTIONS=options)
         run = reconciliation_run(source_slug="stripe", now=later())
 

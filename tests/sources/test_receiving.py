@@ -20,6 +20,7 @@ from tests.support.signing import reserved, standard_headers
 from webhook_receiver.conf import app_settings
 from webhook_receiver.core.fingerprints import secret_fingerprint
 from webhook_receiver.models import RejectionTally, RequestAudit, WebhookReceipt, WebhookSource
+from webhook_receiver.outbound.encryption import SecretsUnreadable
 from webhook_receiver.sources.lookup import records, source_lookup
 from webhook_receiver.sources.operations import (
     source_secret_add,
@@ -251,14 +252,15 @@ def test_records_no_key_decrypts_are_answered_503_and_the_settings_go_on(client,
 
     # when
     record = post(client, "acme", body, headers)
-    failed_read = records._snapshot
-    made_up = post(client, "made-up", body, headers)
+    with CaptureQueriesContext(connection) as captured:
+        made_up = post(client, "made-up", body, headers)
     shop_body, shop_headers = signed(SHOP_SECRET, "ord_shop")
     settings_source = post(client, "shop", shop_body, shop_headers)
 
     # then: nothing accepted on guesswork (the sender retries), and the failed read is
     # kept for the TTL like any snapshot: the made-up slug did not read again
     assert record.status_code == made_up.status_code == 503
-    assert failed_read is not None and failed_read.error is not None
-    assert records._snapshot is failed_read
+    assert reads_of_sources(captured) == 0
+    with pytest.raises(SecretsUnreadable):
+        records.current()
     assert settings_source.status_code == 200

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
 
 # an answer: (seconds to wait, bytes to send) in turn
 Chunks = Iterable[tuple[float, bytes]]
@@ -24,13 +25,43 @@ class Peer:
     written: int = 0
 
 
-def answer(status: int, headers: dict[str, str] | list[tuple[str, str]], body: bytes) -> bytes:
+Headers = dict[str, str] | list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a script reads of a request: its path, query (each name's first value) and
+    headers (names lower-cased)."""
+
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+
+
+def answer(status: int, headers: Headers, body: bytes) -> bytes:
     """A whole HTTP/1.1 answer, its Content-Length counted; header values as given."""
+    return answer_head(status, headers, len(body)) + body
+
+
+def answer_head(status: int, headers: Headers, length: int) -> bytes:
+    """An answer's status line and headers, announcing a body of ``length`` bytes."""
     pairs = list(headers.items()) if isinstance(headers, dict) else list(headers)
     lines = [f"HTTP/1.1 {status} Whatever".encode()]
     lines += [f"{name}: ".encode() + _raw(value) for name, value in pairs]
-    lines += [f"content-length: {len(body)}".encode(), b"connection: close"]
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+    lines += [f"content-length: {length}".encode(), b"connection: close"]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def parsed(request: bytes) -> Request:
+    """A request as ``hostile_peer`` hands it to a script, read."""
+    line, *fields = request.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+    target = urlsplit(line.split(" ")[1])
+    headers = {}
+    for field_line in fields:
+        name, _, value = field_line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    query = {name: values[0] for name, values in parse_qs(target.query).items()}
+    return Request(target.path, query, headers)
 
 
 def _raw(value: str) -> bytes:

@@ -8,14 +8,16 @@ user (Debian's), and the cluster's directory is given to that user.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import pytest
@@ -24,6 +26,7 @@ import redis
 from tests.bench.server import free_port
 
 STARTUP_SECONDS = 30
+S = TypeVar("S")
 
 
 def _wait(condition, what: str, seconds: float = STARTUP_SECONDS) -> None:
@@ -110,8 +113,9 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.directory / "pg.log"),
                   "-o", options, "-w", "start")  # fmt: skip
 
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m mode``: "immediate" is a crash, recovered at the next start."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def _dsn(self, database: str) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={database}"
@@ -140,6 +144,7 @@ class PrivatePgBouncer:
         binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
         if binary is None:
             pytest.skip("needs pgbouncer (apt-get install pgbouncer; .ci/run installs it)")
+        self.directory.chmod(0o755)  # PgBouncer's user reads its files here
         (self.directory / "users.txt").write_text('"postgres" ""\n')
         config = self.directory / "pgbouncer.ini"
         config.write_text(
@@ -174,50 +179,49 @@ class PrivatePgBouncer:
 
 
 @contextmanager
-def _directory(prefix: str) -> Iterator[Path]:
+def _serving(
+    prefix: str, server_in: Callable[[Path], S], up: Callable[[S], None], down: Callable[[S], None]
+) -> Iterator[S]:
+    """A server in a temporary directory of its own, brought up, and down at the end."""
     # not pytest's tmp_path: PostgreSQL's user must reach it, and a socket path must be short
-    path = Path(tempfile.mkdtemp(prefix=prefix))
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        yield path
+        server = server_in(directory)
+        up(server)
+        try:
+            yield server
+        finally:
+            down(server)
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
 def private_redis() -> Iterator[PrivateRedis]:
-    with _directory("wr-redis-") as directory:
-        server = PrivateRedis(directory)
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    with _serving("wr-redis-", PrivateRedis, PrivateRedis.start, PrivateRedis.stop) as server:
+        yield server
 
 
 @pytest.fixture
 def private_postgres() -> Iterator[PrivatePostgres]:
-    with _directory("wr-pg-") as directory:
-        server = PrivatePostgres(directory)
-        server.create()
-        try:
-            yield server
-        finally:
-            with suppress(subprocess.CalledProcessError):  # stopped by the test already
-                server.stop()
+    with _serving(
+        "wr-pg-", PrivatePostgres, PrivatePostgres.create, _stop_unless_stopped
+    ) as server:
+        yield server
+
+
+def _stop_unless_stopped(server: PrivatePostgres) -> None:
+    with suppress(subprocess.CalledProcessError):  # stopped by the test already
+        server.stop()
 
 
 @contextmanager
 def running_pgbouncer(pool_size: int = 4) -> Iterator[PrivatePgBouncer]:
     """PgBouncer in transaction mode, ``pool_size`` server connections a database (the
     tests' and ``make bench``'s ``--pgbouncer``)."""
-    with _directory("wr-pgb-") as directory:
-        directory.chmod(0o755)
-        server = PrivatePgBouncer(directory, pool_size=pool_size)
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    in_directory = functools.partial(PrivatePgBouncer, pool_size=pool_size)
+    with _serving("wr-pgb-", in_directory, PrivatePgBouncer.start, PrivatePgBouncer.stop) as server:
+        yield server
 
 
 @pytest.fixture

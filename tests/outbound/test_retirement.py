@@ -24,7 +24,7 @@ from webhook_receiver.outbound.relay.record import relay_record
 from webhook_receiver.outbound.relay.run import destination_relay
 from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.outbound.retirement import GONE_REASON
-from webhook_receiver.outbound.trigger import relay_sweep
+from webhook_receiver.outbound.trigger import outbox_sweep
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -91,7 +91,7 @@ def test_a_410_disables_the_destination_and_holds_its_messages(receiver, ops, ca
 
     # when: the sweep (the notice aside) and another run come
     OutboxMessage.objects.filter(destination=ops).delete()
-    assert relay_sweep() == 0
+    assert outbox_sweep() == 0
     destination_relay(destination_id=dest.pk)
 
     # then: still held

@@ -175,7 +175,6 @@ WEBHOOK_RECEIVER = {
     "STATE_COMPARISON": "project.shop.reconcile.OrderStates",
     "AUDIT_RETENTION_DAYS": env.int("WEBHOOK_AUDIT_RETENTION_DAYS", default=30),
     "RECEIPT_RETENTION_DAYS": env.int("WEBHOOK_RECEIPT_RETENTION_DAYS", default=35),
-    "DUPLICATE_CHECK": env.str("WEBHOOK_DUPLICATE_CHECK", default="adaptive"),
     "LOCK_TIMEOUT_MS": env.int("WEBHOOK_LOCK_TIMEOUT_MS", default=2000),
     "STATEMENT_TIMEOUT_MS": env.int("WEBHOOK_STATEMENT_TIMEOUT_MS", default=5000),
     # silence alerts: logged at ERROR, mailed to ADMINS, and sent as signals

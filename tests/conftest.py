@@ -42,16 +42,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_duplicate_share() -> Iterator[None]:
-    """Each test starts with no history of duplicates (so "adaptive" claims first)."""
-    from webhook_receiver.inbound.claim import duplicate_share
-
-    duplicate_share._shares.clear()
-    yield
-    duplicate_share._shares.clear()
-
-
-@pytest.fixture(autouse=True)
 def _fresh_source_records() -> Iterator[None]:
     """Each test reads the source records afresh: a snapshot of the last test's rows
     (rolled back since) must not answer for this one's."""
@@ -60,13 +50,6 @@ def _fresh_source_records() -> Iterator[None]:
     records.clear()
     yield
     records.clear()
-
-
-@pytest.fixture(params=["claim_first", "read_first"])
-def duplicate_check(request, settings) -> str:
-    """Run a test under each order of the first statement (DUPLICATE_CHECK)."""
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DUPLICATE_CHECK": request.param}
-    return request.param
 
 
 @pytest.fixture

@@ -18,10 +18,6 @@ from webhook_receiver.inbound.audit import AuditDraft
 from webhook_receiver.inbound.claim import event_claim_and_apply
 from webhook_receiver.models import RequestAudit, WebhookReceipt
 
-# Every test here runs under both orders of the first statement (DUPLICATE_CHECK).
-pytestmark = pytest.mark.usefixtures("duplicate_check")
-
-
 ORDERS = ["ord_a", "ord_b", "ord_c"]
 SKUS = ["SKU-1", "SKU-2", "SKU-3"]
 KINDS = [

@@ -22,13 +22,9 @@ from tests.support.http import post
 from tests.support.paths import REPO
 from tests.support.signing import as_meta, event_body, reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
-from webhook_receiver.inbound.claim import DuplicateShare, duplicate_share
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
 
 URL = "/webhooks/shop/"
-
-# Every test here runs under both orders of the first statement (DUPLICATE_CHECK).
-pytestmark = pytest.mark.usefixtures("duplicate_check")
 
 
 def with_handler(event_type: str, path: str):
@@ -378,49 +374,3 @@ def test_concurrent_versions_of_one_order_converge_on_the_highest(threaded_serve
     state = OrderState.objects.get(order_id="ord_versions")
     assert state.version == 32
     assert WebhookReceipt.objects.count() == 32
-
-
-# --- the adaptive order of the first statement ----------------------------------------
-
-
-@pytest.mark.django_db
-def test_adaptive_reads_first_only_while_most_recent_deliveries_are_duplicates(client, settings):
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DUPLICATE_CHECK": "adaptive"}
-    bodies = [reserved(f"ord_ad{i}", ("SKU-A", 1)) for i in range(40)]
-    ids = [f"msg_adaptive_{i}" for i in range(40)]
-
-    def deliver_all() -> list[str]:
-        return [
-            post(client, "shop", body, standard_headers(body, msg_id=msg_id)).json()["status"]
-            for body, msg_id in zip(bodies, ids, strict=True)
-        ]
-
-    # new events: the claim goes first
-    assert deliver_all() == ["applied"] * 40
-    assert not duplicate_share.read_first("shop")
-
-    # a redelivery storm: once duplicates are the majority, the read goes first
-    assert deliver_all() == ["duplicate"] * 40
-    assert duplicate_share.read_first("shop")
-    assert not duplicate_share.read_first("stripe")  # each source keeps its own share
-
-    # whichever order answered, every delivery left its record, and nothing applied twice
-    assert InventoryLedgerEntry.objects.count() == 40
-    results = RequestAudit.objects.values_list("result", flat=True)
-    assert sorted(set(results)) == ["applied", "duplicate"]
-    assert RequestAudit.objects.filter(result="duplicate").count() == 40
-
-    # new events again: back to claiming first
-    bodies = [reserved(f"ord_ad_new{i}", ("SKU-A", 1)) for i in range(40)]
-    ids = [f"msg_adaptive_new_{i}" for i in range(40)]
-    assert deliver_all() == ["applied"] * 40
-    assert not duplicate_share.read_first("shop")
-
-
-def test_retries_and_replays_do_not_move_the_duplicate_share():
-    share = DuplicateShare()
-
-    for _ in range(50):
-        share.observe("shop", duplicate=True, counts=False)
-
-    assert share._shares.get("shop", 0.0) == 0.0

@@ -13,10 +13,14 @@ Every wait is bounded (LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS), from the delivery
 statement on: the bounds travel with it in the same round trip (faults.execute_bounded),
 so a locked receipts table fails the delivery fast, to be captured as deferred.
 
-A duplicate can be answered two ways, equally correct: by a read before the claim (one
-statement, no transaction, but a wasted round trip for every new event), or by the
-claim itself, which then finds the key taken. ``DuplicateShare`` picks the cheaper
-order for the recent traffic of each source (setting ``DUPLICATE_CHECK``).
+The claim always comes first, and answers duplicates too. On PostgreSQL, for a request,
+the receive path's own SQL is one statement either way: the claim, which writes the
+audit record with the receipt, or, finding the key taken, returns the receipt's stored
+outcome, records the delivery as a duplicate and, in a transaction of our own, lets that
+commit go without waiting for its WAL flush. On SQLite the audit record is a statement
+of its own, and so is a duplicate's read of its outcome. (A read before the claim would
+answer a duplicate without a transaction, at a round trip more for every new event;
+most traffic is new events.)
 """
 
 from __future__ import annotations
@@ -70,53 +74,34 @@ def event_claim_and_apply(
     params = _params(
         event, body=body, headers=headers, result=expected, audit=audit, received_at=received_at
     )
-    # A duplicate's audit record may commit without waiting for its WAL flush, but only
-    # in a transaction of our own: a caller's keeps its durability. (Without an audit
-    # record a duplicate writes nothing, so there is nothing to flush.)
-    relax = (
-        audit is not None and connection.vendor == "postgresql" and not connection.in_atomic_block
-    )
-    with connection.cursor() as cursor:  # one cursor for the first statements: it is not free
-        # Read first (while duplicates are common, see DuplicateShare): one statement
-        # answers a duplicate and writes its audit record. It is not the guard: a miss
-        # goes on to the claim, which alone decides.
-        if duplicate_share.read_first(event.source):
-            stored = _read_duplicate(cursor, params, audited=audit is not None, relax=relax)
-            if stored is not None:
-                duplicate_share.observe(event.source, duplicate=True, counts=audit is not None)
-                return _duplicate(event, stored)
-
-        with transaction.atomic():
-            claim = _claim(cursor, params, audited=audit is not None)
-            duplicate_share.observe(
-                event.source, duplicate=claim.receipt_id is None, counts=audit is not None
-            )
-            if claim.receipt_id is None:
-                # The key was claimed before, or by a concurrent delivery (ON CONFLICT
-                # waited for it to commit): its outcome is readable now.
-                if relax:
-                    cursor.execute(queries.RELAX_COMMIT)
-                stored = claim.stored_outcome
-                if stored is None:  # (a rare read: its bounds are set again, in its trip)
-                    unrecorded = audit is not None and claim.audit_id is None
-                    stored = _read_duplicate(cursor, params, audited=unrecorded) or {}
-                return _duplicate(event, stored)
-
-            if handler:
-                with tracing.span("webhook.handler", event_type=event.event_type):
-                    result = handler(event) or expected
-            else:
-                result = expected
-            if result != expected:
-                params |= sql.adapt(_result_values(event, result), WebhookReceipt)
-                params |= {"receipt_id": claim.receipt_id, "audit_id": claim.audit_id}
-                cursor.execute(queries.UPDATE_RECEIPT_RESULT, params)
-                if claim.audit_id is not None:
-                    cursor.execute(queries.UPDATE_AUDIT_RESULT, params)
-            if resolve_failures and claim.has_open_failure:
-                _resolve_open_failure(event, resolution=result.status)
+    with connection.cursor() as cursor, transaction.atomic():
+        # one cursor for the delivery's statements: it is not free
+        claim = _claim(cursor, params, audited=audit is not None)
+        if claim.receipt_id is None:
+            # The key was claimed before, or by a concurrent delivery (ON CONFLICT waited
+            # for it to commit): its outcome is readable now.
+            stored = claim.stored_outcome
+            if stored is None:  # SQLite, a retry or replay, or a receipt the claim's
+                stored = _read_outcome(cursor, params)  # snapshot did not see
             if audit is not None and claim.audit_id is None:  # SQLite: not written yet
-                cursor.execute(queries.INSERT_AUDIT, params | {"response_status": 200})
+                cursor.execute(queries.INSERT_AUDIT, params | _DUPLICATE_AUDIT)
+            return _duplicate(event, stored)
+
+        if handler:
+            with tracing.span("webhook.handler", event_type=event.event_type):
+                result = handler(event) or expected
+        else:
+            result = expected
+        if result != expected:
+            params |= sql.adapt(_result_values(event, result), WebhookReceipt)
+            params |= {"receipt_id": claim.receipt_id, "audit_id": claim.audit_id}
+            cursor.execute(queries.UPDATE_RECEIPT_RESULT, params)
+            if claim.audit_id is not None:
+                cursor.execute(queries.UPDATE_AUDIT_RESULT, params)
+        if resolve_failures and claim.has_open_failure:
+            _resolve_open_failure(event, resolution=result.status)
+        if audit is not None and claim.audit_id is None:  # SQLite: not written yet
+            cursor.execute(queries.INSERT_AUDIT, params | {"response_status": 200})
     return ReceiveOutcome(
         status=result.status, event_key=event.event_key, outcome=_outcome(event, result)
     )
@@ -150,6 +135,10 @@ def _params(
     }
     if audit is not None:
         row |= audit.claim_values()
+        # A duplicate's audit record may commit without waiting for its WAL flush (it
+        # changes no business state), but only in a transaction of our own: a caller's
+        # keeps its durability.
+        row["relax_duplicate"] = not connection.in_atomic_block
     return sql.adapt(row, WebhookReceipt, RequestAudit)
 
 
@@ -161,6 +150,10 @@ def _result_values(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]
         "subject": storable.text(result.subject or event.subject, 255),
         "outcome": _outcome(event, result),
     }
+
+
+# a duplicate's audit record, where the claim did not write it (SQLite)
+_DUPLICATE_AUDIT = {"result": queries.DUPLICATE, "response_status": 200}
 
 
 def _duplicate(event: WebhookEvent, stored: Mapping[str, Any]) -> ReceiveOutcome:
@@ -179,19 +172,12 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
     return outcome
 
 
-def _read_duplicate(
-    cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool, relax: bool = False
-) -> dict[str, Any] | None:
-    """The stored outcome of a key that has a receipt, else None; with ``audited``, the
-    same statement records this delivery as a duplicate (and writes nothing for a new
-    key). ``relax`` only outside any transaction: the statement is then its own."""
-    if not audited:
-        statement = queries.READ_OUTCOME
-    else:
-        statement = queries.RECORD_DUPLICATE_RELAXED if relax else queries.RECORD_DUPLICATE
-    faults.execute_bounded(cursor, statement, params)
+def _read_outcome(cursor: CursorWrapper, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored outcome of a key the claim found taken (in the claim's transaction,
+    under its bounds)."""
+    cursor.execute(queries.READ_OUTCOME, params)
     found = cursor.fetchone()
-    return None if found is None else _stored_outcome(found[0])
+    return {} if found is None else _stored_outcome(found[0])
 
 
 def _stored_outcome(value: Any) -> dict[str, Any]:
@@ -212,7 +198,7 @@ class _Claim:
 def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -> _Claim:
     """INSERT the receipt unless (source, event_key) exists; on PostgreSQL, with
     ``audited``, the same statement writes the audit record and reads a duplicate's
-    stored outcome."""
+    stored outcome (and relaxes its commit, as ``relax_duplicate`` says)."""
     if connection.vendor != "postgresql":
         cursor.execute(queries.CLAIM_SQLITE, params)
         receipt_id, has_open_failure = cursor.fetchone() or (None, False)
@@ -224,7 +210,7 @@ def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -
         receipt_id, has_open_failure = cursor.fetchone()
         return _Claim(receipt_id, has_open_failure)
     faults.execute_bounded(cursor, queries.CLAIM_AUDITED, params)
-    receipt_id, has_open_failure, audit_id, stored = cursor.fetchone()
+    receipt_id, has_open_failure, audit_id, stored, _relaxed = cursor.fetchone()
     stored = _stored_outcome(stored) if stored is not None else None
     return _Claim(receipt_id, has_open_failure, audit_id, stored)
 
@@ -255,44 +241,6 @@ def failed_events_mark_resolved(ids: list[int], *, resolution: str, at: datetime
         next_attempt_at=None,
         updated_at=timezone.now(),
     )
-
-
-class DuplicateShare:
-    """Per process and source, the share of recent deliveries that were duplicates,
-    weighted over about the last ``1 / WEIGHT`` of them; it decides whether a delivery
-    starts by reading (DUPLICATE_CHECK "adaptive").
-
-    Reading first costs a new event one statement more and answers a duplicate with one
-    statement and no transaction; claiming first is the other way round. Most traffic
-    is new events, so the claim goes first; during a redelivery storm (a sender
-    replaying its backlog after an outage) duplicates are the majority and the read
-    goes first. Both orders are correct: the claim is the guard either way. Updated
-    without a lock: a lost update only nudges a heuristic.
-    """
-
-    WEIGHT = 1 / 16
-
-    def __init__(self) -> None:
-        self._shares: dict[str, float] = {}
-
-    def reset(self) -> None:
-        """Forget every share (the evaluation harness, between scenarios)."""
-        self._shares.clear()
-
-    def read_first(self, source: str) -> bool:
-        mode = app_settings().duplicate_check
-        if mode != "adaptive":
-            return mode == "read_first"
-        return self._shares.get(source, 0.0) >= 0.5
-
-    def observe(self, source: str, *, duplicate: bool, counts: bool = True) -> None:
-        """Record one delivery's answer (``counts``: retries and replays do not)."""
-        if counts:
-            share = self._shares.get(source, 0.0)
-            self._shares[source] = share + self.WEIGHT * (float(duplicate) - share)
-
-
-duplicate_share = DuplicateShare()
 
 
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -4,8 +4,8 @@ Parameters are named, and one dict per delivery holds them all (``claim._params`
 receipt's columns, the audit record's (the two share source, event key, message id,
 signature timestamp and receipt time, which are the same values), the ids and results
 that the later statements need, and the bounds. On PostgreSQL a delivery's first
-statement (the read, or the claim) is sent after ``faults.BOUND``, in the same round
-trip: its lock and statement timeouts bound that statement and the claim's transaction.
+statement, the claim, is sent after ``faults.BOUND``, in the same round trip: its lock
+and statement timeouts bound that statement and the rest of the claim's transaction.
 Table names are the models' ``db_table`` (a test checks them). Statements run on
 PostgreSQL and SQLite alike unless their comment says otherwise: only PostgreSQL lets
 one statement insert into two tables.
@@ -56,41 +56,21 @@ _HAS_OPEN_FAILURE = f"""
     )
 """
 
-# Retries and replays, which write no audit record: the stored outcome of a key that has
-# a receipt (no row for a new key).
+# A duplicate's answer where the claim statement did not return it (SQLite, retries and
+# replays, a receipt committed after the claim's snapshot): the key's stored outcome.
 READ_OUTCOME = """
     SELECT outcome FROM webhook_receiver_webhookreceipt
     WHERE source = %(source)s AND event_key = %(event_key)s
 """
-
-# Reading first: if the key has a receipt, record this delivery as a duplicate and return
-# the receipt's outcome; for a new key, write nothing and return no row.
-RECORD_DUPLICATE = f"""
-    {_AUDIT}
-    SELECT
-        source, %(message_id)s, event_key, %(signature_timestamp)s, %(verification)s,
-        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
-        %(secret_fingerprint)s, '{DUPLICATE}', 200
-    FROM webhook_receiver_webhookreceipt
-    WHERE source = %(source)s AND event_key = %(event_key)s
-    RETURNING (
-        SELECT outcome FROM webhook_receiver_webhookreceipt
-        WHERE source = %(source)s AND event_key = %(event_key)s
-    )
-"""
-# The same, run as a transaction of its own (autocommit, PostgreSQL), which then commits
-# without waiting for its WAL flush: a duplicate changes no business state. The setting
-# ends with this one statement, whatever the order its predicates are evaluated in, so it
-# can never reach a claim's transaction.
-RECORD_DUPLICATE_RELAXED = RECORD_DUPLICATE.replace(
-    "RETURNING", "AND set_config('synchronous_commit', 'off', true) IS NOT NULL\n    RETURNING"
-)
 
 # The claim (PostgreSQL), for a request: insert the receipt unless its key is taken, and
 # write the delivery's audit record, with the expected result or as a duplicate. Returns
 # the receipt's id (NULL: the key was taken), whether the key is held as a failed event,
 # the audit record's id, and a duplicate's stored outcome (NULL when the receipt was
 # committed by a concurrent claim after this statement's snapshot: read it again).
+# With %(relax_duplicate)s (a transaction of our own), a duplicate's transaction then
+# commits without waiting for its WAL flush: it changes no business state. A new event's
+# never does. (The fifth column only evaluates set_config; its value is ignored.)
 CLAIM_AUDITED = f"""
     WITH claimed AS ({_INSERT_RECEIPT} RETURNING id),
     audited AS (
@@ -106,7 +86,9 @@ CLAIM_AUDITED = f"""
         (SELECT id FROM audited),
         (SELECT outcome FROM webhook_receiver_webhookreceipt
          WHERE NOT EXISTS (SELECT 1 FROM claimed)
-           AND source = %(source)s AND event_key = %(event_key)s)
+           AND source = %(source)s AND event_key = %(event_key)s),
+        CASE WHEN %(relax_duplicate)s AND NOT EXISTS (SELECT 1 FROM claimed)
+            THEN set_config('synchronous_commit', 'off', true) END
 """
 
 # The claim (PostgreSQL) for retries and replays: the receipt alone. Returns the
@@ -119,11 +101,6 @@ CLAIM = f"""
 # The claim (SQLite), with or without a request: as CLAIM, but no row at all when the
 # key was taken (SQLite's RETURNING answers only for the rows it inserted).
 CLAIM_SQLITE = f"{_INSERT_RECEIPT} RETURNING id, {_HAS_OPEN_FAILURE}"
-
-# A duplicate found by the claim, in a transaction of our own (PostgreSQL): it changes
-# no business state, so let it commit without waiting for its WAL flush. Issued on that
-# branch only, once the claim has said that the key was taken.
-RELAX_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 # A handler's result differs from the one the receipt went in with: correct the receipt…
 UPDATE_RECEIPT_RESULT = """

@@ -21,14 +21,15 @@ def test_a_non_positive_retention_knob_is_a_configuration_error(key):
     assert key in errors[0].msg
 
 
-def test_an_unknown_duplicate_check_is_a_configuration_error():
+def test_the_removed_claim_mode_setting_is_refused_naming_what_replaces_it():
     from django.core.checks import run_checks
 
-    with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "DUPLICATE_CHECK": "sometimes"}):
+    with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "DUPLICATE_CHECK": "adaptive"}):
         errors = [e for e in run_checks() if e.id == "webhook_receiver.E001"]
 
     assert len(errors) == 1
     assert "DUPLICATE_CHECK" in errors[0].msg
+    assert "always starts with the claim" in errors[0].msg
 
 
 def test_an_sqlite_without_returning_is_a_configuration_error(monkeypatch):

@@ -35,16 +35,10 @@ CODE_SUFFIXES = {".py", ".html", ".txt", ".yml", ".yaml", ".json", ".conf", ".to
 # Links in pages that other work rewrites, listed with where they now lead; a test fails
 # once one is no longer needed, so that the list only ever shrinks.
 # page -> {link as written: where it now leads}
-KNOWN_STALE: dict[str, dict[str, str]] = {
-    "configuration.md": {
-        "design.md#read-first-or-claim-first-duplicate_check": "(the setting is removed)",
-    },
-}
+KNOWN_STALE: dict[str, dict[str, str]] = {}
 
 # Code that still names a page from before: file -> {page as named: where it now is}.
-KNOWN_STALE_IN_CODE: dict[str, dict[str, str]] = {
-    "webhook_receiver/conf/__init__.py": {"docs/design.md": "(the setting is removed)"},
-}
+KNOWN_STALE_IN_CODE: dict[str, dict[str, str]] = {}
 
 
 def github_anchor(heading: str) -> str:

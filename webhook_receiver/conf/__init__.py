@@ -36,7 +36,6 @@ from .readers import (
     milliseconds,
     name_list,
     network_list,
-    one_of,
     parse_networks,
     plain_dict,
     proxy_url,
@@ -58,7 +57,12 @@ __all__ = [
 
 # keys no longer read: key -> what replaces it. A host still setting one is refused at
 # start-up (E001) with that text, rather than have it silently ignored.
-REMOVED_KEYS: dict[str, str] = {}
+REMOVED_KEYS: dict[str, str] = {
+    "DUPLICATE_CHECK": (
+        "nothing: a delivery always starts with the claim, which answers a duplicate too "
+        "(removed in 0.2; delete the key)"
+    ),
+}
 
 
 @reader("slug → the keys of a source (below)")
@@ -134,18 +138,6 @@ class AppSettings:
         1000,
         at_least_one(int),
         "rows deleted per statement by the purge tasks",
-    )
-    duplicate_check: str = key(
-        "DUPLICATE_CHECK",
-        "adaptive",
-        one_of("adaptive", "read_first", "claim_first"),
-        "how a delivery starts: `read_first` (look up the stored outcome: a duplicate costs "
-        "one statement, a new event a round trip more), `claim_first` (the claim answers "
-        "duplicates too: a new event costs no read, a duplicate a transaction), or "
-        "`adaptive`: per process and source, read first while at least half of the last ~16 "
-        "deliveries were duplicates (a redelivery storm), claim first otherwise. All three "
-        "are equally correct; see "
-        "[docs/design.md](design.md#read-first-or-claim-first-duplicate_check)",
     )
     lock_timeout_ms: int = key(
         "LOCK_TIMEOUT_MS",

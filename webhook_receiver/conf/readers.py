@@ -56,17 +56,6 @@ def whole_seconds(value: Any, where: str) -> timedelta:
     return timedelta(seconds=value)
 
 
-def one_of(*choices: str) -> Reader:
-    def read(value: Any, where: str) -> str:
-        if value not in choices:
-            raise ImproperlyConfigured(
-                f"{where} must be one of {', '.join(choices)}, not {value!r}."
-            )
-        return str(value)
-
-    return Reader("one of " + ", ".join(f"`{c}`" for c in choices), read)
-
-
 @reader("a number between 0 and 1, both excluded")
 def fraction(value: Any, where: str) -> float:
     try:

@@ -314,15 +314,28 @@ def outbound_checks(planned: list[PlannedEvent], state: dict, book) -> list[Chec
     return [Check(OUTBOUND_ONCE, ok, detail, figures)]
 
 
+# PostgreSQL's WAL writer flushes a commit that did not wait within 3 x wal_writer_delay
+# (200 ms by default): a crash may lose what was answered that long before it, and a
+# little more for the sender's clock to read the answer.
+RELAXED_COMMIT_SECONDS = 1.0
+
+
 def audit_check(requests: Requests, state: dict, outages: list[tuple[float, float]]) -> Check:
     """Audit records against requests. A request the sender got an answer for reached
     the app: a 200 or 202 must have exactly one verified record; a 503 has one when the
     database took it (not while it was down). A request without an answer may or may
     not have reached it (0 or 1 record); one that found no connection never did (none).
     Refusals are counted in their minute's tally, records + unrecorded = requests; the
-    tally misses only refusals answered while the database was down."""
+    tally misses only refusals answered while the database was down.
+
+    A duplicate's record and a refusal's are committed without waiting for their WAL
+    flush (docs/receiving.md): a crash (``postgres_stop`` is ``-m immediate``) may lose
+    those answered within the WAL writer's delay before it. ``outages`` start
+    RELAXED_COMMIT_SECONDS before each crash for that reason."""
     answered: dict[str, Counter] = defaultdict(Counter)
     ambiguous: Counter = Counter()
+    # duplicates answered 2xx around a crash: their records may be lost (0 or 1 each)
+    relaxed: Counter = Counter()
     statuses: Counter = Counter()
     refused = no_answer = 0
     refusals: Counter = Counter()  # 401 answers by reason
@@ -332,6 +345,9 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
             statuses[status] += 1
             if kind == "real":
                 answered[msg_id]["2xx" if 200 <= status < 300 else str(status)] += 1
+                in_outage = any(a <= t0 <= b for a, b in outages)
+                if answer == "duplicate" and 200 <= status < 300 and in_outage:
+                    relaxed[msg_id] += 1
             elif status == 401:
                 refusals[answer] += 1
                 if any(a <= t0 <= b for a, b in outages):
@@ -351,7 +367,7 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
     problems = []
     for msg_id in set(answered) | set(audited):
         a, v, amb = answered[msg_id], audited[msg_id], ambiguous[msg_id]
-        if not a["2xx"] <= v["2xx"] <= a["2xx"] + amb:
+        if not a["2xx"] - relaxed[msg_id] <= v["2xx"] <= a["2xx"] + amb:
             problems.append(f"{msg_id}: {a['2xx']} answered 2xx, {v['2xx']} records")
         elif v["503"] > a["503"] + amb or sum(v.values()) > sum(a.values()) + amb:
             problems.append(f"{msg_id}: records {dict(v)} for answers {dict(a)} (+{amb})")

@@ -351,7 +351,11 @@ def _conclude(stack, faults, planned, requests_path, out, log, truth, meta) -> i
     tail = json.loads(lines[-1])
     requests = checks.Requests([json.loads(x) for x in lines[:-1]], tail["gave_up"], tail["open"])
     state = checks.database_state(stack.postgres_dsn)
-    outages = [(w.start, w.end + 5) for w in faults.windows if w.name == "postgres_stop"]
+    outages = [
+        (w.start - checks.RELAXED_COMMIT_SECONDS, w.end + 5)
+        for w in faults.windows
+        if w.name == "postgres_stop"
+    ]
     book = stack.merchant.book
     results = checks.every_check(planned, state, requests, book, outages, faults.windows)
     if faults.errors:

@@ -42,6 +42,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_duplicate_share() -> Iterator[None]:
+    """Each test starts with no history of duplicates, so a request claims first until
+    the test's own duplicates say otherwise (or the ``storm`` fixture)."""
+    from webhook_receiver.inbound.claim import duplicate_share
+
+    duplicate_share.reset()
+    yield
+    duplicate_share.reset()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_source_records() -> Iterator[None]:
     """Each test reads the source records afresh: a snapshot of the last test's rows
     (rolled back since) must not answer for this one's."""
@@ -50,6 +61,16 @@ def _fresh_source_records() -> Iterator[None]:
     records.clear()
     yield
     records.clear()
+
+
+@pytest.fixture
+def storm() -> None:
+    """A redelivery storm on the "shop" source: its last 40 requests were duplicates, so
+    its requests read first (on PostgreSQL) until some ten new events have come."""
+    from webhook_receiver.inbound.claim import duplicate_share
+
+    for _ in range(40):
+        duplicate_share.observe("shop", duplicate=True)
 
 
 @pytest.fixture

@@ -53,6 +53,8 @@ def _double_effect(patch: Patch) -> None:
         return replace(found, receipt_id=0, stored_outcome=None)
 
     patch(claim, "_claim", claim_as_if_won)
+    # every duplicate goes through the claim: none is answered by a read first
+    patch(claim.duplicate_share, "read_first", lambda source: False)
 
 
 def _delivered_without_effect(patch: Patch) -> None:

@@ -122,9 +122,14 @@ def table_locked(session: psycopg.Connection, table: str, *, for_seconds: float)
         session.rollback()
 
 
-def test_a_locked_receipts_table_defers_within_the_bound(client, other_session, short_bounds):
-    # given: the receipts table locked for 10 s; the claim is the delivery's first
-    # statement on that table
+@pytest.mark.parametrize("storming", [False, True], ids=["claim first", "read first"])
+def test_a_locked_receipts_table_defers_within_the_bound(
+    client, other_session, short_bounds, storming, request
+):
+    # given: the receipts table locked for 10 s; the claim (or, during a storm, the read
+    # before it) is the delivery's first statement on that table
+    if storming:
+        request.getfixturevalue("storm")
     body = reserved("o_receipts", ("S-R", 1))
 
     # when

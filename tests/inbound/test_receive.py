@@ -15,16 +15,19 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Sum
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.support import handlers as test_handlers
 from tests.support.http import post
 from tests.support.paths import REPO
 from tests.support.signing import as_meta, event_body, reserved, standard_headers
-from webhook_receiver.handlers import HandlerResult, _registry, webhook_handler
+from webhook_receiver.handlers import HandlerResult, WebhookEvent, _registry, webhook_handler
+from webhook_receiver.inbound.claim import duplicate_share, event_claim_and_apply
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
 
 URL = "/webhooks/shop/"
+CLAIM_CLAUSE = "ON CONFLICT (source, event_key) DO NOTHING"  # in every claim statement
 
 
 def with_handler(event_type: str, path: str):
@@ -374,3 +377,83 @@ def test_concurrent_versions_of_one_order_converge_on_the_highest(threaded_serve
     state = OrderState.objects.get(order_id="ord_versions")
     assert state.version == 32
     assert WebhookReceipt.objects.count() == 32
+
+
+# --- a redelivery storm: the read goes first ------------------------------------------
+
+
+@pytest.mark.django_db
+def test_during_a_storm_the_read_answers_a_duplicate_and_a_miss_goes_on_to_the_claim(
+    client, storm, is_postgres
+):
+    # given: most of the source's recent requests were duplicates
+    body = reserved("ord_storm", ("SKU-A", 2))
+    headers = standard_headers(body, msg_id="msg_storm")
+
+    # when: a new event, then its duplicate
+    with CaptureQueriesContext(connection) as captured:
+        first = post(client, "shop", body, headers)
+        second = post(client, "shop", body, headers)
+
+    # then: the same answers and records as claiming first, the effect applied once
+    assert first.json() == {"status": "applied", "event_key": "msg_storm"}
+    assert second.json() == {
+        "status": "duplicate",
+        "event_key": "msg_storm",
+        "original": first.json(),
+    }
+    assert InventoryLedgerEntry.objects.filter(event_key="msg_storm").count() == 1
+    assert list(RequestAudit.objects.order_by("id").values_list("result", "response_status")) == [
+        ("applied", 200),
+        ("duplicate", 200),
+    ]
+    # and on PostgreSQL the duplicate was answered by the read alone, without a claim
+    claims = sum(CLAIM_CLAUSE in query["sql"] for query in captured.captured_queries)
+    assert claims == (1 if is_postgres else 2)
+
+
+@pytest.mark.django_db
+def test_the_read_goes_first_only_while_most_recent_requests_are_duplicates(client):
+    bodies = [reserved(f"ord_ad{i}", ("SKU-A", 1)) for i in range(40)]
+    ids = [f"msg_adaptive_{i}" for i in range(40)]
+
+    def deliver_all() -> list[str]:
+        return [
+            post(client, "shop", body, standard_headers(body, msg_id=msg_id)).json()["status"]
+            for body, msg_id in zip(bodies, ids, strict=True)
+        ]
+
+    # new events: the claim goes first
+    assert deliver_all() == ["applied"] * 40
+    assert not duplicate_share.read_first("shop")
+
+    # a redelivery storm: once duplicates are the majority, the read goes first
+    assert deliver_all() == ["duplicate"] * 40
+    assert duplicate_share.read_first("shop")
+    assert not duplicate_share.read_first("stripe")  # each source keeps its own share
+
+    # whichever order answered, every request left its record, and nothing applied twice
+    assert InventoryLedgerEntry.objects.count() == 40
+    assert RequestAudit.objects.filter(result="applied").count() == 40
+    assert RequestAudit.objects.filter(result="duplicate").count() == 40
+
+    # new events again: back to claiming first
+    bodies = [reserved(f"ord_ad_new{i}", ("SKU-A", 1)) for i in range(40)]
+    ids = [f"msg_adaptive_new_{i}" for i in range(40)]
+    assert deliver_all() == ["applied"] * 40
+    assert not duplicate_share.read_first("shop")
+
+
+@pytest.mark.django_db
+def test_retries_and_replays_do_not_move_the_duplicate_share():
+    event = WebhookEvent(
+        source="shop", event_key="msg_retried", event_type="customer.updated", payload={}
+    )
+
+    # a retry (or a replay) of one key, 40 times: no request among them
+    statuses = [
+        event_claim_and_apply(event=event, body=b"{}", headers={}).status for _ in range(40)
+    ]
+
+    assert statuses == [Result.IGNORED] + [Result.DUPLICATE] * 39
+    assert not duplicate_share.read_first("shop")

@@ -46,6 +46,7 @@ from django.db import connection, transaction
 
 from .. import schemes, signals, tasks
 from ..core import backoff
+from ..inbound import claim as inbound_claim
 from ..inbound.failures import failed_events_retry_due
 from ..inbound.models import FailedEvent
 from ..inbound.receive import webhook_receive
@@ -197,6 +198,7 @@ class Simulation:
         call_command("flush", interactive=False, verbosity=0)
         world.Receiver.create_table()
         cache.clear()
+        inbound_claim.duplicate_share.reset()
         world.current_receiver.reset()
         backoff.jitter.seed(self.seed)  # the production code's retry jitter
 

@@ -29,7 +29,7 @@ def test_the_removed_claim_mode_setting_is_refused_naming_what_replaces_it():
 
     assert len(errors) == 1
     assert "DUPLICATE_CHECK" in errors[0].msg
-    assert "always starts with the claim" in errors[0].msg
+    assert "starts with the claim" in errors[0].msg
 
 
 def test_an_sqlite_without_returning_is_a_configuration_error(monkeypatch):

@@ -232,3 +232,20 @@ def test_the_settings_object_reads_every_declared_default():
     assert set(declared(AppSettings)) == {
         f for f in AppSettings.__dataclass_fields__ if f != "signature_headers"
     }
+
+
+def test_the_settings_objects_never_show_a_secret_in_their_repr(settings):
+    from webhook_receiver.conf import app_settings
+
+    settings.WEBHOOK_RECEIVER = {
+        **settings.WEBHOOK_RECEIVER,
+        "METRICS_TOKEN": "metrics-token-not-to-be-shown-0123456789",
+        "SOURCES": {"acme": {"SECRETS": ["whsec_source_secret_not_to_be_shown_0123"]}},
+    }
+
+    shown = repr(app_settings())
+
+    assert "metrics-token-not-to-be-shown" not in shown
+    assert "source_secret_not_to_be_shown" not in shown
+    assert "destination_secret_keys" not in shown
+    assert "lock_timeout_ms=2000" in shown  # the rest still shows

@@ -253,6 +253,7 @@ class AppSettings:
         text_or_none,
         "the bearer token `/metrics/` requires; `None`: metrics are off (404). Shorter than "
         "24 characters: warning `W004`",
+        secret=True,
     )
     trace_effects: str | None = key(
         "TRACE_EFFECTS",
@@ -317,6 +318,7 @@ class AppSettings:
         "encrypts, every one decrypts; required once a destination has secrets. Rotate: put "
         "a new key first, run `manage.py webhook_destination reencrypt`, remove the old one "
         "([docs/sending.md](sending.md#secrets-at-rest-and-rotating-their-key))",
+        secret=True,
     )
     egress_allowed_networks: tuple[IPv4Network | IPv6Network, ...] = key(
         "EGRESS_ALLOWED_NETWORKS",

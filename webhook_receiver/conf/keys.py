@@ -48,11 +48,20 @@ class Key:
 
 
 def key(
-    name: str, default: Any, reader: Reader, meaning: str, *, shown_default: str | None = None
+    name: str,
+    default: Any,
+    reader: Reader,
+    meaning: str,
+    *,
+    shown_default: str | None = None,
+    secret: bool = False,
 ) -> Any:
     """A dataclass field declared as the key ``name``. The field has no default of its
-    own: ``read_keys`` gives every field its value, the default read like any other."""
-    return field(metadata={_METADATA: Key(name, default, reader, meaning, shown_default)})
+    own: ``read_keys`` gives every field its value, the default read like any other. A
+    ``secret`` is left out of the settings object's repr (a traceback or a log line may
+    show it)."""
+    declaration = Key(name, default, reader, meaning, shown_default)
+    return field(repr=not secret, metadata={_METADATA: declaration})
 
 
 def declared(cls: type) -> dict[str, Key]:

@@ -208,6 +208,7 @@ class SourceConfig:
         "24 bytes of key material (`standard`: the bytes that `whsec_`'s base64 decodes "
         "to; `stripe`, `github`: the secret's own UTF-8 bytes) is warning `W003`",
         shown_default="required",
+        secret=True,
     )
     tolerance_seconds: int = key(
         "TOLERANCE_SECONDS",

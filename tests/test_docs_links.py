@@ -1,5 +1,6 @@
-"""Every relative link of README.md and docs/*.md leads somewhere, and every docs page
-the code names exists: a page renamed or a heading reworded breaks a test, not a reader.
+"""Every relative link of README.md, CHANGELOG.md and docs/*.md leads somewhere, and
+every docs page the code names exists: a page renamed or a heading reworded breaks a
+test, not a reader.
 
 Anchors follow GitHub's rule for headings: lowercased, punctuation dropped (letters,
 digits, '_', '-' and spaces stay), each space a '-', and a repeated heading's anchor
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # [text](target) and [text](target "title"); images too. Autolinks (<https://…>) and
 # reference-style links are not used in these pages.

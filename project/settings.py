@@ -263,7 +263,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     "beat-heartbeat": {
         "task": "webhook_receiver.beat_heartbeat",
-        "schedule": 30.0,
+        # stale after two intervals: a stopped worker or beat is said within 40 s
+        "schedule": 20.0,
     },
     "purge-webhook-audit-records": {
         "task": "webhook_receiver.purge_audit_records",

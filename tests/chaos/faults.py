@@ -74,7 +74,7 @@ class Holds:
 
 
 # the worker stays frozen for a minute in both: what notices it (the relay's pickup, beat's
-# heartbeat at two of its intervals) needs 30 to 60 s, and a shorter freeze is not a fault
+# heartbeat at two of its intervals) needs 20 to 40 s, and a shorter freeze is not a fault
 # anyone could be told of
 SHORT = Holds(postgres_down=5, lock=10, snapshot=10, neighbours=15, frozen=60, broker_down=30,
               gap=4)  # fmt: skip

@@ -124,7 +124,7 @@ def repair(source: str, kind: str, key: str, by: ReconciliationRun) -> RepairIte
 
 def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
     """The command's exit code and output; with ``beat``, beat seen just now (as it is
-    every 30 s where beat runs), so that what is judged is the rest."""
+    every 20 s where beat runs), so that what is judged is the rest."""
     if beat:
         heartbeat_record()
     out = io.StringIO()
@@ -137,6 +137,6 @@ def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
 
 @pytest.fixture
 def beat_seen(db) -> None:
-    """Beat seen just now, as it is every 30 s where beat runs: the status judges the
+    """Beat seen just now, as it is every 20 s where beat runs: the status judges the
     rest (a test of beat's own absence leaves this out)."""
     heartbeat_record()

@@ -80,12 +80,12 @@ def test_a_stopped_broker_is_named_in_the_verdict_and_exits_2(broker, admin_clie
 @pytest.mark.parametrize(
     "age, code, verdict",
     [
-        (timedelta(seconds=45), 0, "OK: All 5 sources OK"),  # between two beats: fine
+        (timedelta(seconds=30), 0, "OK: All 5 sources OK"),  # between two beats: fine
         (timedelta(minutes=2), 2, "ALERT: beat not seen for 2 min"),
     ],
 )
 def test_a_heartbeat_older_than_two_intervals_is_an_alert(age, code, verdict):
-    # given: beat's last heartbeat, aged (the schedule sends one every 30 s)
+    # given: beat's last heartbeat, aged (the schedule sends one every 20 s)
     heartbeat_record(now=timezone.now() - age)
 
     # when
@@ -104,12 +104,12 @@ def test_beat_never_seen_is_an_alert_with_its_reason():
     assert document["beat"] == {
         "seen_at": None,
         "age_seconds": None,
-        "stale_after_seconds": 60.0,
-        "interval_seconds": 30.0,
+        "stale_after_seconds": 40.0,
+        "interval_seconds": 20.0,
     }
     (reason,) = document["reasons"]
     assert reason["code"] == "beat_not_seen"
-    assert "stale after 1 min, sent every 30 s" in reason["text"]
+    assert "stale after 40 s, sent every 20 s" in reason["text"]
 
 
 def test_health_after_a_broker_outage_says_it_waits_for_beats_next_heartbeat(broker, client):
@@ -132,8 +132,8 @@ def test_health_after_a_broker_outage_says_it_waits_for_beats_next_heartbeat(bro
     beat = body["BeatHeartbeat(name='beat')"]
     assert beat.startswith("Unavailable: beat last seen 183 s ago")
     assert beat.endswith(
-        "waiting for beat's next heartbeat, sent every 30 s: after a broker outage it "
-        "comes within 30 s of the broker's return, once beat and a worker reach it again"
+        "waiting for beat's next heartbeat, sent every 20 s: after a broker outage it "
+        "comes within 20 s of the broker's return, once beat and a worker reach it again"
     )
 
     # when: beat's next heartbeat runs

@@ -101,8 +101,8 @@ def test_command_json_shape(time_machine_now):
     assert (document["reasons"], document["unread"]) == ([], [])
     assert document["broker"] == {"reachable": True, "error": None}
     assert document["beat"]["age_seconds"] < 5
-    assert document["beat"]["interval_seconds"] == 30.0
-    assert document["beat"]["stale_after_seconds"] == 60.0
+    assert document["beat"]["interval_seconds"] == 20.0
+    assert document["beat"]["stale_after_seconds"] == 40.0
     assert document["destinations"] == []  # no outbox destination here
     assert document["state"] == "attention"
     assert [s["source"] for s in document["sources"]] == SOURCES

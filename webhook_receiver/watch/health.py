@@ -24,7 +24,7 @@ composes its own ``HealthView.as_view(checks=[...])`` from these classes and the
 library's. The library's app, ``"health_check"``, must be in INSTALLED_APPS: its
 template answers requests that accept HTML (and ``*/*``, what most probes send).
 
-A freshly started stack answers 503 until beat's first heartbeat (about 30 s, plus the
+A freshly started stack answers 503 until beat's first heartbeat (about 20 s, plus the
 worker's start): deliberately, since until then nothing has shown that retries and
 watches run. Give orchestrators a start period of a minute or two. The beat check is
 about the whole stack, not one web process: a probe that restarts or drops web nodes on
@@ -138,9 +138,9 @@ class BeatHeartbeat(HealthCheck):
     """Beat's heartbeat (the ``webhook_receiver.beat_heartbeat`` task) was recorded no
     longer ago than ``max_age`` (default: the status's rule, ``heartbeat_stale_after``:
     two of beat's intervals, at most HEARTBEAT_MAX_AGE_SECONDS), so that a frozen worker
-    or beat is a 503 within a minute on the demo's 30 s schedule.
+    or beat is a 503 within 40 s on the demo's 20 s schedule.
 
-    A process that has just started fails this until beat's first heartbeat (about 30 s
+    A process that has just started fails this until beat's first heartbeat (about 20 s
     on the demo's schedule): until then nothing has shown that beat and a worker run.
     """
 

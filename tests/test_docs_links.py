@@ -33,14 +33,6 @@ CODE_DIRS = ("webhook_receiver", "project", "tests", "deploy", ".ci")
 CODE_FILES = ("Makefile", "pyproject.toml")
 CODE_SUFFIXES = {".py", ".html", ".txt", ".yml", ".yaml", ".json", ".conf", ".toml", ""}
 
-# Links in pages that other work rewrites, listed with where they now lead; a test fails
-# once one is no longer needed, so that the list only ever shrinks.
-# page -> {link as written: where it now leads}
-KNOWN_STALE: dict[str, dict[str, str]] = {}
-
-# Code that still names a page from before: file -> {page as named: where it now is}.
-KNOWN_STALE_IN_CODE: dict[str, dict[str, str]] = {}
-
 
 def github_anchor(heading: str) -> str:
     """The anchor GitHub gives a heading's text (before any -1, -2 suffix)."""
@@ -116,42 +108,10 @@ def test_anchors_follow_githubs_rule():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_every_relative_link_and_anchor_resolves(page):
-    stale = KNOWN_STALE.get(page.name, {})
     failures = [
-        f"{page.name}: ({target}): {why}"
-        for target in links(page)
-        if target not in stale and (why := broken(page, target))
+        f"{page.name}: ({target}): {why}" for target in links(page) if (why := broken(page, target))
     ]
     assert failures == []
-
-
-def test_the_known_stale_links_are_still_there_and_still_stale():
-    """An entry of KNOWN_STALE whose link was fixed (or left its page) is to be removed."""
-    outdated = [
-        f"{name}: {link}"
-        for name, stale in KNOWN_STALE.items()
-        for link in stale
-        if link not in links(ROOT / "docs" / name) or not broken(ROOT / "docs" / name, link)
-    ]
-    assert outdated == [], "fixed: remove these from KNOWN_STALE"
-
-
-def test_where_the_stale_links_now_lead_resolves():
-    """The replacements listed beside each stale link are themselves links that resolve."""
-    docs = ROOT / "docs"
-    wrong = [
-        f"{page}: {link} -> {new}"
-        for page, stale in KNOWN_STALE.items()
-        for link, new in stale.items()
-        if not new.startswith("(") and broken(docs / page, new)
-    ]
-    wrong += [
-        f"{name}: {named} -> {new}"
-        for name, stale in KNOWN_STALE_IN_CODE.items()
-        for named, new in stale.items()
-        if broken(ROOT / "README.md", new)
-    ]
-    assert wrong == []
 
 
 def code_files() -> list[Path]:
@@ -170,8 +130,6 @@ def missing_pages_named() -> list[tuple[str, int, str]]:
     there."""
     missing = []
     for path in code_files():
-        if path == Path(__file__):  # this module names the stale pages on purpose
-            continue
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             for match in NAMED_PAGE.finditer(line):
                 page, anchor = ROOT / "docs" / match.group(1), (match.group(2) or "#")[1:]
@@ -181,21 +139,5 @@ def missing_pages_named() -> list[tuple[str, int, str]]:
 
 
 def test_every_docs_page_the_code_names_exists():
-    missing = [
-        f"{name}:{number}: {named}"
-        for name, number, named in missing_pages_named()
-        if named not in KNOWN_STALE_IN_CODE.get(name, {})
-    ]
+    missing = [f"{name}:{number}: {named}" for name, number, named in missing_pages_named()]
     assert missing == []
-
-
-def test_the_known_stale_names_in_code_are_still_there():
-    """An entry of KNOWN_STALE_IN_CODE that was fixed is to be removed."""
-    still = {(name, named) for name, _, named in missing_pages_named()}
-    outdated = [
-        f"{name}: {named}"
-        for name, stale in KNOWN_STALE_IN_CODE.items()
-        for named in stale
-        if (name, named) not in still
-    ]
-    assert outdated == [], "fixed: remove these from KNOWN_STALE_IN_CODE"

@@ -34,7 +34,7 @@ QUIET_LIBRARIES = {
 
 class BrokerOutageLines(logging.Filter):
     """Celery's own lines through a broker outage, as one line when it starts and one
-    when the broker answers again, per process (the app's outages log so too: faults.Outage).
+    when the broker answers again, per process (the app's outages log so too: outages.Outage).
 
     Without it, beat logs every scheduled task it cannot send, an ERROR with the call
     stack and a chained traceback (10,931 lines in a 180 s Redis outage), and the worker's

@@ -9,7 +9,7 @@ a breaking change.
 Schedule them with beat (the demo project does, in ``project/settings.py``). They are
 safe to run on several workers at once and to run again after a lost worker: sweeps
 claim rows with ``SKIP LOCKED``, and every effect goes through a claim. A database error
-is one log line a run (``faults.tolerates_database_errors``), and the next run tries again.
+is one log line a run (``outages.tolerates_database_errors``), and the next run tries again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from celery import shared_task
 from celery.signals import worker_process_shutdown
 
 from .conf import app_settings
-from .core.faults import tolerates_database_errors
+from .core.outages import tolerates_database_errors
 
 
 class _TaskOptions(TypedDict):

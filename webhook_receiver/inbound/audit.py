@@ -22,7 +22,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from ..conf import TrustedProxies, app_settings
-from ..core import faults, sql, storable
+from ..core import bounds, sql, storable
 from ..core.retention import delete_in_batches
 from ..sources.lookup import source_known
 from . import metrics, queries
@@ -82,9 +82,9 @@ class AuditDraft:
             statement = queries.RECORD_REFUSAL_RELAXED if relax else queries.RECORD_REFUSAL
             # bounded as a delivery's first statement is: a locked audit table must not
             # hold a worker for every refusal of a flood
-            params |= faults.configured_bounds()
+            params |= bounds.configured_bounds()
             with connection.cursor() as cursor:
-                faults.execute_bounded(cursor, statement, params)
+                bounds.execute_bounded(cursor, statement, params)
                 recorded = cursor.rowcount == 1
         else:
             with transaction.atomic(), connection.cursor() as cursor:

@@ -10,7 +10,7 @@ record (``WITH … INSERT``), so a new event costs no extra round trip for it. E
 statement is in ``queries.py``; they all take their parameters from one dict.
 
 Every wait is bounded (LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS), from the delivery's first
-statement on: the bounds travel with it in the same round trip (faults.execute_bounded),
+statement on: the bounds travel with it in the same round trip (bounds.execute_bounded),
 so a locked receipts table fails the delivery fast, to be captured as deferred.
 
 The claim comes first, and answers duplicates too. On PostgreSQL, for a request, the
@@ -40,7 +40,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..core import faults, sql, storable, tracing
+from ..core import bounds, sql, storable, tracing
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from . import queries
 from .audit import AuditDraft
@@ -145,9 +145,9 @@ def _params(
         # the request's arrival, when there is one: the receipt and audit times agree
         "received_at": audit.received_at if audit is not None else received_at or timezone.now(),
         **_result_values(event, result),
-        # the delivery's bounds (faults.BOUND): they bound its first statement, and the
+        # the delivery's bounds (bounds.BOUND): they bound its first statement, and the
         # claim's whole transaction
-        **faults.configured_bounds(),
+        **bounds.configured_bounds(),
     }
     if audit is not None:
         row |= audit.claim_values()
@@ -198,7 +198,7 @@ def _record_duplicate(cursor: CursorWrapper, params: Mapping[str, Any]) -> dict[
     """Reading first: the stored outcome of a key that has a receipt, the delivery
     recorded as a duplicate by the same statement; None for a new key (nothing written).
     Bounded as a delivery's first statement is."""
-    faults.execute_bounded(cursor, queries.RECORD_DUPLICATE, params)
+    bounds.execute_bounded(cursor, queries.RECORD_DUPLICATE, params)
     found = cursor.fetchone()
     return None if found is None else _stored_outcome(found[0])
 
@@ -237,10 +237,10 @@ def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -
     # the bounds go first, in the same round trip: they bound the claim's own wait for
     # the receipts table, then the rest of its transaction
     if not audited:
-        faults.execute_bounded(cursor, queries.CLAIM, params)
+        bounds.execute_bounded(cursor, queries.CLAIM, params)
         receipt_id, has_open_failure = cursor.fetchone()
         return _Claim(receipt_id, has_open_failure)
-    faults.execute_bounded(cursor, queries.CLAIM_AUDITED, params)
+    bounds.execute_bounded(cursor, queries.CLAIM_AUDITED, params)
     receipt_id, has_open_failure, audit_id, stored, _relaxed = cursor.fetchone()
     stored = _stored_outcome(stored) if stored is not None else None
     return _Claim(receipt_id, has_open_failure, audit_id, stored)

@@ -35,7 +35,7 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from ..conf import app_settings
-from ..core import faults, logs, storable
+from ..core import bounds, logs, storable
 from ..core.backoff import full_jitter
 from ..core.retention import delete_in_batches
 from ..exceptions import InvalidPayload, PermanentError
@@ -272,7 +272,7 @@ def _bound() -> None:
     """A capture's, a retry's or a replay's transaction waits no longer than a
     delivery's: a locked table fails it (a retry stays due) instead of holding the
     sender, the worker or the page."""
-    faults.transaction_bound()
+    bounds.transaction_bound()
 
 
 # A sweep's transaction stops taking on events after this long, so that the receipts it

@@ -5,7 +5,7 @@ receipt's columns, the audit record's (the two share source, event key, message 
 signature timestamp and receipt time, which are the same values), the ids and results
 that the later statements need, and the bounds. On PostgreSQL a delivery's first
 statement (the claim, or during a redelivery storm the duplicate's read) is sent after
-``faults.BOUND``, in the same round trip: its lock and statement timeouts bound that
+``bounds.BOUND``, in the same round trip: its lock and statement timeouts bound that
 statement and the claim's transaction.
 Table names are the models' ``db_table`` (a test checks them). Statements run on
 PostgreSQL and SQLite alike unless their comment says otherwise: only PostgreSQL lets

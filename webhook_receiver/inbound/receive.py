@@ -29,7 +29,7 @@ from django.utils.datastructures import CaseInsensitiveMapping
 
 from .. import schemes
 from ..conf import app_settings
-from ..core import faults, logs, storable, tracing
+from ..core import logs, outages, storable, tracing
 from ..core.fingerprints import secret_fingerprint
 from ..exceptions import (
     NotStored,
@@ -126,7 +126,7 @@ def _receive(
         # request never turns into a 5xx. A log line stands in for a record not written.
         written, error = audit.record_best_effort(result=exc.code, response_status=exc.status_code)
         if error is not None:
-            faults.connection_discard_if_broken(error)
+            outages.connection_discard_if_broken(error)
             fields = audit.log_fields(result=exc.code, response_status=exc.status_code)
             logs.log_failure(logger, "audit record not written", error, **fields)
         else:
@@ -165,7 +165,7 @@ def _receive(
             # with the audit record's fields when even that could not be written.
             result = type(exc).__name__
             _, unwritten = audit.record_best_effort(result=result, response_status=503)
-            faults.connection_discard_if_broken(capture_error)
+            outages.connection_discard_if_broken(capture_error)
             logs.log_failure(
                 logger,
                 "webhook neither applied nor captured; the sender will retry",

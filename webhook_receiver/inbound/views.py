@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ..core import faults, logs
+from ..core import logs, outages
 from ..exceptions import NotStored, RejectedRequest
 from . import metrics
 from .audit import request_client_address
@@ -79,7 +79,7 @@ class WebhookView(APIView):
         except Exception as exc:
             # A fault outside the service's own handling (a stream that broke while being
             # read, say): nothing was stored, so the sender must keep the event and retry.
-            faults.connection_discard_if_broken(exc)
+            outages.connection_discard_if_broken(exc)
             logs.log_failure(logger, "webhook request failed; the sender will retry", exc)
             return _retry_later()
         if result.status in (Result.DEFERRED, Result.DEAD_LETTERED):

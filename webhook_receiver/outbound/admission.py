@@ -10,7 +10,7 @@ Two guards against a second message for one logical delivery:
   table. It is an optimisation, never the identity: it is written only after commit, so
   an admission that rolled back never blocks a later one, and once it expires the
   constraint still holds. A cache that does not answer is a window that is empty: the
-  admission goes on to the table (faults.Outage says so once an outage).
+  admission goes on to the table (outages.Outage says so once an outage).
 
 The insert waits for a lock on the outbox table at most ADMISSION_LOCK_TIMEOUT_MS (on
 PostgreSQL), far less than the claim's LOCK_TIMEOUT_MS: an insert into the outbox never
@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..core import faults, sql, storable, tracing
+from ..core import bounds, sql, storable, tracing
 from . import queries
 from .metrics import dedup_hit_count
 from .models import ADMITTING, MessageStatus, OutboxMessage, WebhookDestination
@@ -124,7 +124,7 @@ def enqueue_webhook(
     params = sql.adapt(row, OutboxMessage)
     params["admission_lock_timeout"] = f"{app_settings().admission_lock_timeout_ms}ms"
     with connection.cursor() as cursor:
-        faults.execute_bounded(
+        bounds.execute_bounded(
             cursor,
             queries.INSERT_MESSAGE,
             params,

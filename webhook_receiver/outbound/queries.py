@@ -41,7 +41,7 @@ INSERT_MESSAGE = """
     ) AS paused
 """
 
-# The insert's own lock bound, sent with it (faults.execute_bounded): the transaction's
+# The insert's own lock bound, sent with it (bounds.execute_bounded): the transaction's
 # bound is kept aside (evaluated in WHERE, before the new one is set) and put back after,
 # so that the rest of the caller's transaction keeps its own (ADMISSION_LOCK_TIMEOUT_MS).
 SHORTEN_LOCK_BOUND = """

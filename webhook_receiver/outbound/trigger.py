@@ -23,7 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import tasks
-from ..core import faults
+from ..core import bounds, outages
 from .models import MessageStatus, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -41,13 +41,13 @@ FOLLOW_UP_SKEW = 0.05
 
 # The cache and the broker are optimisations here: without them, admissions go on to the
 # table, and the beat sweep queues the relay runs that were not triggered.
-cache_outage = faults.Outage(
+cache_outage = outages.Outage(
     logger,
     "outbox cache",
     "admissions rely on the unique constraint alone, and relay runs are queued without "
     "their marks, until it answers",
 )
-broker_outage = faults.Outage(
+broker_outage = outages.Outage(
     logger,
     "broker",
     "relay runs not triggered: new messages wait for the beat sweep (every few seconds) "
@@ -155,7 +155,7 @@ def outbox_sweep() -> int:
     )
     not_paused = Q(destination__paused_until__isnull=True) | Q(destination__paused_until__lte=now)
     destinations: list[int] = []
-    with stops_at_database_bounds("the relay sweep"), faults.bounded_transaction():
+    with stops_at_database_bounds("the relay sweep"), bounds.bounded_transaction():
         destinations = list(
             OutboxMessage.objects.filter(due, not_paused, destination__enabled=True)
             # no ordering: the model's (-id) would make DISTINCT one row per message, and
@@ -177,7 +177,7 @@ def stops_at_database_bounds(what: str) -> Iterator[None]:
     try:
         yield
     except OperationalError as exc:
-        if not faults.bound_fired(exc):
+        if not bounds.bound_fired(exc):
             raise
         first = str(exc).splitlines()[0] if str(exc) else ""
         logger.warning(

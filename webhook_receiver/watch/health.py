@@ -55,7 +55,7 @@ from health_check.views import HealthCheckView
 
 from ..conf import app_settings
 from ..core import logs
-from ..core.faults import NotAnswering, database_deadline
+from ..core.bounds import NotAnswering, database_deadline
 from .heartbeat import BEAT, heartbeat_interval, heartbeat_seen_at, heartbeat_stale_after
 from .models import Heartbeat
 from .readings import app_tables, locked_tables

@@ -21,7 +21,7 @@ from django.apps import apps
 from django.db import DatabaseError, connection
 from django.db.models import Model
 
-from ..core.faults import NotAnswering, database_deadline
+from ..core.bounds import NotAnswering, database_deadline
 
 T = TypeVar("T")
 

@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ...conf import app_settings
-from ...core import faults
+from ...core import bounds
 from .. import metrics, queries
 from ..breaker import destination_breaker
 from ..models import MessageStatus, OutboxMessage, WebhookDestination
@@ -97,7 +97,7 @@ def relay_claim(
         "unrecorded": UNRECORDED,
     }
     # no savepoint: relay_destination runs this in its round's transaction
-    with faults.bounded_transaction():
+    with bounds.bounded_transaction():
         if connection.vendor == "postgresql":
             leased = _claim_postgresql(
                 # the claim's now for the whole statement (the answers' verdicts were

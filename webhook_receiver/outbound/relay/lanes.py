@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
 
-from ...core.faults import tolerates_database_errors
+from ...core.outages import tolerates_database_errors
 from .run import relay_run
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ...core import faults, logs, storable
+from ...core import bounds, logs, storable
 from .. import metrics, queries
 from ..breaker import BreakerCount, breaker_count, breaker_opened_log
 from ..models import MessageStatus, WebhookDestination
@@ -72,7 +72,7 @@ def relay_record(
     if not results:
         return
     answers = _answers(dest, results, now or timezone.now())
-    with faults.bounded_transaction():
+    with bounds.bounded_transaction():
         if connection.vendor == "postgresql":
             recorded, consecutive_failures, retirement = _record_postgresql(dest, answers)
         else:
@@ -90,7 +90,7 @@ def relay_record_and_claim(
     if not results:
         return relay_claim(destination=dest, now=now, limit=limit)
     answers = _answers(dest, results, now)
-    with faults.bounded_transaction():
+    with bounds.bounded_transaction():
         if connection.vendor != "postgresql":
             recorded, consecutive_failures, retirement = _record_sqlite(dest, answers)
             _recorded(dest, answers, recorded, consecutive_failures, retirement)
@@ -248,7 +248,7 @@ def record_each(dest: WebhookDestination, results: list[Sent]) -> None:
     verdict stands), and one that cannot be recorded at all is left to its lease."""
     for sent in results:
         try:
-            with faults.bounded_transaction(savepoint=True):
+            with bounds.bounded_transaction(savepoint=True):
                 relay_record(dest, [sent])
             continue
         except Exception as exc:
@@ -258,7 +258,7 @@ def record_each(dest: WebhookDestination, results: list[Sent]) -> None:
                 error=storable.text(f"answer not recordable: {_error_line(exc)}", EXCERPT_CHARS),
             )
         try:
-            with faults.bounded_transaction(savepoint=True):
+            with bounds.bounded_transaction(savepoint=True):
                 relay_record(dest, [stripped])
         except Exception as exc:
             logs.log_failure(
@@ -276,7 +276,7 @@ def record_failed(dest: WebhookDestination, exc: BaseException) -> None:
     webhook_status say so); never raises."""
     error = storable.text(_error_line(exc), 500)
     try:
-        with faults.bounded_transaction(savepoint=True), connection.cursor() as cursor:
+        with bounds.bounded_transaction(savepoint=True), connection.cursor() as cursor:
             now = connection.ops.adapt_datetimefield_value(timezone.now())
             cursor.execute(queries.RECORD_FAILED, [error, now, dest.pk])
     except Exception:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, OperationalError
 
-from ...core import faults, logs, tracing
+from ...core import bounds, logs, tracing
 from .. import trigger
 from ..encryption import SecretsUnreadable
 from ..models import WebhookDestination
@@ -51,7 +51,7 @@ def destination_relay(
     simulated network and time."""
     window = window if window is not None else ThreadWindow()
     deadline = clock() + budget_seconds
-    with faults.bounded_transaction(savepoint=True):
+    with bounds.bounded_transaction(savepoint=True):
         round_ = relay_claim(destination=destination_id, skip_if_busy=True)
     dest = round_.destination
     if dest is None:  # a worker already claiming for this destination carries on
@@ -94,17 +94,17 @@ def _record_and_claim(dest: WebhookDestination, answers: list[Sent]) -> RelayRou
     """The answers that came, and the next claim, in one transaction; if that fails, the
     answers one by one (see destination_relay), then the claim alone."""
     try:
-        with faults.bounded_transaction(savepoint=True):
+        with bounds.bounded_transaction(savepoint=True):
             return relay_record_and_claim(dest, answers)
     except (DatabaseError, ValueError, TypeError, ArithmeticError) as exc:
         _record_apart(dest, answers, exc)
-    with faults.bounded_transaction(savepoint=True):
+    with bounds.bounded_transaction(savepoint=True):
         return relay_claim(destination=dest, skip_if_busy=True)
 
 
 def _record(dest: WebhookDestination, answers: list[Sent]) -> None:
     try:
-        with faults.bounded_transaction(savepoint=True):
+        with bounds.bounded_transaction(savepoint=True):
             relay_record(dest, answers)
     except (DatabaseError, ValueError, TypeError, ArithmeticError) as exc:
         _record_apart(dest, answers, exc)

@@ -16,7 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.registry import Collector
 
 from ...conf import app_settings
-from ...core import faults, logs
+from ...core import bounds, logs, outages
 from ...inbound.metrics import counters_zero_fill
 from ...sources.lookup import sources_all
 from .collectors import DatabaseCollector, OutboxCollector
@@ -65,11 +65,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         # read first: a database that fails fails the scrape, rather than leaving
         # gaps that absence alerts would take for silence; one that does not answer
         # (a locked table) fails it within STATUS_TIMEOUT_SECONDS
-        with faults.database_deadline(app_settings().status_timeout_seconds):
+        with bounds.database_deadline(app_settings().status_timeout_seconds):
             collected = [*DatabaseCollector(slugs).collect(), *OutboxCollector().collect()]
         stored = _Families(collected)
     except DatabaseError as exc:
-        faults.connection_discard_if_broken(exc)
+        outages.connection_discard_if_broken(exc)
         logs.log_failure(logger, "metrics scrape failed: the database did not answer", exc)
         response = HttpResponse(
             "The database did not answer.\n", status=503, content_type="text/plain; charset=utf-8"

@@ -10,8 +10,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ..core.display import duration_text
 from ..core.svg import compact_count, join
-from ..core.words import duration_text
 from ..watch.traffic import ActivityBucket
 
 BAR = 3  # px per bucket, the last one a gap

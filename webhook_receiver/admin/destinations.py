@@ -29,8 +29,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ..core.admin_links import admin_url
-from ..core.display import url_masked
-from ..core.words import duration_text
+from ..core.display import duration_text, url_masked
 from ..outbound.breaker import destination_breaker
 from ..outbound.encryption import SecretsUnreadable, stored_secrets_problem, with_stored_secrets
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination

@@ -14,9 +14,9 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from ..core.display import duration_text
 from ..core.egress import UrlRefused, check_url
 from ..core.fingerprints import secret_fingerprint
-from ..core.words import duration_text
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..outbound.signing_secrets import destination_secret_problem

@@ -29,8 +29,8 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
 from ..core.admin_links import admin_url
+from ..core.display import duration_text
 from ..core.states import Reason, State
-from ..core.words import duration_text
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage, WebhookDestination
 from ..reconcile.models import ReconciliationRun, RepairItem

@@ -17,7 +17,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..core.admin_links import admin_url
-from ..core.words import duration_text
+from ..core.display import duration_text
 from ..inbound.models import RequestAudit
 from ..watch.models import SilenceAlert
 from .base import ReadOnlyAdmin

@@ -1,4 +1,5 @@
-"""Stored values made fit for showing: the counterpart of storable.py.
+"""What is shown to people (and to machines): a peer's stored text made fit for showing,
+and the app's own words for durations, counts and moments.
 
 A peer's text is shown as it came, except for what would mislead whoever reads it: a
 bidirectional control that reorders the text around it ("refund.\\u202edeunissi\\u202c.ok"
@@ -10,13 +11,22 @@ cannot hold. Only what is shown changes: stored values, keys and links stay as t
 The admin applies ``visible_html`` to every page of its records (admin/base.py); the
 terminal commands apply ``visible`` to each value they print. Stored JSON is printed
 through ``body_text`` and ``json_text``, which answer for any bytes and any depth.
+
+Durations, counts and moments are worded the same on every page, command, notice and
+machine-readable report (``duration_text``, ``top_counts``, ``local_time``; ``iso`` and
+``seconds`` for a machine). A counted noun goes through Django's ``ngettext`` where it is
+written, as the admin's do.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from ..conf import app_settings
 from . import storable
@@ -160,3 +170,43 @@ def _masked_pair(pair: str) -> str:
     if equals:
         return f"{name}={MASK}" if value else pair
     return MASK if pair else pair
+
+
+def duration_text(delta: timedelta) -> str:
+    """A duration as a person reads it at a glance: "45 s", "20 min", "2 h 05 min",
+    "3 d 4 h"."""
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def top_counts(counts: Mapping[str, int], shown: int = 3) -> str:
+    """'invalid_signature: 10, timestamp_out_of_tolerance: 2', largest first."""
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    text = ", ".join(f"{code}: {n}" for code, n in ordered[:shown])
+    return text + (", …" if len(ordered) > shown else "")
+
+
+def local_time(moment: datetime | None, empty: str = "never") -> str:
+    """A moment to the second in the current time zone, named: "2026-12-02 14:05:09 UTC"."""
+    if moment is None:
+        return empty
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
+
+
+def iso(moment: datetime | None) -> str | None:
+    """A moment for a machine (ISO 8601), or None."""
+    return None if moment is None else moment.isoformat()
+
+
+def seconds(delta: timedelta | None) -> float | None:
+    """A duration for a machine, in seconds to the millisecond, or None."""
+    return None if delta is None else round(delta.total_seconds(), 3)

@@ -14,8 +14,8 @@ from django.utils.translation import ngettext
 
 from ..conf import app_settings
 from ..core import storable
+from ..core.display import duration_text, top_counts
 from ..core.states import Reason, State
-from ..core.words import duration_text, top_counts
 from ..exceptions import NotStored
 from ..reconcile.models import RunOutcome
 from .statuses import DestinationStatus, SourceStatus

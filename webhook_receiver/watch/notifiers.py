@@ -20,8 +20,8 @@ from django.dispatch import Signal
 
 from ..conf import app_settings
 from ..core.admin_links import admin_url
+from ..core.display import duration_text, iso, local_time
 from ..core.hooks import hook_class
-from ..core.words import duration_text, iso, local_time
 from ..inbound.models import RequestAudit, Verification
 from ..outbound.notices import ops_notice_enqueue
 from ..signals import silence_alert_opened, silence_alert_resolved

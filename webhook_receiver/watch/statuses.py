@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..core.display import iso, seconds
 from ..core.states import Reason, State, worst_state
-from ..core.words import iso, seconds
 from ..outbound.breaker import Breaker
 from ..reconcile.models import ReconciliationRun
 from .models import SilenceAlert

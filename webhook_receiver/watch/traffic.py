@@ -27,7 +27,7 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from ..core.words import iso, seconds
+from ..core.display import iso, seconds
 from ..inbound.models import FailedEvent, RejectionTally, RequestAudit, Verification, WebhookReceipt
 from ..sources.lookup import sources_all
 

@@ -24,8 +24,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from ...conf import app_settings
+from ...core.display import duration_text
 from ...core.fingerprints import secret_fingerprint
-from ...core.words import duration_text
 from ...schemes import SCHEMES
 from ...sources.models import WebhookSource
 from ...sources.operations import (

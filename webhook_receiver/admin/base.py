@@ -22,7 +22,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core import display
+from ..core import display, storable
 from ..inbound.models import FailedEvent, WebhookReceipt
 from .cells import pre
 
@@ -231,7 +231,7 @@ class StoredEventDisplay:
     @admin.display(description=_("headers"))
     def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
         headers = obj.headers if isinstance(obj.headers, dict) else {}
-        shown = display.redacted_headers(headers)
+        shown = storable.redacted_headers(headers, shown=True)
         return pre("\n".join(f"{k}: {v}" for k, v in sorted(shown.items())))
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..conf import app_settings
 from . import storable
 
 # Format characters (Unicode category Cf: the bidirectional controls U+202A-202E,
@@ -127,18 +126,6 @@ def _flat_json(value: Any) -> str:
         else:  # a scalar, {} or []
             parts.append(json.dumps(node, ensure_ascii=False))
     return "".join(parts)
-
-
-def redacted_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """Stored headers as a page shows them: every scheme's signature headers and the
-    credentials of REDACTED_HEADERS as REDACTED, whatever the row holds (it may be older
-    than the redaction, or KEEP_SIGNATURE_HEADERS keeps them)."""
-    config = app_settings()
-    hidden = config.signature_headers | config.redacted_headers
-    return {
-        name: storable.REDACTED if str(name).lower() in hidden else value
-        for name, value in headers.items()
-    }
 
 
 MASK = "…"

@@ -6,6 +6,9 @@ UTF-8 cannot encode), a timestamp past year 9999. None of them may cost an event
 receipt or a request its audit record, so every value a request brings goes through
 one of these functions on its way to the database. So does what the app's own peers
 answer: a destination's reply to the relay, a sender's list for reconciliation.
+
+A peer's headers are stored by one rule, ``redacted_headers``: which are secret, and
+what replaces their values; the admin shows stored headers by the same rule.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import math
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
+
+from ..conf import app_settings
 
 KEY_MAX_LENGTH = 255
 DIGEST_PREFIX = "sha256:"
@@ -80,6 +85,30 @@ def headers(
         for name, value in received.items()
         if name.lower() not in dropped
     }
+
+
+def redacted_headers(
+    received: Mapping[str, Any], *, keep_signatures: bool | None = None, shown: bool = False
+) -> dict[str, Any]:
+    """The one rule for a peer's secret headers: the credentials of REDACTED_HEADERS and
+    every scheme's signature headers (lower case names), whose values become REDACTED.
+
+    To store (the default): names and values made storable (``headers``), credentials
+    left out, signatures REDACTED unless ``keep_signatures`` (None: as
+    KEEP_SIGNATURE_HEADERS says). ``shown``: stored headers as a page shows them,
+    credentials and signatures REDACTED whatever the row holds (it may be older than the
+    rule, or KEEP_SIGNATURE_HEADERS kept them), the rest as it is."""
+    config = app_settings()
+    if shown:
+        hidden = config.signature_headers | config.redacted_headers
+        return {
+            name: REDACTED if str(name).lower() in hidden else value
+            for name, value in received.items()
+        }
+    if keep_signatures is None:
+        keep_signatures = config.keep_signature_headers
+    redact = () if keep_signatures else config.signature_headers
+    return headers(received, leave_out=config.redacted_headers, redact=redact)
 
 
 def _json_unstorable(char: str) -> bool:

@@ -39,7 +39,6 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from ..conf import app_settings
 from ..core import bounds, sql, storable, tracing
 from ..handlers import HandlerResult, WebhookEvent, get_handler
 from . import queries
@@ -141,7 +140,7 @@ def _params(
         "message_id": storable.text(event.message_id or "", 255),
         "signature_timestamp": storable.moment(event.signature_timestamp),
         "body": body,
-        "headers": storable_headers(headers),
+        "headers": storable.redacted_headers(headers),
         # the request's arrival, when there is one: the receipt and audit times agree
         "received_at": audit.received_at if audit is not None else received_at or timezone.now(),
         **_result_values(event, result),
@@ -307,11 +306,3 @@ class DuplicateShare:
 
 
 duplicate_share = DuplicateShare()
-
-
-def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The headers worth keeping with an event: all but credentials (REDACTED_HEADERS),
-    signatures redacted (unless KEEP_SIGNATURE_HEADERS), made storable."""
-    config = app_settings()
-    redact = () if config.keep_signature_headers else config.signature_headers
-    return storable.headers(headers, leave_out=config.redacted_headers, redact=redact)

@@ -41,7 +41,7 @@ from ..exceptions import (
 from ..handlers import WebhookEvent
 from ..sources.lookup import source_known, source_lookup
 from .audit import AuditDraft
-from .claim import ReceiveOutcome, event_claim_and_apply, storable_headers
+from .claim import ReceiveOutcome, event_claim_and_apply
 from .events import parse_event
 from .failures import CapturedEvent, failure_capture
 from .models import FailureStatus, Result
@@ -151,7 +151,7 @@ def _receive(
             message_id=message.message_id or "",
             signature_timestamp=message.timestamp,
             body=body,
-            headers=storable_headers(headers),
+            headers=storable.redacted_headers(headers),
         )
         audit.event_key = captured.event_key
         try:

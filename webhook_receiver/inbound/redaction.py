@@ -1,6 +1,6 @@
 """Headers stored before the signature redaction, redacted in the database.
 
-Since signature headers are redacted at storage (inbound/claim.py, storable_headers),
+Since signature headers are redacted at storage (core/storable.py, redacted_headers),
 only rows stored before (or while KEEP_SIGNATURE_HEADERS was on) still hold them. The
 admin shows them redacted either way; ``manage.py webhook_redact_headers`` removes them
 from the rows, through ``stored_headers_redact``.
@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 from django.db import transaction
 
-from ..conf import app_settings
 from ..core import storable
 from .models import FailedEvent, WebhookReceipt
 
@@ -56,11 +55,8 @@ def redacted(headers: Any) -> Any:
     """``headers`` as the rule stores them; anything but a mapping as it is."""
     if not isinstance(headers, dict):
         return headers
-    config = app_settings()
     named = {str(name): str(value) for name, value in headers.items()}
-    return storable.headers(
-        named, leave_out=config.redacted_headers, redact=config.signature_headers
-    )
+    return storable.redacted_headers(named, keep_signatures=False)
 
 
 def _redact(model: type[_Stored], name: str, *, batch_size: int, dry_run: bool) -> Redaction:

@@ -85,8 +85,7 @@ def registered(event_type: str, *funcs) -> Iterator[None]:
             webhook_handler(event_type)(func)
         yield
     finally:
-        handlers._registry.pop(event_type, None)
-        handlers._conflicts.pop(event_type, None)
+        handlers.unregister(event_type)
 
 
 def first_refund(event):
@@ -128,6 +127,6 @@ def test_a_handler_chosen_in_settings_settles_a_conflict(settings):
 
 
 def test_the_app_registers_no_handler_of_its_own():
-    owners = {func.__module__ for func in handlers._registry.values()}
+    owners = {func.__module__ for func in handlers.registered().values()}
     assert owners == {"project.shop.handlers"}
     assert not any(m.startswith("webhook_receiver") for m in owners)

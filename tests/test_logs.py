@@ -188,7 +188,7 @@ def test_a_deferred_event_is_one_line_with_its_key_its_attempt_and_what_comes_ne
     holder = psycopg.connect(dbname=db["NAME"], host=db["HOST"], port=db["PORT"], user=db["USER"])
     holder.execute("LOCK TABLE shop_inventoryledgerentry IN ACCESS EXCLUSIVE MODE")
     body = reserved("o_line", ("S-L", 1))
-    logs._traceback_shown_at.clear()
+    logs.tracebacks_shown_forget()
 
     # when
     try:

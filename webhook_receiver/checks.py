@@ -15,7 +15,7 @@ from django.utils.module_loading import import_string
 
 from . import schemes
 from .conf import NEW_KEY_HINT, app_settings
-from .handlers import registration_conflicts
+from .inbound.handlers import registration_conflicts
 from .outbound.encryption import SecretsNotDecrypted, is_token
 from .outbound.models import WebhookDestination
 from .outbound.selectors import destinations_unreadable

@@ -1,50 +1,25 @@
-"""Event type -> effect registry.
+"""The receive side's public face: what a host imports to register its handlers.
 
-A handler is a function ``handler(event: WebhookEvent) -> HandlerResult | None``. It runs
-inside the claim transaction, after the receipt row has claimed the event key, so every
-database write it makes commits or rolls back together with that claim. Returning
-``None`` means "applied". Raise ``PermanentError`` for an event that can never be
-applied as it is, and ``TransientError`` for one that may succeed later.
+    from webhook_receiver.handlers import HandlerResult, WebhookEvent, webhook_handler
 
-Register a handler in code, with a DRF serializer for the event's ``data``::
-
-    from rest_framework import serializers
-    from webhook_receiver.handlers import webhook_handler
-
-    class InvoicePaid(serializers.Serializer):
-        invoice_id = serializers.CharField(max_length=100)
-        amount = serializers.IntegerField(min_value=0)
-
-    @webhook_handler("invoice.paid", serializer=InvoicePaid)
-    def invoice_paid(event, data): ...  # data: the serializer's validated_data
-
-Data the serializer refuses (or a ``serializers.ValidationError`` the handler raises)
-is an ``InvalidPayload``: a permanent failure, dead-lettered at once, whose error lists
-every field with its errors as DRF words them. Without a serializer the handler is
-``handler(event)`` and validates ``event.data`` itself.
-
-or in settings, which wins over code: ``WEBHOOK_RECEIVER["HANDLERS"] = {"invoice.paid":
-"shop.webhooks.invoice_paid"}``. Event types without a handler are recorded as ``ignored``.
-
-One handler per event type: registering a second function for a type already taken is
-reported by the system check ``webhook_receiver.E005`` (``manage.py check``, ``migrate``
-and ``runserver`` refuse to go on) instead of silently replacing the first. The app
-itself registers none; its host owns every event type.
+The registry itself lives in ``inbound/handlers.py``, which says how handlers are
+registered, chosen and validated.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-from django.utils.module_loading import import_string
-from rest_framework import serializers
-
-from .conf import app_settings
-from .exceptions import InvalidPayload
-from .inbound.models import RECEIPT_RESULTS, Result
+from .inbound.handlers import (
+    Handler,
+    HandlerResult,
+    Result,
+    WebhookEvent,
+    get_handler,
+    registered,
+    subject_of,
+    unregister,
+    validated_by,
+    webhook_handler,
+)
 
 __all__ = [
     "Handler",
@@ -52,123 +27,9 @@ __all__ = [
     "Result",
     "WebhookEvent",
     "get_handler",
+    "registered",
     "subject_of",
+    "unregister",
     "validated_by",
     "webhook_handler",
 ]
-
-
-@dataclass(frozen=True)
-class WebhookEvent:
-    source: str
-    event_key: str
-    event_type: str
-    payload: Mapping[str, Any]  # the whole verified, parsed body
-    message_id: str | None = None
-    signature_timestamp: int | None = None
-
-    @property
-    def data(self) -> Any:
-        return self.payload.get("data")
-
-    @property
-    def subject(self) -> str:
-        """The business object the event concerns, stored on its receipt and searchable
-        in the admin (``subject_of``); a handler's result may name another."""
-        return subject_of(self.data)
-
-
-# Where an event's data names its subject, by convention: the first of these fields
-# that holds a string or a number. A handler's result names another where they do not.
-SUBJECT_FIELDS = ("order_id", "id")
-
-
-def subject_of(data: Any) -> str:
-    """The subject an event's ``data`` names (SUBJECT_FIELDS), or ""."""
-    if isinstance(data, dict):
-        for name in SUBJECT_FIELDS:
-            value = data.get(name)
-            if isinstance(value, str | int) and not isinstance(value, bool):
-                return str(value)
-    return ""
-
-
-@dataclass(frozen=True)
-class HandlerResult:
-    status: Result = Result.APPLIED  # applied, stale or ignored (RECEIPT_RESULTS)
-    subject: str = ""  # overrides the event's own subject on the receipt when set
-    detail: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.status not in RECEIPT_RESULTS:
-            allowed = ", ".join(RECEIPT_RESULTS)
-            raise ValueError(f"A handler's result is one of {allowed}, not {str(self.status)!r}.")
-
-
-Handler = Callable[[WebhookEvent], "HandlerResult | None"]
-
-_registry: dict[str, Handler] = {}
-# event type -> the dotted names of every function registered for it, when more than one
-_conflicts: dict[str, list[str]] = {}
-
-
-def webhook_handler(
-    event_type: str, *, serializer: type[serializers.BaseSerializer] | None = None
-) -> Callable[[Callable[..., HandlerResult | None]], Handler]:
-    """Register the decorated function as the handler of ``event_type``; with a
-    ``serializer``, it is called ``func(event, validated_data)`` (``validated_by``)."""
-
-    def register(func: Callable[..., HandlerResult | None]) -> Handler:
-        handler = func if serializer is None else validated_by(serializer)(func)
-        taken = _registry.setdefault(event_type, handler)
-        # the same function again (its module imported twice) is no conflict
-        if _dotted_name(taken) != _dotted_name(handler):
-            _conflicts.setdefault(event_type, [_dotted_name(taken)]).append(_dotted_name(handler))
-        return handler
-
-    return register
-
-
-def validated_by(
-    serializer: type[serializers.BaseSerializer],
-) -> Callable[[Callable[[WebhookEvent, Any], HandlerResult | None]], Handler]:
-    """Make ``func(event, data)`` a handler whose ``data`` is ``event.data`` as
-    ``serializer`` validated it. The result is a plain handler: it can also be named in
-    the HANDLERS setting."""
-
-    def wrap(func: Callable[[WebhookEvent, Any], HandlerResult | None]) -> Handler:
-        @functools.wraps(func)
-        def handler(event: WebhookEvent) -> HandlerResult | None:
-            checked = serializer(data=event.data)
-            if not checked.is_valid():
-                raise InvalidPayload.from_serializer_errors(checked.errors)
-            try:
-                return func(event, checked.validated_data)
-            except serializers.ValidationError as exc:
-                raise InvalidPayload.from_serializer_errors(exc.detail) from exc
-
-        handler.serializer = serializer  # type: ignore[attr-defined]
-        return handler
-
-    return wrap
-
-
-def _dotted_name(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"
-
-
-def registration_conflicts() -> dict[str, list[str]]:
-    """Event types registered in code by more than one function (see E005)."""
-    return {event_type: list(names) for event_type, names in _conflicts.items()}
-
-
-@functools.lru_cache(maxsize=256)
-def _import_handler(path: str) -> Handler:
-    return import_string(path)
-
-
-def get_handler(event_type: str) -> Handler | None:
-    path = app_settings().handlers.get(event_type)
-    if path is not None:
-        return _import_handler(path)
-    return _registry.get(event_type)

@@ -63,9 +63,9 @@ def short_bounds(settings) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_traceback_memory() -> Iterator[None]:
-    logs._traceback_shown_at.clear()
+    logs.tracebacks_shown_forget()
     yield
-    logs._traceback_shown_at.clear()
+    logs.tracebacks_shown_forget()
 
 
 def sleeps_in_the_database(event: WebhookEvent) -> HandlerResult:

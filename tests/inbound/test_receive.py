@@ -22,7 +22,7 @@ from tests.support import handlers as test_handlers
 from tests.support.http import post
 from tests.support.paths import REPO
 from tests.support.signing import as_meta, event_body, reserved, standard_headers
-from webhook_receiver.handlers import HandlerResult, WebhookEvent, _registry, webhook_handler
+from webhook_receiver.handlers import HandlerResult, WebhookEvent, unregister, webhook_handler
 from webhook_receiver.inbound.claim import duplicate_share, event_claim_and_apply
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
 
@@ -190,7 +190,7 @@ def test_a_handler_registered_with_the_decorator_runs_in_the_claim(client):
         answer = post(client, "shop", body, standard_headers(body, msg_id="msg_inv"))
         post(client, "shop", body, standard_headers(body, msg_id="msg_inv"))
     finally:
-        _registry.pop("invoice.paid")
+        unregister("invoice.paid")
 
     assert answer.json() == {"status": "applied", "event_key": "msg_inv", "detail": {"seen": True}}
     assert calls == ["msg_inv"]

@@ -25,6 +25,12 @@ _traceback_shown_at: dict[str, float] = {}
 R = TypeVar("R", bound="HttpResponseBase")
 
 
+def tracebacks_shown_forget() -> None:
+    """Forget which error classes had their traceback logged lately, so that the next
+    failure of each logs its traceback again (a test that expects one)."""
+    _traceback_shown_at.clear()
+
+
 def error_name(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 

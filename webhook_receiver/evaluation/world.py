@@ -26,7 +26,7 @@ from django.core.cache.backends.locmem import LocMemCache
 from django.db import connection
 
 from ..exceptions import RejectedRequest, TransientError
-from ..handlers import WebhookEvent
+from ..inbound.handlers import WebhookEvent
 from ..outbound.models import WebhookDestination
 from ..outbound.relay.messages import Claimed, Sent
 from ..outbound.relay.transport import deliver

@@ -40,9 +40,9 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from ..core import bounds, sql, storable, tracing
-from ..handlers import HandlerResult, WebhookEvent, get_handler
 from . import queries
 from .audit import AuditDraft
+from .handlers import HandlerResult, WebhookEvent, get_handler
 from .models import FailedEvent, FailureStatus, RequestAudit, Result, WebhookReceipt
 
 

@@ -12,7 +12,7 @@ from .. import schemes
 from ..conf.sources import SourceConfig
 from ..core import storable
 from ..exceptions import InvalidPayload
-from ..handlers import WebhookEvent
+from .handlers import WebhookEvent
 
 
 def parse_event(

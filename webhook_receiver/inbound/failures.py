@@ -39,11 +39,11 @@ from ..core import bounds, logs, storable
 from ..core.backoff import full_jitter
 from ..core.retention import delete_in_batches
 from ..exceptions import InvalidPayload, PermanentError
-from ..handlers import WebhookEvent
 from ..schemes import VerifiedMessage
 from ..sources.lookup import source_lookup
 from .claim import event_claim_and_apply, failed_events_mark_resolved
 from .events import parse_event
+from .handlers import WebhookEvent
 from .models import FailedEvent, FailureStatus, Result
 
 logger = logging.getLogger(__name__)

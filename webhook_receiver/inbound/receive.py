@@ -38,12 +38,12 @@ from ..exceptions import (
     TimestampOutOfTolerance,
     UnknownSource,
 )
-from ..handlers import WebhookEvent
 from ..sources.lookup import source_known, source_lookup
 from .audit import AuditDraft
 from .claim import ReceiveOutcome, event_claim_and_apply
 from .events import parse_event
 from .failures import CapturedEvent, failure_capture
+from .handlers import WebhookEvent
 from .models import FailureStatus, Result
 
 logger = logging.getLogger(__name__)

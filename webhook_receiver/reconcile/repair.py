@@ -16,9 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..conf import get_source
-from ..handlers import WebhookEvent
 from ..inbound.claim import event_claim_and_apply
 from ..inbound.failures import failed_event_replay
+from ..inbound.handlers import WebhookEvent
 from ..inbound.models import FailedEvent, Result
 from .adapters import get_adapter
 from .models import RepairItem, RepairKind, RepairStatus

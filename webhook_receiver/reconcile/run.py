@@ -42,8 +42,8 @@ from .. import schemes
 from ..conf import app_settings, get_source
 from ..conf.sources import ReconcileConfig, SourceConfig
 from ..core import storable
-from ..handlers import subject_of
 from ..inbound import queries
+from ..inbound.handlers import subject_of
 from ..inbound.models import FailedEvent, WebhookReceipt
 from .adapters import SenderEvent, get_adapter
 from .models import ReconciliationRun, RepairItem, RepairKind, RepairStatus, RunOutcome

@@ -4,6 +4,8 @@ language unchanged while it has no catalog (English then)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.apps import apps
 from django.contrib import admin
@@ -11,6 +13,9 @@ from django.db import models
 from django.template.loader import render_to_string
 from django.utils import translation
 from django.utils.functional import Promise
+
+from webhook_receiver.core.display import duration_text
+from webhook_receiver.watch.conditions import SOURCE_CONDITIONS
 
 APP = apps.get_app_config("webhook_receiver")
 MODELS = list(APP.get_models())
@@ -73,3 +78,16 @@ def test_a_template_renders_in_english_without_a_catalog(language):
         other = render_to_string("admin/webhook_receiver/overview_reasons.html", context)
     assert "✖ Alert" in english
     assert other == english
+
+
+@pytest.mark.parametrize("language", ["en", "de"])
+def test_durations_are_worded_through_ngettext_the_same_without_a_catalog(language):
+    with translation.override(language):
+        shown = [duration_text(timedelta(seconds=s)) for s in (1, 45, 60, 3600, 7500, 273600)]
+    assert shown == ["1 s", "45 s", "1 min", "1 h 00 min", "2 h 05 min", "3 d 4 h"]
+
+
+def test_a_duration_in_a_text_built_at_import_is_lazy():
+    (old_retry,) = [c for c in SOURCE_CONDITIONS if c.code == "old_retry"]
+    assert isinstance(old_retry.why, Promise)
+    assert str(old_retry.why).startswith("an event retrying for over 1 h 00 min: ")

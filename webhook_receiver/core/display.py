@@ -27,6 +27,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
+from django.utils.functional import lazy
+from django.utils.translation import ngettext
 
 from . import storable
 
@@ -161,18 +163,27 @@ def _masked_pair(pair: str) -> str:
 
 def duration_text(delta: timedelta) -> str:
     """A duration as a person reads it at a glance: "45 s", "20 min", "2 h 05 min",
-    "3 d 4 h"."""
+    "3 d 4 h". Each unit goes through ngettext, in the language active when it is called:
+    a text built at import uses duration_text_lazy."""
     seconds = max(0, int(delta.total_seconds()))
     if seconds < 60:
-        return f"{seconds} s"
+        return ngettext("%(count)d s", "%(count)d s", seconds) % {"count": seconds}
     minutes = seconds // 60
     if minutes < 60:
-        return f"{minutes} min"
+        return ngettext("%(count)d min", "%(count)d min", minutes) % {"count": minutes}
     hours, minutes = divmod(minutes, 60)
     if hours < 48:
-        return f"{hours} h {minutes:02d} min"
+        hours_text = ngettext("%(count)d h", "%(count)d h", hours) % {"count": hours}
+        # two digits: "2 h 05 min"
+        minutes_text = ngettext("%(count)02d min", "%(count)02d min", minutes)
+        return f"{hours_text} {minutes_text % {'count': minutes}}"
     days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h"
+    days_text = ngettext("%(count)d d", "%(count)d d", days) % {"count": days}
+    return f"{days_text} {ngettext('%(count)d h', '%(count)d h', hours) % {'count': hours}}"
+
+
+# for a text built at import, before a language is active (and before apps are ready)
+duration_text_lazy = lazy(duration_text, str)
 
 
 def top_counts(counts: Mapping[str, int], shown: int = 3) -> str:

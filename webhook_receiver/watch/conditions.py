@@ -8,17 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.utils.text import format_lazy
 from django.utils.translation import ngettext
 
 from ..conf import app_settings
 from ..core import storable
-from ..core.display import duration_text, top_counts
+from ..core.display import duration_text, duration_text_lazy, top_counts
 from ..core.states import Reason, State
 from ..exceptions import NotStored
 from ..reconcile.models import RunOutcome
 from .statuses import DestinationStatus, SourceStatus
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 # a retrying event failing for longer than this is worth a look: its cause is not passing
 OLD_RETRY = timedelta(hours=1)
@@ -31,8 +35,9 @@ OLD_RETRY = timedelta(hours=1)
 class Condition:
     code: str
     state: State
-    # why this condition matters, in one line (docs/watching.md lists them)
-    why: str
+    # why this condition matters, in one line (docs/watching.md lists them); lazy where
+    # it holds a duration (duration_text_lazy)
+    why: StrOrPromise
     # (summary, sentence) for a source's or destination's status, or None when the
     # condition does not hold
     test: Callable[[Any], tuple[str, str] | None]
@@ -170,8 +175,10 @@ SOURCE_CONDITIONS: tuple[Condition, ...] = (
     Condition(
         "old_retry",
         State.ATTENTION,
-        f"an event retrying for over {duration_text(OLD_RETRY)}: its cause is not passing "
-        "and it will soon be dead",
+        format_lazy(
+            "an event retrying for over {}: its cause is not passing and it will soon be dead",
+            duration_text_lazy(OLD_RETRY),
+        ),
         _old_retry,
     ),
     Condition(

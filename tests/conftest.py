@@ -27,12 +27,33 @@ pytest_plugins = [
 os.environ.setdefault("WEBHOOK_EGRESS_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
 
 
+# pytest-django's fixtures behind the test database (the django_db marker asks for the first)
+_TEST_DATABASE = {"_django_db_helper", "db", "transactional_db", "live_server"}
+
+
+def uses_the_engine(item: pytest.Item) -> bool:
+    """A test whose outcome the database engine can change: it uses the test database, or
+    says how else it reaches the engine (@pytest.mark.both_engines("why"))."""
+    return bool(
+        _TEST_DATABASE & set(getattr(item, "fixturenames", ()))
+        or item.get_closest_marker("django_db")
+        or item.get_closest_marker("both_engines")
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    """On PostgreSQL, every test. On SQLite (the second pass of ``make test``), the tests
+    the engine can change, less those that need PostgreSQL: the others ran on PostgreSQL
+    already and would run alike."""
     from django.conf import settings
 
     engine = settings.DATABASES["default"]["ENGINE"]
     if "postgresql" in engine:
         return
+    alike = [item for item in items if not uses_the_engine(item)]
+    if alike:
+        config.hook.pytest_deselected(items=alike)
+        items[:] = [item for item in items if uses_the_engine(item)]
     for item in items:
         marker = item.get_closest_marker("postgres_only")
         if marker is not None:

@@ -17,6 +17,8 @@ from tests.settings import SHOP_SECRET
 from tests.support.paths import REPO
 from webhook_receiver.evaluation.invariants import NAMES
 
+pytestmark = pytest.mark.both_engines("the run's own database is on the suite's engine")
+
 TINY = "tests/evaluation/data/tiny.yaml"
 
 

@@ -63,14 +63,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_duplicate_share() -> Iterator[None]:
-    """Each test starts with no history of duplicates, so a request claims first until
-    the test's own duplicates say otherwise (or the ``storm`` fixture)."""
-    from webhook_receiver.inbound.claim import duplicate_share
+def _fresh_seam() -> Iterator[None]:
+    """Each test runs with a fresh seam (core/seam.py): no history of duplicates, so a
+    request claims first until the test's own duplicates say otherwise (or the ``storm``
+    fixture); relay runs queued as the Celery task; a jitter generator of its own."""
+    from webhook_receiver.core import seam
 
-    duplicate_share.reset()
-    yield
-    duplicate_share.reset()
+    with seam.replaced():
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +91,7 @@ def storm() -> None:
     from webhook_receiver.inbound.claim import duplicate_share
 
     for _ in range(40):
-        duplicate_share.observe("shop", duplicate=True)
+        duplicate_share().observe("shop", duplicate=True)
 
 
 @pytest.fixture

@@ -133,14 +133,18 @@ def sizes(rows: int) -> dict[str, dict[str, float]]:
 # --- the claim's side: one process receiving new events in a closed loop --------------
 
 
-def _receive_loop(stop_at: float, stop: Any, tag: str, out: Any) -> None:
+def _receive_loop(stop_at: float, ready: Any, stop: Any, tag: str, out: Any) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.bench.settings")
     import django
 
     django.setup()
+    from django.db import connection
+
     from webhook_receiver.inbound.receive import webhook_receive
 
     bodies = event_bodies(20_000, tag)
+    connection.ensure_connection()
+    ready.set()  # the start-up stays outside the measured window
     latencies = []
     for number, body in enumerate(bodies):
         if time.monotonic() > stop_at or stop.is_set():
@@ -159,12 +163,12 @@ def claims_during(work: Callable[[], Any], seconds: float, tag: str) -> tuple[li
     """Receive for ``seconds`` (or until ``work`` is done, if it takes longer) while
     ``work`` runs in this process; return the latencies and what ``work`` returned."""
     context = mp.get_context("spawn")
-    stop, out = context.Event(), context.Queue()
+    ready, stop, out = context.Event(), context.Event(), context.Queue()
     process = context.Process(
-        target=_receive_loop, args=(time.monotonic() + 600, stop, tag, out), daemon=True
+        target=_receive_loop, args=(time.monotonic() + 600, ready, stop, tag, out), daemon=True
     )
     process.start()
-    time.sleep(3)  # Django's start-up in the child, outside the measured window
+    child_ready(process, ready)
     result = work()
     if seconds:
         time.sleep(seconds)
@@ -174,8 +178,23 @@ def claims_during(work: Callable[[], Any], seconds: float, tag: str) -> tuple[li
     return latencies, result
 
 
-def percentiles(latencies: list[float]) -> dict[str, float]:
+def child_ready(process: Any, ready: Any, timeout: float = 120.0) -> None:
+    """Wait until the receiving process has started Django and connected."""
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.2):
+        if not process.is_alive():
+            raise RuntimeError(f"the receiving process exited at start (code {process.exitcode})")
+        if time.monotonic() > deadline:
+            process.terminate()
+            raise RuntimeError(f"the receiving process was not ready within {timeout:.0f} s")
+
+
+def percentiles(latencies: list[float]) -> dict[str, float | None]:
+    """The claims' figures; None for each when there were none (a job on a tiny table
+    can end before the first claim does)."""
     ordered = sorted(latencies)
+    if not ordered:
+        return {"claims": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
     return {
         "claims": len(ordered),
         "p50_ms": statistics.median(ordered),
@@ -245,16 +264,26 @@ def report(results: dict[str, Any], sizes: dict[str, Any], args: argparse.Namesp
           f"{'claim p50 quiet/during':>25}{'p99 quiet/during':>20}{'max during':>12}")  # fmt: skip
     for name, figures in results.items():
         job, quiet, during = figures["job"], figures["quiet"], figures["during"]
+        rate = job["deleted"] / job["seconds"] if job["seconds"] else 0.0
+        ratio = (
+            f"   (p99 x{during['p99_ms'] / quiet['p99_ms']:.2f})"
+            if quiet["p99_ms"] and during["p99_ms"] is not None
+            else f"   ({quiet['claims']} / {during['claims']} claims)"
+        )
         print(
             f"{name:<10}{job['deleted']:>10,}{job['seconds']:>9.1f}{job['statements']:>12,}"
-            f"{job['deleted'] / job['seconds']:>9,.0f}"
-            f"{quiet['p50_ms']:>12.2f} / {during['p50_ms']:<10.2f}"
-            f"{quiet['p99_ms']:>9.2f} / {during['p99_ms']:<8.2f}{during['max_ms']:>10.1f} ms"
-            f"   (p99 x{during['p99_ms'] / quiet['p99_ms']:.2f})"
+            f"{rate:>9,.0f}"
+            f"{_ms(quiet['p50_ms']):>12} / {_ms(during['p50_ms']):<10}"
+            f"{_ms(quiet['p99_ms']):>9} / {_ms(during['p99_ms']):<8}"
+            f"{_ms(during['max_ms'], 1):>10} ms{ratio}"
         )
     print("\nSize per million rows (MB): table with TOAST, indexes")
     for table, size in sizes.items():
         print(f"  {table:<36}{size['table_mb']:>8.0f}{size['indexes_mb']:>8.0f}")
+
+
+def _ms(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def _double_effect(patch: Patch) -> None:
 
     patch(claim, "_claim", claim_as_if_won)
     # every duplicate goes through the claim: none is answered by a read first
-    patch(claim.duplicate_share, "read_first", lambda source: False)
+    patch(claim, "_reads_first", lambda source: False)
 
 
 def _delivered_without_effect(patch: Patch) -> None:

@@ -425,12 +425,12 @@ def test_the_read_goes_first_only_while_most_recent_requests_are_duplicates(clie
 
     # new events: the claim goes first
     assert deliver_all() == ["applied"] * 40
-    assert not duplicate_share.read_first("shop")
+    assert not duplicate_share().read_first("shop")
 
     # a redelivery storm: once duplicates are the majority, the read goes first
     assert deliver_all() == ["duplicate"] * 40
-    assert duplicate_share.read_first("shop")
-    assert not duplicate_share.read_first("stripe")  # each source keeps its own share
+    assert duplicate_share().read_first("shop")
+    assert not duplicate_share().read_first("stripe")  # each source keeps its own share
 
     # whichever order answered, every request left its record, and nothing applied twice
     assert InventoryLedgerEntry.objects.count() == 40
@@ -441,7 +441,7 @@ def test_the_read_goes_first_only_while_most_recent_requests_are_duplicates(clie
     bodies = [reserved(f"ord_ad_new{i}", ("SKU-A", 1)) for i in range(40)]
     ids = [f"msg_adaptive_new_{i}" for i in range(40)]
     assert deliver_all() == ["applied"] * 40
-    assert not duplicate_share.read_first("shop")
+    assert not duplicate_share().read_first("shop")
 
 
 @pytest.mark.django_db
@@ -456,4 +456,4 @@ def test_retries_and_replays_do_not_move_the_duplicate_share():
     ]
 
     assert statuses == [Result.IGNORED] + [Result.DUPLICATE] * 39
-    assert not duplicate_share.read_first("shop")
+    assert not duplicate_share().read_first("shop")

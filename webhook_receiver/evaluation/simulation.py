@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import io
 import itertools
+import random
 import threading
 import time
 from collections import Counter
@@ -37,16 +38,14 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any
-from unittest import mock
 
 import time_machine
 from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection, transaction
 
-from .. import schemes, signals, tasks
-from ..core import backoff
-from ..inbound import claim as inbound_claim
+from .. import schemes, signals
+from ..core import seam
 from ..inbound.failures import failed_events_retry_due
 from ..inbound.models import FailedEvent
 from ..inbound.receive import webhook_receive
@@ -124,10 +123,6 @@ class Simulation:
             self._relays_queued.add((destination_id, when))
             self.at(when, "relay", destination_id)
 
-    def _queue_task(self, args: tuple[Any, ...] = (), kwargs: Any = None, **options: Any) -> None:
-        """``relay_destination.apply_async`` as the code calls it, countdown included."""
-        self._queue_relay(args[0], options.get("countdown"))
-
     # --- the run ---
 
     def run(self) -> Observations:
@@ -168,7 +163,10 @@ class Simulation:
 
     def _patched(self) -> ExitStack:
         """The broker's place taken by the schedule, and beat's by the scenario's
-        intervals (which the status's pickup reads: watch/pickup.py)."""
+        intervals (which the status's pickup reads: watch/pickup.py). Through the seam
+        (core/seam.py): the relay runs the code starts go on the schedule, the retry
+        jitter draws from the seed, and the process's state (the storm detector) is the
+        run's own."""
         stack = ExitStack()
         beat = self.scenario.beat
         schedule = {
@@ -176,13 +174,7 @@ class Simulation:
             "retry": {"task": "webhook_receiver.retry_failed_events", "schedule": beat.retry_sweep},
         }
         stack.enter_context(beat_schedule(schedule))
-        stack.enter_context(
-            mock.patch.multiple(
-                tasks.relay_destination,
-                apply_async=self._queue_task,
-                delay=lambda destination_id: self._queue_relay(destination_id, None),
-            )
-        )
+        stack.enter_context(seam.replaced(relay=self._queue_relay, rng=random.Random(self.seed)))
         return stack
 
     def _window(self) -> world.SimulatedWindow:
@@ -198,9 +190,7 @@ class Simulation:
         call_command("flush", interactive=False, verbosity=0)
         world.Receiver.create_table()
         cache.clear()
-        inbound_claim.duplicate_share.reset()
         world.current_receiver.reset()
-        backoff.jitter.seed(self.seed)  # the production code's retry jitter
 
     def _setup(self) -> None:
         s = self.scenario

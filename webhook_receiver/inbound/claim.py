@@ -39,7 +39,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from ..core import bounds, sql, storable, tracing
+from ..core import bounds, seam, sql, storable, tracing
 from . import queries
 from .audit import AuditDraft
 from .handlers import HandlerResult, WebhookEvent, get_handler
@@ -85,13 +85,13 @@ def event_claim_and_apply(
         if audit is not None and _reads_first(event.source):
             stored = _record_duplicate(cursor, params)
             if stored is not None:
-                duplicate_share.observe(event.source, duplicate=True)
+                duplicate_share().observe(event.source, duplicate=True)
                 return _duplicate(event, stored)
 
         with transaction.atomic():
             claim = _claim(cursor, params, audited=audit is not None)
             if audit is not None:  # retries and replays say nothing of the traffic
-                duplicate_share.observe(event.source, duplicate=claim.receipt_id is None)
+                duplicate_share().observe(event.source, duplicate=claim.receipt_id is None)
             if claim.receipt_id is None:
                 # The key was claimed before, or by a concurrent delivery (ON CONFLICT
                 # waited for it to commit): its outcome is readable now.
@@ -190,7 +190,7 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
 def _reads_first(source: str) -> bool:
     """Whether a request from ``source`` starts with the duplicate's read (PostgreSQL
     only: the read relaxes its own commit, which SQLite has no setting for)."""
-    return connection.vendor == "postgresql" and duplicate_share.read_first(source)
+    return connection.vendor == "postgresql" and duplicate_share().read_first(source)
 
 
 def _record_duplicate(cursor: CursorWrapper, params: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -284,17 +284,14 @@ class DuplicateShare:
     outage) duplicates are the majority and the read goes first: measured, some 10%
     fewer instructions and 10% more duplicates a second than claiming first, with new
     events unchanged. Both orders are correct: the claim is the guard either way.
-    Updated without a lock: a lost update only nudges a heuristic.
+    Updated without a lock: a lost update only nudges a heuristic. One per process,
+    held by the seam (``duplicate_share``).
     """
 
     WEIGHT = 1 / 16
 
     def __init__(self) -> None:
         self._shares: dict[str, float] = {}
-
-    def reset(self) -> None:
-        """Forget every share (the evaluation harness between scenarios, the tests)."""
-        self._shares.clear()
 
     def read_first(self, source: str) -> bool:
         return self._shares.get(source, 0.0) >= 0.5
@@ -305,4 +302,8 @@ class DuplicateShare:
         self._shares[source] = share + self.WEIGHT * (float(duplicate) - share)
 
 
-duplicate_share = DuplicateShare()
+def duplicate_share() -> DuplicateShare:
+    """The process's share, kept by the seam (core/seam.py): a harness's run, or a test,
+    that puts a fresh seam in place starts with no history."""
+    return seam.current().state(DuplicateShare)
+

@@ -4,7 +4,8 @@ that queues a run for every destination with something due.
 
 Every trigger is an optimisation over the sweep: a trigger lost with the broker, a
 worker or the cache costs a few seconds' delay, never a message. The runs themselves
-are the ``webhook_receiver.relay_destination`` task (relay/run.py does the work).
+are the ``webhook_receiver.relay_destination`` task (relay/run.py does the work), each
+queued by ``relay_start``: through the seam (core/seam.py) a harness starts them itself.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from django.core.cache import cache, caches
 from django.core.cache.backends.dummy import DummyCache
@@ -23,7 +25,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import tasks
-from ..core import bounds, outages
+from ..core import bounds, outages, seam
 from .models import MessageStatus, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -71,9 +73,7 @@ def relay_soon(destination_id: int) -> None:
     # without the cache, a run too many is better than none
     if cache_is_shared() and not cache_outage.call(mark, True):
         return
-    broker_outage.call(
-        lambda: tasks.relay_destination.apply_async((destination_id,), retry=False), None
-    )
+    broker_outage.call(lambda: relay_start(destination_id, retry=False), None)
 
 
 def relay_on_commit(destination_ids: set[int]) -> None:
@@ -85,7 +85,25 @@ def relay_on_commit(destination_ids: set[int]) -> None:
 
 
 def _relay_queue(destination_id: int) -> None:
-    tasks.relay_destination.apply_async((destination_id,), retry=False)
+    relay_start(destination_id, retry=False)
+
+
+def relay_start(
+    destination_id: int, *, countdown: float | None = None, retry: bool | None = None
+) -> None:
+    """Start a relay run of the destination, now or after ``countdown`` seconds: the
+    Celery task, or the seam's ``relay`` when a harness put one in place. ``retry``
+    (the publish's), when given, overrides Celery's setting."""
+    start = seam.current().relay
+    if start is not None:
+        start(destination_id, countdown)
+        return
+    options: dict[str, Any] = {}
+    if countdown is not None:
+        options["countdown"] = countdown
+    if retry is not None:
+        options["retry"] = retry
+    tasks.relay_destination.apply_async((destination_id,), **options)
 
 
 def cache_is_shared() -> bool:
@@ -134,7 +152,7 @@ def follow_up(destination_id: int, wait: float) -> None:
         else:
             cache.set(key, due, timeout=countdown + FOLLOW_UP_SLACK)
     if queue:
-        tasks.relay_destination.apply_async((destination_id,), countdown=countdown)
+        relay_start(destination_id, countdown=countdown)
     # The follow-up is the run queued for this destination: until it starts, an admission
     # queues none of its own (relay_soon finds this mark; this run, started, cleared it),
     # since a run before the next token is due could claim nothing. In a backlog (a flash
@@ -165,7 +183,7 @@ def outbox_sweep() -> int:
             .distinct()
         )
     for destination_id in destinations:
-        tasks.relay_destination.delay(destination_id)
+        relay_start(destination_id)
     return len(destinations)
 
 

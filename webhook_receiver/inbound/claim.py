@@ -306,4 +306,3 @@ def duplicate_share() -> DuplicateShare:
     """The process's share, kept by the seam (core/seam.py): a harness's run, or a test,
     that puts a fresh seam in place starts with no history."""
     return seam.current().state(DuplicateShare)
-

@@ -4,11 +4,32 @@ DATABASE_URL picks the database (PostgreSQL by default; `make test` also runs th
 suite on SQLite). pytest-django creates a test database and drops it afterwards.
 """
 
+import os
+from urllib.parse import urlsplit, urlunsplit
+
 import environ
 
 from project.settings import *  # noqa: F403
 
 env = environ.Env()
+
+
+def per_test_process_broker(url: str) -> str:
+    """Under pytest-xdist (``make test``), each test process its own Redis database, counted
+    down from the configured one (gw0 keeps it, gw1 the one below…): the Celery workers a
+    test starts must not take another process's tasks. Written to the environment, with a
+    mark that it is done, so that the processes a test starts keep the URL they are given."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or os.environ.get("WEBHOOK_TEST_BROKER_PER_PROCESS"):
+        return url
+    parts = urlsplit(url)
+    database = int(parts.path.strip("/") or 0) - int(worker[2:])
+    if database < 0:
+        raise RuntimeError(f"{url}: too few Redis databases below it for test process {worker}")
+    url = urlunsplit(parts._replace(path=f"/{database}"))
+    os.environ["CELERY_BROKER_URL"] = os.environ["WEBHOOK_TEST_BROKER_PER_PROCESS"] = url
+    return url
+
 
 DATABASES = {
     "default": env.db(
@@ -58,5 +79,6 @@ WEBHOOK_RECEIVER = {
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/15")
+CELERY_BROKER_URL = per_test_process_broker(CELERY_BROKER_URL)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}

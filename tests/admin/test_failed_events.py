@@ -17,7 +17,7 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry
-from tests.support.admin import action_values, change_url, flash
+from tests.support.admin import action_values, change_url, filter_case_id, flash
 from tests.support.failing import CRASH, fail_schema
 from tests.support.http import post
 from tests.support.signing import standard_headers
@@ -121,7 +121,7 @@ FILTERS = [
 ]
 
 
-@pytest.mark.parametrize(("query", "expected"), FILTERS, ids=lambda v: str(v))
+@pytest.mark.parametrize(("query", "expected"), FILTERS, ids=filter_case_id)
 def test_filters(admin_client, failures, query, expected):
     assert rows(admin_client.get(CHANGELIST, query)) == expected
 

@@ -17,6 +17,7 @@ from django.db import connection
 from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry, OrderState
+from tests.support.admin import filter_case_id
 from tests.support.signing import (
     event_body,
     github_headers,
@@ -158,7 +159,7 @@ RECEIPT_FILTERS = [
 ]
 
 
-@pytest.mark.parametrize(("query", "expected"), RECEIPT_FILTERS, ids=lambda v: str(v))
+@pytest.mark.parametrize(("query", "expected"), RECEIPT_FILTERS, ids=filter_case_id)
 def test_receipt_filters(admin_client, deliveries, query, expected):
     assert keys(admin_client.get(changelist("webhookreceipt"), query)) == expected
 
@@ -176,7 +177,7 @@ AUDIT_FILTERS = [
 ]
 
 
-@pytest.mark.parametrize(("query", "expected"), AUDIT_FILTERS, ids=lambda v: str(v))
+@pytest.mark.parametrize(("query", "expected"), AUDIT_FILTERS, ids=filter_case_id)
 def test_audit_filters(admin_client, deliveries, query, expected):
     assert keys(admin_client.get(changelist("requestaudit"), query)) == expected
 

@@ -7,6 +7,12 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 
+def filter_case_id(value) -> str:
+    """A filter case's id, the same in every test process (pytest-xdist compares them): a
+    set of expected keys is named in sorted order, not in its hash order."""
+    return str(sorted(value)) if isinstance(value, set) else str(value)
+
+
 def action_values(response) -> set[str]:
     """The actions the list's action form offers ("" is its blank choice); none: no form."""
     form = response.context["action_form"]

@@ -4,6 +4,8 @@ surrogate (PostgreSQL and UTF-8 refuse them); keys stay stable and distinct."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -77,3 +79,26 @@ def test_storable_headers_are_storable_and_leave_credentials_out(received, leave
         assert not unstorable(name) and not unstorable(value)
     kept = [name for name in received if name.lower() not in leave_out]
     assert len(stored) <= len(kept)
+
+
+def test_a_json_value_nested_past_the_bound_keeps_the_bound_and_says_so():
+    # given: a sender's record nesting 900 levels deep (Python parses it; reading it back
+    # from a column at the bottom of a deep stack would not)
+    deep: list = []
+    innermost = deep
+    for _ in range(899):
+        innermost.append([])
+        innermost = innermost[0]
+
+    # when
+    kept = storable.json_value({"data": deep})
+
+    # then: MAX_JSON_DEPTH levels kept, the rest a line saying so; it reads back under a
+    # stack as deep as the recursion limit allows less a page's and a command's frames
+    depth, level = 0, kept
+    while isinstance(level, dict | list) and level:
+        level = next(iter(level.values())) if isinstance(level, dict) else level[0]
+        depth += 1
+    assert depth == storable.MAX_JSON_DEPTH
+    assert level == f"[nested deeper than {storable.MAX_JSON_DEPTH} levels: not kept]"
+    assert json.loads(json.dumps(kept)) == kept

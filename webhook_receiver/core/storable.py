@@ -131,25 +131,34 @@ def _json_text(value: str) -> str:
     return "".join(escape(c) if _json_unstorable(c) else c for c in value)
 
 
+# Django's JSONField reads a column back with json.loads, which recurses: what is kept
+# nests at most this deep, far below the interpreter's recursion limit, so that a page or
+# a command reads it back however deep its own stack already is.
+MAX_JSON_DEPTH = 100
+
+
 def json_value(value: Any) -> Any:
     """A peer's JSON (a sender's record, what it says of an order) as a JSON column can
     store it: NUL and lone surrogates escaped (``\\x00``) in every string and key, and
     the numbers Python's parser takes but JSON has not (``Infinity``, ``NaN``, ``1e999``)
-    as text; everything else kept as it came. Walked with a stack of its own, not by
-    recursion: a peer chooses how deep its JSON nests."""
+    as text, what nests deeper than MAX_JSON_DEPTH as a line saying so; everything else
+    kept as it came. Walked with a stack of its own, not by recursion: a peer chooses how
+    deep its JSON nests."""
     if not isinstance(value, dict | list | tuple):
         return _json_scalar(value)
     top: dict[str, Any] | list[Any] = {} if isinstance(value, dict) else []
-    pending: list[tuple[Any, dict[str, Any] | list[Any]]] = [(value, top)]
+    pending: list[tuple[Any, dict[str, Any] | list[Any], int]] = [(value, top, 1)]
     while pending:
-        source, copy = pending.pop()
+        source, copy, depth = pending.pop()
         items = source.items() if isinstance(source, dict) else enumerate(source)
         for name, item in items:
-            if isinstance(item, dict | list | tuple):
-                child: Any = {} if isinstance(item, dict) else []
-                pending.append((item, child))  # filled in later; its place is kept now
-            else:
+            if not isinstance(item, dict | list | tuple):
                 child = _json_scalar(item)
+            elif depth >= MAX_JSON_DEPTH:
+                child = f"[nested deeper than {MAX_JSON_DEPTH} levels: not kept]"
+            else:
+                child = {} if isinstance(item, dict) else []
+                pending.append((item, child, depth + 1))  # filled in later; its place kept
             if isinstance(copy, dict):
                 copy[_json_text(str(name))] = child
             else:

@@ -48,13 +48,20 @@ run: install .env
 	@echo
 	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m project.devserver --host $(HOST) --port $(PORT)
 
+# The suite on PostgreSQL, then on SQLite the tests the engine can change, each spread
+# over TEST_PROCESSES processes (pytest-xdist; a file's tests stay in one). Each process
+# has its own test database and its own Redis database, counted down from the one
+# CELERY_BROKER_URL names (tests/settings.py).
+TEST_PROCESSES ?= 2
+PYTEST_SPREAD = -n $(TEST_PROCESSES) --dist loadfile
+
 test: test-postgres test-sqlite
 
 test-postgres: install
-	DATABASE_URL=$(PG_TEST_URL) TEST_DATABASE_NAME=$(TEST_DATABASE_NAME) $(BIN)/pytest
+	DATABASE_URL=$(PG_TEST_URL) TEST_DATABASE_NAME=$(TEST_DATABASE_NAME) $(BIN)/pytest $(PYTEST_SPREAD)
 
 test-sqlite: install
-	DATABASE_URL=sqlite:///$(CURDIR)/var/test.sqlite3 $(BIN)/pytest
+	DATABASE_URL=sqlite:///$(CURDIR)/var/test.sqlite3 $(BIN)/pytest $(PYTEST_SPREAD)
 
 # The evaluation harness: the built-in scenarios in simulated time (a database of their
 # own), the report on the terminal and in var/eval/report.html, compared with the

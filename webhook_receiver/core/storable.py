@@ -152,13 +152,15 @@ def json_value(value: Any) -> Any:
         source, copy, depth = pending.pop()
         items = source.items() if isinstance(source, dict) else enumerate(source)
         for name, item in items:
+            child: Any
             if not isinstance(item, dict | list | tuple):
                 child = _json_scalar(item)
             elif depth >= MAX_JSON_DEPTH:
                 child = f"[nested deeper than {MAX_JSON_DEPTH} levels: not kept]"
             else:
-                child = {} if isinstance(item, dict) else []
-                pending.append((item, child, depth + 1))  # filled in later; its place kept
+                container: dict[str, Any] | list[Any] = {} if isinstance(item, dict) else []
+                pending.append((item, container, depth + 1))  # filled in later
+                child = container  # its place kept now
             if isinstance(copy, dict):
                 copy[_json_text(str(name))] = child
             else:

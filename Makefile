@@ -49,10 +49,11 @@ run: install .env
 	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m project.devserver --host $(HOST) --port $(PORT)
 
 # The suite on PostgreSQL, then on SQLite the tests the engine can change, each spread
-# over TEST_PROCESSES processes (pytest-xdist; a file's tests stay in one). Each process
+# over TEST_PROCESSES processes (pytest-xdist; a file's tests stay in one; three beat two
+# on two cores, as many tests wait on processes and sockets). Each process
 # has its own test database and its own Redis database, counted down from the one
 # CELERY_BROKER_URL names (tests/settings.py).
-TEST_PROCESSES ?= 2
+TEST_PROCESSES ?= 3
 PYTEST_SPREAD = -n $(TEST_PROCESSES) --dist loadfile
 
 test: test-postgres test-sqlite

@@ -8,28 +8,7 @@ registered, chosen and validated.
 
 from __future__ import annotations
 
-from .inbound.handlers import (
-    Handler,
-    HandlerResult,
-    Result,
-    WebhookEvent,
-    get_handler,
-    registered,
-    subject_of,
-    unregister,
-    validated_by,
-    webhook_handler,
-)
+from .inbound import handlers as _registry
+from .inbound.handlers import *  # noqa: F403 (the registry's public names, by its __all__)
 
-__all__ = [
-    "Handler",
-    "HandlerResult",
-    "Result",
-    "WebhookEvent",
-    "get_handler",
-    "registered",
-    "subject_of",
-    "unregister",
-    "validated_by",
-    "webhook_handler",
-]
+__all__ = _registry.__all__

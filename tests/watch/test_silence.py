@@ -187,6 +187,16 @@ def test_silence_outside_active_hours_opens_no_alert_and_inside_it_does(
     assert heard == [("opened", "shop", alert.pk)]
 
 
+def test_active_hours_of_days_alone_are_those_days_all_day(client, watch, heard, check):
+    # given: shop is expected to send on weekdays, no span given (00:00 to 00:00)
+    watch(ACTIVE_HOURS={"DAYS": "mon-fri", "TIME_ZONE": BERLIN.key})
+    send_event(client)
+
+    # when / then: a silent Sunday is expected, a silent Tuesday at 03:00 is not
+    assert check(_next(6, 12))["shop"].state == "outside_active_hours"
+    assert check(_next(1, 3))["shop"].state == "opened"
+
+
 # --- resolving, once ---------------------------------------------------------------------------
 
 

@@ -65,7 +65,8 @@ def _time_zone(value: Any, where: str) -> ZoneInfo:
 class ActiveHours:
     """The hours in which a source is expected to send: days of the week (Monday is 0)
     and a daily span in a time zone. A span whose end is before its start runs past
-    midnight (22:00-06:00)."""
+    midnight (22:00-06:00); one whose end is its start is the whole day (the default,
+    00:00-00:00: only DAYS given means those days, all day)."""
 
     days: frozenset[int] = key(
         "DAYS",
@@ -78,14 +79,17 @@ class ActiveHours:
         "END",
         "00:00",
         _clock,
-        "when it ends; before `START`, the span runs past midnight (`22:00` to `06:00`)",
+        "when it ends; before `START`, the span runs past midnight (`22:00` to `06:00`); "
+        "equal to it, the whole day",
     )
     tz: ZoneInfo = key("TIME_ZONE", "UTC", _time_zone, "the zone of `START` and `END`")
 
     def contains(self, moment: datetime) -> bool:
         local = moment.astimezone(self.tz)
         clock = local.time().replace(tzinfo=None)
-        if self.start <= self.end:
+        if self.start == self.end:  # the whole day
+            return local.weekday() in self.days
+        if self.start < self.end:
             return local.weekday() in self.days and self.start <= clock < self.end
         # past midnight: the span belongs to the day it started on
         if clock >= self.start:

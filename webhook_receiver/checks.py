@@ -158,6 +158,17 @@ def database_problems(databases: dict[str, dict[str, Any]]) -> list[checks.Check
     return []
 
 
+def _raw_rows(alias: str, sql: str) -> list[tuple[Any, ...]] | None:
+    """The rows of ``sql`` on database ``alias``; None where its table is not there yet
+    (a database check runs before migrating)."""
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchall()
+    except DatabaseError:
+        return None
+
+
 @checks.register(checks.Tags.database)
 def check_destination_secrets(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
@@ -174,12 +185,9 @@ def check_destination_secrets(
     table = WebhookDestination._meta.db_table
     problems: list[checks.CheckMessage] = []
     for alias in databases or ():
-        try:
-            with connections[alias].cursor() as cursor:
-                # raw: the model's field would decrypt, and raise, on the first bad row
-                cursor.execute(f"SELECT name, secrets FROM {table} ORDER BY name")
-                rows = cursor.fetchall()
-        except DatabaseError:
+        # raw: the model's field would decrypt, and raise, on the first bad row
+        rows = _raw_rows(alias, f"SELECT name, secrets FROM {table} ORDER BY name")
+        if rows is None:
             continue  # not migrated yet
         for name, stored in rows:
             values = json.loads(stored) if isinstance(stored, str) else stored
@@ -257,13 +265,11 @@ def check_source_records(
     table = WebhookSource._meta.db_table
     problems: list[checks.CheckMessage] = []
     for alias in databases or ():
-        try:
-            with connections[alias].cursor() as cursor:
-                # the slugs alone: nothing to decrypt
-                cursor.execute(f"SELECT slug FROM {table} ORDER BY slug")
-                slugs = [slug for (slug,) in cursor.fetchall()]
-        except DatabaseError:
+        # the slugs alone: nothing to decrypt
+        rows = _raw_rows(alias, f"SELECT slug FROM {table} ORDER BY slug")
+        if rows is None:
             continue  # not migrated yet
+        slugs = [slug for (slug,) in rows]
         problems += [
             checks.Warning(
                 f"Source record {slug!r} is shadowed by WEBHOOK_RECEIVER['SOURCES'][{slug!r}]: "

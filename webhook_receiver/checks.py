@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -158,15 +158,17 @@ def database_problems(databases: dict[str, dict[str, Any]]) -> list[checks.Check
     return []
 
 
-def _raw_rows(alias: str, sql: str) -> list[tuple[Any, ...]] | None:
-    """The rows of ``sql`` on database ``alias``; None where its table is not there yet
+def _raw_rows(databases: Iterable[str] | None, sql: str) -> Iterator[list[tuple[Any, ...]]]:
+    """Each database's rows of ``sql``, skipping a database whose table is not there yet
     (a database check runs before migrating)."""
-    try:
-        with connections[alias].cursor() as cursor:
-            cursor.execute(sql)
-            return cursor.fetchall()
-    except DatabaseError:
-        return None
+    for alias in databases or ():
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(sql)
+                rows = cursor.fetchall()
+        except DatabaseError:
+            continue  # not migrated yet
+        yield rows
 
 
 @checks.register(checks.Tags.database)
@@ -184,11 +186,8 @@ def check_destination_secrets(
         return []  # E001 says why
     table = WebhookDestination._meta.db_table
     problems: list[checks.CheckMessage] = []
-    for alias in databases or ():
-        # raw: the model's field would decrypt, and raise, on the first bad row
-        rows = _raw_rows(alias, f"SELECT name, secrets FROM {table} ORDER BY name")
-        if rows is None:
-            continue  # not migrated yet
+    # raw: the model's field would decrypt, and raise, on the first bad row
+    for rows in _raw_rows(databases, f"SELECT name, secrets FROM {table} ORDER BY name"):
         for name, stored in rows:
             values = json.loads(stored) if isinstance(stored, str) else stored
             values = values if isinstance(values, list) else []
@@ -264,11 +263,8 @@ def check_source_records(
         return []  # E001 says why
     table = WebhookSource._meta.db_table
     problems: list[checks.CheckMessage] = []
-    for alias in databases or ():
-        # the slugs alone: nothing to decrypt
-        rows = _raw_rows(alias, f"SELECT slug FROM {table} ORDER BY slug")
-        if rows is None:
-            continue  # not migrated yet
+    # the slugs alone: nothing to decrypt
+    for rows in _raw_rows(databases, f"SELECT slug FROM {table} ORDER BY slug"):
         slugs = [slug for (slug,) in rows]
         problems += [
             checks.Warning(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -158,6 +158,19 @@ def database_problems(databases: dict[str, dict[str, Any]]) -> list[checks.Check
     return []
 
 
+def _raw_rows(databases: Iterable[str] | None, sql: str) -> Iterator[list[tuple[Any, ...]]]:
+    """Each database's rows of ``sql``, skipping a database whose table is not there yet
+    (a database check runs before migrating)."""
+    for alias in databases or ():
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(sql)
+                rows = cursor.fetchall()
+        except DatabaseError:
+            continue  # not migrated yet
+        yield rows
+
+
 @checks.register(checks.Tags.database)
 def check_destination_secrets(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
@@ -173,14 +186,8 @@ def check_destination_secrets(
         return []  # E001 says why
     table = WebhookDestination._meta.db_table
     problems: list[checks.CheckMessage] = []
-    for alias in databases or ():
-        try:
-            with connections[alias].cursor() as cursor:
-                # raw: the model's field would decrypt, and raise, on the first bad row
-                cursor.execute(f"SELECT name, secrets FROM {table} ORDER BY name")
-                rows = cursor.fetchall()
-        except DatabaseError:
-            continue  # not migrated yet
+    # raw: the model's field would decrypt, and raise, on the first bad row
+    for rows in _raw_rows(databases, f"SELECT name, secrets FROM {table} ORDER BY name"):
         for name, stored in rows:
             values = json.loads(stored) if isinstance(stored, str) else stored
             values = values if isinstance(values, list) else []
@@ -256,14 +263,9 @@ def check_source_records(
         return []  # E001 says why
     table = WebhookSource._meta.db_table
     problems: list[checks.CheckMessage] = []
-    for alias in databases or ():
-        try:
-            with connections[alias].cursor() as cursor:
-                # the slugs alone: nothing to decrypt
-                cursor.execute(f"SELECT slug FROM {table} ORDER BY slug")
-                slugs = [slug for (slug,) in cursor.fetchall()]
-        except DatabaseError:
-            continue  # not migrated yet
+    # the slugs alone: nothing to decrypt
+    for rows in _raw_rows(databases, f"SELECT slug FROM {table} ORDER BY slug"):
+        slugs = [slug for (slug,) in rows]
         problems += [
             checks.Warning(
                 f"Source record {slug!r} is shadowed by WEBHOOK_RECEIVER['SOURCES'][{slug!r}]: "

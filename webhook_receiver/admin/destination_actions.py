@@ -9,8 +9,12 @@ from .confirm import Confirmation, Selection
 from .forms import EnableForm, RecoverForm
 
 
+def _these(count: int) -> str:
+    return gettext("this destination") if count == 1 else gettext("these destinations")
+
+
 def recover_confirmation(count: int) -> Confirmation:
-    these = gettext("this destination") if count == 1 else gettext("these destinations")
+    these = _these(count)
     return Confirmation(
         action="recover_since_selected",
         title=gettext("Recover failed messages"),
@@ -51,7 +55,7 @@ def recover_confirmation(count: int) -> Confirmation:
 
 
 def enable_confirmation(count: int) -> Confirmation:
-    these = gettext("this destination") if count == 1 else gettext("these destinations")
+    these = _these(count)
     return Confirmation(
         action="enable_selected",
         title=gettext("Enable destinations"),

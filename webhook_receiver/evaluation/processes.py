@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from django.db import connection
@@ -40,6 +41,11 @@ class SimThread:
         self.thread: threading.Thread | None = None
         self.lanes: RelayLanes | None = None  # a worker process's relay lanes
         self.lane_target: Callable[[], None] | None = None  # a lane thread's lane to run
+
+    def wait_turn(self) -> None:
+        """Wait until the schedule hands this thread the turn."""
+        self.resume.wait()
+        self.resume.clear()
 
 
 class Processes:
@@ -91,19 +97,14 @@ class Processes:
         try:
             with connection.execute_wrapper(self._count_statement):
                 while True:
-                    worker.resume.wait()
-                    worker.resume.clear()
+                    worker.wait_turn()
                     task = worker.task
                     if task is None:
                         return
                     while task is not None:
                         self._local.phase = task[0]
-                        try:
-                            self._run_task(*task)
-                        except Stop:
+                        if not self._survives(partial(self._run_task, *task)):
                             return
-                        except BaseException as exc:  # the schedule raises it
-                            self._worker_error = self._worker_error or exc
                         with self._settled:
                             task = self._due_tasks.popleft() if self._due_tasks else None
                             if task is None:
@@ -113,6 +114,17 @@ class Processes:
                                 self._settled.notify_all()
         finally:
             connection.close()
+
+    def _survives(self, run: Callable[[], object]) -> bool:
+        """Run a task or a lane on this thread: False when the cut-off stops the thread;
+        any other error is kept for ``settle`` to raise."""
+        try:
+            run()
+        except Stop:
+            return False
+        except BaseException as exc:  # the schedule raises it
+            self._worker_error = self._worker_error or exc
+        return True
 
     def submit(self, kind: str, payload: Any) -> None:
         """A task reaches the broker: an idle worker takes it now, else it waits its turn."""
@@ -148,8 +160,7 @@ class Processes:
         with self._settled:
             self._running -= 1
             self._settled.notify_all()
-        worker.resume.wait()
-        worker.resume.clear()
+        worker.wait_turn()
         if self._stopping:
             raise Stop
 
@@ -176,17 +187,12 @@ class Processes:
         try:
             with connection.execute_wrapper(self._count_statement):
                 while True:
-                    lane.resume.wait()
-                    lane.resume.clear()
+                    lane.wait_turn()
                     target = lane.lane_target
                     if self._stopping or target is None:
                         return
-                    try:
-                        target()
-                    except Stop:
+                    if not self._survives(target):
                         return
-                    except BaseException as exc:  # the schedule raises it
-                        self._worker_error = self._worker_error or exc
                     with self._settled:
                         lane.lane_target = None
                         self._idle_lanes.append(lane)

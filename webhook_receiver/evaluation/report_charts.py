@@ -19,11 +19,22 @@ def scenario_charts(i: int, s: dict[str, Any]) -> SafeString:
     if not dests:
         return mark_safe('<p class="muted">No destination: no outbound queue to chart.</p>')
     names = [d["name"] for d in s["destinations"] if d["name"] in dests]
+    duration = float(s["duration_s"])
 
     def series(pick: Any) -> list[Series]:
         return [Series(n, colour(k), pick(dests[n])) for k, n in enumerate(names)]
 
-    duration = float(s["duration_s"])
+    def over_time(title: str, name: str, empty: str, **options: Any) -> Chart:
+        """A chart of one of the metrics' time series, on the run's whole span."""
+        return Chart(
+            title,
+            series(lambda m: m["series"][name]),
+            x_label="simulated time",
+            empty=empty,
+            x_max=duration,
+            **options,
+        )
+
     figures = [
         (
             Chart(
@@ -38,37 +49,28 @@ def scenario_charts(i: int, s: dict[str, Any]) -> SafeString:
             "the 2xx: 24 equal bins from 0 to each destination's slowest.",
         ),
         (
-            Chart(
-                "Queue depth (messages pending or sending)",
-                series(lambda m: m["series"]["depth"]),
-                x_label="simulated time",
-                empty="nothing queued",
-                y_whole=True,
-                x_max=duration,
+            over_time(
+                "Queue depth (messages pending or sending)", "depth", "nothing queued", y_whole=True
             ),
             "The messages not yet delivered nor failed, the largest in each slice of "
             "simulated time.",
         ),
         (
-            Chart(
+            over_time(
                 "Oldest eligible message's age",
-                series(lambda m: m["series"]["oldest_age_s"]),
-                x_label="simulated time",
-                empty="nothing waited while due",
+                "oldest_age_s",
+                "nothing waited while due",
                 y_time=True,
-                x_max=duration,
             ),
             "How long the oldest message the relay could send (due, and not behind an "
             "older open one of its ordering key) had waited since its admission: a queue "
             "that falls behind climbs here. Messages held back for an operator are apart.",
         ),
         (
-            Chart(
+            over_time(
                 "Limiter utilisation",
-                series(lambda m: m["series"]["utilisation"]),
-                x_label="simulated time",
-                empty="nothing sent",
-                x_max=duration,
+                "utilisation",
+                "nothing sent",
                 reference=1.0,
                 reference_label="the configured rate (1.0)",
             ),
@@ -82,13 +84,8 @@ def scenario_charts(i: int, s: dict[str, Any]) -> SafeString:
         figures.insert(
             3,
             (
-                Chart(
-                    "Held back for an operator",
-                    series(lambda m: m["series"]["held_back"]),
-                    x_label="simulated time",
-                    empty="nothing held back",
-                    y_whole=True,
-                    x_max=duration,
+                over_time(
+                    "Held back for an operator", "held_back", "nothing held back", y_whole=True
                 ),
                 "Messages waiting behind a terminal message of their ordering key (strict "
                 "order): they go once an operator retries or discards it, not before.",

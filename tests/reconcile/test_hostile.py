@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from project.shop.reconcile import OrderStates
-from tests.support.peers import answer, hostile_peer, timed
+from tests.support.peers import answer, dripping, hostile_peer, timed
 from tests.support.reconciling import reconcile_with
 from webhook_receiver.core import storable
 from webhook_receiver.models import ReconciliationRun, RepairItem
@@ -156,14 +156,7 @@ def test_a_database_error_is_stored_without_the_data_it_quotes(settings):
 def test_an_answer_that_drips_fails_the_run_at_its_request_timeout(settings):
     # given: a 200 whose body comes a byte every 0.2 s for 10 s; each read is well
     # within READ_TIMEOUT
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n"
-
-    def drip(request: bytes):
-        yield 0, head
-        for _ in range(50):
-            yield 0.2, b" "
-
-    with hostile_peer(drip) as peer:
+    with hostile_peer(dripping(50)) as peer:
         http_source(settings, peer.url, READ_TIMEOUT=5, REQUEST_TIMEOUT=1)
 
         # when
@@ -236,15 +229,8 @@ def test_a_retry_after_that_is_no_number_is_a_backoff(settings, value):
 
 def test_the_stripe_adapter_is_bounded_in_time_and_bytes(settings):
     # given: a Stripe API that drips its answer, then one that floods
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n"
-
-    def drip(request: bytes):
-        yield 0, head
-        for _ in range(40):
-            yield 0.2, b" "
-
     options = {"API_KEY": "sk_test_local", "TIMEOUT": 1, "MAX_NETWORK_RETRIES": 0}
-    with hostile_peer(drip, path="") as peer:
+    with hostile_peer(dripping(40), path="") as peer:
         reconcile_with(
             settings, "stripe", ADAPTER="stripe", OPTIONS={**options, "API_BASE": peer.url}
         )

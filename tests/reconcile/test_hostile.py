@@ -323,13 +323,18 @@ def listing(events_of, **kwargs) -> list[SenderEvent] | None:
         return None
 
 
-@FUZZ
-@given(body=st.binary(max_size=2000) | JSON.map(lambda value: json.dumps(value).encode()))
-def test_any_answer_body_is_a_listing_or_a_refusal(body):
+def http_listing_of(body: bytes) -> list[SenderEvent] | None:
+    """The HTTP adapter's listing of the last hour from a sender answering 200 ``body``."""
     with hostile_peer(lambda request: [(0, answer(200, {}, body))]) as peer:
         now = timezone.now()
         options = {"URL": peer.url, "RETRIES": 0}
-        listing(http_events, options=options, since=now - timedelta(hours=1), until=now)
+        return listing(http_events, options=options, since=now - timedelta(hours=1), until=now)
+
+
+@FUZZ
+@given(body=st.binary(max_size=2000) | JSON.map(lambda value: json.dumps(value).encode()))
+def test_any_answer_body_is_a_listing_or_a_refusal(body):
+    http_listing_of(body)
 
 
 @FUZZ
@@ -339,10 +344,7 @@ def test_any_answer_body_is_a_listing_or_a_refusal(body):
     )
 )
 def test_any_page_of_records_is_a_listing_or_a_refusal(page_body):
-    with hostile_peer(lambda request: [(0, answer(200, {}, page_body))]) as peer:
-        now = timezone.now()
-        options = {"URL": peer.url, "RETRIES": 0}
-        listing(http_events, options=options, since=now - timedelta(hours=1), until=now)
+    http_listing_of(page_body)
 
 
 @FUZZ

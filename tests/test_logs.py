@@ -22,7 +22,7 @@ from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.bench.server import GunicornServer
+from tests.bench.server import GUNICORN_WSGI, GunicornServer
 from tests.settings import SHOP_SECRET
 from tests.support.paths import REPO
 from tests.support.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
@@ -66,10 +66,7 @@ class DeployedGunicorn(GunicornServer):
 
     def command(self) -> list[str]:
         return [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "project.wsgi",
+            *GUNICORN_WSGI,
             "--config",
             str(CONFIG),
             "--bind",

@@ -22,6 +22,7 @@ from tests.support.signing import (
     standard_headers,
     stripe_headers,
 )
+from tests.support.threads import run_together
 from webhook_receiver.models import RequestAudit, WebhookReceipt
 from webhook_receiver.schemes import sign
 
@@ -161,10 +162,7 @@ def test_behind_nginx_a_sender_bursting_its_backlog_is_paced_not_refused(nginx):
     # when
     threads = [threading.Thread(target=sender, args=(bodies[i::32],)) for i in range(32)]
     started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_together(threads, timeout=120)
     took = time.monotonic() - started
 
     # then: nothing refused, every event applied; paced, to at most 200 a second

@@ -18,7 +18,7 @@ from django.urls import reverse
 
 from project.shop.models import InventoryLedgerEntry
 from tests.support.admin import action_values, change_url, filter_case_id, flash
-from tests.support.failing import CRASH, fail_schema
+from tests.support.failing import CRASH, fail_schema, snapshot
 from tests.support.http import post
 from tests.support.signing import standard_headers
 from webhook_receiver.handlers import WebhookEvent
@@ -55,18 +55,6 @@ def discard(client, *failed: FailedEvent, reason: str | None = None, query: str 
     else:
         data |= {"post": "yes", "reason": reason}  # the confirmation page's post
     return client.post(CHANGELIST + query, data)
-
-
-def snapshot(failed: FailedEvent) -> tuple:
-    failed.refresh_from_db()
-    return (
-        failed.status,
-        failed.attempts,
-        len(failed.errors),
-        failed.last_replayed_by,
-        failed.discarded_by,
-        failed.resolution,
-    )
 
 
 # --- the list ----------------------------------------------------------------------------

@@ -26,6 +26,8 @@ HOST = "127.0.0.1"
 # The set-up under test, the same for all three endpoints: 2 sync workers, as on a
 # 2-core host. Access logging stays off (gunicorn's default) to time the app, not logs.
 GUNICORN_WORKERS = 2
+# the command that serves project.wsgi; each server adds its own options
+GUNICORN_WSGI = (sys.executable, "-m", "gunicorn", "project.wsgi")
 STARTUP_TIMEOUT_SECONDS = 30
 STOP_TIMEOUT_SECONDS = 15
 
@@ -124,8 +126,8 @@ class LoggedProcess:
     def ready(self) -> bool:
         raise NotImplementedError
 
-    def __enter__(self) -> Self:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+    def launch(self) -> None:
+        """Start it, its output in its log, without waiting for it to be ready."""
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command(),
@@ -135,6 +137,10 @@ class LoggedProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def __enter__(self) -> Self:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.launch()
         try:
             self._wait_ready()
         except BaseException:
@@ -194,10 +200,7 @@ class GunicornServer(LoggedProcess):
 
     def command(self) -> list[str]:
         return [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "project.wsgi",
+            *GUNICORN_WSGI,
             "--workers",
             str(GUNICORN_WORKERS),
             "--worker-class",

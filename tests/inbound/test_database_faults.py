@@ -6,10 +6,8 @@ lost, and the app recovers with no restart."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -18,6 +16,7 @@ from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry, OrderState
 from tests.support.http import post
+from tests.support.locks import table_locked
 from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.core import logs
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
@@ -105,21 +104,6 @@ def test_a_locked_ledger_defers_fast_and_leaves_other_events_alone(
     assert failed_events_retry_due(now=timezone.now() + timezone.timedelta(days=1)) == 1
     assert InventoryLedgerEntry.objects.filter(event_key="msg_lock").count() == 1
     assert OrderState.objects.get(order_id="o_lock").version == 1
-
-
-@contextmanager
-def table_locked(session: psycopg.Connection, table: str, *, for_seconds: float) -> Iterator[None]:
-    """``table`` locked ACCESS EXCLUSIVE by ``session`` (a migration, VACUUM FULL, a REINDEX
-    without CONCURRENTLY), released after ``for_seconds`` at the latest: a statement
-    that waits for it unbounded is answered late instead of hanging the suite."""
-    session.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
-    release = threading.Timer(for_seconds, session.rollback)
-    release.start()
-    try:
-        yield
-    finally:
-        release.cancel()
-        session.rollback()
 
 
 @pytest.mark.parametrize("storming", [False, True], ids=["claim first", "read first"])

@@ -20,6 +20,7 @@ from project.shop.models import InventoryLedgerEntry
 from tests.support import handlers as test_handlers
 from tests.support.http import post
 from tests.support.signing import as_meta, event_body, reserved, standard_headers
+from tests.support.threads import run_together
 from tests.support.worker import start_worker, wait_for
 from webhook_receiver.exceptions import TransientError
 from webhook_receiver.inbound.failures import (
@@ -361,11 +362,7 @@ def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
     # when: four sweepers start at the same instant, each locking 5 events a transaction
     slow = handlers(test_slow="tests.support.handlers.tracks_concurrency")
     with receiver_settings(**slow, SWEEP_BATCH_SIZE=5):
-        threads = [threading.Thread(target=sweep) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
+        run_together([threading.Thread(target=sweep) for _ in range(4)], timeout=120)
 
     # then: each event ran exactly once, never two at a time, and the work was shared
     assert test_handlers.overlaps == []

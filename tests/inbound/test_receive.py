@@ -22,6 +22,7 @@ from tests.support import handlers as test_handlers
 from tests.support.http import post
 from tests.support.paths import REPO
 from tests.support.signing import as_meta, event_body, reserved, standard_headers
+from tests.support.threads import run_together
 from webhook_receiver.handlers import HandlerResult, WebhookEvent, unregister, webhook_handler
 from webhook_receiver.inbound.claim import duplicate_share, event_claim_and_apply
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
@@ -306,11 +307,7 @@ def _deliver_concurrently(url: str, body: bytes, headers: dict[str, str], sender
         with lock:
             answers.append(result)
 
-    threads = [threading.Thread(target=send) for _ in range(senders)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_together([threading.Thread(target=send) for _ in range(senders)], timeout=120)
     return answers
 
 
@@ -366,11 +363,7 @@ def test_concurrent_versions_of_one_order_converge_on_the_highest(threaded_serve
         with urllib.request.urlopen(request, timeout=60) as response:
             statuses.append(response.status)
 
-    threads = [threading.Thread(target=send, args=(b,)) for b in bodies]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_together([threading.Thread(target=send, args=(b,)) for b in bodies], timeout=120)
 
     # then
     assert statuses == [200] * 32

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 
 from project.shop.models import InventoryLedgerEntry
 from tests.support import handlers
-from tests.support.failing import CRASH, fail_crash, fail_schema
+from tests.support.failing import CRASH, fail_crash, fail_schema, snapshot
 from webhook_receiver.inbound.failures import failed_event_discard
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 
@@ -49,18 +49,6 @@ def ids(output: str) -> list[int]:
     if output.strip() == "No failed events match; nothing to replay.":
         return []
     return [int(row["id"]) for row in table(output)]
-
-
-def snapshot(failed: FailedEvent) -> tuple:
-    failed.refresh_from_db()
-    return (
-        failed.status,
-        failed.attempts,
-        len(failed.errors),
-        failed.last_replayed_by,
-        failed.last_replayed_at,
-        failed.resolution,
-    )
 
 
 def crash_rows(key: str) -> int:

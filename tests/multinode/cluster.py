@@ -99,20 +99,6 @@ class Beat(LoggedProcess):
         return "maxinterval" in self.log_path.read_text(errors="replace")  # its banner, printed
 
 
-def launch(process: LoggedProcess) -> None:
-    """Start ``process`` in a session (and so a process group) of its own, its output in
-    its log, without waiting for it to be ready (``LoggedProcess.__enter__`` waits)."""
-    with process.log_path.open("wb") as log:
-        process.process = subprocess.Popen(
-            process.command(),
-            cwd=BASE_DIR,
-            env=process.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 def stop(process: LoggedProcess) -> None:
     """Stop it (SIGTERM, then SIGKILL to its group), and then anything left of its group:
     a child that outlived its parent is still ours to end."""
@@ -205,7 +191,7 @@ class Cluster:
             processes.append(self.beat)
         for process in processes:
             self._stack.callback(stop, process)
-            launch(process)
+            process.launch()
         for process in processes:
             process._wait_ready()
         self.timings["ready_s"] = time.monotonic() - began

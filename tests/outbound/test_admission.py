@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.support.http import post
 from tests.support.signing import event_body, standard_headers
+from tests.support.threads import run_together
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook, message_key
 from webhook_receiver.outbound.admission import METADATA_MAX_BYTES
@@ -195,11 +196,7 @@ def test_concurrent_admissions_of_one_key_create_one_message(merchant):
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=admit_at_once) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together([threading.Thread(target=admit_at_once) for _ in range(4)])
 
     assert sorted(created) == [False, False, False, True]
     assert OutboxMessage.objects.count() == 1

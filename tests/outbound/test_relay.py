@@ -14,6 +14,7 @@ from django.test import TestCase
 from django.utils import timezone
 from standardwebhooks import Webhook
 
+from tests.support.outbox import OLD_SECRET, SECRET, relay_merchant
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.claim import relay_claim
@@ -23,18 +24,6 @@ from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.outbound.trigger import outbox_sweep
 
 pytestmark = pytest.mark.django_db
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
-
-
-def destination(url: str, **fields) -> WebhookDestination:
-    return WebhookDestination.objects.create(
-        name=fields.pop("name", "merchant"),
-        url=url,
-        secrets=fields.pop("secrets", [SECRET]),
-        event_types=["order.paid"],
-        **fields,
-    )
 
 
 def admit(dest, key, ordering_key=None):
@@ -54,7 +43,7 @@ def later(seconds: float):
 
 def test_a_delivery_carries_the_key_and_a_signature_the_library_verifies(receiver):
     # given
-    dest = destination(receiver.url, secrets=[OLD_SECRET, SECRET])
+    dest = relay_merchant(receiver.url, secrets=[OLD_SECRET, SECRET])
     admit(dest, "order:ord_1:paid:v1")
 
     # when
@@ -81,7 +70,7 @@ def test_a_delivery_carries_the_key_and_a_signature_the_library_verifies(receive
 
 def test_429_with_retry_after_waits_without_losing_its_place_or_its_budget(receiver):
     # given: three attempts failed already; the fourth is answered 429, Retry-After: 120
-    dest = destination(receiver.url)
+    dest = relay_merchant(receiver.url)
     admit(dest, "first")
     admit(dest, "second")
     OutboxMessage.objects.filter(key="first").update(attempts=3, failures=3)
@@ -106,7 +95,7 @@ def test_429_with_retry_after_waits_without_losing_its_place_or_its_budget(recei
 
 
 def test_a_server_error_backs_off_and_the_retry_keeps_the_key(receiver):
-    dest = destination(receiver.url, backoff_base_seconds=10, backoff_cap_seconds=60)
+    dest = relay_merchant(receiver.url, backoff_base_seconds=10, backoff_cap_seconds=60)
     admit(dest, "order:ord_2:paid:v1")
     receiver.answer(500)
 
@@ -127,8 +116,8 @@ def test_a_server_error_backs_off_and_the_retry_keeps_the_key(receiver):
 def test_each_message_of_a_round_is_recorded_by_its_own_answer(receiver):
     # given: four messages to a receiver that answers each its own way, one to a port
     # where nothing listens
-    merchant = destination(receiver.url, max_attempts=2)
-    warehouse = destination("http://127.0.0.1:9/hooks", name="warehouse", max_attempts=1)
+    merchant = relay_merchant(receiver.url, max_attempts=2)
+    warehouse = relay_merchant("http://127.0.0.1:9/hooks", name="warehouse", max_attempts=1)
     for key in ("refused", "flaky", "paced", "paid"):
         admit(merchant, key)
     admit(warehouse, "unreachable")
@@ -175,7 +164,7 @@ def test_each_message_of_a_round_is_recorded_by_its_own_answer(receiver):
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
 def test_a_refusal_is_terminal_at_once(receiver, status):
-    dest = destination(receiver.url)
+    dest = relay_merchant(receiver.url)
     admit(dest, "k")
     receiver.answer(status)
 
@@ -187,7 +176,7 @@ def test_a_refusal_is_terminal_at_once(receiver, status):
 
 
 def test_attempts_exhausted_is_terminal(receiver):
-    dest = destination(receiver.url, max_attempts=2, backoff_base_seconds=60)
+    dest = relay_merchant(receiver.url, max_attempts=2, backoff_base_seconds=60)
     admit(dest, "k")
     for _ in range(2):
         receiver.answer(502)
@@ -198,7 +187,7 @@ def test_attempts_exhausted_is_terminal(receiver):
 
 def test_messages_of_one_ordering_key_go_strictly_one_after_another(receiver):
     # given: two updates of one order, and an unrelated message admitted after them
-    dest = destination(receiver.url)
+    dest = relay_merchant(receiver.url)
     admit(dest, "order:o1:paid:v1", ordering_key="order:o1")
     admit(dest, "order:o1:fulfilled:v2", ordering_key="order:o1")
     admit(dest, "order:o2:paid:v1", ordering_key="order:o2")
@@ -219,8 +208,8 @@ def test_messages_of_one_ordering_key_go_strictly_one_after_another(receiver):
 
 
 def test_a_failing_destination_does_not_delay_another(receiver):
-    down = destination("http://127.0.0.1:9/refused", name="down", timeout_seconds=1)
-    up = destination(receiver.url, name="up")
+    down = relay_merchant("http://127.0.0.1:9/refused", name="down", timeout_seconds=1)
+    up = relay_merchant(receiver.url, name="up")
     for n in range(3):
         admit(down, f"down-{n}")
     admit(up, "up-0")
@@ -235,7 +224,7 @@ def test_a_failing_destination_does_not_delay_another(receiver):
 
 
 def test_the_concurrency_limit_counts_leases_on_every_worker(receiver):
-    dest = destination(receiver.url, max_in_flight=2, burst=100, rate_count=100)
+    dest = relay_merchant(receiver.url, max_in_flight=2, burst=100, rate_count=100)
     for n in range(5):
         admit(dest, f"k{n}")
 
@@ -249,7 +238,7 @@ def test_the_concurrency_limit_counts_leases_on_every_worker(receiver):
 
 
 def test_the_token_bucket_limits_starts_and_says_when_the_next_is_due(receiver):
-    dest = destination(receiver.url, rate_count=2, rate_seconds=1, burst=2, max_in_flight=10)
+    dest = relay_merchant(receiver.url, rate_count=2, rate_seconds=1, burst=2, max_in_flight=10)
     for n in range(5):
         admit(dest, f"k{n}")
     now = timezone.now()
@@ -264,7 +253,7 @@ def test_the_token_bucket_limits_starts_and_says_when_the_next_is_due(receiver):
 
 def test_a_bucket_a_few_ulps_short_of_a_whole_token_holds_it(receiver):
     # a refill's float arithmetic (0.9999999999999982 + 1.0) must not cost a claim a token
-    dest = destination(receiver.url, rate_count=5, rate_seconds=1, burst=10, max_in_flight=10)
+    dest = relay_merchant(receiver.url, rate_count=5, rate_seconds=1, burst=10, max_in_flight=10)
     for n in range(5):
         admit(dest, f"k{n}")
     now = timezone.now()
@@ -274,7 +263,7 @@ def test_a_bucket_a_few_ulps_short_of_a_whole_token_holds_it(receiver):
 
 
 def test_the_breaker_opens_after_consecutive_failures_and_one_probe_decides(receiver):
-    dest = destination(receiver.url, breaker_threshold=2, breaker_cooldown_seconds=30)
+    dest = relay_merchant(receiver.url, breaker_threshold=2, breaker_cooldown_seconds=30)
     for n in range(3):
         admit(dest, f"k{n}")
     receiver.answer(500)
@@ -302,7 +291,7 @@ def test_the_breaker_opens_after_consecutive_failures_and_one_probe_decides(rece
 def test_commit_triggers_a_relay_run_on_a_real_worker(broker, receiver, tmp_path):
     from tests.support.worker import start_worker, wait_for
 
-    dest = destination(receiver.url)
+    dest = relay_merchant(receiver.url)
     log = tmp_path / "worker.log"
     worker = start_worker(log)
     try:
@@ -334,7 +323,7 @@ def test_no_transaction_is_open_while_a_request_is_in_flight(receiver):
     # database with a transaction that began before the request came and is still open
     # (the run records an answer that came while others are in flight: a transaction of
     # a statement, never one that waits for a merchant)
-    dest = destination(receiver.url, max_in_flight=3)
+    dest = relay_merchant(receiver.url, max_in_flight=3)
     for n in range(3):
         admit(dest, f"k{n}")
     open_transactions: list[int] = []
@@ -370,7 +359,7 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
 
     from django.db import connections
 
-    dest = destination(receiver.url)
+    dest = relay_merchant(receiver.url)
     admit(dest, "k0")
     locked, release = threading.Event(), threading.Event()
 
@@ -404,8 +393,8 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
 def test_the_sweep_queues_one_run_per_destination_with_something_due(receiver, broker):
     # a backlog of many due messages is one run per destination on the broker, not one
     # per message (the model's ordering must not reach the sweep's DISTINCT)
-    first = destination(receiver.url, name="first")
-    second = destination(receiver.url, name="second")
+    first = relay_merchant(receiver.url, name="first")
+    second = relay_merchant(receiver.url, name="second")
     for n in range(6):
         admit(first, f"a{n}")
     for n in range(3):
@@ -417,8 +406,8 @@ def test_the_sweep_queues_one_run_per_destination_with_something_due(receiver, b
 
 def test_the_sweep_leaves_a_destination_its_breaker_paused_until_the_pause_ends(receiver, broker):
     # given: two destinations with messages due, one paused by its breaker for a minute
-    paused = destination(receiver.url, name="paused")
-    open_ = destination(receiver.url, name="open")
+    paused = relay_merchant(receiver.url, name="paused")
+    open_ = relay_merchant(receiver.url, name="open")
     admit(paused, "a1")
     admit(open_, "b1")
     WebhookDestination.objects.filter(pk=paused.pk).update(
@@ -446,7 +435,7 @@ def test_a_queued_follow_up_is_the_run_an_admission_would_have_queued(receiver, 
             "LOCATION": settings.CELERY_BROKER_URL,
         }
     }
-    dest = destination(receiver.url, rate_count=1, rate_seconds=10, burst=1)
+    dest = relay_merchant(receiver.url, rate_count=1, rate_seconds=10, burst=1)
 
     def admit_and_commit(key):
         with TestCase.captureOnCommitCallbacks(execute=True), transaction.atomic():

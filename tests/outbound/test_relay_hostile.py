@@ -15,6 +15,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.outbox import relay_merchant
 from tests.support.peers import answer, hostile_peer, timed, trickled
 from webhook_receiver import tasks as relay_tasks
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
@@ -25,18 +26,12 @@ from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.watch.destinations import destination_statuses
 
 pytestmark = pytest.mark.django_db
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 OUTBOX = "webhook_receiver_outboxmessage"
 
 
 def destination(url: str, **fields) -> WebhookDestination:
-    return WebhookDestination.objects.create(
-        name=fields.pop("name", "merchant"),
-        url=url,
-        secrets=[SECRET],
-        event_types=["order.paid"],
-        backoff_base_seconds=fields.pop("backoff_base_seconds", 60),
-        **fields,
+    return relay_merchant(
+        url, backoff_base_seconds=fields.pop("backoff_base_seconds", 60), **fields
     )
 
 

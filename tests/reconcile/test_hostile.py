@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from project.shop.reconcile import OrderStates
-from tests.support.peers import answer, hostile_peer, timed
+from tests.support.peers import answer, dripping, hostile_peer, timed
 from tests.support.reconciling import reconcile_with
 from webhook_receiver.core import storable
 from webhook_receiver.models import ReconciliationRun, RepairItem
@@ -156,14 +156,7 @@ def test_a_database_error_is_stored_without_the_data_it_quotes(settings):
 def test_an_answer_that_drips_fails_the_run_at_its_request_timeout(settings):
     # given: a 200 whose body comes a byte every 0.2 s for 10 s; each read is well
     # within READ_TIMEOUT
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n"
-
-    def drip(request: bytes):
-        yield 0, head
-        for _ in range(50):
-            yield 0.2, b" "
-
-    with hostile_peer(drip) as peer:
+    with hostile_peer(dripping(50)) as peer:
         http_source(settings, peer.url, READ_TIMEOUT=5, REQUEST_TIMEOUT=1)
 
         # when
@@ -236,15 +229,8 @@ def test_a_retry_after_that_is_no_number_is_a_backoff(settings, value):
 
 def test_the_stripe_adapter_is_bounded_in_time_and_bytes(settings):
     # given: a Stripe API that drips its answer, then one that floods
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n"
-
-    def drip(request: bytes):
-        yield 0, head
-        for _ in range(40):
-            yield 0.2, b" "
-
     options = {"API_KEY": "sk_test_local", "TIMEOUT": 1, "MAX_NETWORK_RETRIES": 0}
-    with hostile_peer(drip, path="") as peer:
+    with hostile_peer(dripping(40), path="") as peer:
         reconcile_with(
             settings, "stripe", ADAPTER="stripe", OPTIONS={**options, "API_BASE": peer.url}
         )
@@ -337,13 +323,18 @@ def listing(events_of, **kwargs) -> list[SenderEvent] | None:
         return None
 
 
-@FUZZ
-@given(body=st.binary(max_size=2000) | JSON.map(lambda value: json.dumps(value).encode()))
-def test_any_answer_body_is_a_listing_or_a_refusal(body):
+def http_listing_of(body: bytes) -> list[SenderEvent] | None:
+    """The HTTP adapter's listing of the last hour from a sender answering 200 ``body``."""
     with hostile_peer(lambda request: [(0, answer(200, {}, body))]) as peer:
         now = timezone.now()
         options = {"URL": peer.url, "RETRIES": 0}
-        listing(http_events, options=options, since=now - timedelta(hours=1), until=now)
+        return listing(http_events, options=options, since=now - timedelta(hours=1), until=now)
+
+
+@FUZZ
+@given(body=st.binary(max_size=2000) | JSON.map(lambda value: json.dumps(value).encode()))
+def test_any_answer_body_is_a_listing_or_a_refusal(body):
+    http_listing_of(body)
 
 
 @FUZZ
@@ -353,10 +344,7 @@ def test_any_answer_body_is_a_listing_or_a_refusal(body):
     )
 )
 def test_any_page_of_records_is_a_listing_or_a_refusal(page_body):
-    with hostile_peer(lambda request: [(0, answer(200, {}, page_body))]) as peer:
-        now = timezone.now()
-        options = {"URL": peer.url, "RETRIES": 0}
-        listing(http_events, options=options, since=now - timedelta(hours=1), until=now)
+    http_listing_of(page_body)
 
 
 @FUZZ

@@ -20,6 +20,7 @@ from tests.support.http import post
 from tests.support.peers import Chunks, answer, hostile_peer, parsed
 from tests.support.reconciling import reconcile_with
 from tests.support.signing import event_body, reserved, standard_headers
+from tests.support.threads import run_together
 from webhook_receiver.models import ReconciliationRun, RepairItem
 from webhook_receiver.reconcile.run import RunInProgress, reconciliation_run
 
@@ -445,11 +446,7 @@ def test_two_workers_starting_the_same_source_at_once_run_it_once(settings):
             connection.close()
 
     # when
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    run_together([threading.Thread(target=worker) for _ in range(2)], timeout=30)
 
     # then: one ran (its sender was asked once), the database refused the other
     assert sorted(outcomes) == ["ok", "refused: running elsewhere"]

@@ -23,6 +23,7 @@ from tests.settings import SHOP_SECRET
 from tests.support import ed25519_rfc8032 as rfc8032
 from tests.support.fuzzing import PURE
 from tests.support.signing import standard_headers
+from tests.support.verifying import verify_scheme
 from webhook_receiver.checks import check_webhook_receiver_settings
 from webhook_receiver.exceptions import (
     InvalidSignature,
@@ -30,10 +31,9 @@ from webhook_receiver.exceptions import (
     RejectedRequest,
 )
 from webhook_receiver.outbound.signing_secrets import destination_secret_problem
-from webhook_receiver.schemes import sign, verify
+from webhook_receiver.schemes import sign
 from webhook_receiver.schemes import standard_keys as keys
 
-TOLERANCE = 300
 BODY = b'{"type":"order.paid","data":{"order_id":"ord_1","version":1}}'
 seeds = st.binary(min_size=32, max_size=32)
 
@@ -54,14 +54,7 @@ def signed(secret: str, body: bytes = BODY, message_id: str = "msg_1", timestamp
 
 
 def verify_standard(headers, secrets, body=BODY, now=None):
-    return verify(
-        scheme="standard",
-        secrets=secrets,
-        headers=headers,
-        body=body,
-        tolerance_seconds=TOLERANCE,
-        now=now,
-    )
+    return verify_scheme("standard", headers, body, secrets, now)
 
 
 def presented(headers: dict[str, str]) -> bytes:

@@ -18,6 +18,7 @@ from standardwebhooks import Webhook
 
 from tests.settings import GITHUB_SECRET, SHOP_OLD_SECRET, SHOP_SECRET, STRIPE_SECRET
 from tests.support.signing import standard_headers, stripe_headers
+from tests.support.verifying import TOLERANCE, verify_scheme
 from webhook_receiver import schemes
 from webhook_receiver.exceptions import (
     InvalidSignature,
@@ -25,44 +26,22 @@ from webhook_receiver.exceptions import (
     MissingSignatureHeaders,
     TimestampOutOfTolerance,
 )
-from webhook_receiver.schemes import VerifiedMessage, verify
+from webhook_receiver.schemes import VerifiedMessage
 
-TOLERANCE = 300
 BODY = b'{"type":"inventory.reserved","data":{"order_id":"ord_1","version":1}}'
 SECRETS = (SHOP_OLD_SECRET, SHOP_SECRET)
 
 
 def verify_standard(headers, body=BODY, *, secrets=SECRETS, now=None):
-    return verify(
-        scheme="standard",
-        secrets=secrets,
-        headers=headers,
-        body=body,
-        tolerance_seconds=TOLERANCE,
-        now=now,
-    )
+    return verify_scheme("standard", headers, body, secrets, now)
 
 
 def verify_stripe(headers, body, *, secrets=(STRIPE_SECRET,), now=None):
-    return verify(
-        scheme="stripe",
-        secrets=secrets,
-        headers=headers,
-        body=body,
-        tolerance_seconds=TOLERANCE,
-        now=now,
-    )
+    return verify_scheme("stripe", headers, body, secrets, now)
 
 
 def verify_github(headers, body, *, secrets=(GITHUB_SECRET,), now=None):
-    return verify(
-        scheme="github",
-        secrets=secrets,
-        headers=headers,
-        body=body,
-        tolerance_seconds=TOLERANCE,
-        now=now,
-    )
+    return verify_scheme("github", headers, body, secrets, now)
 
 
 def library_signature(body: bytes, msg_id: str, timestamp: int, secret: str) -> str:

@@ -25,3 +25,18 @@ def fail_schema(client, msg_id: str, sku: str = "SKU-1") -> FailedEvent:
     response = post(client, "shop", body, standard_headers(body, msg_id=msg_id))
     assert response.json()["status"] == "dead_lettered"
     return FailedEvent.objects.get(source="shop", event_key=msg_id)
+
+
+def snapshot(failed: FailedEvent) -> tuple:
+    """What an operator's action may change on a failed event, read afresh: its status
+    first, who last replayed it fourth."""
+    failed.refresh_from_db()
+    return (
+        failed.status,
+        failed.attempts,
+        len(failed.errors),
+        failed.last_replayed_by,
+        failed.last_replayed_at,
+        failed.discarded_by,
+        failed.resolution,
+    )

@@ -40,12 +40,7 @@ READS = {
     "github": ("x-hub-signature-256", "x-github-delivery"),
 }
 SIGNATURE_HEADERS = [
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-    "svix-id",
-    "svix-timestamp",
-    "svix-signature",
+    *READS["standard"],
     "Stripe-Signature",
     "X-Hub-Signature-256",
     "X-GitHub-Delivery",

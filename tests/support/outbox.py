@@ -27,6 +27,17 @@ def destination(name: str, url: str = CLOSED_PORT, **fields) -> WebhookDestinati
     )
 
 
+def relay_merchant(url: str, **fields) -> WebhookDestination:
+    """The relay's tests' destination: "merchant", order.paid only, signing with SECRET."""
+    return WebhookDestination.objects.create(
+        name=fields.pop("name", "merchant"),
+        url=url,
+        secrets=fields.pop("secrets", [SECRET]),
+        event_types=["order.paid"],
+        **fields,
+    )
+
+
 def message(dest, key, status=MessageStatus.PENDING, **fields) -> OutboxMessage:
     now = timezone.now()
     return OutboxMessage.objects.create(

@@ -52,6 +52,18 @@ def answer_head(status: int, headers: Headers, length: int) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+def dripping(length: int) -> Callable[[bytes], Chunks]:
+    """A script: a 200 whose JSON body of ``length`` spaces comes a byte every 0.2 s."""
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+
+    def drip(request: bytes) -> Chunks:
+        yield 0, head.encode()
+        for _ in range(length):
+            yield 0.2, b" "
+
+    return drip
+
+
 def parsed(request: bytes) -> Request:
     """A request as ``hostile_peer`` hands it to a script, read."""
     line, *fields = request.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")

@@ -3,7 +3,10 @@ tests/support/peers.py's)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
+
+from webhook_receiver.models import ReconciliationRun, RunOutcome
 
 
 def reconcile_with(settings, slug: str, **reconcile: Any) -> None:
@@ -11,3 +14,14 @@ def reconcile_with(settings, slug: str, **reconcile: Any) -> None:
     source = {**settings.WEBHOOK_RECEIVER["SOURCES"][slug], "RECONCILE": reconcile}
     sources = {**settings.WEBHOOK_RECEIVER["SOURCES"], slug: source}
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SOURCES": sources}
+
+
+def needs_repair_run(now: datetime) -> ReconciliationRun:
+    """A run of "shop" over the hour before ``now`` that found something to repair."""
+    return ReconciliationRun.objects.create(
+        source="shop",
+        window_start=now - timedelta(hours=1),
+        window_end=now,
+        started_at=now,
+        outcome=RunOutcome.NEEDS_REPAIR,
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
 
 import pytest
 from django.db import transaction
@@ -17,14 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.http import post
 from tests.support.metrics import AUTH
 from tests.support.paths import REPO
+from tests.support.reconciling import needs_repair_run
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver.models import (
     FailedEvent,
     FailureStatus,
-    ReconciliationRun,
     RepairItem,
     RepairKind,
-    RunOutcome,
     SilenceAlert,
     WebhookDestination,
 )
@@ -216,13 +214,7 @@ def test_every_metric_the_dashboard_names_is_exported_by_a_real_scrape(
     SilenceAlert.objects.create(
         source="github", opened_at=now, silence_after_seconds=1200, last_checked_at=now
     )
-    run = ReconciliationRun.objects.create(
-        source="shop",
-        window_start=now - timedelta(hours=1),
-        window_end=now,
-        started_at=now,
-        outcome=RunOutcome.NEEDS_REPAIR,
-    )
+    run = needs_repair_run(now)
     RepairItem.objects.create(
         source="shop",
         kind=RepairKind.MISSING,

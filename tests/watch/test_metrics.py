@@ -22,16 +22,15 @@ from tests.support.failing import CRASH, fail_crash, fail_schema
 from tests.support.fuzzing import THROUGH_THE_DATABASE
 from tests.support.http import post
 from tests.support.metrics import AUTH, TOKEN, delta, labels, scrape, series, value
+from tests.support.reconciling import needs_repair_run
 from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.inbound import metrics
 from webhook_receiver.models import (
     FailedEvent,
     FailureStatus,
-    ReconciliationRun,
     RepairItem,
     RepairKind,
     RequestAudit,
-    RunOutcome,
     SilenceAlert,
     WebhookReceipt,
 )
@@ -218,13 +217,7 @@ def test_database_gauges_equal_the_database(client, metrics_on):
         last_checked_at=now,
         resolved_at=now - timedelta(hours=1),
     )
-    run = ReconciliationRun.objects.create(
-        source="shop",
-        window_start=now - timedelta(hours=1),
-        window_end=now,
-        started_at=now,
-        outcome=RunOutcome.NEEDS_REPAIR,
-    )
+    run = needs_repair_run(now)
     for key, source, kind, status in [
         ("a", "shop", "missing", "open"),
         ("b", "shop", "missing", "open"),

@@ -8,7 +8,6 @@ import http.client
 import os
 import signal
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from django.db import connection
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from tests.bench.server import free_port
+from tests.bench.server import GUNICORN_WSGI, free_port
 from tests.settings import SHOP_SECRET
 from tests.support.metrics import TOKEN, Samples, parse, value
 from tests.support.paths import REPO
@@ -44,10 +43,7 @@ class Gunicorn:
         }
         self.env.pop("GUNICORN_CMD_ARGS", None)
         self.command = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "project.wsgi",
+            *GUNICORN_WSGI,
             "-c",
             str(REPO / "deploy" / "gunicorn.conf.py"),
             "-w",

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
 
+from tests.support.locks import table_locked
 from tests.support.paths import REPO
 from tests.support.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
 from tests.support.served import Served, gunicorn  # noqa: F401 (fixture)
@@ -53,14 +53,10 @@ def locked(*tables: str) -> Iterator[None]:
     """``tables`` locked ACCESS EXCLUSIVE by another session, for HELD_SECONDS at most."""
     db = connection.settings_dict
     holder = psycopg.connect(dbname=db["NAME"], host=db["HOST"], port=db["PORT"], user=db["USER"])
-    holder.execute(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
-    release = threading.Timer(HELD_SECONDS, holder.rollback)
-    release.start()
     try:
-        yield
+        with table_locked(holder, ", ".join(tables), for_seconds=HELD_SECONDS):
+            yield
     finally:
-        release.cancel()
-        holder.rollback()
         holder.close()
 
 

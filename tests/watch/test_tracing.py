@@ -34,6 +34,15 @@ pytestmark = pytest.mark.django_db
 SENDER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SENDER_SPAN = "00f067aa0ba902b7"
 MERCHANT_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+# the spans of one event from its request to its delivery, in that order
+SPANS = (
+    "webhook.receive",
+    "webhook.verify",
+    "webhook.claim",
+    "webhook.handler",
+    "webhook.relay_round",
+    "webhook.deliver",
+)
 
 _exporter = InMemorySpanExporter()
 
@@ -71,25 +80,8 @@ def test_one_forwarded_order_is_one_trace_from_the_sender_to_the_merchant(spans,
     # then: one trace, the sender's, through every span
     assert sent == 1
     finished = {span.name: span for span in spans.get_finished_spans()}
-    assert set(finished) >= {
-        "webhook.receive",
-        "webhook.verify",
-        "webhook.claim",
-        "webhook.handler",
-        "webhook.relay_round",
-        "webhook.deliver",
-    }
-    receive, verify, claim, handler, round_, deliver = (
-        finished[name]
-        for name in (
-            "webhook.receive",
-            "webhook.verify",
-            "webhook.claim",
-            "webhook.handler",
-            "webhook.relay_round",
-            "webhook.deliver",
-        )
-    )
+    assert set(finished) >= set(SPANS)
+    receive, verify, claim, handler, round_, deliver = (finished[name] for name in SPANS)
     sender_trace = int(SENDER_TRACE, 16)
     assert receive.kind == trace.SpanKind.SERVER
     assert receive.parent.span_id == int(SENDER_SPAN, 16)

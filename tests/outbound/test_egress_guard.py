@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from tests.outbound.test_relay import admit, destination
+from tests.outbound.test_relay import admit
+from tests.support.outbox import relay_merchant
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound.relay.run import destination_relay
 
@@ -26,7 +27,7 @@ def test_a_destination_on_loopback_is_refused_and_fails_for_good(
     receiver, caplog, django_capture_on_commit_callbacks
 ):
     with _settings([]):
-        dest = destination(receiver.url.replace("127.0.0.1", "localhost"))
+        dest = relay_merchant(receiver.url.replace("127.0.0.1", "localhost"))
         admit(dest, "order:ord_1:paid:v1")
 
         with django_capture_on_commit_callbacks(execute=True):
@@ -54,7 +55,7 @@ def test_a_destination_on_loopback_is_refused_and_fails_for_good(
 
 def test_the_allow_list_lets_the_same_destination_through(receiver):
     with _settings(["127.0.0.0/8", "::1/128"]):
-        dest = destination(receiver.url)
+        dest = relay_merchant(receiver.url)
         admit(dest, "order:ord_1:paid:v1")
 
         sent, _ = destination_relay(destination_id=dest.pk)

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from tests.outbound.test_relay import admit, destination
+from tests.outbound.test_relay import admit
 from tests.support.connect_proxy import DENY, DROP, HANG, RAW, connect_proxy
+from tests.support.outbox import relay_merchant
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound.relay.run import destination_relay
 
@@ -37,7 +38,7 @@ def test_deliveries_go_through_the_proxy_with_its_credentials(receiver, settings
     caplog.set_level(logging.DEBUG)  # httpx's and httpcore's own lines too
     with connect_proxy(credentials=("relay", PASSWORD)) as proxy:
         through(settings, proxy.url(f"relay:{PASSWORD}"))
-        dest = destination(receiver.url.replace("127.0.0.1", "localhost"))
+        dest = relay_merchant(receiver.url.replace("127.0.0.1", "localhost"))
         admit(dest, "order:ord_1:paid:v1")
         admit(dest, "order:ord_2:paid:v1")
 
@@ -60,7 +61,7 @@ def test_a_refusal_by_the_proxy_fails_the_message_for_good_with_its_reason(
 ):
     with connect_proxy(mode=DENY, deny_status=status) as proxy:
         through(settings, proxy.url())
-        dest = destination(receiver.url.replace("127.0.0.1", "localhost"))
+        dest = relay_merchant(receiver.url.replace("127.0.0.1", "localhost"))
         admit(dest, "order:ord_1:paid:v1")
 
         with django_capture_on_commit_callbacks(execute=True):
@@ -90,7 +91,7 @@ def test_wrong_credentials_fail_for_good_and_the_password_is_nowhere(
 ):
     with connect_proxy(credentials=("relay", "another")) as proxy:
         through(settings, proxy.url(f"relay:{PASSWORD}"))
-        dest = destination(receiver.url)
+        dest = relay_merchant(receiver.url)
         admit(dest, "order:ord_1:paid:v1")
 
         with django_capture_on_commit_callbacks(execute=True):
@@ -118,7 +119,7 @@ def test_a_silent_dropping_or_failing_proxy_is_retried_with_backoff_by_the_deadl
 ):
     with connect_proxy(mode=mode, raw=raw) as proxy:
         through(settings, proxy.url())
-        dest = destination(receiver.url, timeout_seconds=1)
+        dest = relay_merchant(receiver.url, timeout_seconds=1)
         admit(dest, "order:ord_1:paid:v1")
 
         began = time.monotonic()

@@ -81,11 +81,7 @@ def relay_on_commit(destination_ids: set[int]) -> None:
     discard or recovery). Not retried when the broker is down (robust: the operator's
     change stands): the beat sweep finds the messages due within seconds."""
     for dest_id in sorted(destination_ids):
-        transaction.on_commit(functools.partial(_relay_queue, dest_id), robust=True)
-
-
-def _relay_queue(destination_id: int) -> None:
-    relay_start(destination_id, retry=False)
+        transaction.on_commit(functools.partial(relay_start, dest_id, retry=False), robust=True)
 
 
 def relay_start(

@@ -231,7 +231,7 @@ class StoredEventDisplay:
     @admin.display(description=_("headers"))
     def pretty_headers(self, obj: WebhookReceipt | FailedEvent) -> str:
         headers = obj.headers if isinstance(obj.headers, dict) else {}
-        shown = storable.redacted_headers(headers, shown=True)
+        shown = storable.shown_headers(headers)
         return pre("\n".join(f"{k}: {v}" for k, v in sorted(shown.items())))
 
 

@@ -8,7 +8,8 @@ one of these functions on its way to the database. So does what the app's own pe
 answer: a destination's reply to the relay, a sender's list for reconciliation.
 
 A peer's headers are stored by one rule, ``redacted_headers``: which are secret, and
-what replaces their values; the admin shows stored headers by the same rule.
+what replaces their values; the admin shows stored headers by the same rule
+(``shown_headers``).
 """
 
 from __future__ import annotations
@@ -88,27 +89,28 @@ def headers(
 
 
 def redacted_headers(
-    received: Mapping[str, Any], *, keep_signatures: bool | None = None, shown: bool = False
+    received: Mapping[str, Any], *, keep_signatures: bool | None = None
 ) -> dict[str, Any]:
-    """The one rule for a peer's secret headers: the credentials of REDACTED_HEADERS and
-    every scheme's signature headers (lower case names), whose values become REDACTED.
-
-    To store (the default): names and values made storable (``headers``), credentials
-    left out, signatures REDACTED unless ``keep_signatures`` (None: as
-    KEEP_SIGNATURE_HEADERS says). ``shown``: stored headers as a page shows them,
-    credentials and signatures REDACTED whatever the row holds (it may be older than the
-    rule, or KEEP_SIGNATURE_HEADERS kept them), the rest as it is."""
+    """A peer's headers as they are stored, by the one rule for secret headers: names and
+    values made storable (``headers``), the credentials of REDACTED_HEADERS left out,
+    every scheme's signature headers REDACTED unless ``keep_signatures`` (None: as
+    KEEP_SIGNATURE_HEADERS says)."""
     config = app_settings()
-    if shown:
-        hidden = config.signature_headers | config.redacted_headers
-        return {
-            name: REDACTED if str(name).lower() in hidden else value
-            for name, value in received.items()
-        }
     if keep_signatures is None:
         keep_signatures = config.keep_signature_headers
     redact = () if keep_signatures else config.signature_headers
     return headers(received, leave_out=config.redacted_headers, redact=redact)
+
+
+def shown_headers(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored headers as a page shows them, by the same rule: credentials and signatures
+    REDACTED whatever the row holds (it may be older than the rule, or
+    KEEP_SIGNATURE_HEADERS kept them), the rest as it is."""
+    config = app_settings()
+    hidden = config.signature_headers | config.redacted_headers
+    return {
+        name: REDACTED if str(name).lower() in hidden else value for name, value in stored.items()
+    }
 
 
 def _json_unstorable(char: str) -> bool:

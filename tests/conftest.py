@@ -50,10 +50,13 @@ def pytest_collection_modifyitems(config, items):
     engine = settings.DATABASES["default"]["ENGINE"]
     if "postgresql" in engine:
         return
-    alike = [item for item in items if not uses_the_engine(item)]
+    kept: list[pytest.Item] = []
+    alike: list[pytest.Item] = []
+    for item in items:
+        (kept if uses_the_engine(item) else alike).append(item)
     if alike:
         config.hook.pytest_deselected(items=alike)
-        items[:] = [item for item in items if uses_the_engine(item)]
+        items[:] = kept
     for item in items:
         marker = item.get_closest_marker("postgres_only")
         if marker is not None:

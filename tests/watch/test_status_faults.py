@@ -119,14 +119,15 @@ def test_webhook_status_under_a_lock_on_any_table_names_it_within_its_bound(stat
     # when: the status is asked for while another session holds the table locked
     with locked(table):
         run, took = status_subprocess("--json")
+    # its usual time, on this machine as loaded as it is now: the slower of the runs with
+    # no lock just before and just after (other test processes come and go meanwhile)
+    usual = max(status_baseline, status_subprocess("--json")[1])
 
     # then: within the bound (3 s) of its usual time, the rest read, the locked part
     # named by what it is and by its table, and never OK
     document = json.loads(run.stdout)
-    print(
-        f"\nwebhook_status under a lock on {table}: {took:.2f} s (unlocked {status_baseline:.2f} s)"
-    )
-    assert took < status_baseline + 3 + 1, took
+    print(f"\nwebhook_status under a lock on {table}: {took:.2f} s (unlocked {usual:.2f} s)")
+    assert took < usual + 3 + 1, took
     assert run.returncode == 3 == document["exit_code"], run.stdout + run.stderr
     assert document["state"] == "unknown"
     assert table in json.dumps(document["unread"])

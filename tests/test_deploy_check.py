@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
-from tests.support.paths import REPO
+from tests.support.commands import manage
 
 # docs/deploying.md, "The environment of a deployment"
 PRODUCTION = {
@@ -30,14 +29,7 @@ def check_deploy(environment: dict[str, str]) -> subprocess.CompletedProcess[str
     # nothing of this machine's environment: only what a deployment sets (a .env beside
     # manage.py fills gaps only, and sets none of these)
     env = {"PATH": os.environ["PATH"], **environment}
-    return subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage("check", "--deploy", "--fail-level", "WARNING", env=env, timeout=120)
 
 
 def test_the_documented_production_environment_passes_check_deploy():

@@ -14,6 +14,7 @@ import pytest
 
 from tests.bench.server import free_port
 from tests.settings import SHOP_SECRET
+from tests.support.commands import manage
 from tests.support.paths import REPO
 from tests.support.served import listening, wait_listening
 
@@ -77,10 +78,7 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         # and: the README's plain send_test_webhook finds it, whatever its port
         address = tmp_path / "var" / "devserver-address"
         assert address.read_text().strip() == f"http://127.0.0.1:{port}"
-        sent = subprocess.run(
-            [sys.executable, "manage.py", "send_test_webhook"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        sent = manage("send_test_webhook", env=env, timeout=60)
         assert sent.returncode == 0 and '"status":"applied"' in sent.stdout.replace(" ", ""), (
             sent.stdout + sent.stderr
         )

@@ -10,8 +10,6 @@ and server-side cursors off; the app keeps nothing on a session."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +18,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests.support.paths import REPO
+from tests.support.commands import python
 from tests.support.private_servers import PrivatePgBouncer, pgbouncer, running_pgbouncer  # noqa: F401 (fixture)
 from tests.support.served import served_gunicorn
 from tests.support.signing import event_body, standard_headers
@@ -137,9 +135,7 @@ def test_the_demo_reads_the_pool_mode_from_its_environment(
         "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/any",
         "DATABASE_POOL_MODE": mode,
     }
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    done = python("-c", code, env=env)
 
     assert done.stdout.split() == [str(prepare_threshold), str(server_side_cursors)]
 
@@ -147,13 +143,7 @@ def test_the_demo_reads_the_pool_mode_from_its_environment(
 def test_an_unknown_pool_mode_is_refused_with_what_to_write():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
     env["DATABASE_POOL_MODE"] = "statement"
-    done = subprocess.run(
-        [sys.executable, "-c", "import project.settings"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = python("-c", "import project.settings", env=env)
 
     assert done.returncode != 0
     assert "DATABASE_POOL_MODE='statement': write session (the default) or transaction" in (

@@ -8,13 +8,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 from django.db import connection
 
 from tests.settings import SHOP_SECRET
-from tests.support.paths import REPO
+from tests.support.commands import manage
 from webhook_receiver.evaluation.invariants import NAMES
 
 pytestmark = pytest.mark.both_engines("the run's own database is on the suite's engine")
@@ -39,14 +38,7 @@ def eval_command(tmp_path):
     env.pop("CELERY_BROKER_URL", None)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "webhook_eval", *args],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return manage("webhook_eval", *args, env=env, timeout=300)
 
     return run
 

@@ -20,6 +20,7 @@ import pytest
 from django.db import connection
 
 from tests.settings import SHOP_SECRET
+from tests.support.commands import manage
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.postgres_only("the run's own database is made beside the configured one")
@@ -95,14 +96,7 @@ def _environment(host: str) -> dict[str, str]:
 @pytest.fixture
 def eval_command(host: str) -> Callable[..., subprocess.CompletedProcess[str]]:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "webhook_eval", *args],
-            cwd=REPO,
-            env=_environment(host),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return manage("webhook_eval", *args, env=_environment(host), timeout=300)
 
     return run
 

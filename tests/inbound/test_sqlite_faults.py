@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
-import sys
 
 from tests.settings import SHOP_SECRET
-from tests.support.paths import REPO
+from tests.support.commands import manage
 
 DELIVER = """
 import io, time
@@ -37,15 +35,7 @@ print(outcome, round(time.monotonic() - started, 2))
 
 
 def run(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    done = manage(*args, env=env, timeout=120, check=True)
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 

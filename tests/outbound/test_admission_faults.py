@@ -9,8 +9,6 @@ import http.client
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,8 +22,8 @@ from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
 from tests.bench.server import free_port
+from tests.support.commands import manage
 from tests.support.http import post
-from tests.support.paths import REPO
 from tests.support.private_servers import PrivateRedis, private_redis  # noqa: F401 (fixture)
 from tests.support.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.support.signing import event_body, reserved, standard_headers
@@ -172,14 +170,7 @@ def test_a_broker_that_refuses_the_relay_trigger_costs_no_wait_and_one_line(merc
     }
 
     # when: it admits three messages, each in a transaction of its own
-    run = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", ADMIT_THREE],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = manage("shell", "-c", ADMIT_THREE, env=env, timeout=120)
 
     # then: all admitted, at once; the lost triggers are one line, with no traceback
     assert run.returncode == 0, run.stderr

@@ -10,8 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -21,7 +19,7 @@ from django.utils import timezone
 from health_check.base import HealthCheck, HealthCheckResult
 
 from tests.bench.server import GunicornServer, free_port
-from tests.support.paths import REPO
+from tests.support.commands import manage
 from webhook_receiver.watch.health import BeatHeartbeat, Broker
 from webhook_receiver.watch.heartbeat import heartbeat_interval, heartbeat_record
 
@@ -223,16 +221,10 @@ def test_the_demo_default_checks_its_filesystem_broker(tmp_path):
     for name in ("DATABASE_URL", "CELERY_BROKER_URL"):
         env.pop(name, None)
 
-    def manage(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "manage.py", *args]
-        return subprocess.run(
-            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-        )
-
-    assert manage("migrate", "--noinput").returncode == 0
+    assert manage("migrate", "--noinput", env=env, timeout=120).returncode == 0
 
     # when
-    run = manage("health_check", "health", "--no-http")
+    run = manage("health_check", "health", "--no-http", env=env, timeout=120)
 
     # then: the database and the broker are fine; beat was never seen: exit 1
     lines = run.stdout.splitlines()

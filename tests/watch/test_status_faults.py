@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +22,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
 
+from tests.support.commands import manage
 from tests.support.locks import table_locked
-from tests.support.paths import REPO
 from tests.support.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
 from tests.support.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.support.signing import event_body, reserved, standard_headers
@@ -88,14 +87,7 @@ def status_subprocess(*args: str) -> tuple[subprocess.CompletedProcess[str], flo
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}",
     }
     started = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "manage.py", "webhook_status", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = manage("webhook_status", *args, env=env, timeout=60)
     ended = datetime.datetime.now(datetime.UTC)
     if "--json" not in args:
         return run, time.monotonic() - started
@@ -314,14 +306,7 @@ def test_webhook_status_against_a_frozen_database_exits_3_within_seconds(
     try:
         # when
         started = time.monotonic()
-        run = subprocess.run(
-            [sys.executable, "manage.py", "webhook_status"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        run = manage("webhook_status", env=env, timeout=60)
         took = time.monotonic() - started
     finally:
         os.kill(pid, signal.SIGCONT)

@@ -1,0 +1,33 @@
+"""The repository's own commands run as a team runs them: a process of its own, this
+Python, in the repository's root (tests/support/paths.py), its output kept as text."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from tests.support.paths import REPO
+
+
+def python(
+    *args: str, env: Mapping[str, str], timeout: float | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python *args`` in the repository's root, in ``env``; its exit status, stdout and
+    stderr (``check``: CalledProcessError on a failure; ``timeout``: TimeoutExpired)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+    )
+
+
+def manage(
+    *args: str, env: Mapping[str, str], timeout: float | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``python manage.py *args``, as ``python`` runs it."""
+    return python("manage.py", *args, env=env, timeout=timeout, check=check)

@@ -15,15 +15,11 @@ def python(
 ) -> subprocess.CompletedProcess[str]:
     """``python *args`` in the repository's root, in ``env``; its exit status, stdout and
     stderr (``check``: CalledProcessError on a failure; ``timeout``: TimeoutExpired)."""
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=check,
-    )
+    argv = [sys.executable, *args]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        done.check_returncode()
+    return done
 
 
 def manage(

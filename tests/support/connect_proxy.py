@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
+from tests.support.listener import serve_each
+
 ALLOW, DENY, HANG, DROP, RAW = "allow", "deny", "hang", "drop", "raw"
 
 
@@ -151,17 +153,7 @@ def connect_proxy(**options) -> Iterator[ConnectProxy]:
             back.join(timeout=10)
             upstream.close()
 
-    def serve() -> None:
-        while not stopping.is_set():
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            open_sockets.append(conn)
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    thread = serve_each(sock, handle, stopping, accepted=open_sockets)
     try:
         yield proxy
     finally:

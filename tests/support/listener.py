@@ -1,11 +1,17 @@
-"""A real listening socket that never accepts: what reached it stays in its backlog, and
-``connections()`` counts it. For the egress guard's tests: a refused address must see no
-connection, open port or not."""
+"""Listening sockets for the tests.
+
+``Listener``: a real listening socket that never accepts: what reached it stays in its
+backlog, and ``connections()`` counts it. For the egress guard's tests: a refused address
+must see no connection, open port or not.
+
+``serve_each``: the other kind, the accept loop of the tests' small servers (the hostile
+peer, the CONNECT proxy), a thread for each connection."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -40,3 +46,29 @@ def listening(family: int = socket.AF_INET, host: str = "127.0.0.1") -> Iterator
         yield server
     finally:
         server.close()
+
+
+def serve_each(
+    sock: socket.socket,
+    handle: Callable[[socket.socket], None],
+    stopping: threading.Event,
+    *,
+    accepted: list[socket.socket] | None = None,
+) -> threading.Thread:
+    """Accept on ``sock`` until ``stopping`` is set or ``sock`` is closed, each connection
+    handled by ``handle`` in a daemon thread of its own (and appended to ``accepted``, for
+    the caller to close); the accepting thread, started."""
+
+    def serve() -> None:
+        while not stopping.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            if accepted is not None:
+                accepted.append(conn)
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread

@@ -13,6 +13,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
+from tests.support.listener import serve_each
+
 # an answer: (seconds to wait, bytes to send) in turn
 Chunks = Iterable[tuple[float, bytes]]
 
@@ -103,15 +105,7 @@ def hostile_peer(script: Callable[[bytes], Chunks], *, path: str = "/hooks") -> 
                 conn.sendall(data)
                 peer.written += len(data)
 
-    def serve() -> None:
-        while not stopping.is_set():
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    serve_each(sock, handle, stopping)
     try:
         yield peer
     finally:

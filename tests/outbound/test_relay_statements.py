@@ -108,15 +108,23 @@ def test_a_run_of_one_message_is_its_claim_and_its_record_with_the_claim_that_fi
     assert OutboxMessage.objects.get().status == "delivered"
 
 
+def backlog_relayed(receiver, keys: list[str], max_in_flight: int) -> tuple[int, list[str]]:
+    """``keys`` admitted, committed, to a destination with ``max_in_flight`` requests at
+    most (and a rate that holds none back), and relayed in one run: how many it delivered,
+    and the statements it sent."""
+    dest = destination(receiver.url, rate_count=100, burst=100, max_in_flight=max_in_flight)
+    admit(dest, keys, committed=True)
+
+    with statements() as sent:
+        delivered, _ = destination_relay(destination_id=dest.pk)
+    return delivered, sent
+
+
 @pytest.mark.postgres_only("one statement a round")
 @pytest.mark.django_db(transaction=True)
 def test_a_backlog_one_request_at_a_time_costs_a_statement_a_delivery_and_one_more(receiver):
     # given: one request in flight at most: each answer's statement claims the next
-    dest = destination(receiver.url, rate_count=100, burst=100, max_in_flight=1)
-    admit(dest, [f"k{n}" for n in range(5)], committed=True)
-
-    with statements() as sent:
-        delivered, _ = destination_relay(destination_id=dest.pk)
+    delivered, sent = backlog_relayed(receiver, [f"k{n}" for n in range(5)], max_in_flight=1)
 
     # the first claim, then one statement an answer (the last claims nothing)
     assert delivered == 5
@@ -127,11 +135,7 @@ def test_a_backlog_one_request_at_a_time_costs_a_statement_a_delivery_and_one_mo
 @pytest.mark.postgres_only("one statement a round")
 @pytest.mark.django_db(transaction=True)
 def test_a_backlog_costs_at_most_a_statement_a_delivery(receiver):
-    dest = destination(receiver.url, rate_count=100, burst=100, max_in_flight=10)
-    admit(dest, [f"k{n:02}" for n in range(30)], committed=True)
-
-    with statements() as sent:
-        delivered, _ = destination_relay(destination_id=dest.pk)
+    delivered, sent = backlog_relayed(receiver, [f"k{n:02}" for n in range(30)], max_in_flight=10)
 
     # each statement records at least one answer: answers come back together, so fewer
     assert delivered == 30

@@ -1,0 +1,129 @@
+"""The two walks a newcomer reads (docs/testing.md): every function of the app entered,
+in order, from ``WebhookView.post`` to the commit of a new event, and from
+``enqueue_webhook`` to the attempt its relay run records (through the task and its
+lane). Recorded by a profiler, not by hand; ``pytest tests/test_walks.py -s`` prints
+them. Each walk may not grow: a change that makes it longer raises the bound it passes,
+and says why, in the same commit."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import pytest
+from django.db import transaction
+
+from tests.support.http import post
+from tests.support.outbox import relay_merchant
+from tests.support.peers import answer, hostile_peer
+from tests.support.signing import reserved, standard_headers
+from webhook_receiver import tasks
+from webhook_receiver.core import seam
+from webhook_receiver.models import DeliveryAttempt
+from webhook_receiver.outbound.admission import enqueue_webhook
+from webhook_receiver.outbound.relay import lanes as lanes_module
+from webhook_receiver.outbound.relay.lanes import RelayLanes
+
+PACKAGE = Path(__file__).resolve().parents[1] / "webhook_receiver"
+
+# (files, functions) at most; comprehensions and lambdas are not counted as functions
+RECEIVE_BOUND = (17, 67)
+SEND_BOUND = (24, 98)
+
+
+class Walk:
+    """The app's functions entered while the block runs, in every thread, in order."""
+
+    def __init__(self) -> None:
+        self.entered: list[tuple[str, str]] = []
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def _profile(self, frame: FrameType, event: str, arg: object) -> None:
+        if event != "call":
+            return
+        path = frame.f_code.co_filename
+        if not path.startswith(f"{PACKAGE}/"):
+            return
+        name = frame.f_code.co_qualname
+        if name.rsplit(".", 1)[-1].startswith("<"):  # a comprehension or a lambda
+            return
+        place = (str(Path(path).relative_to(PACKAGE)), name)
+        with self._lock:
+            if place not in self._seen:
+                self._seen.add(place)
+                self.entered.append(place)
+
+    def __enter__(self) -> Walk:
+        threading.setprofile(self._profile)
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+    @property
+    def files(self) -> list[str]:
+        return list(dict.fromkeys(path for path, _ in self.entered))
+
+    def told(self, title: str) -> str:
+        lines = [f"{title}: {len(self.files)} files, {len(self.entered)} functions"]
+        lines += [f"  {path}: {name}" for path, name in self.entered]
+        return "\n".join(lines)
+
+
+def within(walk: Walk, bound: tuple[int, int]) -> bool:
+    return len(walk.files) <= bound[0] and len(walk.entered) <= bound[1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_receive_walk_does_not_grow(client):
+    # given: one event received already (first use of each piece is not the walk)
+    warm = reserved("ord_warm", ("SKU-A", 1))
+    post(client, "shop", warm, standard_headers(warm, msg_id="warm"))
+    body = reserved("ord_walk", ("SKU-A", 1))
+    headers = standard_headers(body, msg_id="walk")
+
+    # when
+    with Walk() as walk:
+        answered = post(client, "shop", body, headers)
+
+    # then
+    assert answered.json()["status"] == "applied"
+    print("\n" + walk.told("receive"))
+    assert within(walk, RECEIVE_BOUND), walk.told("receive")
+
+
+@pytest.mark.postgres_only("a lane's thread writes while the test's connection reads")
+@pytest.mark.django_db(transaction=True)
+def test_the_send_walk_does_not_grow(monkeypatch):
+    # given: a merchant that answers 200, this process's lanes, and the task run where
+    # the relay is started (as a worker would run it)
+    lanes = RelayLanes()
+    monkeypatch.setattr(lanes_module, "lanes", lanes)
+    with (
+        hostile_peer(lambda request: [(0, answer(200, {}, b"ok"))]) as peer,
+        seam.replaced(
+            relay=lambda destination_id, countdown: tasks.relay_destination.run(destination_id)
+        ),
+    ):
+        merchant = relay_merchant(peer.url)
+        with transaction.atomic():
+            enqueue_webhook(merchant, "order.paid", "warm", {"n": 1})
+        assert lanes.finish(timeout=10)
+
+        # when: a fresh pool, whose lane thread starts within the walk
+        lanes = RelayLanes()
+        monkeypatch.setattr(lanes_module, "lanes", lanes)
+        with Walk() as walk:
+            with transaction.atomic():
+                enqueue_webhook(merchant, "order.paid", "walk", {"n": 2})
+            assert lanes.finish(timeout=10)
+
+    # then
+    assert DeliveryAttempt.objects.filter(message__key="walk", status_code=200).count() == 1
+    print("\n" + walk.told("send"))
+    assert within(walk, SEND_BOUND), walk.told("send")

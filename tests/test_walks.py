@@ -20,7 +20,7 @@ from tests.support.outbox import relay_merchant
 from tests.support.peers import answer, hostile_peer
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver import tasks
-from webhook_receiver.core import seam
+from webhook_receiver.core import seam, tracing
 from webhook_receiver.models import DeliveryAttempt
 from webhook_receiver.outbound.admission import enqueue_webhook
 from webhook_receiver.outbound.relay import lanes as lanes_module
@@ -73,6 +73,15 @@ class Walk:
         lines = [f"{title}: {len(self.files)} files, {len(self.entered)} functions"]
         lines += [f"  {path}: {name}" for path, name in self.entered]
         return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+def untraced(monkeypatch):
+    """As a host without a tracer provider runs it: another test of this process may
+    have set one, which OpenTelemetry keeps for the process's life."""
+    if tracing.trace is not None:
+        proxy = tracing.trace.ProxyTracerProvider()
+        monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: proxy)
 
 
 def within(walk: Walk, bound: tuple[int, int]) -> bool:

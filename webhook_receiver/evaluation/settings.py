@@ -9,12 +9,11 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import DatabaseError, connection
 from django.test.utils import override_settings
 
 from .inputs import Scenario
@@ -73,25 +72,3 @@ def beat_schedule(schedule: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         conf.beat_schedule = before
-
-
-@contextmanager
-def custom_plans() -> Iterator[None]:
-    """The run's connection plans each statement for its own values (PostgreSQL).
-
-    A run's tables grow from nothing within seconds, faster than autovacuum analyzes
-    them. On an empty table's statistics, the generic plan PostgreSQL keeps for the
-    status read (prepared after five runs) scans all of a destination's messages for
-    each of them: 167 ms a sample instead of 6, and noisy-neighbours took 56 s instead
-    of 15. Once analyzed, the generic plan is as quick (7 ms), as in production. Plans
-    change no statement and no figure."""
-    if connection.vendor != "postgresql":
-        yield
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SET plan_cache_mode = force_custom_plan")
-    try:
-        yield
-    finally:
-        with suppress(DatabaseError), connection.cursor() as cursor:  # a broken one ends
-            cursor.execute("RESET plan_cache_mode")

@@ -62,14 +62,7 @@ from .backlog import Backlog
 from .inputs import Scenario
 from .observed import Observations
 from .processes import Processes
-from .settings import (
-    EVENT_TYPE,
-    SENDER,
-    beat_schedule,
-    custom_plans,
-    eval_settings,
-    sender_secret,
-)
+from .settings import EVENT_TYPE, SENDER, beat_schedule, eval_settings, sender_secret
 
 # samples of queue depth and oldest age per run, whatever its length
 SAMPLES = 240
@@ -134,7 +127,7 @@ class Simulation:
 
     def run(self) -> Observations:
         began = time.perf_counter()
-        with eval_settings(self.scenario, self.seed), self._patched(), custom_plans():
+        with eval_settings(self.scenario, self.seed), self._patched():
             self._reset()
             signals.silence_alert_opened.connect(self._silence_opened, weak=False)
             signals.silence_alert_resolved.connect(self._silence_resolved, weak=False)

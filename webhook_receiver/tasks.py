@@ -17,7 +17,7 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import TypedDict
 
-from celery import current_app, shared_task
+from celery import shared_task
 from celery.signals import beat_embedded_init, beat_init, worker_process_shutdown
 
 from .conf import app_settings
@@ -199,8 +199,9 @@ def beat_heartbeat_at_start(**kwargs: object) -> None:
     the first interval: a new install's status and /health/ see beat within seconds
     rather than saying "beat never seen" for 20 s. Not retried: a broker that does not
     answer is beat's own first line to write, and its next heartbeat is on schedule."""
-    schedule = current_app.conf.beat_schedule or {}
-    if any(entry.get("task") == beat_heartbeat.name for entry in schedule.values()):
+    from .watch.pickup import schedule_entry
+
+    if schedule_entry(beat_heartbeat.name) is not None:
         with suppress(Exception):
             beat_heartbeat.apply_async(retry=False)
 

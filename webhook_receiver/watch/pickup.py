@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..conf import app_settings
 
@@ -37,18 +37,26 @@ class Limits(Protocol):
     timeout_seconds: float
 
 
+def schedule_entry(task: str) -> dict[str, Any] | None:
+    """Beat's schedule entry for ``task`` (Celery's ``beat_schedule``), or None."""
+    from celery import current_app
+
+    for entry in (current_app.conf.beat_schedule or {}).values():
+        if entry.get("task") == task:
+            return dict(entry)
+    return None
+
+
 def schedule_interval(task: str) -> timedelta | None:
     """The interval of beat's schedule entry for ``task``; None when no entry names it
     at a fixed interval (none, or a crontab or solar schedule: no one interval)."""
-    from celery import current_app
     from celery.schedules import maybe_schedule, schedule
 
-    for entry in (current_app.conf.beat_schedule or {}).values():
-        if entry.get("task") != task:
-            continue
-        every = maybe_schedule(entry.get("schedule"))
-        return timedelta(seconds=every.seconds) if isinstance(every, schedule) else None
-    return None
+    entry = schedule_entry(task)
+    if entry is None or "schedule" not in entry:
+        return None
+    every = maybe_schedule(entry["schedule"])
+    return timedelta(seconds=every.seconds) if isinstance(every, schedule) else None
 
 
 def sweep_interval(task: str, default: timedelta) -> timedelta:

@@ -33,15 +33,20 @@ def broker():
     client.flushdb()
 
 
-def start_worker(
-    log: Path, marker_dir: Path | None = None, *, concurrency: int = 1
-) -> subprocess.Popen:
+def celery_env() -> dict[str, str]:
+    """The environment of a Celery process on the test database and the tests' settings."""
     db = connection.settings_dict
-    env = {
+    return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
     }
+
+
+def start_worker(
+    log: Path, marker_dir: Path | None = None, *, concurrency: int = 1
+) -> subprocess.Popen:
+    env = celery_env()
     if marker_dir is not None:
         env["WEBHOOK_TEST_MARKER_DIR"] = str(marker_dir)
     command = [sys.executable, "-m", "celery", "-A", "project", "worker"]

@@ -4,15 +4,13 @@ does not say "beat never seen" through the first interval."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
-from django.db import connection
 
 from tests.support.paths import REPO
-from tests.support.worker import wait_for
+from tests.support.worker import celery_env, wait_for
 from webhook_receiver.watch.heartbeat import heartbeat_seen_at
 
 SCHEDULED_SEND = "Sending due task beat-heartbeat"
@@ -24,19 +22,13 @@ def test_a_starting_beat_sends_its_heartbeat_before_its_first_interval(workers, 
     # given: a worker, and no heartbeat yet
     workers(1)
     assert heartbeat_seen_at() is None
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-    }
     log = tmp_path / "beat.log"
     command = [sys.executable, "-m", "celery", "-A", "project", "beat", "--loglevel", "INFO"]
     command += ["--schedule", str(tmp_path / "beat-schedule")]
 
     # when: beat starts
     beat = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
+        command, cwd=REPO, env=celery_env(), stdout=log.open("ab"), stderr=subprocess.STDOUT
     )
     try:
         wait_for(lambda: heartbeat_seen_at() is not None, 60, "the first heartbeat")

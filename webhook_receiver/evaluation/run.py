@@ -22,7 +22,7 @@ from django.db import DatabaseError, connection
 from . import invariants
 from .inputs import BUILT_IN, Scenario
 from .measures import measure
-from .simulation import Simulation
+from .simulation import SAMPLES, Simulation
 
 FORMAT = 1
 
@@ -35,13 +35,14 @@ def replay_command(scenario: Scenario, seed: int) -> str:
     return f"python manage.py webhook_eval {shlex.quote(target)} --seed {seed}"
 
 
-def evaluate(scenario: Scenario, *, seed: int) -> dict[str, Any]:
+def evaluate(scenario: Scenario, *, seed: int, samples: int = SAMPLES) -> dict[str, Any]:
     """One scenario: its run, the counterfactual its isolation invariant needs, the
-    verdicts and the figures."""
-    obs = Simulation(scenario, seed=seed).run()
+    verdicts and the figures. ``samples``: how often the backlog and the status's
+    judgement are read over the run (each reading is the real status read)."""
+    obs = Simulation(scenario, seed=seed, samples=samples).run()
     alone = None
     if scenario.isolated:
-        alone = Simulation(scenario.only(scenario.isolated), seed=seed).run()
+        alone = Simulation(scenario.only(scenario.isolated), seed=seed, samples=samples).run()
     verdicts = invariants.check(obs, alone)
     void = any(v.voids and not v.held for v in verdicts)
     return {

@@ -64,7 +64,8 @@ from .observed import Observations
 from .processes import Processes
 from .settings import EVENT_TYPE, SENDER, beat_schedule, eval_settings, sender_secret
 
-# samples of queue depth and oldest age per run, whatever its length
+# samples of queue depth, oldest age and the status's judgement per run, whatever its
+# length (the built-in scenarios' figures count them)
 SAMPLES = 240
 # the status's judgements of a backlog recorded at each sample (watch/conditions.py)
 JUDGED = ("relay_not_sending", "behind")
@@ -73,9 +74,10 @@ WORKER_TASKS = frozenset({"relay", "sweep", "retry_sweep", "silence"})
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, *, seed: int) -> None:
+    def __init__(self, scenario: Scenario, *, seed: int, samples: int = SAMPLES) -> None:
         self.scenario = scenario
         self.seed = seed
+        self.samples = samples
         self._queue: list[tuple[float, int, str, Any]] = []
         self._order = itertools.count()
         self._relays_queued: set[tuple[int, float]] = set()
@@ -279,7 +281,7 @@ class Simulation:
             self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
         elif kind == "sample":
             self._sample()
-            self.at(self.now() + max(1.0, self.scenario.duration / SAMPLES), "sample")
+            self.at(self.now() + max(1.0, self.scenario.duration / self.samples), "sample")
 
     def _admit(self, item: dict[str, Any]) -> None:
         """One business transaction admitting the event to each destination."""

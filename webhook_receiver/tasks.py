@@ -30,12 +30,19 @@ class _TaskOptions(TypedDict):
     ignore_result: bool
 
 
+class _PurgeOptions(_TaskOptions):
+    soft_time_limit: int
+    time_limit: int
+
+
 # at-least-once: acknowledged after the work, redelivered if the worker dies
 AT_LEAST_ONCE: _TaskOptions = {
     "acks_late": True,
     "reject_on_worker_lost": True,
     "ignore_result": True,
 }
+# a retention purge, the same for every table: stopped at 9 minutes (soft), killed at 10
+PURGE: _PurgeOptions = {"soft_time_limit": 540, "time_limit": 600, **AT_LEAST_ONCE}
 
 
 # --- inbound ---------------------------------------------------------------------------
@@ -62,12 +69,7 @@ def retry_failed_events() -> int:
     return tried
 
 
-@shared_task(
-    name="webhook_receiver.purge_audit_records",
-    soft_time_limit=540,
-    time_limit=600,
-    **AT_LEAST_ONCE,
-)
+@shared_task(name="webhook_receiver.purge_audit_records", **PURGE)
 @tolerates_database_errors
 def purge_audit_records() -> int:
     """Delete audit records past ``AUDIT_RETENTION_DAYS``."""
@@ -76,12 +78,7 @@ def purge_audit_records() -> int:
     return audit_purge()
 
 
-@shared_task(
-    name="webhook_receiver.purge_receipts",
-    soft_time_limit=540,
-    time_limit=600,
-    **AT_LEAST_ONCE,
-)
+@shared_task(name="webhook_receiver.purge_receipts", **PURGE)
 @tolerates_database_errors
 def purge_receipts() -> int:
     """Delete receipts past ``RECEIPT_RETENTION_DAYS`` (hourly on beat)."""
@@ -90,12 +87,7 @@ def purge_receipts() -> int:
     return receipts_purge()
 
 
-@shared_task(
-    name="webhook_receiver.purge_failed_events",
-    soft_time_limit=540,
-    time_limit=600,
-    **AT_LEAST_ONCE,
-)
+@shared_task(name="webhook_receiver.purge_failed_events", **PURGE)
 @tolerates_database_errors
 def purge_failed_events() -> int:
     """Delete resolved and discarded failed events past ``FAILED_EVENT_RETENTION_DAYS``."""
@@ -146,12 +138,7 @@ def relay_sweep() -> int:
     return outbox_sweep()
 
 
-@shared_task(
-    name="webhook_receiver.purge_outbox",
-    soft_time_limit=540,
-    time_limit=600,
-    **AT_LEAST_ONCE,
-)
+@shared_task(name="webhook_receiver.purge_outbox", **PURGE)
 @tolerates_database_errors
 def purge_outbox() -> int:
     """Delete delivered and discarded messages past their retention (daily on beat)."""

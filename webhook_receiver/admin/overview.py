@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -69,6 +69,11 @@ class ReasonLine:
     link: Link | None
 
 
+def _duration(delta: timedelta | None) -> str | None:
+    """A duration in words; None where there is none (the page then leaves it out)."""
+    return None if delta is None else duration_text(delta)
+
+
 class _Stated:
     """A row's state, as a CSS class's word and as a badge."""
 
@@ -99,13 +104,11 @@ class Row(_Stated):
 
     @property
     def oldest_retry(self) -> str | None:
-        age = self.status.oldest_retry_age
-        return None if age is None else duration_text(age)
+        return _duration(self.status.oldest_retry_age)
 
     @property
     def silence_window(self) -> str | None:
-        window = self.status.silence_after
-        return None if window is None else duration_text(window)
+        return _duration(self.status.silence_after)
 
     @property
     def gap_p50(self) -> str:
@@ -139,8 +142,7 @@ class DestinationRow(_Stated):
 
     @property
     def oldest_due(self) -> str | None:
-        age = self.status.oldest_eligible_age
-        return None if age is None else duration_text(age)
+        return _duration(self.status.oldest_eligible_age)
 
     @property
     def breaker(self) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.utils.translation import ngettext
 
-from .observed import INF, InvariantResult, RunView, when
+from .observed import INF, RunView, invariant, when
 
 # Written here apart from the relay's own policy (relay/policy.py), so that a change
 # there is held to the promise:
@@ -28,11 +28,14 @@ PACING_STATUSES = frozenset({429, 503})
 SUCCESSES = frozenset({"applied", "duplicate"})
 
 
-def terminal_answer_final(v: RunView) -> InvariantResult:
+@invariant(
+    "terminal-answer-final",
+    "a permanent answer ends its message: no later attempt, terminal with its reason",
+)
+def terminal_answer_final(v: RunView) -> tuple[int, str]:
     """A permanent answer (400, 401, 403, 404, 422) ends its message at that
     attempt: no later request of that key reaches the merchant, and the message is
     terminal with that answer as its reason."""
-    title = "a permanent answer ends its message: no later attempt, terminal with its reason"
     count = 0
     by_key = {(m["destination"], m["key"]): m for m in v.obs.messages}
     for (name, event), arrivals in sorted(v.arrivals_of.items()):
@@ -54,14 +57,11 @@ def terminal_answer_final(v: RunView) -> InvariantResult:
             reason = m["last_status_code"] or m["last_error"] or "none"
             problem = f"terminal with the reason {reason!r}, not {final.status}"
         if problem:
-            return InvariantResult(
-                "terminal-answer-final",
-                title,
-                False,
+            return (
                 count,
                 f"{event} at {name}: answered {final.status} at {when(final.at)}; {problem}",
             )
-    return InvariantResult("terminal-answer-final", title, True, count)
+    return count, ""
 
 
 def _breaker_failure(a: Any) -> bool | None:
@@ -76,13 +76,16 @@ def _breaker_failure(a: Any) -> bool | None:
     return True
 
 
-def breaker_limits_attempts(v: RunView) -> InvariantResult:
+@invariant(
+    "breaker-limits-attempts",
+    "after breaker_threshold failures in a row, one probe per cool-down until a success",
+)
+def breaker_limits_attempts(v: RunView) -> tuple[int, str]:
     """Counted at the merchant: once ``breaker_threshold`` consecutive failures have
     been answered, at most one request is started per cool-down (a probe, started no
     sooner than a cool-down after the last failure was answered) until one succeeds.
     Requests started together (one round) are answered together, as the breaker counts
     them; requests already on their way when it opened are not held to it."""
-    title = "after breaker_threshold failures in a row, one probe per cool-down until a success"
     count = 0
     specs = {d.name: d for d in v.obs.scenario.destinations}
     for name, arrivals in sorted(v.obs.arrivals.items()):
@@ -112,10 +115,7 @@ def breaker_limits_attempts(v: RunView) -> InvariantResult:
                     if early
                     else f"{len(batch)} probes at once"
                 )
-                return InvariantResult(
-                    "breaker-limits-attempts",
-                    title,
-                    False,
+                return (
                     count,
                     f"{name}: {batch[0].event} started {when(at)}, with the breaker open since "
                     f"{when(opened_at)} after {streak} failures in a row: {what}",
@@ -129,14 +129,14 @@ def breaker_limits_attempts(v: RunView) -> InvariantResult:
                 if opened_at is None:
                     opened_at, opened_by = answered, number
                 free_at = max(free_at, answered + spec.breaker_cooldown_seconds)
-    return InvariantResult("breaker-limits-attempts", title, True, count)
+    return count, ""
 
 
-def retry_after_capped(v: RunView) -> InvariantResult:
+@invariant("retry-after-capped", "a Retry-After is waited as asked, up to the cap, never past it")
+def retry_after_capped(v: RunView) -> tuple[int, str]:
     """A 429 or 503 with a Retry-After is waited as asked up to the destination's cap,
     and no longer: its next attempt is set at least min(asked, cap) after the request
     started, and no more than that past its answer (the request's deadline at most)."""
-    title = "a Retry-After is waited as asked, up to the cap, never past it"
     count = 0
     specs = {d.name: d for d in v.obs.scenario.destinations}
     # what the merchant asked for, by the request's start (the attempt's started_at)
@@ -157,24 +157,24 @@ def retry_after_capped(v: RunView) -> InvariantResult:
             if waited is None or not (
                 expected - 1e-6 <= waited <= expected + spec.timeout_seconds + 1e-6
             ):
-                return InvariantResult(
-                    "retry-after-capped",
-                    title,
-                    False,
+                return (
                     count,
                     f"{m['key']} to {m['destination']}: attempt {attempt['number']} at "
                     f"{when(attempt['started'])} asked to wait {wait:g} s (the cap "
                     f"{spec.retry_after_cap_seconds:g} s); the next attempt was set "
                     + ("never" if waited is None else f"{waited:g} s later"),
                 )
-    return InvariantResult("retry-after-capped", title, True, count)
+    return count, ""
 
 
-def budget_respected(v: RunView) -> InvariantResult:
+@invariant(
+    "budget-respected",
+    "no message is tried past its retry budget (max_attempts), counted at the merchant",
+)
+def budget_respected(v: RunView) -> tuple[int, str]:
     """No message is tried past its retry budget: at the merchant, at most
     ``max_attempts`` requests of a key got an answer that spends it (anything but a 2xx,
     a permanent answer, or a Retry-After that paces us)."""
-    title = "no message is tried past its retry budget (max_attempts), counted at the merchant"
     count = 0
     specs = {d.name: d for d in v.obs.scenario.destinations}
     for (name, event), arrivals in sorted(v.arrivals_of.items()):
@@ -188,24 +188,23 @@ def budget_respected(v: RunView) -> InvariantResult:
             and not (a.status in PACING_STATUSES and a.retry_after is not None)
         ]
         if len(spent) > budget:
-            return InvariantResult(
-                "budget-respected",
-                title,
-                False,
+            return (
                 count,
                 f"{event} at {name}: {len(spent)} failed requests against a budget of "
                 f"{budget}, the one past it at {when(spent[budget].at)}",
             )
-    return InvariantResult("budget-respected", title, True, count)
+    return count, ""
 
 
-def gone_holds(v: RunView) -> InvariantResult:
+@invariant(
+    "gone-holds", "a 410 disables its destination: nothing failed or sent until enabled, then all"
+)
+def gone_holds(v: RunView) -> tuple[int, str]:
     """After a 410 Gone, counted at the merchant and in the database: no request of its
     destination arrives from that answer until an operator enables it (requests already
     on their way are not held to it), no message of it is failed for the 410, and once
     it is enabled (and answers no 410 again) every one of its messages is delivered; their
     order is fifo-per-destination's and order-within-key's to check."""
-    title = "a 410 disables its destination: nothing failed or sent until enabled, then all"
     count = 0
     enables: dict[str, list[float]] = defaultdict(list)
     for e in v.obs.enables:
@@ -239,5 +238,5 @@ def gone_holds(v: RunView) -> InvariantResult:
                     f"{m['status']} at the cut-off"
                 )
         if problem:
-            return InvariantResult("gone-holds", title, False, count, f"{name}: {problem}")
-    return InvariantResult("gone-holds", title, True, count)
+            return count, f"{name}: {problem}"
+    return count, ""

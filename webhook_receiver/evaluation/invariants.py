@@ -18,21 +18,18 @@ from .answers import (
     retry_after_capped,
     terminal_answer_final,
 )
-from .observed import INF, InvariantResult, Observations, RunView, when
+from .observed import INF, InvariantResult, Observations, RunView, invariant, when
 
 
-def one_message_per_event(v: RunView) -> InvariantResult:
-    title = "one durable message per logical event and destination"
+@invariant("one-message-per-event", "one durable message per logical event and destination")
+def one_message_per_event(v: RunView) -> tuple[int, str]:
     admitted = {(a["destination"], a["key"]) for a in v.obs.admissions}
     created = Counter((a["destination"], a["key"]) for a in v.obs.admissions if a["created"])
     rows = Counter((m["destination"], m["key"]) for m in v.obs.messages)
     for a in v.obs.admissions:
         pair = (a["destination"], a["key"])
         if rows[pair] != 1 or created[pair] != 1:
-            return InvariantResult(
-                "one-message-per-event",
-                title,
-                False,
+            return (
                 len(admitted),
                 f"{a['key']} to {a['destination']} (admitted at {when(a['at'])}): "
                 f"{rows[pair]} message rows, {created[pair]} admissions that created one",
@@ -40,39 +37,33 @@ def one_message_per_event(v: RunView) -> InvariantResult:
     extra = sorted(set(rows) - admitted)
     if extra:
         d, key = extra[0]
-        return InvariantResult(
-            "one-message-per-event",
-            title,
-            False,
-            len(admitted),
-            f"{key} to {d}: a message nothing admitted",
-        )
-    return InvariantResult("one-message-per-event", title, True, len(admitted))
+        return len(admitted), f"{key} to {d}: a message nothing admitted"
+    return len(admitted), ""
 
 
-def key_on_every_attempt(v: RunView) -> InvariantResult:
-    title = "every attempt of a message carries its key (webhook-id, Idempotency-Key)"
+@invariant(
+    "key-on-every-attempt",
+    "every attempt of a message carries its key (webhook-id, Idempotency-Key)",
+)
+def key_on_every_attempt(v: RunView) -> tuple[int, str]:
     count = 0
     for name, arrivals in v.obs.arrivals.items():
         for a in arrivals:
             count += 1
             if not (a.webhook_id == a.idempotency_key == a.event):
-                return InvariantResult(
-                    "key-on-every-attempt",
-                    title,
-                    False,
+                return (
                     count,
                     f"{a.event} at {name}, its request {a.seen} at {when(a.at)}: webhook-id "
                     f"{a.webhook_id!r}, Idempotency-Key {a.idempotency_key!r}",
                 )
-    return InvariantResult("key-on-every-attempt", title, True, count)
+    return count, ""
 
 
-def fifo_per_destination(v: RunView) -> InvariantResult:
+@invariant("fifo-per-destination", "FIFO among a destination's eligible messages (first attempts)")
+def fifo_per_destination(v: RunView) -> tuple[int, str]:
     """First attempts follow admission order among a destination's messages that nothing
     held back: a message admitted earlier, and not waiting for an older one of its
     ordering key, is never first tried after a later one."""
-    title = "FIFO among a destination's eligible messages (first attempts)"
     count = 0
     for name, messages in v.by_dest.items():
         seen_keys: set[str] = set()
@@ -82,10 +73,7 @@ def fifo_per_destination(v: RunView) -> InvariantResult:
             first = v.first_attempt[m["id"]]
             if latest[0] > first and latest[1] is not None:
                 earlier = latest[1]
-                return InvariantResult(
-                    "fifo-per-destination",
-                    title,
-                    False,
+                return (
                     count,
                     f"{name}: {m['key']} (admitted {when(m['created'])}) was first tried at "
                     f"{when(first)}, before the older {earlier['key']} (admitted "
@@ -96,11 +84,11 @@ def fifo_per_destination(v: RunView) -> InvariantResult:
                 seen_keys.add(m["ordering_key"])
             if not held_back and v.first_attempt[m["id"]] > latest[0]:
                 latest = (v.first_attempt[m["id"]], m)
-    return InvariantResult("fifo-per-destination", title, True, count)
+    return count, ""
 
 
-def order_within_key(v: RunView) -> InvariantResult:
-    title = "strict order within an ordering key"
+@invariant("order-within-key", "strict order within an ordering key")
+def order_within_key(v: RunView) -> tuple[int, str]:
     count = 0
     for name, messages in v.by_dest.items():
         previous: dict[str, dict[str, Any]] = {}
@@ -121,21 +109,21 @@ def order_within_key(v: RunView) -> InvariantResult:
                 nexts = [a.seq for a in v.arrivals_of[(name, m["key"])]]
                 broken = seq is None or (bool(nexts) and min(nexts) < seq)
             if broken:
-                return InvariantResult(
-                    "order-within-key",
-                    title,
-                    False,
+                return (
                     count,
                     f"{name}: {m['key']} was tried at {when(first)} while the earlier "
                     f"{before['key']} of {key} was delivered {when(done)}",
                 )
-    return InvariantResult("order-within-key", title, True, count)
+    return count, ""
 
 
-def limiter_within_rate(v: RunView) -> InvariantResult:
+@invariant(
+    "limiter-within-rate",
+    "the limiter never exceeds its rate plus burst, nor its concurrency, at the merchant",
+)
+def limiter_within_rate(v: RunView) -> tuple[int, str]:
     """Counted at the merchant: in any span of T seconds, at most rate × T + burst
     requests started; and never more in flight than max_in_flight."""
-    title = "the limiter never exceeds its rate plus burst, nor its concurrency, at the merchant"
     count = 0
     specs = {d.name: d for d in v.obs.scenario.destinations}
     for name, arrivals in v.obs.arrivals.items():
@@ -151,10 +139,7 @@ def limiter_within_rate(v: RunView) -> InvariantResult:
             # (times are to the microsecond: the bound allows for that much)
             if (j + 1 - rate * t) + best > capacity + 1e-6 + rate * 1e-6:
                 span = t - times[best_i]
-                return InvariantResult(
-                    "limiter-within-rate",
-                    title,
-                    False,
+                return (
                     count,
                     f"{name}: {j - best_i + 1} requests from {when(times[best_i])} to "
                     f"{when(t)} ({span:g} s), above {spec.rate_count}/{spec.rate_seconds:g}s "
@@ -162,31 +147,25 @@ def limiter_within_rate(v: RunView) -> InvariantResult:
                 )
         peak = v.obs.max_concurrency.get(name, 0)
         if peak > spec.max_in_flight:
-            return InvariantResult(
-                "limiter-within-rate",
-                title,
-                False,
+            return (
                 count,
                 f"{name}: {peak} requests in flight at once, above max_in_flight "
                 f"{spec.max_in_flight}",
             )
-    return InvariantResult("limiter-within-rate", title, True, count)
+    return count, ""
 
 
-def no_early_attempt(v: RunView) -> InvariantResult:
+@invariant("no-early-attempt", "no attempt before its next_attempt_at or Retry-After")
+def no_early_attempt(v: RunView) -> tuple[int, str]:
     """No attempt before the time its previous answer set: the recorded next_attempt_at,
     and, at the merchant, the Retry-After it asked for (up to the destination's cap)."""
-    title = "no attempt before its next_attempt_at or Retry-After"
     count = 0
     for m in v.obs.messages:
         attempts = v.obs.attempts.get(m["id"], [])
         for before, after in zip(attempts, attempts[1:], strict=False):
             count += 1
             if before["next"] is not None and after["started"] < before["next"] - 1e-6:
-                return InvariantResult(
-                    "no-early-attempt",
-                    title,
-                    False,
+                return (
                     count,
                     f"{m['key']} to {m['destination']}: attempt {after['number']} at "
                     f"{when(after['started'])}, before {when(before['next'])} as attempt "
@@ -200,48 +179,37 @@ def no_early_attempt(v: RunView) -> InvariantResult:
             count += 1
             due = before.at + min(before.retry_after, caps[name])
             if after.at < due - 1e-6:
-                return InvariantResult(
-                    "no-early-attempt",
-                    title,
-                    False,
+                return (
                     count,
                     f"{event} at {name}: asked to wait {before.retry_after:g} s at "
                     f"{when(before.at)} (Retry-After), tried again at {when(after.at)}",
                 )
-    return InvariantResult("no-early-attempt", title, True, count)
+    return count, ""
 
 
-def one_effect_per_key(v: RunView) -> InvariantResult:
-    title = "one effect per key, at the merchant and at this app's receiver"
+@invariant("one-effect-per-key", "one effect per key, at the merchant and at this app's receiver")
+def one_effect_per_key(v: RunView) -> tuple[int, str]:
     count = 0
     for m in v.obs.messages:
         count += 1
         effects = v.obs.merchant_effects.get(m["destination"], Counter())[m["key"]]
         if effects > 1 or (m["status"] == "delivered" and effects != 1):
-            return InvariantResult(
-                "one-effect-per-key",
-                title,
-                False,
-                count,
-                f"{m['key']} at {m['destination']}: {effects} effects ({m['status']})",
-            )
+            return count, f"{m['key']} at {m['destination']}: {effects} effects ({m['status']})"
     for key, effects in sorted(v.obs.inbound_effects.items()):
         count += 1
         if effects > 1:
-            return InvariantResult(
-                "one-effect-per-key",
-                title,
-                False,
-                count,
-                f"{key} at this app's receiver: applied {effects} times",
-            )
-    return InvariantResult("one-effect-per-key", title, True, count)
+            return count, f"{key} at this app's receiver: applied {effects} times"
+    return count, ""
 
 
-def ledger_balances(v: RunView) -> InvariantResult:
+@invariant(
+    "ledger-balances",
+    "the ledger balances (admitted = delivered + terminal + pending at the cut-off)",
+    voids=True,
+)
+def ledger_balances(v: RunView) -> tuple[int, str]:
     """Outbound: admitted = delivered + terminal with a reason + pending at the cut-off.
     Inbound: sent = applied + dead-lettered + awaiting a retry. Nothing else."""
-    title = "the ledger balances (admitted = delivered + terminal + pending at the cut-off)"
     admitted = {(a["destination"], a["key"]) for a in v.obs.admissions}
     states: Counter[str] = Counter()
     for m in v.obs.messages:
@@ -252,40 +220,29 @@ def ledger_balances(v: RunView) -> InvariantResult:
     accounted = states["delivered"] + states["failed"] + states["pending"] + states["sending"]
     if accounted != len(admitted) or len(v.obs.messages) != len(admitted):
         others = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-        return InvariantResult(
-            "ledger-balances",
-            title,
-            False,
-            len(admitted),
-            f"{len(admitted)} admitted, {others}: the run is void",
-            voids=True,
-        )
+        return len(admitted), f"{len(admitted)} admitted, {others}: the run is void"
     sent = {s["key"] for s in v.obs.inbound_sent}
     applied = {k for k, n in v.obs.inbound_effects.items() if n}
     held = {k for k, status in v.obs.inbound_failed.items() if status in ("dead", "retrying")}
     missing = sorted(sent - applied - held)
     if missing:
-        return InvariantResult(
-            "ledger-balances",
-            title,
-            False,
+        return (
             len(admitted) + len(sent),
             f"{missing[0]}: sent to this app, neither applied nor held as a failed event "
             f"({len(missing)} such): the run is void",
-            voids=True,
         )
-    return InvariantResult("ledger-balances", title, True, len(admitted) + len(sent))
+    return len(admitted) + len(sent), ""
 
 
-def silence_alert_once(v: RunView) -> InvariantResult:
+@invariant("silence-alert-once", "a silent sender opens one alert per silence, and it resolves")
+def silence_alert_once(v: RunView) -> tuple[int, str]:
     """Every gap in the sender's traffic longer than the silence window (plus one check
     interval) opens exactly one alert, none opens otherwise, and each resolves once
     traffic returns. A silence that lasts to the cut-off is a silence too: its alert
     opens and is still open at the end."""
-    title = "a silent sender opens one alert per silence, and it resolves"
     spec = v.obs.scenario.inbound
     if spec is None:
-        return InvariantResult("silence-alert-once", title, True, 0)
+        return 0, ""
     times = sorted({s["at"] for s in v.obs.inbound_sent})
     gaps = list(zip(times, times[1:], strict=False))
     slack = v.obs.scenario.beat.silence_check
@@ -320,26 +277,23 @@ def silence_alert_once(v: RunView) -> InvariantResult:
     elif len(resolved) != len(opened) - still_open:
         problem = f"{len(opened)} alerts opened, {len(resolved)} resolved"
     checked = len(gaps) + (trailing is not None)
-    return InvariantResult("silence-alert-once", title, not problem, checked, problem)
+    return checked, problem
 
 
-def never_judged_not_sending(v: RunView) -> InvariantResult:
+@invariant(
+    "never-judged-not-sending",
+    "a working relay is never judged not sending (a backlog at its limit is behind)",
+)
+def never_judged_not_sending(v: RunView) -> tuple[int, str]:
     """The simulated workers and beat run throughout: at no sample does the status say
     relay_not_sending. A backlog at a destination's limit (a flash sale) is "behind"."""
-    title = "a working relay is never judged not sending (a backlog at its limit is behind)"
     count = 0
     for name, judged in sorted(v.obs.judged.items()):
         for at, code in judged:
             count += 1
             if code == "relay_not_sending":
-                return InvariantResult(
-                    "never-judged-not-sending",
-                    title,
-                    False,
-                    count,
-                    f"{name} at {when(at)}: the status said relay_not_sending",
-                )
-    return InvariantResult("never-judged-not-sending", title, True, count)
+                return count, f"{name} at {when(at)}: the status said relay_not_sending"
+    return count, ""
 
 
 CHECKS: list[Callable[[RunView], InvariantResult]] = [
@@ -380,13 +334,13 @@ NAMES = [
 ]
 
 
-def destinations_isolated(obs: Observations, alone: Observations | None) -> InvariantResult:
+@invariant("destinations-isolated", "a limited destination does not delay another")
+def destinations_isolated(obs: Observations, alone: Observations | None) -> tuple[int, str]:
     """A limited (or failing) destination does not delay another: each destination named
     ``isolated`` gets every delivery at the same simulated time as in a run of the same
     scenario where it is the only destination."""
-    title = "a limited destination does not delay another"
     if alone is None:
-        return InvariantResult("destinations-isolated", title, True, 0)
+        return 0, ""
     then = {(m["destination"], m["key"]): m["delivered"] for m in alone.messages}
     count = 0
     for m in obs.messages:
@@ -399,19 +353,16 @@ def destinations_isolated(obs: Observations, alone: Observations | None) -> Inva
             with_others is not None and by_itself is not None and with_others > by_itself + 1e-6
         )
         if late:
-            return InvariantResult(
-                "destinations-isolated",
-                title,
-                False,
+            return (
                 count,
                 f"{m['key']} to {m['destination']}: delivered {when(with_others)} beside the "
                 f"others, {when(by_itself)} alone",
             )
-    return InvariantResult("destinations-isolated", title, True, count)
+    return count, ""
 
 
 def check(obs: Observations, alone: Observations | None = None) -> list[InvariantResult]:
     view = RunView(obs)
-    verdicts = {c.__name__.replace("_", "-"): c(view) for c in CHECKS}
+    verdicts = {verdict.name: verdict for verdict in (c(view) for c in CHECKS)}
     verdicts["destinations-isolated"] = destinations_isolated(obs, alone)
     return [verdicts[name] for name in NAMES]

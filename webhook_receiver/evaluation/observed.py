@@ -1,18 +1,21 @@
 """What one run left (``Observations``), and how the invariants read it: an ``InvariantResult``
-per invariant, simulated times in words, and the observations indexed by destination,
-message and key (``RunView``)."""
+per invariant (``invariant`` makes a check's), simulated times in words, and the
+observations indexed by destination, message and key (``RunView``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec
 
 from . import world
 from .inputs import Scenario
 
 INF = math.inf
+P = ParamSpec("P")
 
 
 @dataclass
@@ -57,6 +60,25 @@ class InvariantResult:
     first: str = ""  # the first event that broke it, in words
     # the ledger: a run that does not balance proves nothing
     voids: bool = False
+
+
+def invariant(
+    name: str, title: str, *, voids: bool = False
+) -> Callable[[Callable[P, tuple[int, str]]], Callable[P, InvariantResult]]:
+    """A check of the invariant ``name``, from a function that returns how many things it
+    checked and the first that broke it, in words ("": it held). ``voids``: broken, it
+    voids the run."""
+
+    def verdict_of(check: Callable[P, tuple[int, str]]) -> Callable[P, InvariantResult]:
+        @functools.wraps(check)
+        def verdict(*args: P.args, **kwargs: P.kwargs) -> InvariantResult:
+            checked, first = check(*args, **kwargs)
+            held = not first
+            return InvariantResult(name, title, held, checked, first, voids=voids and not held)
+
+        return verdict
+
+    return verdict_of
 
 
 def when(seconds: float | None) -> str:

@@ -110,8 +110,7 @@ class Processes:
                             if task is None:
                                 worker.task = None
                                 self._idle.append(worker)
-                                self._running -= 1
-                                self._settled.notify_all()
+                                self._turn_given_back()
         finally:
             connection.close()
 
@@ -134,15 +133,24 @@ class Processes:
                 return
             worker = self._idle.popleft()
             worker.task = (kind, payload)
-            self._running += 1
-            worker.resume.set()
+            self._give_turn(worker)
         self.settle()
 
     def wake(self, worker: SimThread) -> None:
         with self._settled:
-            self._running += 1
-            worker.resume.set()
+            self._give_turn(worker)
         self.settle()
+
+    def _give_turn(self, thread: SimThread) -> None:
+        """``thread`` runs until it waits again (holding ``_settled``)."""
+        self._running += 1
+        thread.resume.set()
+
+    def _turn_given_back(self) -> None:
+        """The calling thread waits again (holding ``_settled``): once none runs,
+        ``settle`` returns."""
+        self._running -= 1
+        self._settled.notify_all()
 
     def settle(self) -> None:
         """Wait until every worker waits for the clock or for work."""
@@ -158,8 +166,7 @@ class Processes:
         worker: SimThread = self._local.worker
         self._wake_at(round(self._now() + seconds, 6), worker)
         with self._settled:
-            self._running -= 1
-            self._settled.notify_all()
+            self._turn_given_back()
         worker.wait_turn()
         if self._stopping:
             raise Stop
@@ -196,8 +203,7 @@ class Processes:
                     with self._settled:
                         lane.lane_target = None
                         self._idle_lanes.append(lane)
-                        self._running -= 1
-                        self._settled.notify_all()
+                        self._turn_given_back()
         finally:
             connection.close()
 

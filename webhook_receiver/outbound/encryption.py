@@ -60,8 +60,9 @@ def _box(keys: tuple[str, ...]) -> MultiFernet:
     return MultiFernet([Fernet(key) for key in keys])
 
 
-def _keys() -> tuple[str, ...]:
-    return app_settings().destination_secret_keys
+def _keys(given: Sequence[str] | None) -> tuple[str, ...]:
+    """The keys a caller gives (a re-encryption's), else the settings'."""
+    return app_settings().destination_secret_keys if given is None else tuple(given)
 
 
 def is_token(value: Any) -> bool:
@@ -80,7 +81,7 @@ def secrets_encrypt(secrets: Iterable[str], keys: Sequence[str] | None = None) -
     secrets = list(secrets)
     if not secrets:
         return []
-    keys = tuple(_keys() if keys is None else keys)
+    keys = _keys(keys)
     if not keys:
         raise SecretsUnreadable(
             f"Signing secrets (destinations', source records') are encrypted at rest, and "
@@ -95,7 +96,7 @@ def secrets_decrypt(tokens: Iterable[Any], keys: Sequence[str] | None = None) ->
     tokens = list(tokens)
     if not tokens:
         return []
-    keys = tuple(_keys() if keys is None else keys)
+    keys = _keys(keys)
     if not keys:
         raise SecretsUnreadable(
             f"Stored signing secrets are encrypted, and {SETTING} is empty: set the key "

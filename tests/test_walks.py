@@ -3,7 +3,10 @@ in order, from ``WebhookView.post`` to the commit of a new event, and from
 ``enqueue_webhook`` to the attempt its relay run records (through the task and its
 lane). Recorded by a profiler, not by hand; ``pytest tests/test_walks.py -s`` prints
 them. Each walk may not grow: a change that makes it longer raises the bound it passes,
-and says why, in the same commit."""
+and says why, in the same commit. And neither walk enters a module again from below it
+(A calls B, which calls back into A), except through a callback A handed down: a
+closure or lambda of A's own, such as the statement ``core/outages.py`` runs for
+``admission.py``."""
 
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ class Walk:
 
     def __init__(self) -> None:
         self.entered: list[tuple[str, str]] = []
+        # a module entered again from below it: (the call, the modules it came through)
+        self.reentered: list[tuple[str, str]] = []
         self._seen: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
@@ -55,6 +60,25 @@ class Walk:
             if place not in self._seen:
                 self._seen.add(place)
                 self.entered.append(place)
+        if "<locals>" not in name:  # a callback handed down is not a return
+            self._check_reentry(place, frame)
+
+    def _check_reentry(self, place: tuple[str, str], frame: FrameType) -> None:
+        below: list[str] = []  # the app's modules on the stack, nearest first, each once
+        caller = frame.f_back
+        while caller is not None:
+            path = caller.f_code.co_filename
+            if path.startswith(f"{PACKAGE}/"):
+                module = str(Path(path).relative_to(PACKAGE))
+                if not below or below[-1] != module:
+                    below.append(module)
+            caller = caller.f_back
+        module = place[0]
+        if below and below[0] != module and module in below:
+            found = (f"{module}: {place[1]}", " < ".join(below[: below.index(module) + 1]))
+            with self._lock:
+                if found not in self.reentered:
+                    self.reentered.append(found)
 
     def __enter__(self) -> Walk:
         threading.setprofile(self._profile)
@@ -104,6 +128,7 @@ def test_the_receive_walk_does_not_grow(client):
     assert answered.json()["status"] == "applied"
     print("\n" + walk.told("receive"))
     assert within(walk, RECEIVE_BOUND), walk.told("receive")
+    assert walk.reentered == []
 
 
 @pytest.mark.postgres_only("a lane's thread writes while the test's connection reads")
@@ -136,3 +161,4 @@ def test_the_send_walk_does_not_grow(monkeypatch):
     assert DeliveryAttempt.objects.filter(message__key="walk", status_code=200).count() == 1
     print("\n" + walk.told("send"))
     assert within(walk, SEND_BOUND), walk.told("send")
+    assert walk.reentered == []

@@ -185,8 +185,7 @@ def test_the_relay_order_reversed_breaks_fifo(monkeypatch):
     result = run(BACKLOG)
 
     assert "fifo-per-destination" in broken(result)
-    first = next(v for v in result["verdicts"] if v["name"] == "fifo-per-destination")["first"]
-    assert "before the older" in first
+    assert "before the older" in first(result, "fifo-per-destination")
     assert "--seed 3" in result["replay"]
 
 
@@ -221,8 +220,7 @@ def test_retry_after_ignored_breaks_no_early_attempt(monkeypatch):
 
     # what was asked is not waited: too early at the merchant, and set short of it
     assert broken(result) == ["no-early-attempt", "retry-after-capped"]
-    first = next(v for v in result["verdicts"] if v["name"] == "no-early-attempt")["first"]
-    assert "Retry-After" in first
+    assert "Retry-After" in first(result, "no-early-attempt")
 
 
 def test_a_limiter_that_overspends_breaks_the_rate(monkeypatch):
@@ -249,8 +247,7 @@ def test_a_receiver_that_checks_before_it_inserts_applies_twice(monkeypatch):
     result = run(INBOUND)
 
     assert broken(result) == ["one-effect-per-key"]
-    first = next(v for v in result["verdicts"] if v["name"] == "one-effect-per-key")["first"]
-    assert "at this app's receiver: applied 2 times" in first
+    assert "at this app's receiver: applied 2 times" in first(result, "one-effect-per-key")
 
 
 def test_a_lost_message_voids_the_run(monkeypatch):

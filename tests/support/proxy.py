@@ -32,13 +32,16 @@ class Forwarded:
     body: bytes
 
 
+# called with (request number from 0, the receiver's answer) once the receiver answered;
+# returns the relay's answer, or None to drop its connection unanswered
+AfterForward = Callable[[int, Forwarded], Forwarded | None]
+
+
 @dataclass
 class Proxy:
     url: str
     target: str
-    # called with (request number from 0, the receiver's answer) once the receiver
-    # answered; returns the relay's answer, or None to drop its connection unanswered
-    after_forward: Callable[[int, Forwarded], Forwarded | None] | None = None
+    after_forward: AfterForward | None = None
     received: list[Received] = field(default_factory=list)
     answers: list[Forwarded] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
@@ -87,9 +90,7 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def forwarding_proxy(
-    target: str, after_forward: Callable[[int, Forwarded], Forwarded | None] | None = None
-) -> Iterator[Proxy]:
+def forwarding_proxy(target: str, after_forward: AfterForward | None = None) -> Iterator[Proxy]:
     """A proxy to ``target`` on a free loopback port, for the block's duration."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), None)
     proxy = Proxy(
@@ -106,3 +107,16 @@ def forwarding_proxy(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def first_answer_dropped(before: Callable[[], object] = lambda: None) -> AfterForward:
+    """The first request's answer dropped, once ``before()`` has run: the receiver
+    committed, and the relay never hears of it. Every later answer passes."""
+
+    def after_forward(number: int, answer: Forwarded) -> Forwarded | None:
+        if number == 0:
+            before()
+            return None
+        return answer
+
+    return after_forward

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Self
@@ -105,6 +106,34 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def log_tail(log: Path, lines: int) -> str:
+    """The last ``lines`` lines of a process's log: what says why it failed."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until_ready(
+    name: str,
+    process: subprocess.Popen[bytes] | None,
+    ready: Callable[[], bool],
+    seconds: float,
+    log: Path,
+) -> None:
+    """Wait until ``ready()``; fail, with the log's tail, if the process exits first or
+    ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is None or process.poll() is not None:
+            raise RuntimeError(f"{name} exited at start-up:\n{log_tail(log, 40)}")
+        if ready():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} was not ready in {seconds} s:\n{log_tail(log, 40)}")
+
+
 class LoggedProcess:
     """A command run for a bench in a session of its own (a Ctrl-C reaches the runner,
     which stops it itself), its output in a log: started on enter and waited for until
@@ -157,17 +186,7 @@ class LoggedProcess:
         self.stop()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited at start-up:\n{self.log_tail()}")
-            if self.ready():
-                return
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"{self.name} was not ready in {self.startup_timeout} s:\n{self.log_tail()}"
-        )
+        wait_until_ready(self.name, self.process, self.ready, self.startup_timeout, self.log_path)
 
     def stop(self) -> None:
         process, self.process = self.process, None
@@ -181,11 +200,7 @@ class LoggedProcess:
             process.wait()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 class GunicornServer(LoggedProcess):

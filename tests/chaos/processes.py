@@ -17,7 +17,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from tests.bench.server import free_port
+from tests.bench.server import free_port, log_tail, wait_until_ready
 from tests.support.paths import REPO
 
 STARTUP_SECONDS = 60
@@ -52,14 +52,8 @@ class Service:
 
     def wait_ready(self, ready, seconds: float = STARTUP_SECONDS) -> float:
         """Wait until ``ready()``; return the seconds it took. Fails with the log's tail."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited at start-up:\n{self.tail()}")
-            if ready():
-                return time.time() - self.started_at
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready after {seconds} s:\n{self.tail()}")
+        wait_until_ready(self.name, self.process, ready, seconds, self.log)
+        return time.time() - self.started_at
 
     def kill(self) -> None:
         """SIGKILL to the whole group (a worker's pool children too)."""
@@ -87,11 +81,7 @@ class Service:
             self.process.wait(timeout=STOP_SECONDS)
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log, lines)
 
 
 def children(pid: int) -> list[int]:

@@ -42,6 +42,13 @@ def first(result: dict, name: str) -> str:
     return next(v for v in result["verdicts"] if v["name"] == name)["first"]
 
 
+def breaks_alone(data: dict, name: str) -> str:
+    """Run ``data``: verdict ``name`` must be the one broken. Returns its first breach."""
+    result = run(data)
+    assert broken(result) == [name]
+    return first(result, name)
+
+
 BACKLOG = {
     "destinations": [{"name": "shop", "rate": "2/s", "burst": 2, "max_in_flight": 2}],
     "admissions": [{"orders": 20, "over": 0}],
@@ -191,8 +198,7 @@ def test_the_relay_order_reversed_breaks_fifo(monkeypatch):
     result = run(BACKLOG)
 
     assert "fifo-per-destination" in broken(result)
-    first = next(v for v in result["verdicts"] if v["name"] == "fifo-per-destination")["first"]
-    assert "before the older" in first
+    assert "before the older" in first(result, "fifo-per-destination")
     assert "--seed 3" in result["replay"]
 
 
@@ -227,8 +233,7 @@ def test_retry_after_ignored_breaks_no_early_attempt(monkeypatch):
 
     # what was asked is not waited: too early at the merchant, and set short of it
     assert broken(result) == ["no-early-attempt", "retry-after-capped"]
-    first = next(v for v in result["verdicts"] if v["name"] == "no-early-attempt")["first"]
-    assert "Retry-After" in first
+    assert "Retry-After" in first(result, "no-early-attempt")
 
 
 def test_a_limiter_that_overspends_breaks_the_rate(monkeypatch):
@@ -252,11 +257,7 @@ def test_a_receiver_that_checks_before_it_inserts_applies_twice(monkeypatch):
 
     monkeypatch.setattr(receive, "event_claim_and_apply", check_then_insert)
 
-    result = run(INBOUND)
-
-    assert broken(result) == ["one-effect-per-key"]
-    first = next(v for v in result["verdicts"] if v["name"] == "one-effect-per-key")["first"]
-    assert "at this app's receiver: applied 2 times" in first
+    assert "at this app's receiver: applied 2 times" in breaks_alone(INBOUND, "one-effect-per-key")
 
 
 def test_a_lost_message_voids_the_run(monkeypatch):
@@ -283,10 +284,7 @@ def test_a_permanent_answer_retried_breaks_the_terminal_answer(monkeypatch):
     """400, 404 and 422 treated as transient: the merchant's rejections are retried."""
     monkeypatch.setattr(policy, "TERMINAL_STATUSES", frozenset())
 
-    result = run(REJECTING)
-
-    assert broken(result) == ["terminal-answer-final"]
-    assert "later request" in first(result, "terminal-answer-final")
+    assert "later request" in breaks_alone(REJECTING, "terminal-answer-final")
 
 
 def test_a_terminal_answer_given_one_more_try_breaks_the_terminal_answer(monkeypatch):
@@ -311,10 +309,7 @@ def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
 
     monkeypatch.setattr(record, "breaker_count", nothing_counted)
 
-    result = run(OUTAGE)
-
-    assert broken(result) == ["breaker-limits-attempts"]
-    assert "with the breaker open since" in first(result, "breaker-limits-attempts")
+    assert "with the breaker open since" in breaks_alone(OUTAGE, "breaker-limits-attempts")
 
 
 def test_a_breaker_whose_pause_ends_at_once_breaks_the_breaker(monkeypatch):
@@ -328,10 +323,7 @@ def test_a_breaker_whose_pause_ends_at_once_breaks_the_breaker(monkeypatch):
 
     monkeypatch.setattr(record, "breaker_count", no_cool_down)
 
-    result = run(OUTAGE)
-
-    assert broken(result) == ["breaker-limits-attempts"]
-    assert "no probe due before" in first(result, "breaker-limits-attempts")
+    assert "no probe due before" in breaks_alone(OUTAGE, "breaker-limits-attempts")
 
 
 def test_a_retry_after_above_the_cap_waited_in_full_breaks_the_cap(monkeypatch):
@@ -341,10 +333,7 @@ def test_a_retry_after_above_the_cap_waited_in_full_breaks_the_cap(monkeypatch):
         policy, "parse_retry_after", lambda value, *, now, cap: read(value, now=now, cap=10**9)
     )
 
-    result = run(GREEDY)
-
-    assert broken(result) == ["retry-after-capped"]
-    assert "asked to wait 3600 s (the cap 60 s)" in first(result, "retry-after-capped")
+    assert "asked to wait 3600 s (the cap 60 s)" in breaks_alone(GREEDY, "retry-after-capped")
 
 
 def test_a_budget_ignored_breaks_the_budget(monkeypatch):
@@ -358,19 +347,13 @@ def test_a_budget_ignored_breaks_the_budget(monkeypatch):
 
     monkeypatch.setattr(record, "decide", endless)
 
-    result = run(SPENDING)
-
-    assert broken(result) == ["budget-respected"]
-    assert "against a budget of 3" in first(result, "budget-respected")
+    assert "against a budget of 3" in breaks_alone(SPENDING, "budget-respected")
 
 
 def test_a_silence_check_that_never_runs_misses_a_trailing_silence(monkeypatch):
     monkeypatch.setattr(simulation_module, "silence_check", lambda: None)
 
-    result = run(TRAILING_SILENCE)
-
-    assert broken(result) == ["silence-alert-once"]
-    assert "to the cut-off" in first(result, "silence-alert-once")
+    assert "to the cut-off" in breaks_alone(TRAILING_SILENCE, "silence-alert-once")
 
 
 def test_a_410_taken_as_a_permanent_answer_breaks_gone_holds(monkeypatch):

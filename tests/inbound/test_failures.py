@@ -8,6 +8,8 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -54,6 +56,12 @@ def crashing(failures: int, **overrides):
     )
 
 
+def send_crash(client, key: str, order: str):
+    """A ``test.crash`` event for ``order``, signed as message ``key`` and posted to shop."""
+    body = event_body("test.crash", order_id=order)
+    return post(client, "shop", body, standard_headers(body, msg_id=key))
+
+
 def ledger_rows(event_key: str) -> int:
     return InventoryLedgerEntry.objects.filter(event_key=event_key).count()
 
@@ -64,11 +72,9 @@ def ledger_rows(event_key: str) -> int:
 @pytest.mark.django_db
 def test_a_transient_failure_then_success_applies_once_and_resolves(client):
     # given: a handler that fails once, then works
-    body = event_body("test.crash", order_id="ord_t")
-    headers = standard_headers(body, msg_id="msg_transient")
     with crashing(failures=1):
         # when: the delivery fails
-        answer = post(client, "shop", body, headers)
+        answer = send_crash(client, "msg_transient", "ord_t")
 
         # then: held for retry, not applied
         assert answer.status_code == 202
@@ -194,11 +200,9 @@ def test_a_stripe_event_without_a_key_is_dead_lettered_under_the_body_hash(clien
 
 @pytest.mark.django_db
 def test_exhausted_retries_go_dead_then_replay_applies_once_and_again_is_a_duplicate(client):
-    body = event_body("test.crash", order_id="ord_x")
-    headers = standard_headers(body, msg_id="msg_exhaust")
     with crashing(failures=100, RETRY_MAX_ATTEMPTS=3):
         # given: three attempts, all failing
-        assert post(client, "shop", body, headers).json()["status"] == "deferred"
+        assert send_crash(client, "msg_exhaust", "ord_x").json()["status"] == "deferred"
         for day in (1, 2):
             assert failed_events_retry_due(now=timezone.now() + day * LATER) == 1
 
@@ -235,9 +239,8 @@ def test_exhausted_retries_go_dead_then_replay_applies_once_and_again_is_a_dupli
 
 @pytest.mark.django_db
 def test_a_failed_replay_keeps_the_event_dead_and_records_the_error(client):
-    body = event_body("test.crash", order_id="ord_y")
     with crashing(failures=100, RETRY_MAX_ATTEMPTS=1):
-        post(client, "shop", body, standard_headers(body, msg_id="msg_still_broken"))
+        send_crash(client, "msg_still_broken", "ord_y")
         failed = FailedEvent.objects.get()
         assert failed.status == "dead"
 
@@ -253,11 +256,9 @@ def test_a_failed_replay_keeps_the_event_dead_and_records_the_error(client):
 
 @pytest.mark.django_db
 def test_the_senders_redelivery_of_a_dead_key_is_processed_and_resolves_it(client):
-    body = event_body("test.crash", order_id="ord_z")
-    headers = standard_headers(body, msg_id="msg_redelivered")
     with crashing(failures=1, RETRY_MAX_ATTEMPTS=1):
-        assert post(client, "shop", body, headers).json()["status"] == "dead_lettered"
-        answer = post(client, "shop", body, standard_headers(body, msg_id="msg_redelivered"))
+        assert send_crash(client, "msg_redelivered", "ord_z").json()["status"] == "dead_lettered"
+        answer = send_crash(client, "msg_redelivered", "ord_z")  # signed again, as resent
 
     assert answer.json()["status"] == "applied"
     failed = FailedEvent.objects.get()
@@ -324,8 +325,8 @@ def test_one_poison_event_among_100_good_ones_blocks_none_of_them(client, seed):
 # --- concurrency -------------------------------------------------------------------
 
 
-def _capture_due(key: str, event_type: str) -> None:
-    body = event_body(event_type, order_id=f"ord_{key}")
+def _capture_due(key: str, event_type: str, *, order: str | None = None) -> None:
+    body = event_body(event_type, order_id=order or f"ord_{key}")
     failure_capture(
         captured=CapturedEvent(
             source="shop",
@@ -340,13 +341,35 @@ def _capture_due(key: str, event_type: str) -> None:
     )
 
 
+def _due(prefix: str, count: int, event_type: str, *, failing: Collection[int] = ()) -> list[str]:
+    """``count`` captured events due for a retry, keyed ``{prefix}_0`` on; the order ids of
+    those numbered in ``failing`` end in ``_fail``, which records_its_transaction fails."""
+    keys = [f"{prefix}_{i}" for i in range(count)]
+    for i, key in enumerate(keys):
+        _capture_due(key, event_type, order=f"ord_{key}_fail" if i in failing else None)
+    return keys
+
+
+@contextmanager
+def _recording_transactions(*, delay: float = 0.0) -> Iterator[None]:
+    """``test.batch`` handled by records_its_transaction, ``delay`` seconds an event; what
+    it recorded before is cleared, and its delay reset afterwards."""
+    test_handlers.transactions.clear()
+    test_handlers.sweep_delay["seconds"] = delay
+    try:
+        with receiver_settings(
+            **handlers(test_batch="tests.support.handlers.records_its_transaction")
+        ):
+            yield
+    finally:
+        test_handlers.sweep_delay["seconds"] = 0.0
+
+
 @pytest.mark.postgres_only("row locks taken with SKIP LOCKED")
 @pytest.mark.django_db(transaction=True)
 def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
     # given: 40 due events whose handler notices overlapping runs
-    keys = [f"msg_sweep_{i}" for i in range(40)]
-    for key in keys:
-        _capture_due(key, "test.slow")
+    keys = _due("msg_sweep", 40, "test.slow")
     test_handlers.executions.clear()
     test_handlers.overlaps.clear()
     barrier = threading.Barrier(4)
@@ -377,19 +400,10 @@ def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
 @pytest.mark.django_db(transaction=True)
 def test_a_sweep_retries_a_batch_in_one_transaction_and_one_failure_spoils_none_of_it():
     # given: ten due events, three of which fail again
-    keys = [f"msg_batch_{i}" for i in range(10)]
-    for i, key in enumerate(keys):
-        order = f"ord_{key}_fail" if i in (2, 5, 8) else f"ord_{key}"
-        failure_capture(
-            captured=CapturedEvent("shop", key, "test.batch", key, None,
-                                   event_body("test.batch", order_id=order), {}),
-            exc=TransientError("dependency down"),
-        )  # fmt: skip
-    test_handlers.transactions.clear()
-    test_handlers.sweep_delay["seconds"] = 0.0
+    keys = _due("msg_batch", 10, "test.batch", failing=(2, 5, 8))
 
     # when
-    with receiver_settings(**handlers(test_batch="tests.support.handlers.records_its_transaction")):
+    with _recording_transactions():
         tried = failed_events_retry_due(now=timezone.now() + LATER)
 
     # then: one transaction ran them all; the seven applied once, with their receipts,
@@ -413,20 +427,11 @@ def test_a_sweep_retries_a_batch_in_one_transaction_and_one_failure_spoils_none_
 @pytest.mark.django_db(transaction=True)
 def test_slow_handlers_cut_a_sweeps_transaction_short_so_its_receipts_are_not_held_long():
     # given: eight due events whose handler takes 0.2 s each
-    keys = [f"msg_slow_{i}" for i in range(8)]
-    for key in keys:
-        _capture_due(key, "test.batch")
-    test_handlers.transactions.clear()
-    test_handlers.sweep_delay["seconds"] = 0.2
+    _due("msg_slow", 8, "test.batch")
 
     # when
-    try:
-        with receiver_settings(
-            **handlers(test_batch="tests.support.handlers.records_its_transaction")
-        ):
-            tried = failed_events_retry_due(now=timezone.now() + LATER, limit=8)
-    finally:
-        test_handlers.sweep_delay["seconds"] = 0.0
+    with _recording_transactions(delay=0.2):
+        tried = failed_events_retry_due(now=timezone.now() + LATER, limit=8)
 
     # then: every event was tried in this one call, no transaction took on more than
     # half a second's worth (three at 0.2 s), and all of them applied

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from tests.support.threads import InBackground
 
 TICKS = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
@@ -61,8 +62,10 @@ class Usage:
         return {role: round(self.cores(role), 3) for role in sorted(self.roles)}
 
 
-class Sampler:
+class Sampler(InBackground):
     """Sample while a phase runs (a context manager); ``usage`` afterwards."""
+
+    join_seconds = 10.0
 
     def __init__(
         self,
@@ -74,7 +77,6 @@ class Sampler:
         self.single = single  # pid -> role
         self.changing = changing  # pid -> role, asked again at each sample
         self._seen: dict[int, tuple[str, int, int]] = {}  # pid -> (role, first, last)
-        self._stop = threading.Event()
         self._first = True
 
     def __enter__(self) -> Sampler:
@@ -82,13 +84,10 @@ class Sampler:
         self._machine = _machine_ticks()
         self._sample()
         self._first = False
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
+        return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        super().__exit__(*exc)
         self._sample()
         seconds = time.monotonic() - self._began
         busy, total = _machine_ticks()

@@ -27,7 +27,13 @@ from django.utils import timezone
 from project.shop.models import InventoryLedgerEntry
 from tests.settings import SHOP_SECRET
 from tests.support.peers import Chunks, answer_head, hostile_peer, trickled
-from tests.support.proxy import Forwarded, forwarding_proxy
+from tests.support.proxy import (
+    AfterForward,
+    Forwarded,
+    Proxy,
+    first_answer_dropped,
+    forwarding_proxy,
+)
 from tests.support.receiver import Receiver, running_receiver
 from tests.support.worker import Worker, wait_for
 from webhook_receiver.models import (
@@ -78,6 +84,22 @@ def shop_destination(url: str, **fields) -> WebhookDestination:
     )
 
 
+@contextmanager
+def shop_behind_proxy(
+    live_server, after_forward: AfterForward, **fields
+) -> Iterator[tuple[Proxy, WebhookDestination]]:
+    """The shop's own endpoint behind a forwarding proxy that lets ``after_forward`` choose
+    the relay's answers, and a destination that sends to it."""
+    with forwarding_proxy(f"{live_server.url}/webhooks/shop/", after_forward) as proxy:
+        yield proxy, shop_destination(proxy.url, **fields)
+
+
+def admit_reserved(dest: WebhookDestination) -> None:
+    """KEY's event for the shop, committed: its admission queues a relay run."""
+    with transaction.atomic():
+        enqueue_webhook(dest, "inventory.reserved", KEY, RESERVED)
+
+
 def admit(dest: WebhookDestination, keys: list[str], event_type: str = "order.paid") -> None:
     # committed: each admission queues a relay run on the broker
     with transaction.atomic():
@@ -87,6 +109,15 @@ def admit(dest: WebhookDestination, keys: list[str], event_type: str = "order.pa
 
 def delivered(dest: WebhookDestination) -> int:
     return OutboxMessage.objects.filter(destination=dest, status="delivered").count()
+
+
+def taken_over(dest: WebhookDestination, workers: Callable[[int], list[Worker]], what: str) -> None:
+    """The one message's lease runs out (it would after timeout + 24 s: moved to the past
+    here rather than waited for), and a new worker's sweep delivers it again."""
+    OutboxMessage.objects.update(lease_until=timezone.now() - timedelta(seconds=1))
+    replacement = workers(1)[0]
+    relay_sweep.delay()
+    wait_for(lambda: delivered(dest) == 1, 30, f"{what} ({replacement.tail()})")
 
 
 def applied_once(key: str) -> None:
@@ -113,20 +144,13 @@ def test_a_relay_killed_after_the_receiver_committed_sends_again_and_it_applies_
     # given: the shop's own endpoint behind a proxy that, once the first request has
     # committed there, kills the relay's worker (SIGKILL, whole group) and never answers
     running: list[Worker] = []
+    kill_the_relay = first_answer_dropped(before=lambda: running[0].kill())
 
-    def kill_the_relay(number: int, answer: Forwarded) -> Forwarded | None:
-        if number == 0:
-            running[0].kill()
-            return None
-        return answer
-
-    with forwarding_proxy(f"{live_server.url}/webhooks/shop/", kill_the_relay) as proxy:
-        dest = shop_destination(proxy.url)
+    with shop_behind_proxy(live_server, kill_the_relay) as (proxy, dest):
         running += workers(1)
 
         # when: a message is admitted; its relay run delivers, and dies before recording
-        with transaction.atomic():
-            enqueue_webhook(dest, "inventory.reserved", KEY, RESERVED)
+        admit_reserved(dest)
         wait_for(
             lambda: proxy.dropped and running[0].process.poll() is not None,
             30,
@@ -141,14 +165,8 @@ def test_a_relay_killed_after_the_receiver_committed_sends_again_and_it_applies_
         assert not DeliveryAttempt.objects.exists()
         assert WebhookReceipt.objects.filter(source="shop", event_key=KEY).count() == 1
 
-        # when: the lease runs out (it would after timeout + 24 s: moved to the past here
-        # rather than waited for), and a new worker's sweep finds the message again
-        OutboxMessage.objects.filter(pk=message.pk).update(
-            lease_until=timezone.now() - timedelta(seconds=1)
-        )
-        replacement = workers(1)[0]
-        relay_sweep.delay()
-        wait_for(lambda: delivered(dest) == 1, 30, f"the redelivery ({replacement.tail()})")
+        # when: the lease runs out, and a new worker's sweep finds the message again
+        taken_over(dest, workers, "the redelivery")
 
     # then: sent twice under one key; the second answer was the receiver's duplicate
     assert proxy.keys() == [KEY, KEY]
@@ -172,15 +190,13 @@ def test_an_answer_lost_after_the_receiver_committed_is_retried_under_the_key_an
     live_server, workers
 ):
     # given: a proxy that drops the relay's connection after the first request committed
-    with forwarding_proxy(
-        f"{live_server.url}/webhooks/shop/", lambda number, answer: answer if number else None
-    ) as proxy:
-        dest = shop_destination(proxy.url, backoff_base_seconds=60, backoff_cap_seconds=60)
+    with shop_behind_proxy(
+        live_server, first_answer_dropped(), backoff_base_seconds=60, backoff_cap_seconds=60
+    ) as (proxy, dest):
         (worker,) = workers(1)
 
         # when: the message is admitted and relayed once
-        with transaction.atomic():
-            enqueue_webhook(dest, "inventory.reserved", KEY, RESERVED)
+        admit_reserved(dest)
         wait_for(
             lambda: DeliveryAttempt.objects.exists(), 30, f"the first attempt ({worker.tail()})"
         )
@@ -232,21 +248,17 @@ def test_a_late_result_from_a_worker_whose_lease_ran_out_does_not_undo_the_claim
         wait_for(DeliveryAttempt.objects.filter(number=1).exists, 15, "the late record")
         return answer
 
-    with forwarding_proxy(f"{live_server.url}/webhooks/shop/", freeze_then_thaw) as proxy:
-        dest = shop_destination(proxy.url, backoff_base_seconds=60, backoff_cap_seconds=60)
+    with shop_behind_proxy(
+        live_server, freeze_then_thaw, backoff_base_seconds=60, backoff_cap_seconds=60
+    ) as (proxy, dest):
         running += workers(1)
-        with transaction.atomic():
-            enqueue_webhook(dest, "inventory.reserved", KEY, RESERVED)
+        admit_reserved(dest)
         wait_for(lambda: stopped(running[0]), 30, f"the first delivery ({running[0].tail()})")
 
-        # when: its lease runs out (frozen for longer than timeout + 24 s: moved to the
-        # past here), a second worker claims the message and sends it again, and the
-        # first thaws and records its 502 while the second's request is in flight
-        OutboxMessage.objects.update(lease_until=timezone.now() - timedelta(seconds=1))
-        replacement = workers(1)[0]
-        relay_sweep.delay()
-        delivered = OutboxMessage.objects.filter(status="delivered")
-        wait_for(delivered.exists, 30, f"the second delivery ({replacement.tail()})")
+        # when: its lease runs out (the worker frozen past it), a second worker claims the
+        # message and sends it again, and the first thaws and records its 502 while the
+        # second's request is in flight
+        taken_over(dest, workers, "the second delivery")
 
     # then: the receiver applied it once, and the message is delivered: the result of
     # the claim that took over stands, whatever the late one said

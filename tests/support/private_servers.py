@@ -37,21 +37,36 @@ def _wait(condition, what: str, seconds: float = STARTUP_SECONDS) -> None:
         time.sleep(0.05)
 
 
-def _terminate(process: subprocess.Popen[bytes] | None) -> None:
-    """Stop a server started here, if it still runs (SIGTERM: a clean shutdown)."""
-    if process is not None and process.poll() is None:
-        process.terminate()
-        process.wait(timeout=10)
+class _ServerProcess:
+    """A server this module starts as a process of its own, its output appended to a log
+    in ``directory``; up once it answers, stopped with SIGTERM (a clean shutdown)."""
+
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def _launch(self, command: list[str], log: str) -> None:
+        with (self.directory / log).open("ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        _wait(self._answers, Path(command[0]).name)
+
+    def _answers(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop it, if it still runs."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            process.wait(timeout=10)
 
 
-class PrivateRedis:
+class PrivateRedis(_ServerProcess):
     """``redis-server`` on a port of its own, nothing persisted."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
@@ -59,13 +74,7 @@ class PrivateRedis:
             pytest.skip("needs redis-server (apt-get install redis-server)")
         command = [binary, "--port", str(self.port), "--bind", "127.0.0.1"]
         command += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
-        with (self.directory / "redis.log").open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        _wait(self._answers, "redis-server")
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        _terminate(process)
+        self._launch(command, "redis.log")
 
     def _answers(self) -> bool:
         try:
@@ -124,7 +133,7 @@ class PrivatePostgres:
         return psycopg.connect(self._dsn(self.database))
 
 
-class PrivatePgBouncer:
+class PrivatePgBouncer(_ServerProcess):
     """PgBouncer (Debian's package) on a port of its own, in front of this machine's
     PostgreSQL, pooling in ``pool_mode`` with at most ``pool_size`` server connections
     per database: every client's transactions share them, as on a deployment where
@@ -135,7 +144,6 @@ class PrivatePgBouncer:
         self.port = free_port()
         self.pool_mode = pool_mode
         self.pool_size = pool_size
-        self.process: subprocess.Popen[bytes] | None = None
 
     def url(self, database: str) -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
@@ -157,15 +165,7 @@ class PrivatePgBouncer:
         )
         if os.geteuid() == 0:
             shutil.chown(self.directory, "postgres")
-        with (self.directory / "pgbouncer.log").open("ab") as log:
-            self.process = subprocess.Popen(
-                [binary, str(config)], stdout=log, stderr=subprocess.STDOUT
-            )
-        _wait(self._answers, "pgbouncer")
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        _terminate(process)
+        self._launch([binary, str(config)], "pgbouncer.log")
 
     def _answers(self) -> bool:
         try:

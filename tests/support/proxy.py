@@ -10,16 +10,15 @@ but the response was lost" on a real socket.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 
-from tests.support.receiver import Received
+from tests.support.receiver import QuietHandler, Received, Recording, loopback_server
 
 # headers the relay signs or that name the delivery: forwarded as they came
 FORWARDED = ("content-type", "user-agent", "idempotency-key")
@@ -32,29 +31,24 @@ class Forwarded:
     body: bytes
 
 
+# called with (request number from 0, the receiver's answer) once the receiver answered;
+# returns the relay's answer, or None to drop its connection unanswered
+AfterForward = Callable[[int, Forwarded], Forwarded | None]
+
+
 @dataclass
-class Proxy:
+class Proxy(Recording):
     url: str
     target: str
-    # called with (request number from 0, the receiver's answer) once the receiver
-    # answered; returns the relay's answer, or None to drop its connection unanswered
-    after_forward: Callable[[int, Forwarded], Forwarded | None] | None = None
-    received: list[Received] = field(default_factory=list)
+    after_forward: AfterForward | None = None
     answers: list[Forwarded] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def keys(self) -> list[str]:
-        return [r.headers.get("webhook-id", "") for r in self.received]
 
 
 def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(QuietHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            headers = {k.lower(): v for k, v in self.headers.items()}
+            headers, body = self.read()
             with proxy.lock:
                 number = len(proxy.received)
                 proxy.received.append(Received(self.path, headers, body, time.monotonic()))
@@ -80,29 +74,27 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(answer.body)
 
-        def log_message(self, *args) -> None:
-            pass
-
     return Handler
 
 
 @contextmanager
-def forwarding_proxy(
-    target: str, after_forward: Callable[[int, Forwarded], Forwarded | None] | None = None
-) -> Iterator[Proxy]:
+def forwarding_proxy(target: str, after_forward: AfterForward | None = None) -> Iterator[Proxy]:
     """A proxy to ``target`` on a free loopback port, for the block's duration."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), None)
-    proxy = Proxy(
-        url=f"http://127.0.0.1:{server.server_address[1]}/hooks",
-        target=target,
-        after_forward=after_forward,
-    )
-    server.RequestHandlerClass = _handler(proxy)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with loopback_server() as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
+        proxy = Proxy(url=url, target=target, after_forward=after_forward)
+        server.RequestHandlerClass = _handler(proxy)
         yield proxy
-    finally:
-        server.shutdown()
-        server.server_close()
+
+
+def first_answer_dropped(before: Callable[[], object] = lambda: None) -> AfterForward:
+    """The first request's answer dropped, once ``before()`` has run: the receiver
+    committed, and the relay never hears of it. Every later answer passes."""
+
+    def after_forward(number: int, answer: Forwarded) -> Forwarded | None:
+        if number == 0:
+            before()
+            return None
+        return answer
+
+    return after_forward

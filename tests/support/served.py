@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from django.db import connection
 
 from tests.bench.server import GunicornServer, free_port
 from tests.support.paths import REPO
+from tests.support.threads import InBackground
 
 NGINX_SITE = REPO / "deploy" / "nginx.conf"
 
@@ -121,7 +121,7 @@ FLOOD_ADDRESS = "127.0.0.2"
 
 
 @dataclass
-class SlowBodyFlood:
+class SlowBodyFlood(InBackground):
     """``connections`` connections from FLOOD_ADDRESS, kept open: each sends a request
     header (announcing ``body_size`` bytes), then one body byte every ``interval``
     seconds; one the server ends (answered or not) is replaced by a new one at once.
@@ -140,16 +140,6 @@ class SlowBodyFlood:
         b"POST /webhooks/shop/ HTTP/1.1\r\nHost: localhost\r\n"
         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     )
-
-    def __enter__(self) -> SlowBodyFlood:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
 
     def _run(self) -> None:
         selector = selectors.DefaultSelector()

@@ -108,13 +108,16 @@ def run(source: str, outcome: str, *, started: datetime, **more) -> Reconciliati
     )
 
 
-def repair(source: str, kind: str, key: str, by: ReconciliationRun) -> RepairItem:
+def repair(
+    source: str, kind: str, key: str, by: ReconciliationRun, status: str = RepairStatus.OPEN
+) -> RepairItem:
+    """An item run ``by`` found, of an event at the start of its window."""
     return RepairItem.objects.create(
         source=source,
         kind=kind,
         event_key=key,
         occurred_at=by.window_start,
-        status=RepairStatus.OPEN,
+        status=status,
         first_run=by,
         last_run=by,
         created_at=by.started_at,

@@ -18,10 +18,10 @@ from tests.support.metrics import AUTH
 from tests.support.paths import REPO
 from tests.support.reconciling import needs_repair_run
 from tests.support.signing import reserved, standard_headers
+from tests.support.status import repair
 from webhook_receiver.models import (
     FailedEvent,
     FailureStatus,
-    RepairItem,
     RepairKind,
     SilenceAlert,
     WebhookDestination,
@@ -214,17 +214,7 @@ def test_every_metric_the_dashboard_names_is_exported_by_a_real_scrape(
     SilenceAlert.objects.create(
         source="github", opened_at=now, silence_after_seconds=1200, last_checked_at=now
     )
-    run = needs_repair_run(now)
-    RepairItem.objects.create(
-        source="shop",
-        kind=RepairKind.MISSING,
-        event_key="gf_missing",
-        occurred_at=now,
-        first_run=run,
-        last_run=run,
-        created_at=now,
-        updated_at=now,
-    )
+    repair("shop", RepairKind.MISSING, "gf_missing", needs_repair_run(now))
     dest = WebhookDestination.objects.create(name="grafana-merchant", url=receiver.url)
     for key in ("k1", "k1", "k2"):  # the second k1 is a dedup hit
         with TestCase.captureOnCommitCallbacks(execute=False), transaction.atomic():

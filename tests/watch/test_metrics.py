@@ -24,6 +24,7 @@ from tests.support.http import post
 from tests.support.metrics import AUTH, TOKEN, delta, labels, scrape, series, value
 from tests.support.reconciling import needs_repair_run
 from tests.support.signing import event_body, reserved, standard_headers
+from tests.support.status import repair
 from webhook_receiver.inbound import metrics
 from webhook_receiver.models import (
     FailedEvent,
@@ -225,17 +226,7 @@ def test_database_gauges_equal_the_database(client, metrics_on):
         ("d", "stripe", "failed", "open"),
         ("e", "shop", "missing", "resolved"),
     ]:
-        RepairItem.objects.create(
-            source=source,
-            kind=kind,
-            event_key=key,
-            occurred_at=now,
-            status=status,
-            first_run=run,
-            last_run=run,
-            created_at=now,
-            updated_at=now,
-        )
+        repair(source, kind, key, run, status)
 
     # when
     samples = scrape(client)

@@ -36,6 +36,12 @@ RECEIVE_BOUND = (17, 67)
 SEND_BOUND = (24, 98)
 
 
+def _app_module(frame: FrameType) -> str | None:
+    """The app's module a frame runs in (its path under webhook_receiver/), or None."""
+    path = frame.f_code.co_filename
+    return str(Path(path).relative_to(PACKAGE)) if path.startswith(f"{PACKAGE}/") else None
+
+
 class Walk:
     """The app's functions entered while the block runs, in every thread, in order."""
 
@@ -49,13 +55,13 @@ class Walk:
     def _profile(self, frame: FrameType, event: str, arg: object) -> None:
         if event != "call":
             return
-        path = frame.f_code.co_filename
-        if not path.startswith(f"{PACKAGE}/"):
+        module = _app_module(frame)
+        if module is None:
             return
         name = frame.f_code.co_qualname
         if name.rsplit(".", 1)[-1].startswith("<"):  # a comprehension or a lambda
             return
-        place = (str(Path(path).relative_to(PACKAGE)), name)
+        place = (module, name)
         with self._lock:
             if place not in self._seen:
                 self._seen.add(place)
@@ -64,14 +70,13 @@ class Walk:
             self._check_reentry(place, frame)
 
     def _check_reentry(self, place: tuple[str, str], frame: FrameType) -> None:
-        below: list[str] = []  # the app's modules on the stack, nearest first, each once
+        # the app's modules on the stack, nearest first, a run of one module's frames once
+        below: list[str] = []
         caller = frame.f_back
         while caller is not None:
-            path = caller.f_code.co_filename
-            if path.startswith(f"{PACKAGE}/"):
-                module = str(Path(path).relative_to(PACKAGE))
-                if not below or below[-1] != module:
-                    below.append(module)
+            module = _app_module(caller)
+            if module is not None and (not below or below[-1] != module):
+                below.append(module)
             caller = caller.f_back
         module = place[0]
         if below and below[0] != module and module in below:

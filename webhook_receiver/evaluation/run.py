@@ -133,11 +133,14 @@ def own_database(
     dropped afterwards, as Django's test runner does: the host's rows are never read
     nor written. On PostgreSQL it is ``<NAME>_webhook_eval``; on SQLite, in memory.
 
-    Only a database this run made is dropped: if ``<NAME>_webhook_eval`` exists already
-    (someone's, or a run's that was killed), the run is refused (RunRefused) unless
-    ``force`` says to drop it and make it again. The run's own is dropped on every way
-    out: the end, an exception, Ctrl-C, and SIGTERM (turned into Terminated for the
-    run's duration); ``say`` tells in one line when an interruption was cleaned up."""
+    The name is checked before any statement: one the server would cut (PostgreSQL keeps
+    the first 63 bytes of a name, so a long ``<NAME>`` cut back is the host's own) is
+    refused. Only a database made by a run is ever dropped: if the name exists already,
+    the run is refused (RunRefused); ``force`` drops it only when it carries the mark a
+    run gives its database (one an earlier run, killed, left behind), never someone
+    else's. The run's own is dropped on every way out: the end, an exception, Ctrl-C,
+    and SIGTERM (turned into Terminated for the run's duration); ``say`` tells in one
+    line when an interruption was cleaned up."""
     say = say or _to_stderr
     settings_dict = connection.settings_dict
     test = settings_dict.setdefault("TEST", {})
@@ -154,7 +157,7 @@ def own_database(
         return
 
     host = settings_dict["NAME"]
-    name = f"{host}_webhook_eval"
+    name = _run_database_name(host)
     made = interrupted = False
     with _sigterm_raises():
         try:
@@ -203,31 +206,77 @@ def _interruption(exc: BaseException) -> BaseException | None:
     return None
 
 
+RUN_DATABASE_SUFFIX = "_webhook_eval"
+# The comment a run gives the database it makes: what --force may drop, and nothing else.
+# (A constant without quotes: COMMENT takes a literal, not a parameter.)
+RUN_DATABASE_MARK = "made by webhook_eval for one run, and dropped when the run ends"
+
+
+def _run_database_name(host: str) -> str:
+    """``<host>_webhook_eval``, if the server keeps it whole. PostgreSQL cuts a longer
+    name to its limit (63 bytes in a default build) without a word, and the cut name
+    can be the host's own database: every statement would then act on it."""
+    name = f"{host}{RUN_DATABASE_SUFFIX}"
+    try:
+        with connection._nodb_cursor() as cursor:
+            cursor.execute("SHOW max_identifier_length")
+            limit = int(cursor.fetchone()[0])
+    except DatabaseError as exc:
+        raise RunRefused(f"cannot reach the database server: {exc}") from None
+    size = len(name.encode())
+    if size > limit:
+        raise RunRefused(
+            f"the run's database would be named {name}, {size} bytes, and PostgreSQL "
+            f"keeps only the first {limit} bytes of a name: the name it would use is "
+            f"{name.encode()[:limit].decode(errors='ignore')!r}, which may be another "
+            f"database (the configured one's included). Give the configured database "
+            f"(DATABASES NAME) a name of at most {limit - len(RUN_DATABASE_SUFFIX)} bytes "
+            "to run webhook_eval beside it"
+        )
+    return name
+
+
 def _make_database(name: str, *, force: bool) -> None:
-    """CREATE DATABASE ``name``; if it exists, refuse, or with ``force`` drop it first.
-    Anything the server answers instead (no such role, unreachable) is a RunRefused."""
+    """CREATE DATABASE ``name`` and mark it as a run's; if it exists, refuse, or with
+    ``force`` drop it first when it carries that mark. Anything the server answers
+    instead (no such role, unreachable) is a RunRefused."""
     quoted = connection.ops.quote_name(name)
     create = f"CREATE DATABASE {quoted} {connection.creation.sql_table_creation_suffix()}"
+    mark = f"COMMENT ON DATABASE {quoted} IS '{RUN_DATABASE_MARK}'"
     try:
         with connection._nodb_cursor() as cursor:
             try:
                 cursor.execute(create.strip())
+                cursor.execute(mark)
                 return
             except DatabaseError as exc:
                 if not isinstance(exc.__cause__, psycopg.errors.DuplicateDatabase):
                     raise
+            cursor.execute(
+                "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+                [name],
+            )
+            row = cursor.fetchone()
+            left_by_a_run = row is not None and row[0] == RUN_DATABASE_MARK
+            if not left_by_a_run:
+                raise RunRefused(
+                    f"the database {name} exists, and no run made it (a run makes its own "
+                    "database under that name, marks it, and drops it afterwards): it is "
+                    "left as it is, --force included. Look at what it holds; drop it "
+                    f"yourself only if nothing in it matters (dropdb {name})"
+                )
             if not force:
                 raise RunRefused(
-                    f"the database {name} exists, and this run did not make it (a run "
-                    "makes its own database under that name and drops it afterwards): drop "
-                    f"it yourself if nothing in it matters (dropdb {name}), or run again "
-                    "with --force to drop it and make it afresh"
+                    f"the database {name} exists, left behind by an earlier run that was "
+                    "killed (it carries a run's mark): run again with --force to drop it "
+                    "and make it afresh"
                 )
             try:
                 cursor.execute(f"DROP DATABASE {quoted}")
             except DatabaseError as exc:
                 raise RunRefused(f"--force: cannot drop the database {name}: {exc}") from None
             cursor.execute(create.strip())
+            cursor.execute(mark)
     except DatabaseError as exc:
         raise RunRefused(f"cannot make its database {name}: {exc}") from None
 

@@ -52,8 +52,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--force",
             action="store_true",
-            help="if the run's database (<NAME>_webhook_eval) exists already, drop it and "
-            "make it afresh (without: refuse, and leave it as it is)",
+            help="if the run's database (<NAME>_webhook_eval) was left behind by an earlier "
+            "run that was killed, drop it and make it afresh (without: refuse); a database "
+            "of that name no run made is never dropped",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,10 +1,11 @@
-"""Run the demo for development: gunicorn, a Celery worker and Celery beat, together.
+"""Run the demo for development: gunicorn, the outbox relay, a Celery worker and Celery
+beat, together.
 
     python -m project.devserver [--host 127.0.0.1] [--port 8000]
 
-(`make run` runs this.) Ctrl-C, or SIGTERM to this process, stops all three: each is
+(`make run` runs this.) Ctrl-C, or SIGTERM to this process, stops all four: each is
 sent one SIGTERM, and whatever still runs after STOP_SECONDS is killed with its
-process group. The three run in sessions of their own, so that the terminal's Ctrl-C
+process group. The four run in sessions of their own, so that the terminal's Ctrl-C
 reaches this process alone and each of them is told exactly once.
 
 gunicorn is served directly, which suits development only: in production put nginx in
@@ -54,6 +55,7 @@ def commands(host: str, port: int) -> dict[str, list[str]]:
             "--access-logfile",
             "-",
         ],
+        "relay": [sys.executable, str(BASE_DIR / "manage.py"), "webhook_relay"],
         "worker": [
             str(bin_dir / "celery"),
             "-A",
@@ -82,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
-    # One metrics directory for web and worker (one host): /metrics/ then shows the
-    # relay's deliveries beside the requests. gunicorn empties it as it starts.
+    # One metrics directory for web, relay and worker (one host): /metrics/ then shows
+    # the relay's deliveries beside the requests. gunicorn empties it as it starts.
     metrics_dir = None
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         metrics_dir = tempfile.mkdtemp(prefix="webhook-receiver-metrics-")
@@ -96,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     address = address_file()
     address.parent.mkdir(parents=True, exist_ok=True)
     address.write_text(f"http://{reachable(args.host)}:{args.port}\n")
-    # Until a stop is asked for, or one of the three ends by itself.
+    # Until a stop is asked for, or one of them ends by itself.
     while not stop_requested and all(child.poll() is None for child in children.values()):
         time.sleep(0.2)
     ended = [name for name, child in children.items() if child.poll() is not None]
     if ended and not stop_requested:
         say(f"\n{' and '.join(ended)} stopped unexpectedly; stopping the rest.")
     else:
-        say("\nStopping web, worker and beat…")
+        say("\nStopping web, relay, worker and beat…")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
     stopped = stop(children)
     address.unlink(missing_ok=True)

@@ -194,6 +194,12 @@ WEBHOOK_RECEIVER = {
     # an HTTP proxy every such request goes through as a CONNECT tunnel (smokescreen,
     # a corporate proxy): http://[user:password@]host:port; unset, none
     "EGRESS_PROXY": env("WEBHOOK_EGRESS_PROXY", default=None),
+    # the outbox relay (manage.py webhook_relay): its database connections, its poll for
+    # due messages, and whether it listens for admissions (false behind PgBouncer in
+    # transaction mode, unless the relay's DATABASE_URL goes straight to PostgreSQL)
+    "RELAY_DATABASE_CONNECTIONS": env.int("WEBHOOK_RELAY_DATABASE_CONNECTIONS", default=2),
+    "RELAY_POLL_SECONDS": env.float("WEBHOOK_RELAY_POLL_SECONDS", default=1.0),
+    "RELAY_LISTEN": env.bool("WEBHOOK_RELAY_LISTEN", default=True),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]
@@ -201,10 +207,9 @@ ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[]
 # consolemail:// prints it instead
 vars().update(env.email_url("EMAIL_URL", default="smtp://localhost:25"))
 
-# Django's cache: the outbox's admission window and its relay triggers. Unset, local
-# memory (one per process); with Redis (CACHE_URL=redis://HOST:6379/1) every process
-# shares it, so the window holds across processes and a burst of admissions queues one
-# relay run.
+# Django's cache: the outbox's admission window. Unset, local memory (one per process);
+# with Redis (CACHE_URL=redis://HOST:6379/1) every process shares it, so the window
+# holds across processes.
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
     # The cache is asked inside the claim's transaction: a Redis that hangs must cost a
@@ -217,10 +222,10 @@ if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
 # (a host in the URL, or kombu warns of its absence at every connection)
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://localhost//")
 if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-    # Sending a task (the relay trigger after an admission's commit, beat's schedule)
-    # tries once more at once, then gives up, rather than kombu's ~6 s of retries: a
-    # web request must not wait for a broker that is down (the beat sweep makes up for
-    # a lost trigger). The worker's own connection keeps Celery's retries.
+    # Sending a task (beat's schedule, a retry queued by the web) tries once more at
+    # once, then gives up, rather than kombu's ~6 s of retries: a web request must not
+    # wait for a broker that is down (the next sweep makes up for it). The worker's own
+    # connection keeps Celery's retries.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 1, "interval_start": 0}
     # kombu's Redis transport, with a channel that closes whole when Redis goes away:
     # without it a Redis restart ends a worker running a task (project/broker.py)
@@ -251,11 +256,6 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-webhook-sources": {
         "task": "webhook_receiver.reconcile_sources",
         "schedule": crontab(minute="*/15"),
-    },
-    # the outbox's safety net: a relay trigger lost with a broker or a worker
-    "sweep-webhook-outbox": {
-        "task": "webhook_receiver.relay_sweep",
-        "schedule": env.float("WEBHOOK_RELAY_SWEEP_SECONDS", default=5.0),
     },
     "check-webhook-silence": {
         "task": "webhook_receiver.check_silence",

@@ -9,7 +9,8 @@ from django.db import connection
 from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
 # fixtures kept beside the helpers they use: a real local HTTP receiver (the relay's
-# tests), a headless browser (the admin pages), the Redis broker (a real Celery worker),
+# tests), a headless browser (the admin pages), the Redis broker (a real Celery worker)
+# and relay processes,
 # the metrics token (/metrics/ scraped), silence watched and checked (watch, heard, check),
 # the trace tests' story (story, shop_effects), repair items found by a run (repair_items)
 pytest_plugins = [
@@ -69,7 +70,7 @@ def pytest_collection_modifyitems(config, items):
 def _fresh_seam() -> Iterator[None]:
     """Each test runs with a fresh seam (core/seam.py): no history of duplicates, so a
     request claims first until the test's own duplicates say otherwise (or the ``storm``
-    fixture); relay runs queued as the Celery task; a jitter generator of its own."""
+    fixture); a jitter generator of its own."""
     from webhook_receiver.core import seam
 
     with seam.replaced():

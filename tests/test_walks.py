@@ -17,6 +17,7 @@ from types import FrameType
 
 import pytest
 from django.db import transaction
+from webhook_receiver.outbound.relay.lanes import RelayLanes
 
 from tests.support.http import post
 from tests.support.outbox import relay_merchant
@@ -27,7 +28,6 @@ from webhook_receiver.core import seam, tracing
 from webhook_receiver.models import DeliveryAttempt
 from webhook_receiver.outbound.admission import enqueue_webhook
 from webhook_receiver.outbound.relay import lanes as lanes_module
-from webhook_receiver.outbound.relay.lanes import RelayLanes
 
 PACKAGE = Path(__file__).resolve().parents[1] / "webhook_receiver"
 

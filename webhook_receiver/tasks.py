@@ -14,14 +14,17 @@ is one log line a run (``outages.tolerates_database_errors``), and the next run 
 
 from __future__ import annotations
 
+import logging
 from contextlib import suppress
 from typing import TypedDict
 
 from celery import shared_task
-from celery.signals import beat_embedded_init, beat_init, worker_process_shutdown
+from celery.signals import beat_embedded_init, beat_init
 
 from .conf import app_settings
 from .core.outages import tolerates_database_errors
+
+logger = logging.getLogger(__name__)
 
 
 class _TaskOptions(TypedDict):
@@ -99,43 +102,33 @@ def purge_failed_events() -> int:
 # --- outbound --------------------------------------------------------------------------
 
 
-@shared_task(
-    name="webhook_receiver.relay_destination",
-    soft_time_limit=60,
-    time_limit=90,
-    **AT_LEAST_ONCE,
-)
-@tolerates_database_errors
-def relay_destination(destination_id: int) -> bool:
-    """Relay one destination: queued on commit of each admission, by the sweep, and as
-    the follow-up its token bucket asks for (a worker never sleeps for it). The run goes
-    on in the destination's lane, a thread of this process (relay/lanes.py): the worker
-    is free again at once, whatever the destination's answers take. Returns whether a
-    lane started (False: the running one goes once more)."""
-    from .outbound.relay.lanes import lanes
-
-    return lanes.relay(destination_id)
+# The relay is a process of its own (manage.py webhook_relay) since 0.2. These two names
+# stay registered for one release, so that a beat schedule or a queue that still holds
+# them gets a line saying so instead of Celery's "unregistered task" error each time.
+_relay_task_said: set[str] = set()
 
 
-@worker_process_shutdown.connect
-def relay_lanes_finish(**kwargs: object) -> None:
-    """A worker process that stops lets its lanes record what they sent (up to 5 s):
-    what they cannot is left to the leases."""
-    from .outbound.relay.lanes import lanes
+def _relay_task_gone(name: str) -> None:
+    if name not in _relay_task_said:
+        _relay_task_said.add(name)
+        logger.warning(
+            "webhook_receiver.%s does nothing since 0.2: the relay runs in its own process "
+            "(manage.py webhook_relay), which finds due messages itself; remove the task "
+            "from beat's schedule (docs/upgrading.md)",
+            name,
+        )
 
-    lanes.finish()
+
+@shared_task(name="webhook_receiver.relay_destination", ignore_result=True)
+def relay_destination(destination_id: int) -> None:
+    """Gone: the relay process relays every destination (see above)."""
+    _relay_task_gone("relay_destination")
 
 
-@shared_task(
-    name="webhook_receiver.relay_sweep", soft_time_limit=20, time_limit=30, ignore_result=True
-)
-@tolerates_database_errors
-def relay_sweep() -> int:
-    """Queue a run for every destination with an eligible message: the safety net for a
-    lost trigger (schedule it every few seconds)."""
-    from .outbound.trigger import outbox_sweep
-
-    return outbox_sweep()
+@shared_task(name="webhook_receiver.relay_sweep", ignore_result=True)
+def relay_sweep() -> None:
+    """Gone: the relay process polls for due messages itself (see above)."""
+    _relay_task_gone("relay_sweep")
 
 
 @shared_task(name="webhook_receiver.purge_outbox", **PURGE)

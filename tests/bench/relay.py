@@ -270,7 +270,7 @@ def relay_until_empty(destination_id: int, counted: Counted) -> int:
     statement and every transaction it runs."""
     from django.db import connection, connections
 
-    from webhook_receiver.outbound.relay.run import destination_relay
+    from webhook_receiver.outbound.relay.process import destination_relay
 
     def count(execute, sql, params, many, context):
         # executemany runs its statement once per parameter set

@@ -268,7 +268,6 @@ def test_the_trace_of_an_order_event_lists_the_messages_it_enqueued(client, merc
 
 
 def test_with_a_shared_cache_a_burst_of_admissions_queues_one_relay_run(settings, merchant, broker):
-    from webhook_receiver.outbound.relay.run import relay_run
 
     # given: Django's cache in Redis, shared by every process
     settings.CACHES = {

@@ -44,8 +44,8 @@ from webhook_receiver.models import (
     WebhookReceipt,
 )
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import relay_claim
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.steps import relay_claim
 from webhook_receiver.tasks import relay_destination, relay_sweep
 
 WORKERS = "Celery workers in other processes must see the test database"

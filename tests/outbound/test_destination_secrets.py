@@ -29,7 +29,7 @@ from webhook_receiver.checks import check_destination_secrets, check_destination
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.encryption import SecretsUnreadable
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
 from webhook_receiver.schemes import verify
 from webhook_receiver.schemes.standard_keys import new_signing_key, public_key_of
 from webhook_receiver.watch.heartbeat import heartbeat_record  # noqa: E402

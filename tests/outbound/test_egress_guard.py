@@ -10,7 +10,7 @@ from django.test import override_settings
 from tests.outbound.test_relay import admit
 from tests.support.outbox import relay_merchant
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from tests.outbound.test_relay import admit
 from tests.support.connect_proxy import DENY, DROP, HANG, RAW, connect_proxy
 from tests.support.outbox import relay_merchant
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
 
 pytestmark = pytest.mark.django_db
 

@@ -29,7 +29,7 @@ from tests.support.outbox import destination
 from tests.support.worker import start_worker, wait_for
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage
 from webhook_receiver.outbound.admission import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import lease_margin
+from webhook_receiver.outbound.relay.round import lease_margin
 from webhook_receiver.tasks import relay_destination
 
 pytestmark = [

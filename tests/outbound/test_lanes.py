@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from webhook_receiver.outbound.relay.lanes import RelayLanes
 
 from tests.support.outbox import destination
 from tests.support.peers import hostile_peer
@@ -18,7 +19,6 @@ from webhook_receiver import tasks
 from webhook_receiver.models import OutboxMessage
 from webhook_receiver.outbound.admission import enqueue_webhook
 from webhook_receiver.outbound.relay import lanes as lanes_module
-from webhook_receiver.outbound.relay.lanes import RelayLanes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ from django.test import TestCase
 
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
 
 pytestmark = pytest.mark.django_db
 

@@ -3,8 +3,6 @@ order, limits and the breaker."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from datetime import timedelta
 
@@ -14,14 +12,15 @@ from django.test import TestCase
 from django.utils import timezone
 from standardwebhooks import Webhook
 
+from tests.support.outbox import CLOSED_PORT as CLOSED
 from tests.support.outbox import OLD_SECRET, SECRET, relay_merchant
+from tests.support.worker import wait_for
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import relay_claim
-from webhook_receiver.outbound.relay.record import relay_record
-from webhook_receiver.outbound.relay.run import destination_relay, relay_run
+from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
 from webhook_receiver.outbound.relay.transport import relay_send
-from webhook_receiver.outbound.trigger import outbox_sweep
+from webhook_receiver.outbound.relay.wakeups import due_destinations
 
 pytestmark = pytest.mark.django_db
 
@@ -283,33 +282,45 @@ def test_the_breaker_opens_after_consecutive_failures_and_one_probe_decides(rece
     assert dest.consecutive_failures == 0 and dest.paused_until is None
 
 
-# --- with a real Celery worker, and a receiver built on this project ---------------------
+# --- with a real relay process -----------------------------------------------------------
 
 
-@pytest.mark.postgres_only("a Celery worker must see the test database")
+@pytest.mark.postgres_only("a relay process must see the test database")
 @pytest.mark.django_db(transaction=True)
-def test_commit_triggers_a_relay_run_on_a_real_worker(broker, receiver, tmp_path):
-    from tests.support.worker import start_worker, wait_for
-
+def test_commit_wakes_a_real_relay_process_at_once(receiver, relays):
+    # given: a relay whose poll would take a minute: only the admission's notification
+    # can wake it in time
     dest = relay_merchant(receiver.url)
-    log = tmp_path / "worker.log"
-    worker = start_worker(log)
-    try:
-        wait_for(lambda: "ready" in log.read_text(), 60, "the worker to start")
-        # when: a message is admitted and its transaction commits
-        with transaction.atomic():
-            enqueue_webhook(dest, "order.paid", "order:ord_5:paid:v1", {"type": "order.paid"})
-        admitted = time.monotonic()
-        # then: the on-commit trigger, not a sweep, delivers it at once
-        wait_for(lambda: receiver.received, 30, f"the delivery ({log.read_text()[-2000:]})")
-        # the worker records the answer just after: waited for before it is killed
-        delivered = OutboxMessage.objects.filter(status="delivered")
-        wait_for(delivered.exists, 10, "the record")
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=30)
-    assert receiver.received[0].at - admitted < 2.0
+    (relay,) = relays(1, WEBHOOK_RELAY_POLL_SECONDS="60")
+
+    # when: a message is admitted and its transaction commits
+    with transaction.atomic():
+        enqueue_webhook(dest, "order.paid", "order:ord_5:paid:v1", {"type": "order.paid"})
+    admitted = time.monotonic()
+
+    # then: delivered at once, and recorded
+    wait_for(lambda: receiver.received, 10, f"the delivery ({relay.tail()})")
+    wait_for(OutboxMessage.objects.filter(status="delivered").exists, 10, "the record")
+    assert receiver.received[0].at - admitted < 1.0
     assert receiver.keys() == ["order:ord_5:paid:v1"]
+
+
+@pytest.mark.postgres_only("a relay process must see the test database")
+@pytest.mark.django_db(transaction=True)
+def test_a_relay_that_cannot_listen_finds_the_message_at_its_poll(receiver, relays):
+    # given: a relay that does not listen (as behind PgBouncer in transaction mode)
+    dest = relay_merchant(receiver.url)
+    (relay,) = relays(1, WEBHOOK_RELAY_LISTEN="false", WEBHOOK_RELAY_POLL_SECONDS="0.5")
+
+    # when
+    with transaction.atomic():
+        enqueue_webhook(dest, "order.paid", "order:ord_6:paid:v1", {"type": "order.paid"})
+    admitted = time.monotonic()
+
+    # then: its poll found it within a poll's interval
+    wait_for(lambda: receiver.received, 10, f"the delivery ({relay.tail()})")
+    assert receiver.received[0].at - admitted < 1.5
+    assert "listening" not in relay.tail()
 
 
 @pytest.mark.postgres_only("pg_stat_activity shows which sessions hold a transaction open")
@@ -390,62 +401,41 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
     assert destination_relay(destination_id=dest.pk)[0] == 1
 
 
-def test_the_sweep_queues_one_run_per_destination_with_something_due(receiver, broker):
-    # a backlog of many due messages is one run per destination on the broker, not one
-    # per message (the model's ordering must not reach the sweep's DISTINCT)
-    first = relay_merchant(receiver.url, name="first")
-    second = relay_merchant(receiver.url, name="second")
+def test_the_poll_finds_each_destination_with_something_due_once():
+    # a backlog of many due messages is one destination to wake, not one per message
+    first = relay_merchant(CLOSED, name="first")
+    second = relay_merchant(CLOSED, name="second")
+    idle = relay_merchant(CLOSED, name="idle")
     for n in range(6):
         admit(first, f"a{n}")
     for n in range(3):
         admit(second, f"b{n}")
+    OutboxMessage.objects.create(
+        destination=idle,
+        key="later",
+        event_type="order.paid",
+        payload={},
+        status="pending",
+        next_attempt_at=later(60),
+        created_at=timezone.now(),
+    )
 
-    assert outbox_sweep() == 2
-    assert broker.llen("celery") == 2
+    assert due_destinations() == [first.pk, second.pk]
 
 
-def test_the_sweep_leaves_a_destination_its_breaker_paused_until_the_pause_ends(receiver, broker):
+def test_the_poll_leaves_a_destination_its_breaker_paused_until_the_pause_ends():
     # given: two destinations with messages due, one paused by its breaker for a minute
-    paused = relay_merchant(receiver.url, name="paused")
-    open_ = relay_merchant(receiver.url, name="open")
+    paused = relay_merchant(CLOSED, name="paused")
+    open_ = relay_merchant(CLOSED, name="open")
     admit(paused, "a1")
     admit(open_, "b1")
     WebhookDestination.objects.filter(pk=paused.pk).update(
-        consecutive_failures=10, paused_until=timezone.now() + timedelta(seconds=60)
+        consecutive_failures=10, paused_until=later(60)
     )
 
-    # when / then: the sweep queues a run for the open one only
-    assert outbox_sweep() == 1
-    assert broker.llen("celery") == 1
+    # when / then: the poll wakes the open one only
+    assert due_destinations() == [open_.pk]
 
-    # once the pause has ended, the next sweep queues the paused one's probe
-    WebhookDestination.objects.filter(pk=paused.pk).update(
-        paused_until=timezone.now() - timedelta(seconds=1)
-    )
-    assert outbox_sweep() == 2
-
-
-def test_a_queued_follow_up_is_the_run_an_admission_would_have_queued(receiver, broker, settings):
-    # with a cache every process shares: while a destination waits for its next token,
-    # an admission queues no run of its own (one could claim nothing before the
-    # follow-up); the follow-up takes the new message
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": settings.CELERY_BROKER_URL,
-        }
-    }
-    dest = relay_merchant(receiver.url, rate_count=1, rate_seconds=10, burst=1)
-
-    def admit_and_commit(key):
-        with TestCase.captureOnCommitCallbacks(execute=True), transaction.atomic():
-            enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
-
-    admit_and_commit("k0")
-    assert broker.llen("celery") == 1  # the admission's run
-    relay_run(dest.pk)  # sends k0, spends the token, queues the follow-up
-    assert receiver.keys() == ["k0"] and broker.llen("celery") == 2
-
-    admit_and_commit("k1")
-
-    assert broker.llen("celery") == 2
+    # once the pause has ended, the next poll wakes the paused one for its probe
+    WebhookDestination.objects.filter(pk=paused.pk).update(paused_until=later(-1))
+    assert due_destinations() == [paused.pk, open_.pk]

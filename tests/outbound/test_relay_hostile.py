@@ -20,8 +20,9 @@ from tests.support.peers import answer, hostile_peer, timed, trickled
 from webhook_receiver import tasks as relay_tasks
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import UNRECORDED, relay_claim
-from webhook_receiver.outbound.relay.run import destination_relay, relay_run
+from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.round import UNRECORDED
+from webhook_receiver.outbound.relay.steps import relay_claim
 from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.watch.destinations import destination_statuses
 

@@ -22,9 +22,9 @@ from django.utils import timezone
 
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.claim import lease_margin, relay_claim
-from webhook_receiver.outbound.relay.record import relay_record
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.round import lease_margin
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
 from webhook_receiver.outbound.relay.transport import relay_send
 
 pytestmark = pytest.mark.django_db

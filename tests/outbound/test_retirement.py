@@ -15,16 +15,15 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import TestCase
 from django.utils import timezone
+from webhook_receiver.outbound.trigger import outbox_sweep
 
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.operations import destination_disable, destination_enable
-from webhook_receiver.outbound.relay.claim import relay_claim
-from webhook_receiver.outbound.relay.record import relay_record
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
 from webhook_receiver.outbound.relay.transport import relay_send
 from webhook_receiver.outbound.retirement import GONE_REASON
-from webhook_receiver.outbound.trigger import outbox_sweep
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

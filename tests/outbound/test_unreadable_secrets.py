@@ -26,7 +26,6 @@ from tests.support.status import status_command
 from webhook_receiver.checks import check_destination_secrets_readable
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound.notices import ops_notice_enqueue
-from webhook_receiver.outbound.relay.run import relay_run
 from webhook_receiver.watch.trace import event_trace
 
 pytestmark = pytest.mark.django_db

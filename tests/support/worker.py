@@ -1,7 +1,8 @@
-"""A real Celery worker on the real Redis broker, for the tests where Celery matters.
+"""Real processes on the test database: a Celery worker on the real Redis broker, for the
+tests where Celery matters, and relay processes (``manage.py webhook_relay``).
 
-The worker is a subprocess on the test database (PostgreSQL only: SQLite's test database
-is in memory), in a process group of its own so that SIGKILL reaches its pool child.
+Each is a subprocess on the test database (PostgreSQL only: SQLite's test database is
+in memory), in a process group of its own so that SIGKILL reaches a worker's pool child.
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ def start_worker(
     )
 
 
+def start_relay(log: Path, **settings: str) -> subprocess.Popen:
+    """``manage.py webhook_relay`` on the test database; ``settings``: environment
+    variables beside it (WEBHOOK_RELAY_POLL_SECONDS="0.2", …)."""
+    env = {**celery_env(), "WEBHOOK_TEST_PROCESS_LOGS": "1", **settings}
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "webhook_relay"],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -108,3 +123,41 @@ def workers(broker, tmp_path, monkeypatch) -> Iterator[Callable[[int], list[Work
     yield start
     for worker in started:
         worker.kill()
+
+
+@dataclass
+class RelayProcess:
+    process: subprocess.Popen
+    log: Path
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+        if signum in (signal.SIGKILL, signal.SIGTERM):
+            self.process.wait(timeout=30)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture
+def relays(tmp_path) -> Iterator[Callable[..., list[RelayProcess]]]:
+    """Start real relay processes (``manage.py webhook_relay``, each its own process
+    group) and wait until each has started; all are killed at the end. Keyword
+    arguments are environment variables for them."""
+    started: list[RelayProcess] = []
+
+    def start(count: int = 1, **settings: str) -> list[RelayProcess]:
+        new = []
+        for _ in range(count):
+            log = tmp_path / f"relay{len(started) + 1}.log"
+            relay = RelayProcess(start_relay(log, **settings), log)
+            started.append(relay)
+            new.append(relay)
+        for relay in new:
+            wait_for(lambda r=relay: "relay started" in r.log.read_text(), 60, "a relay to start")
+        return new
+
+    yield start
+    for relay in started:
+        relay.kill()

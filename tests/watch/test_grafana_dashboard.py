@@ -27,7 +27,7 @@ from webhook_receiver.models import (
     WebhookDestination,
 )
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
 
 DASHBOARD = REPO / "deploy" / "grafana" / "webhook_receiver.json"
 METRIC = re.compile(r"webhook_receiver_[a-z_]+")

@@ -16,7 +16,7 @@ from tests.support.metrics import parse, scrape, value
 from tests.support.worker import wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
 from webhook_receiver.watch.destinations import destination_statuses
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_on")]

@@ -27,7 +27,7 @@ from webhook_receiver.models import (
     RequestAudit,
     WebhookDestination,
 )
-from webhook_receiver.outbound.relay.run import destination_relay
+from webhook_receiver.outbound.relay.process import destination_relay
 
 pytestmark = pytest.mark.django_db
 

@@ -34,6 +34,7 @@ from .readers import (
     fraction,
     header_names,
     milliseconds,
+    more_than_zero,
     name_list,
     network_list,
     parse_networks,
@@ -278,6 +279,41 @@ class AppSettings:
         "locked by another session, a statement, the heartbeat, the broker): no statement "
         "waits for a lock or runs longer, and none starts after it; what was not read within "
         'it is named ("receipts: locked, not read within 3 s"; exit 3, 503), never OK',
+    )
+    relay_database_connections: int = key(
+        "RELAY_DATABASE_CONNECTIONS",
+        2,
+        at_least_one(int),
+        "database connections a relay process (`manage.py webhook_relay`) holds for its "
+        "rounds, its poll and its heartbeat, whatever the number of destinations; with "
+        "`RELAY_LISTEN` on PostgreSQL, one more listens for admissions "
+        "([docs/sending.md](sending.md#the-relay-one-process-one-loop))",
+    )
+    relay_poll_seconds: float = key(
+        "RELAY_POLL_SECONDS",
+        1.0,
+        more_than_zero(float, " of seconds"),
+        "how often a relay process looks for destinations with a message due: what no "
+        "notification reaches (SQLite, PgBouncer in transaction mode, a retry whose backoff "
+        "ended, a lease that ran out) waits at most this long; one short statement a poll",
+    )
+    relay_listen: bool = key(
+        "RELAY_LISTEN",
+        True,
+        flag,
+        "on PostgreSQL, whether a relay process listens for admissions (`LISTEN`; each "
+        "admission notifies on commit), so that a message is sent within milliseconds "
+        "rather than at the next poll. Behind PgBouncer in transaction mode a notification "
+        "reaches no one: set it false there, or give the relay a `DATABASE_URL` straight "
+        "to PostgreSQL (it holds a few connections whatever the load)",
+    )
+    relay_max_requests: int = key(
+        "RELAY_MAX_REQUESTS",
+        1000,
+        at_least_one(int),
+        "requests a relay process has in flight at most, over all destinations (each a "
+        "socket; each destination also keeps to its own `max_in_flight`): a destination "
+        "that wants more waits for one to end, before it claims",
     )
     outbox_retention: timedelta = key(
         "OUTBOX_RETENTION_DAYS",

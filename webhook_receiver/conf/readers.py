@@ -32,6 +32,21 @@ def at_least_one(convert: Callable[[Any], Any], unit: str = "") -> Reader:
     return Reader(f"a number{unit}, at least 1", read)
 
 
+def more_than_zero(convert: Callable[[Any], Any], unit: str = "") -> Reader:
+    """A number greater than 0 (of ``unit``, for the docs), converted by ``convert``."""
+
+    def read(value: Any, where: str) -> Any:
+        try:
+            fits = float(value) > 0
+        except (TypeError, ValueError):
+            fits = False
+        if not fits:
+            raise ImproperlyConfigured(f"{where} must be a number greater than 0, not {value!r}.")
+        return convert(value)
+
+    return Reader(f"a number{unit}, greater than 0", read)
+
+
 def days(value: Any) -> timedelta:
     return timedelta(days=value)
 

@@ -146,26 +146,27 @@ def open_tunnel(
         raise httpcore.ProxyError(
             f"the egress proxy {proxy} broke the connection during CONNECT {target} ({exc})"
         ) from exc
-    _judge(proxy, target, bytes(data))
+    failure = judge_answer(proxy, target, bytes(data))
+    if failure is not None:
+        raise httpcore.ProxyError(failure)
 
 
-def _judge(proxy: EgressProxy, target: str, data: bytes) -> None:
+def judge_answer(proxy: EgressProxy, target: str, data: bytes) -> str | None:
+    """The proxy's answer to CONNECT, read whole (through its blank line): None when the
+    tunnel is open, EgressProxyRefused when it refuses (403, 407), and otherwise what
+    went wrong, in words (a transient failure, retried like a network error)."""
     try:
         answer = parse_answer(data)
     except ValueError as exc:
-        raise httpcore.ProxyError(
-            f"the egress proxy {proxy} answered CONNECT {target} with no HTTP answer: {exc}"
-        ) from None
+        return f"the egress proxy {proxy} answered CONNECT {target} with no HTTP answer: {exc}"
     said = f"HTTP {answer.status} {answer.reason}".strip()
     if 200 <= answer.status < 300:
         if answer.rest:  # the destination speaks only once asked: these came from the proxy
-            raise httpcore.ProxyError(
-                f"the egress proxy {proxy} sent bytes past its {said} to CONNECT {target}"
-            )
-        return
+            return f"the egress proxy {proxy} sent bytes past its {said} to CONNECT {target}"
+        return None
     if answer.status in REFUSING_STATUSES:
         length = answer.headers.get("content-length", "")
         body = answer.rest[: int(length)] if length.isdigit() and len(length) < 9 else answer.rest
         detail = f"{said}: {readable(body)}" if readable(body) else said
         raise EgressProxyRefused(proxy, target, answer.status, detail)
-    raise httpcore.ProxyError(f"the egress proxy {proxy} answered CONNECT {target} with {said}")
+    return f"the egress proxy {proxy} answered CONNECT {target} with {said}"

@@ -35,6 +35,13 @@ def error_name(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
+def error_line(exc: BaseException) -> str:
+    """The error's class and first line: PostgreSQL's DETAIL and CONTEXT lines may quote
+    the values (a peer's answer) that could not be stored."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
 def log_failure(logger: logging.Logger, what: str, exc: BaseException, **fields: Any) -> None:
     """Log one line: ``what``, the error, and ``fields`` as key=value (values escaped, so
     that a sender cannot forge lines); with the traceback only the first time this error

@@ -65,34 +65,49 @@ class Outage:
         self.missed = 0
 
     def call(self, fn: Callable[[], T], default: T) -> T:
-        now = time.monotonic()
-        if self.since is not None and now < self.retry_at:
-            self.missed += 1
+        if self.resting():
             return default
         try:
             result = fn()
         except Exception as exc:
-            if self.since is None:
-                self.since, self.missed = now, 0
-                self.logger.warning(
-                    "%s not answering: %s: %s; %s",
-                    self.name,
-                    error_name(exc),
-                    value_text(str(exc).splitlines()[0] if str(exc) else ""),
-                    self.meanwhile,
-                )
-            self.missed += 1
-            self.retry_at = now + self.RETRY_SECONDS
+            self.failed(exc)
             return default
+        self.answered()
+        return result
+
+    def resting(self) -> bool:
+        """Whether the outage is on and the next try not yet due (a call is then done
+        without the dependency, and counted)."""
+        if self.since is not None and time.monotonic() < self.retry_at:
+            self.missed += 1
+            return True
+        return False
+
+    def failed(self, exc: BaseException) -> None:
+        """A call failed with ``exc``: the outage's WARNING line if it starts here."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since, self.missed = now, 0
+            self.logger.warning(
+                "%s not answering: %s: %s; %s",
+                self.name,
+                error_name(exc),
+                value_text(str(exc).splitlines()[0] if str(exc) else ""),
+                self.meanwhile,
+            )
+        self.missed += 1
+        self.retry_at = now + self.RETRY_SECONDS
+
+    def answered(self) -> None:
+        """A call worked: the outage's INFO line if one was on."""
         if self.since is not None:
             self.logger.info(
                 "%s answers again after %.1f s (%d calls done without it)",
                 self.name,
-                now - self.since,
+                time.monotonic() - self.since,
                 self.missed,
             )
             self.since = None
-        return result
 
 
 def tolerates_database_errors(task: Callable[..., Any]) -> Callable[..., Any]:

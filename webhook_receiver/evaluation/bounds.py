@@ -160,20 +160,25 @@ def check_work(scenario: Scenario, r: Reader) -> None:
                 f"at most {MAX_INBOUND_POSTS:,} (about a quarter of an hour): send fewer",
             )
 
-    # beat's tasks run from the start to the cut-off at their intervals
-    tasks: list[tuple[str, float]] = []
+    # beat's tasks, and each relay's poll, run from the start to the cut-off at their
+    # intervals
+    tasks: list[tuple[str, float, float]] = []
     if s.destinations:
-        tasks.append(("relay_sweep", s.beat.relay_sweep))
+        tasks.append(("relay.poll", s.relay.poll, s.relay.processes))
     if s.inbound is not None:
-        tasks += [("retry_sweep", s.beat.retry_sweep), ("silence_check", s.beat.silence_check)]
-    ticks = {name: s.duration / interval + 1 for name, interval in tasks}
+        tasks += [
+            ("beat.retry_sweep", s.beat.retry_sweep, 1),
+            ("beat.silence_check", s.beat.silence_check, 1),
+        ]
+    ticks = {name: (s.duration / interval + 1) * times for name, interval, times in tasks}
+    every = {name: interval for name, interval, _ in tasks}
     if sum(ticks.values()) > MAX_BEAT_TICKS:
         name = max(ticks, key=ticks.__getitem__)
         raise r.error(
-            f"beat.{name}",
-            f"every {getattr(s.beat, name):g} s for {_span(s.duration)} asks for "
-            f"{_figure(ticks[name])} runs ({_figure(sum(ticks.values()))} beat ticks in all); "
-            f"a run takes at most {MAX_BEAT_TICKS:,} (31 days of a relay sweep every "
+            name,
+            f"every {every[name]:g} s for {_span(s.duration)} asks for "
+            f"{_figure(ticks[name])} runs ({_figure(sum(ticks.values()))} ticks in all); "
+            f"a run takes at most {MAX_BEAT_TICKS:,} (31 days of a relay's poll every "
             "second): give it a longer interval, or the run a shorter duration",
         )
 

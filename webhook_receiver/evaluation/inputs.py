@@ -1,6 +1,6 @@
 """A scenario's frozen inputs: destinations and their merchants' faults, admissions, relay
-crashes, a sender's traffic, beat's intervals and the worker processes, as the run
-reads them (scenario.py reads them from a file and checks them)."""
+crashes, a sender's traffic, beat's intervals and the relay processes, as the run reads
+them (scenario.py reads them from a file and checks them)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,8 @@ BUILT_IN = Path(__file__).resolve().parent / "scenarios"
 MAX_DURATION = 31 * 86400
 # a fixed Monday morning: a report never depends on the day it was run
 DEFAULT_START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-# the worker processes that run relay and beat tasks: `celery -A project worker` runs as
-# many as the machine has cores, and the documented machine has two (docs/deploying.md)
-DEFAULT_WORKERS = 2
-# a run's worker processes at most (each is a thread with a connection of its own)
-MAX_WORKERS = 64
+# relay processes at most in a run (each an engine on the run's one simulated loop)
+MAX_RELAYS = 16
 
 
 @dataclass(frozen=True)
@@ -133,9 +130,17 @@ class Inbound:
 
 @dataclass(frozen=True)
 class Beat:
-    relay_sweep: float = 5.0
     retry_sweep: float = 15.0
     silence_check: float = 60.0
+
+
+@dataclass(frozen=True)
+class Relay:
+    """The relay processes (``manage.py webhook_relay``), and how often each polls for
+    due messages (RELAY_POLL_SECONDS); an admission wakes them at once, as LISTEN does."""
+
+    processes: int = 1
+    poll: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -148,11 +153,10 @@ class Scenario:
     crashes: tuple[Crash, ...] = ()
     inbound: Inbound | None = None
     beat: Beat = Beat()
+    relay: Relay = Relay()
     start: datetime = DEFAULT_START
     # a destination whose deliveries must not change when the others are removed
     isolated: tuple[str, ...] = ()
-    # the worker processes that run the relay's and beat's tasks, one task each at a time
-    workers: int = DEFAULT_WORKERS
     path: str = ""
 
     def only(self, names: tuple[str, ...]) -> Scenario:

@@ -15,15 +15,15 @@ from .bounds import check_work
 from .inputs import (
     BUILT_IN,
     DEFAULT_START,
-    DEFAULT_WORKERS,
     MAX_DURATION,
-    MAX_WORKERS,
+    MAX_RELAYS,
     Admissions,
     Beat,
     Crash,
     Destination,
     Fault,
     Inbound,
+    Relay,
     Repeat,
     Scenario,
     Window,
@@ -56,6 +56,12 @@ def load(name_or_path: str) -> Scenario:
 def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
     r = Reader(where)
     top = r.mapping(data, "")
+    if "workers" in top:
+        raise r.error(
+            "workers",
+            "the relay is a process of its own since 0.2, and beat's tasks take no simulated "
+            "time: say relay: {processes: …}",
+        )
     r.known(
         top,
         "",
@@ -69,8 +75,8 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
             "crashes",
             "inbound",
             "beat",
+            "relay",
             "isolated",
-            "workers",
         },
     )
     destinations = tuple(
@@ -93,7 +99,15 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
         if n not in names:
             raise r.error("isolated", f"{n!r} is not one of the destinations {names}")
     beat = r.mapping(top.get("beat", {}), "beat")
-    r.known(beat, "beat", {"relay_sweep", "retry_sweep", "silence_check"})
+    if "relay_sweep" in beat:
+        raise r.error(
+            "beat.relay_sweep",
+            "the relay polls for due messages itself (its own process, since 0.2): say "
+            "relay: {poll: …}",
+        )
+    r.known(beat, "beat", {"retry_sweep", "silence_check"})
+    relay = r.mapping(top.get("relay", {}), "relay")
+    r.known(relay, "relay", {"processes", "poll"})
     start = top.get("start")
     scenario = Scenario(
         name=r.text(top.get("name"), "name"),
@@ -106,13 +120,16 @@ def parse(data: Any, *, where: str = "scenario", path: str = "") -> Scenario:
         beat=Beat(
             **{k: r.duration(v, f"beat.{k}", positive=True) for k, v in beat.items()},
         ),
+        relay=Relay(
+            processes=r.integer(relay.get("processes", 1), "relay.processes", minimum=1),
+            poll=r.duration(relay.get("poll", 1.0), "relay.poll", positive=True),
+        ),
         start=r.moment(start, "start") if start is not None else DEFAULT_START,
         isolated=isolated,
-        workers=r.integer(top.get("workers", DEFAULT_WORKERS), "workers", minimum=1),
         path=path,
     )
-    if scenario.workers > MAX_WORKERS:
-        raise r.error("workers", f"at most {MAX_WORKERS} worker processes")
+    if scenario.relay.processes > MAX_RELAYS:
+        raise r.error("relay.processes", f"at most {MAX_RELAYS} relay processes")
     if scenario.duration > MAX_DURATION:
         raise r.error("duration", f"at most {MAX_DURATION // 86400:g} days of simulated time")
     if not scenario.admissions and scenario.inbound is None:

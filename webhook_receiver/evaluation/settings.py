@@ -48,6 +48,8 @@ def eval_settings(scenario: Scenario, seed: int) -> Iterator[None]:
         "NOTIFIERS": ["signal"],
         "DESTINATION_SECRET_KEYS": [base64.urlsafe_b64encode(_digest("fernet", seed)).decode()],
         "OPS_DESTINATION": None,
+        # what the status's pickup reads (watch/pickup.py): the run's relays poll so
+        "RELAY_POLL_SECONDS": scenario.relay.poll,
         "STATE_COMPARISON": None,
         "TRACE_EFFECTS": None,
     }

@@ -1,43 +1,35 @@
 """The simulation: one scenario run through the app's real code, in simulated time.
 
 Two things are simulated. The clock: ``time-machine`` freezes the wall clock
-(``time.time``, ``datetime.now``) at a simulated instant, the relay's run budget reads
-the same simulated seconds (``relay_run``'s ``clock``), and the run moves the clock from
-one scheduled happening to the next, so an hour of traffic runs in seconds and a run is
-the same on every machine. The network: a relay run's requests go through its
-``window`` (``world.SimulatedWindow``), an ``httpx.MockTransport`` whose merchants
-(world.py) answer as the scenario says. Everything above the socket is the production
-code: ``enqueue_webhook`` in a transaction, the relay's claim, limiter, signing,
-recording and breaker (``relay_run``, as the ``relay_destination`` task runs it), the
-beat sweep, ``webhook_receive`` and its claim, the failed-event retry sweep and the
-silence check.
+(``time.time``, ``datetime.now``) at a simulated instant, and the relay runs on an event
+loop whose time is the same simulated clock (clock.py): when nothing is ready, the
+clock moves to the next thing due, so an hour of traffic runs in seconds and a run is
+the same on every machine. The network: the relay's requests go through its transport
+(``world.SimulatedTransport``), whose merchants (world.py) answer as the scenario says,
+after the simulated time they say. Everything above the socket is the production code:
+``enqueue_webhook`` in a transaction, the relay's engine (its lanes, rounds, poll and
+timers), its claim, limiter, signing, recording and breaker, ``webhook_receive`` and its
+claim, the failed-event retry sweep and the silence check.
 
-The broker is played by the run's schedule: a task the code queues (a relay run on an
-admission's commit, a follow-up when a bucket is empty, the sweep's) is due at the
-simulated time its countdown names, and beat's tasks at their intervals. The worker
-processes are the scenario's ``workers``: threads, each with a connection of its own,
-that take due tasks first come, first served, one at a time, as prefork processes do; a
-relay task hands its destination to a lane of that process (relay/lanes.py), a thread of
-the simulation's too. An answer takes the simulated time its merchant says (a delay; a
-timeout lasts the destination's timeout): the lane that waits for it is held that long,
-and records the answers that have come while the others are on their way.
-Only one thread runs at a time (the others wait for the clock), so a run stays
-deterministic.
+The relay processes are the scenario's ``relay.processes`` engines, on the run's one
+loop; an admission wakes them once it commits, as PostgreSQL's notification does, and
+each polls every ``relay.poll``. Beat's tasks run at the scenario's intervals. Every
+piece of database work, the relay's included, is done on the run's own thread (its
+connection, its statements counted by phase) while the loop waits: only one thing
+happens at a time, so a run stays deterministic.
 """
 
 from __future__ import annotations
 
-import heapq
+import asyncio
 import io
-import itertools
 import random
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import ExitStack
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import time_machine
 from django.core.cache import cache
@@ -49,28 +41,52 @@ from ..core import seam
 from ..inbound.failures import failed_events_retry_due
 from ..inbound.models import FailedEvent
 from ..inbound.receive import webhook_receive
-from ..outbound import trigger
 from ..outbound.admission import enqueue_webhook
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from ..outbound.operations import destination_enable
-from ..outbound.relay.claim import relay_claim
-from ..outbound.relay.run import relay_run
+from ..outbound.relay.database import CallerDatabase
+from ..outbound.relay.engine import Relay
+from ..outbound.relay.steps import relay_claim
+from ..outbound.relay.transport import deliver
 from ..watch.destinations import destination_statuses
 from ..watch.silence import silence_check
 from . import traffic, world
 from .backlog import Backlog
+from .clock import SimulatedLoop
 from .inputs import Scenario
 from .observed import Observations
-from .processes import Processes
 from .settings import EVENT_TYPE, SENDER, beat_schedule, eval_settings, sender_secret
+
+T = TypeVar("T")
 
 # samples of queue depth, oldest age and the status's judgement per run, whatever its
 # length (the built-in scenarios' figures count them)
 SAMPLES = 240
 # the status's judgements of a backlog recorded at each sample (watch/conditions.py)
 JUDGED = ("relay_not_sending", "behind")
-# the tasks a worker process runs (the rest happen in the web process or the sender)
-WORKER_TASKS = frozenset({"relay", "sweep", "retry_sweep", "silence"})
+# what the relay's database work counts for, by what the engine names it
+PHASES = {"round": "relay", "poll": "sweep", "heartbeat": "other"}
+
+
+class _RunDatabase(CallerDatabase):
+    """The run's thread does the database work; each call's statements count for its
+    phase."""
+
+    def __init__(self, simulation: Simulation) -> None:
+        super().__init__()
+        self._simulation = simulation
+
+    def wrapped(self, fn: Callable[[], T], what: str) -> Callable[[], T]:
+        simulation = self._simulation
+
+        def counted() -> T:
+            simulation.phase = PHASES.get(what, what or "other")
+            try:
+                return fn()
+            finally:
+                simulation.phase = "other"
+
+        return counted
 
 
 class Simulation:
@@ -78,26 +94,16 @@ class Simulation:
         self.scenario = scenario
         self.seed = seed
         self.samples = samples
-        self._queue: list[tuple[float, int, str, Any]] = []
-        self._order = itertools.count()
-        self._relays_queued: set[tuple[int, float]] = set()
-        self._local = threading.local()  # the phase a thread's statements count for
-        # a worker thread queues its follow-ups on the schedule too
-        self._queue_lock = threading.Lock()
-        self.processes = Processes(
-            workers=scenario.workers,
-            run_task=self._run_task,
-            run_lane=self._relay_run,
-            wake_at=lambda when, thread: self.at(when, "wake", thread),
-            now=self.now,
-            count_statement=self._count_statement,
-            local=self._local,
-        )
+        self.phase = "other"  # what the statements of the work in hand count for
         self.obs = Observations(scenario=scenario, seed=seed, cut_off=scenario.duration)
         self._start = scenario.start
         self._traveller: Any = None
         self._destinations: dict[str, WebhookDestination] = {}
         self._names: dict[int, str] = {}
+        self._database = _RunDatabase(self)
+        self._relays: list[Relay] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._failures: list[BaseException] = []
         self.network = world.Network(
             {
                 spec.name: world.Merchant(
@@ -107,23 +113,18 @@ class Simulation:
             }
         )
 
-    # --- the clock and the schedule ---
+    # --- the clock ---
 
     def now(self) -> float:
         """Simulated seconds since the scenario's start, to the microsecond (the clock
         moves in whole microseconds; a float epoch carries about 0.2 µs of noise)."""
         return round(time.time() - self._start.timestamp(), 6)
 
-    def at(self, offset: float, kind: str, payload: Any = None) -> None:
-        with self._queue_lock:
-            heapq.heappush(self._queue, (offset, next(self._order), kind, payload))
+    def _move_to(self, offset: float) -> None:
+        self._traveller.move_to(self._start + timedelta(seconds=round(offset, 6)))
 
-    def _queue_relay(self, destination_id: int, countdown: float | None) -> None:
-        when = round(self.now() + (countdown or 0.0), 6)
-        # a run queued for the same destination and instant would find nothing more
-        if (destination_id, when) not in self._relays_queued:
-            self._relays_queued.add((destination_id, when))
-            self.at(when, "relay", destination_id)
+    def _transport(self) -> world.SimulatedTransport:
+        return world.SimulatedTransport(self.network, self.now)
 
     # --- the run ---
 
@@ -137,56 +138,31 @@ class Simulation:
                 with time_machine.travel(self._start, tick=False) as traveller:
                     self._traveller = traveller
                     self._setup()
-                    self.processes.start()
-                    try:
-                        self._loop()
-                        self._collect()
-                    finally:
-                        self.processes.stop()
+                    with connection.execute_wrapper(self._count_statement):
+                        self._database.serve(self._loop)
+                    self._move_to(self.scenario.duration)
+                    self.phase = "collect"
+                    self._collect()
             finally:
                 signals.silence_alert_opened.disconnect(self._silence_opened)
                 signals.silence_alert_resolved.disconnect(self._silence_resolved)
+        if self._failures:
+            raise self._failures[0]
         self.obs.wall_seconds = time.perf_counter() - began
         return self.obs
 
-    def _run_task(self, kind: str, payload: Any) -> None:
-        if kind == "relay":
-            # as the relay_destination task does: the run goes on in the destination's
-            # lane, a thread of this worker process
-            lanes = self._local.worker.lanes
-            assert lanes is not None
-            lanes.relay(payload)
-        elif kind == "sweep":
-            trigger.outbox_sweep()
-        elif kind == "retry_sweep":
-            failed_events_retry_due()
-        elif kind == "silence":
-            silence_check()
-
     def _patched(self) -> ExitStack:
-        """The broker's place taken by the schedule, and beat's by the scenario's
-        intervals (which the status's pickup reads: watch/pickup.py). Through the seam
-        (core/seam.py): the relay runs the code starts go on the schedule, the retry
-        jitter draws from the seed, and the process's state (the storm detector) is the
-        run's own."""
+        """Beat's schedule as the scenario's intervals (which the status's pickup reads:
+        watch/pickup.py), and through the seam (core/seam.py) the retry jitter drawn
+        from the seed, and the process's state (the storm detector) the run's own."""
         stack = ExitStack()
         beat = self.scenario.beat
         schedule = {
-            "sweep": {"task": "webhook_receiver.relay_sweep", "schedule": beat.relay_sweep},
             "retry": {"task": "webhook_receiver.retry_failed_events", "schedule": beat.retry_sweep},
         }
         stack.enter_context(beat_schedule(schedule))
-        stack.enter_context(seam.replaced(relay=self._queue_relay, rng=random.Random(self.seed)))
+        stack.enter_context(seam.replaced(rng=random.Random(self.seed)))
         return stack
-
-    def _window(self) -> world.SimulatedWindow:
-        return world.SimulatedWindow(self.network, self.now, self.processes.hold)
-
-    def _relay_run(self, destination_id: int) -> int:
-        """A lane's run: its requests go to the merchants and take the time they say, and
-        its budget is in the same simulated seconds (time-machine leaves time.monotonic
-        running)."""
-        return relay_run(destination_id, window=self._window(), clock=self.now)
 
     def _reset(self) -> None:
         call_command("flush", interactive=False, verbosity=0)
@@ -220,68 +196,103 @@ class Simulation:
             self._names[dest.pk] = spec.name
             self.obs.arrivals[spec.name] = []
             self.obs.samples[spec.name] = []
-        for at, kind, payload in traffic.admissions(s, self.seed):
-            self.at(at, kind, payload)
-        for at, kind, payload in traffic.inbound(s, self.seed, world.current_receiver):
-            self.at(at, kind, payload)
-        for crash in s.crashes:
-            self.at(crash.at, "crash", crash)
-        for spec in s.destinations:
-            if spec.enable_at is not None:
-                self.at(spec.enable_at, "enable", spec.name)
-        if s.destinations:
-            self.at(0.0, "sweep")
-        if s.inbound is not None:
-            self.at(0.0, "retry_sweep")
-            self.at(0.0, "silence")
-        self.at(0.0, "sample")
+
+    def _happenings(self) -> list[tuple[float, str, Any]]:
+        """What the scenario makes happen, and when (beat's tasks and the samples recur
+        on their own)."""
+        s = self.scenario
+        found: list[tuple[float, str, Any]] = []
+        found += traffic.admissions(s, self.seed)
+        found += traffic.inbound(s, self.seed, world.current_receiver)
+        found += [(crash.at, "crash", crash) for crash in s.crashes]
+        found += [
+            (d.enable_at, "enable", d.name) for d in s.destinations if d.enable_at is not None
+        ]
+        return found
 
     def _loop(self) -> None:
-        counting = connection.execute_wrapper(self._count_statement)
-        with counting:
-            while True:
-                with self._queue_lock:
-                    if not self._queue or self._queue[0][0] > self.scenario.duration:
-                        break
-                    offset, _, kind, payload = heapq.heappop(self._queue)
-                self._traveller.move_to(self._start + timedelta(seconds=offset))
-                self._local.phase = kind
-                self._do(kind, payload)
-                self._local.phase = "other"
-            self._traveller.move_to(self._start + timedelta(seconds=self.scenario.duration))
+        """The run's event loop, on its own thread (the database work comes back to the
+        run's thread: _RunDatabase)."""
+        loop = SimulatedLoop(self.now, self._move_to)
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.close()
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.scenario
+        stop = asyncio.Event()
+        runs: list[asyncio.Task[Any]] = []
+        if s.destinations:
+            self._relays = [
+                Relay(
+                    database=self._database,
+                    transport=self._transport,
+                    poll_seconds=s.relay.poll,
+                )
+                for _ in range(s.relay.processes)
+            ]
+            runs = [asyncio.ensure_future(relay.run(stop)) for relay in self._relays]
+        for at, kind, payload in self._happenings():
+            loop.call_at(at, self._spawn, self._happen, kind, payload)
+        if s.inbound is not None:
+            self._spawn(self._every, s.beat.retry_sweep, "retry_sweep", failed_events_retry_due)
+            self._spawn(self._every, s.beat.silence_check, "silence", silence_check)
+        self._spawn(self._every, max(1.0, s.duration / self.samples), "sample", self._sample)
+        await asyncio.sleep(s.duration)
+        # the cut-off: what is on its way stays as it is, as on a machine switched off
+        for task in [*runs, *self._tasks]:
+            task.cancel()
+        for outcome in await asyncio.gather(*runs, *self._tasks, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                self._failures.append(outcome)
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        task = asyncio.ensure_future(fn(*args))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._failures.append(task.exception())  # type: ignore[arg-type]
+
+    async def _every(self, interval: float, phase: str, fn: Callable[[], object]) -> None:
+        """Beat's task (or the sampling) at its interval from the start, whether or not
+        the last one is done."""
+        while True:
+            await self._database.call(fn, phase)
+            await asyncio.sleep(interval)
+
+    async def _happen(self, kind: str, payload: Any) -> None:
+        if kind == "admit":
+            await self._database.call(lambda: self._admit(payload), "admit")
+            self._wake(payload["targets"])
+        elif kind == "inbound":
+            await self._database.call(lambda: self._post(payload), "inbound")
+        elif kind == "crash":
+            await self._crash(payload)
+        elif kind == "enable":
+            dest = self._destinations[payload]
+            held = await self._database.call(
+                lambda: destination_enable(destination=dest, by="operator"), "enable"
+            )
+            self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
+            self._wake([payload])
+
+    def _wake(self, names: list[str]) -> None:
+        """What an admission's notification does once it commits: each relay's lane of
+        the destination is woken."""
+        for name in names:
+            for relay in self._relays:
+                relay.wake(self._destinations[name].pk)
 
     def _count_statement(self, execute: Callable[..., Any], sql: str, *args: Any) -> Any:
         # the transaction's bounds (PostgreSQL's set_config) are not work of their own
         if not sql.lstrip().upper().startswith("SELECT SET_CONFIG"):
-            self.obs.statements[getattr(self._local, "phase", "other")] += 1
+            self.obs.statements[self.phase] += 1
         return execute(sql, *args)
-
-    def _do(self, kind: str, payload: Any) -> None:
-        beat = self.scenario.beat
-        if kind == "wake":
-            self.processes.wake(payload)
-        elif kind == "admit":
-            self._admit(payload)
-        elif kind == "relay":
-            self._relays_queued.discard((payload, round(self.now(), 6)))
-            self.processes.submit(kind, payload)
-        elif kind in WORKER_TASKS:
-            # beat sends the task at its interval, whether or not a worker is free
-            interval = {"sweep": beat.relay_sweep, "retry_sweep": beat.retry_sweep}.get(
-                kind, beat.silence_check
-            )
-            self.at(self.now() + interval, kind)
-            self.processes.submit(kind, payload)
-        elif kind == "inbound":
-            self._post(payload)
-        elif kind == "crash":
-            self._crash(payload)
-        elif kind == "enable":
-            held = destination_enable(destination=self._destinations[payload], by="operator")
-            self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
-        elif kind == "sample":
-            self._sample()
-            self.at(self.now() + max(1.0, self.scenario.duration / self.samples), "sample")
 
     def _admit(self, item: dict[str, Any]) -> None:
         """One business transaction admitting the event to each destination."""
@@ -347,21 +358,24 @@ class Simulation:
     def _silence_resolved(self, sender: Any, **kwargs: Any) -> None:
         self.obs.silence.append({"at": self.now(), "note": "resolved"})
 
-    def _crash(self, crash: Any) -> None:
-        """The relay claims, maybe sends, and dies before it records anything: its
+    async def _crash(self, crash: Any) -> None:
+        """A relay claims, maybe sends, and dies before it records anything: its
         messages stay leased until the lease runs out."""
         dest = self._destinations[crash.destination]
-        round_ = relay_claim(destination=dest)
-        if crash.after == "send":
-            self._window().start(dest, round_.claimed)
+        outcome = await self._database.call(lambda: relay_claim(destination=dest), "crash")
         self.obs.crashes.append(
             {
                 "at": self.now(),
                 "destination": crash.destination,
                 "after": crash.after,
-                "keys": [m.key for m in round_.claimed],
+                "keys": [m.key for m in outcome.claimed],
             }
         )
+        if crash.after == "send":
+            transport = self._transport()
+            sent = outcome.destination or dest
+            for message in outcome.claimed:
+                self._spawn(deliver, transport, sent, message)
 
     def _sample(self) -> None:
         now = self.now()
@@ -379,7 +393,6 @@ class Simulation:
     # --- what the run left ---
 
     def _collect(self) -> None:
-        self._local.phase = "collect"
         obs = self.obs
         rows = OutboxMessage.objects.order_by("id").values(
             "id",

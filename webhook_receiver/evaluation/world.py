@@ -1,6 +1,7 @@
 """What the simulation puts around the app's real code: the merchants behind the network
-(``httpx.MockTransport``), the sender in front of the receiver, the effect the
-receiver's handler applies, and a cache every simulated process shares.
+(``SimulatedTransport``, the relay's transport in simulated time), the sender in front
+of the receiver, the effect the receiver's handler applies, and a cache every simulated
+process shares.
 
 A simulated merchant is a careful receiver: it verifies the Standard Webhooks signature
 over the body, deduplicates on ``webhook-id`` (the first request with a key applies its
@@ -12,24 +13,23 @@ threads reach it, so a run is the same on every machine.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.cache.backends.locmem import LocMemCache
 from django.db import connection
 
 from ..exceptions import RejectedRequest, TransientError
 from ..inbound.handlers import WebhookEvent
-from ..outbound.models import WebhookDestination
-from ..outbound.relay.messages import Claimed, Sent
-from ..outbound.relay.transport import deliver
+from ..outbound.relay.transport import Answer, NoAnswer
 from ..schemes.standard import StandardWebhooks
 from .inputs import Destination, Fault
 
@@ -80,13 +80,13 @@ class Merchant:
         self.max_in_flight = 0
         self._lock = threading.Lock()
 
-    def handle(self, request: httpx.Request, round_: int = 0) -> httpx.Response:
+    def handle(self, headers: dict[str, str], body: bytes, round_: int = 0) -> Answer:
+        """One request: its answer, or NoAnswer (down, a timeout, a lost response)."""
         with self._lock:
-            return self._answer(request, round_)
+            return self._answer(headers, body, round_)
 
-    def _answer(self, request: httpx.Request, round_: int) -> httpx.Response:
+    def _answer(self, headers: dict[str, str], body: bytes, round_: int) -> Answer:
         at = self.clock()
-        body = request.content
         try:
             payload = json.loads(body)
             event = str(payload["id"])
@@ -95,7 +95,7 @@ class Merchant:
             event, event_type = "", ""
         self.seen[event] += 1
         seen = self.seen[event]
-        webhook_id = request.headers.get("webhook-id", "")
+        webhook_id = headers.get("webhook-id", "")
         fault = self._fault(event, event_type, seen, at)
         timeout = self.spec.timeout_seconds
         if fault is not None and fault.kind == "down":
@@ -111,13 +111,13 @@ class Merchant:
         self._open = [(end, r) for end, r in self._open if end > at or (end == at and r == round_)]
         self._open.append((round(at + took, 6), round_))
         self.max_in_flight = max(self.max_in_flight, len(self._open))
-        base = {
+        base: dict[str, Any] = {
             "at": at,
             "seq": len(self.arrivals),
             "destination": self.spec.name,
             "event": event,
             "webhook_id": webhook_id,
-            "idempotency_key": request.headers.get("idempotency-key", ""),
+            "idempotency_key": headers.get("idempotency-key", ""),
             "seen": seen,
             "answered": round(at + took, 6),
             "round": round_,
@@ -125,12 +125,12 @@ class Merchant:
         if fault is not None and fault.kind in ("down", "timeout"):
             self.arrivals.append(Arrival(**base, outcome=fault.kind))
             if fault.kind == "down":
-                raise httpx.ConnectError("connection refused (the merchant is down)")
-            raise httpx.ReadTimeout("the merchant did not answer in time")
+                raise NoAnswer("ConnectError", "connection refused (the merchant is down)")
+            raise NoAnswer("ReadTimeout", "the merchant did not answer in time")
         # an answer that would come at or after the deadline never reaches the relay
         late = took >= timeout
         try:
-            StandardWebhooks().verify(secrets=(self.secret,), headers=request.headers, body=body)
+            StandardWebhooks().verify(secrets=(self.secret,), headers=headers, body=body)
         except RejectedRequest:
             return self._reply(base, late, "refused", 401, "bad signature")
         if fault is not None and fault.kind == "status":
@@ -144,7 +144,9 @@ class Merchant:
         self.effects[event] += 1
         if fault is not None and fault.kind == "lose_response":
             self.arrivals.append(Arrival(**base, outcome="lost"))
-            raise httpx.RemoteProtocolError("the connection dropped after the merchant committed")
+            raise NoAnswer(
+                "RemoteProtocolError", "the connection dropped after the merchant committed"
+            )
         return self._reply(base, late, "applied", 200, '{"applied":true}')
 
     def _reply(
@@ -156,16 +158,17 @@ class Merchant:
         text: str,
         headers: dict[str, str] | None = None,
         retry_after: float | None = None,
-    ) -> httpx.Response:
+    ) -> Answer:
         """The answer, or, when it comes too late, the relay's timeout (an effect applied
         on the way stays applied: the ambiguous case)."""
         if late:
             self.arrivals.append(Arrival(**base, outcome="lost" if status < 300 else "timeout"))
-            raise httpx.ReadTimeout("the merchant answered after the deadline")
+            raise NoAnswer("ReadTimeout", "the merchant answered after the deadline")
         self.arrivals.append(
             Arrival(**base, outcome=outcome, status=status, retry_after=retry_after)
         )
-        return _response(status, text, headers)
+        retry = (headers or {}).get("retry-after")
+        return Answer(status=status, retry_after=retry, body=text.encode())
 
     def _fault(self, event: str, event_type: str, seen: int, at: float) -> Fault | None:
         for fault in self.spec.faults:
@@ -183,21 +186,6 @@ class Merchant:
         return None
 
 
-class _Body(httpx.SyncByteStream):
-    """An answer's body as a stream, as a socket gives it: the relay reads its first
-    bytes itself (a body given as bytes would arrive already read)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield self.data
-
-
-def _response(status: int, text: str, headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.Response(status, headers=headers, stream=_Body(text.encode()))
-
-
 def _seconds(value: str | None) -> float | None:
     try:
         return float(value) if value is not None else None
@@ -206,71 +194,53 @@ def _seconds(value: str | None) -> float | None:
 
 
 class Network:
-    """The merchants behind one ``httpx.MockTransport``: a request to
-    ``http://<destination>.merchant.test/…`` reaches that destination's merchant."""
+    """The merchants: a request to ``http://<destination>.merchant.test/…`` reaches that
+    destination's merchant."""
 
     def __init__(self, merchants: dict[str, Merchant]):
         self.merchants = merchants
-        self.transport = httpx.MockTransport(self._route)
-        # the relay's round on its way (the simulation counts them): the requests of one
-        # round are sent together, and their answers recorded together
-        self.round = 0
 
     @staticmethod
     def url(name: str) -> str:
         return f"http://{name}.{MERCHANT_DOMAIN}/webhooks"
 
-    def merchant(self, url: str | httpx.URL) -> Merchant | None:
-        host = httpx.URL(url).host
+    def merchant(self, url: str) -> Merchant | None:
+        host = urlsplit(url).hostname or ""
         return self.merchants.get(host.removesuffix(f".{MERCHANT_DOMAIN}"))
 
-    def _route(self, request: httpx.Request) -> httpx.Response:
-        merchant = self.merchant(request.url)
-        if merchant is None:
-            raise httpx.ConnectError(f"no such host: {request.url.host}")
-        return merchant.handle(request, self.round)
 
-
-class SimulatedWindow:
-    """A relay run's requests in flight (``relay.transport.Window``), sent through the
-    production ``deliver`` to the merchants: each answer comes when its merchant says
-    (a delay; a timeout lasts the destination's timeout), and ``collect`` holds the lane
-    in simulated time until the first of them. Requests started together are one round
+class SimulatedTransport:
+    """The relay's transport (``relay.transport.Transport``) in simulated time: each
+    request reaches its merchant at once, and its answer comes when the merchant says (a
+    delay; a timeout lasts the destination's timeout), the request's task asleep on the
+    simulated clock meanwhile. Requests a relay started at one instant are one round
     (the merchants and the breaker's invariant count them so)."""
 
-    def __init__(
-        self, network: Network, clock: Callable[[], float], hold: Callable[[float], None]
-    ) -> None:
+    def __init__(self, network: Network, clock: Callable[[], float]) -> None:
         self._network = network
         self._clock = clock
-        self._hold = hold
-        self._client = httpx.Client(transport=network.transport)
-        self._pending: list[tuple[float, Sent]] = []  # (when its answer comes, the answer)
 
-    def start(self, dest: WebhookDestination, claimed: list[Claimed]) -> None:
-        if not claimed:
-            return
-        self._network.round += 1
-        merchant = self._network.merchant(dest.url)
-        for message in claimed:
-            sent = deliver(self._client, dest, message)
-            took = merchant.answer_seconds.pop(message.key, 0.0) if merchant else 0.0
-            comes = round(self._clock() + took, 6)
-            self._pending.append((comes, replace(sent, duration_ms=round(took * 1000))))
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str], *, timeout: float
+    ) -> Answer:
+        merchant = self._network.merchant(url)
+        if merchant is None:
+            raise NoAnswer("ConnectError", f"no such host: {urlsplit(url).hostname}")
+        round_ = round(self._clock() * 1_000_000)
+        failure: NoAnswer | None = None
+        try:
+            answer = merchant.handle(headers, body, round_)
+        except NoAnswer as exc:
+            failure = exc
+        took = merchant.answer_seconds.pop(headers.get("webhook-id", ""), 0.0)
+        if took > 0:
+            await asyncio.sleep(took)
+        if failure is not None:
+            raise failure
+        return answer
 
-    def collect(self) -> list[Sent]:
-        if not self._pending:
-            return []
-        first = min(comes for comes, _ in self._pending)
-        if first > self._clock():
-            self._hold(first - self._clock())
-        now = self._clock()
-        answers = [sent for comes, sent in self._pending if comes <= now]
-        self._pending = [(comes, sent) for comes, sent in self._pending if comes > now]
-        return sorted(answers, key=lambda sent: sent.message.id)
-
-    def __len__(self) -> int:
-        return len(self._pending)
+    async def close(self) -> None:
+        pass
 
 
 # --- the receiver's side -------------------------------------------------------------------

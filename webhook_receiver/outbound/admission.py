@@ -37,13 +37,20 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..conf import app_settings
-from ..core import bounds, sql, storable, tracing
+from ..core import bounds, outages, sql, storable, tracing
 from . import queries
 from .metrics import dedup_hit_count
 from .models import ADMITTING, MessageStatus, OutboxMessage, WebhookDestination
-from .trigger import cache_outage, relay_soon
 
 logger = logging.getLogger(__name__)
+
+# The admission window is an optimisation: without the cache, admissions go on to the
+# table, whose unique constraint decides as it always does.
+cache_outage = outages.Outage(
+    logger,
+    "outbox cache",
+    "admissions rely on the unique constraint alone until it answers",
+)
 
 ADMISSION_WINDOW_SECONDS = 5 * 60
 # a message's metadata, as compact UTF-8 JSON, at most: a few labels and numbers
@@ -126,7 +133,7 @@ def enqueue_webhook(
     with connection.cursor() as cursor:
         bounds.execute_bounded(
             cursor,
-            queries.INSERT_MESSAGE,
+            queries.INSERT_MESSAGE[connection.vendor],
             params,
             bound=queries.SHORTEN_LOCK_BOUND,
             restore=queries.RESTORE_LOCK_BOUND,
@@ -137,10 +144,6 @@ def enqueue_webhook(
     transaction.on_commit(lambda: _remember(window_key), robust=True)
     if not created:
         dedup_hit_count(destination.name)
-    elif not inserted[1]:
-        # low latency without polling hard: a relay run as soon as the message exists
-        # (unless its breaker paused the destination: the sweep after the pause runs it)
-        transaction.on_commit(lambda: relay_soon(destination.pk), robust=True)
     return Admission(destination=destination.name, key=key, created=created)
 
 

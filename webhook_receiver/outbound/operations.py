@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from .encryption import SecretsNotDecrypted
 from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
-from .trigger import relay_on_commit
+from .relay.wakeups import relay_wake_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _messages_change(
         )
         ids = [i for i, _ in rows]
         OutboxMessage.objects.filter(pk__in=ids).update(**changes)
-        relay_on_commit({d for _, d in rows})
+        relay_wake_on_commit({d for _, d in rows})
     if ids:
         logger.info(
             "outbox: %s %s %d message(s)",
@@ -160,7 +160,7 @@ def destination_recover_since(
         breaker_ended = dest.paused_until is not None and dest.paused_until > now
         if breaker_ended:
             WebhookDestination.objects.filter(pk=dest.pk).update(paused_until=None)
-        relay_on_commit({dest.pk})
+        relay_wake_on_commit({dest.pk})
     logger.info(
         "outbox: %s recovered %d failed message(s) of %s since %s%s",
         by,
@@ -200,7 +200,7 @@ def destination_enable(
         held = OutboxMessage.objects.filter(
             destination_id=dest.pk, status__in=(MessageStatus.PENDING, MessageStatus.SENDING)
         ).count()
-        relay_on_commit({dest.pk})
+        relay_wake_on_commit({dest.pk})
     logger.info(
         "outbox: %s enabled %s (%s); %d message(s) to send",
         by,

@@ -1,11 +1,11 @@
 """GET /health/ for load balancers and orchestrators: 200 when the receiver can do its
 work, 503 when it cannot.
 
-Four checks, on django-health-check's view:
+Five checks, on django-health-check's view:
 
 - ``Database`` (the library's): ``SELECT 1`` on the default database.
-- ``Broker``: Celery's configured broker accepts a connection. Retries, the outbox relay
-  and every beat job travel through it.
+- ``Broker``: Celery's configured broker accepts a connection. Retries and every beat
+  job travel through it.
 - ``BeatHeartbeat``: beat's heartbeat task ran within two of its intervals. Beat
   sends it and a worker runs it, so a fresh heartbeat means beat, broker and at least one
   worker all work: without them failed events are never retried and silence never noticed.
@@ -14,6 +14,9 @@ Four checks, on django-health-check's view:
   Stale, after a broker outage, it says that it waits for beat's next heartbeat (at
   most one interval, 30 s on the demo's schedule, once beat and a worker reconnect):
   only that heartbeat shows they came through the outage (a worker may not).
+- ``RelayHeartbeat``: a relay process (``manage.py webhook_relay``) recorded its
+  heartbeat within 30 s, when there is a destination to send to: without one nothing
+  is sent.
 - ``Tables``: none of the app's tables is held locked against reads by another session
   (LOCK TABLE, a migration, VACUUM FULL) for a second (at most STATUS_TIMEOUT_SECONDS):
   503 naming the tables within seconds, even for a probe that waited for a worker
@@ -59,8 +62,17 @@ from ..core.bounds import NotAnswering, database_deadline
 from .heartbeat import BEAT, heartbeat_interval, heartbeat_seen_at, heartbeat_stale_after
 from .models import Heartbeat
 from .readings import app_tables, locked_tables
+from .relays import RELAY_STALE_AFTER, relay_needed, relays_seen_at
 
-__all__ = ["BeatHeartbeat", "Broker", "Database", "HealthView", "Tables", "health_view"]
+__all__ = [
+    "BeatHeartbeat",
+    "Broker",
+    "Database",
+    "HealthView",
+    "RelayHeartbeat",
+    "Tables",
+    "health_view",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +183,41 @@ class BeatHeartbeat(HealthCheck):
             )
 
 
+@dataclasses.dataclass
+class RelayHeartbeat(HealthCheck):
+    """A relay process (``manage.py webhook_relay``) recorded its heartbeat no longer
+    ago than RELAY_STALE_AFTER (30 s), when there is a destination to send to; a
+    deployment that sends nothing needs no relay, and passes."""
+
+    def __repr__(self) -> str:
+        return "RelayHeartbeat()"
+
+    async def run(self) -> None:
+        try:
+            seen_at, needed = await sync_to_async(_relays, thread_sensitive=True)()
+        except NotAnswering as exc:
+            raise ServiceUnavailable(f"cannot read the relays' heartbeats: {exc}") from exc
+        except DatabaseError as exc:
+            raise ServiceUnavailable("cannot read the relays' heartbeats: database error") from exc
+        if not needed:
+            return
+        if seen_at is None:
+            raise ServiceUnavailable(
+                "no relay running: none ever seen (manage.py webhook_relay sends the outbox)"
+            )
+        age = timezone.now() - seen_at
+        if age > RELAY_STALE_AFTER:
+            raise ServiceUnavailable(
+                f"no relay running: the last one seen {int(age.total_seconds())} s ago "
+                f"(at most {int(RELAY_STALE_AFTER.total_seconds())} s)"
+            )
+
+
+def _relays() -> tuple[datetime.datetime | None, bool]:
+    with database_deadline(app_settings().status_timeout_seconds):
+        return relays_seen_at(), relay_needed()
+
+
 def _waits_for_next() -> str:
     """Why a stale heartbeat keeps the answer 503 once the broker is back: only beat's
     next heartbeat, run by a worker, shows that both came through the outage."""
@@ -230,7 +277,7 @@ def _seen_at(name: str) -> datetime.datetime | None:
         return heartbeat_seen_at(name)
 
 
-CHECKS = (Database, Broker, BeatHeartbeat, Tables)
+CHECKS = (Database, Broker, BeatHeartbeat, RelayHeartbeat, Tables)
 
 
 class HealthView(HealthCheckView):

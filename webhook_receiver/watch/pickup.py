@@ -3,8 +3,8 @@ thresholds past which a backlog that does not move is a state (watch/conditions.
 ``relay_not_sending``, ``behind``, ``retries_stalled``), derived from the configuration
 rather than fixed, so that a stopped worker shows within a minute, not ten.
 
-The sweeps' intervals are read from beat's schedule (``CELERY_BEAT_SCHEDULE``: the
-entries whose task is ``webhook_receiver.relay_sweep`` and
+The relay's poll is RELAY_POLL_SECONDS; the retry sweep's interval is read from beat's
+schedule (``CELERY_BEAT_SCHEDULE``: the entry whose task is
 ``webhook_receiver.retry_failed_events``); a schedule that is not a plain interval (a
 crontab), or none, is taken to be the shipped default. docs/watching.md states each
 threshold and its reason.
@@ -18,12 +18,11 @@ from typing import Any, Protocol
 
 from ..conf import app_settings
 
-# the shipped beat schedule's intervals (project/settings.py), for a schedule that does
+# the shipped beat schedule's interval (project/settings.py), for a schedule that does
 # not say (no entry, or a crontab)
-RELAY_SWEEP_DEFAULT = timedelta(seconds=5)
 RETRY_SWEEP_DEFAULT = timedelta(seconds=15)
-# on top of the expected pickup: the run's place in the worker's queue, the claim's and
-# the record's statements, clocks a little apart
+# on top of the expected pickup: a relay's round behind others, a retry's place in the
+# worker's queue, the statements, clocks a little apart
 SLACK = timedelta(seconds=15)
 # a retry sweep's batch is cut short after this long (inbound/failures.py)
 RETRY_BATCH_TIME = timedelta(seconds=0.5)
@@ -67,15 +66,12 @@ def sweep_interval(task: str, default: timedelta) -> timedelta:
 
 def relay_pickup(limits: Limits) -> timedelta:
     """The longest a running relay leaves a due message of this destination without an
-    answer of any kind: the beat sweep that queues a run when no trigger did, the wait
+    answer of any kind: its poll, which finds what no notification reached, the wait
     for one token of its rate limit, the request's own timeout (a hanging endpoint
-    answers by timing out), and SLACK. Defaults: 5 s + 0.1 s + 10 s + 15 s ≈ 30 s."""
+    answers by timing out), and SLACK. Defaults: 1 s + 0.1 s + 10 s + 15 s ≈ 26 s."""
     token = limits.rate_seconds / max(1, limits.rate_count)
-    return (
-        sweep_interval("webhook_receiver.relay_sweep", RELAY_SWEEP_DEFAULT)
-        + timedelta(seconds=token + limits.timeout_seconds)
-        + SLACK
-    )
+    poll = app_settings().relay_poll_seconds
+    return timedelta(seconds=poll + token + limits.timeout_seconds) + SLACK
 
 
 def retry_pickup(due: int) -> timedelta:

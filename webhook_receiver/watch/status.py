@@ -1,10 +1,12 @@
 """The whole status, as ``webhook_status`` and the overview show it: the sources, the
-destinations, and what they all depend on (Celery's broker, beat's heartbeat), each part
-a reading bounded on its own (watch/readings.py), and the verdict over all of them.
+destinations, and what they all depend on (Celery's broker, beat's heartbeat, a relay
+process), each part a reading bounded on its own (watch/readings.py), and the verdict
+over all of them.
 
-Nothing is OK while the broker does not answer (nothing is retried, relayed or swept)
-or while beat's heartbeat is older than heartbeat_stale_after (two of its intervals):
-those are the whole's own reasons, at the verdict's head.
+Nothing is OK while the broker does not answer (nothing is retried or swept), while
+beat's heartbeat is older than heartbeat_stale_after (two of its intervals), or, when
+there is a destination to send to, while no relay process has been seen for
+RELAY_STALE_AFTER: those are the whole's own reasons, at the verdict's head.
 """
 
 from __future__ import annotations
@@ -19,16 +21,19 @@ from health_check.exceptions import ServiceUnavailable
 from ..conf import app_settings
 from ..core.display import duration_text, iso, seconds
 from ..core.states import Reason, State
+from ..outbound.models import WebhookDestination
 from .destinations import destination_statuses
 from .health import Broker
 from .heartbeat import heartbeat_interval, heartbeat_seen_at, heartbeat_stale_after
 from .models import Heartbeat
 from .readings import Readings, Unread
+from .relays import RELAY_STALE_AFTER, relay_needed, relays_seen_at
 from .sources import source_statuses
 from .statuses import DestinationStatus, SourceStatus
 from .verdict import Headline, status_verdict
 
 HEARTBEAT = "heartbeat"
+RELAYS = "relays"
 
 
 @dataclass(frozen=True)
@@ -43,11 +48,24 @@ class BeatReading:
 
 
 @dataclass(frozen=True)
+class RelayReading:
+    # the newest relay heartbeat (None: none recorded)
+    seen_at: datetime | None
+    # a destination exists for a relay to send to
+    needed: bool
+    read: bool
+
+    def age(self, now: datetime) -> timedelta | None:
+        return None if self.seen_at is None else now - self.seen_at
+
+
+@dataclass(frozen=True)
 class Status:
     now: datetime
     sources: list[SourceStatus]
     destinations: list[DestinationStatus]
     beat: BeatReading
+    relays: RelayReading
     # None: the broker answered; else why it did not
     broker_error: str | None
     system: tuple[Reason, ...]
@@ -75,6 +93,13 @@ class Status:
             }
             if self.beat.read
             else None,
+            "relay": {
+                "seen_at": iso(self.relays.seen_at),
+                "age_seconds": seconds(self.relays.age(self.now)),
+                "stale_after_seconds": seconds(RELAY_STALE_AFTER),
+            }
+            if self.relays.read
+            else None,
         }
 
 
@@ -95,12 +120,20 @@ def status_read(*, now: datetime | None = None, readings: Readings | None = None
         interval=heartbeat_interval(),
         read=not readings.failed(HEARTBEAT),
     )
+    not_read: tuple[datetime | None, bool] = (None, False)
+    relay_seen, needed = readings.read(
+        RELAYS,
+        [Heartbeat, WebhookDestination],
+        lambda: (relays_seen_at(), relay_needed()),
+        not_read,
+    )
+    relays = RelayReading(seen_at=relay_seen, needed=needed, read=not readings.failed(RELAYS))
     readings.locked_unread()
     broker_error = _broker_error(bound)
-    system = _system_reasons(now, beat, broker_error)
+    system = _system_reasons(now, beat, relays, broker_error)
     verdict = status_verdict(sources, destinations, system=system, unread=readings.unread)
     unread = list(readings.unread)
-    return Status(now, sources, destinations, beat, broker_error, system, unread, verdict)
+    return Status(now, sources, destinations, beat, relays, broker_error, system, unread, verdict)
 
 
 def _broker_error(bound: float) -> str | None:
@@ -114,7 +147,7 @@ def _broker_error(bound: float) -> str | None:
 
 
 def _system_reasons(
-    now: datetime, beat: BeatReading, broker_error: str | None
+    now: datetime, beat: BeatReading, relays: RelayReading, broker_error: str | None
 ) -> tuple[Reason, ...]:
     found = []
     if broker_error is not None:
@@ -124,7 +157,7 @@ def _system_reasons(
                 State.ALERT,
                 f"broker unreachable: {broker_error}",
                 f"Celery's broker does not answer ({broker_error}): until it does, no failed "
-                "event is retried, no outbox message relayed, no beat task run",
+                "event is retried and no beat task runs (the outbox's relay does not need it)",
             )
         )
     age = beat.age(now)
@@ -138,8 +171,25 @@ def _system_reasons(
                 State.ALERT,
                 summary,
                 f"{summary}: no heartbeat recorded ({limit}); without beat and a worker "
-                "running it, failed events are not retried, the outbox not swept, silence "
-                "not noticed",
+                "running it, failed events are not retried, silence not noticed, old "
+                "records not purged",
+            )
+        )
+    relay_age = relays.age(now)
+    if relays.read and relays.needed and (relay_age is None or relay_age > RELAY_STALE_AFTER):
+        summary = (
+            "no relay running: none ever seen"
+            if relay_age is None
+            else f"no relay running: none seen for {duration_text(relay_age)}"
+        )
+        found.append(
+            Reason(
+                "relay_not_running",
+                State.ALERT,
+                summary,
+                f"{summary} (a relay records a heartbeat every "
+                f"{duration_text(RELAY_STALE_AFTER / 3)}): nothing is sent to the "
+                "destinations until one runs (manage.py webhook_relay)",
             )
         )
     return tuple(found)

@@ -1,34 +1,18 @@
-"""The relay: claim a destination's eligible messages, send them with no transaction
-open, record what each answer means.
+"""The relay: the outbox's messages sent to their destinations, each answer recorded.
 
-A run of one destination (``relay_destination``, run.py):
+- engine.py: a relay process's one event loop; every destination with work a lane on it,
+  a fixed number of database connections, one scheduler (what wakes a lane: wakeups.py).
+- round.py: a round, for any number of destinations: their rows locked and read, what
+  their limits allow decided in Python (limits.py, policy.py), the answers recorded and
+  the next messages claimed in one statement; steps.py when the database refuses it.
+- transport.py: each message signed and sent with no transaction open, over by its
+  destination's timeout from connect to the last byte kept, only to addresses the
+  egress guard allows.
+- reporting.py: the lines, notices and counters a round leaves.
+- process.py: ``manage.py webhook_relay``'s process, and one destination relayed on the
+  caller's connection.
 
-1. ``relay_claim`` (claim.py): lock the destination's row and count its unexpired leases
-   (the requests in flight on every worker), refill its token bucket, and claim as many
-   eligible messages as both limits allow, oldest first, with ``FOR UPDATE SKIP
-   LOCKED`` on PostgreSQL. A message whose ordering key has an older open message
-   waits for it. Each claimed message gets a lease: a worker that dies holds it only
-   until the lease ends, and the message is then claimed again, under the same key.
-   One statement on PostgreSQL, which returns the destination's row too.
-2. The run's window (transport.py): the HTTP requests in flight, on threads kept per
-   destination, a client kept per destination (connection reuse). No transaction is
-   open while they wait.
-3. As answers come, the ones that came are recorded (record.py: delivered, deferred by
-   Retry-After or backoff with full jitter, or terminal, as policy.py reads the answer;
-   one attempt row each, and the breaker) and their replacements claimed, in one
-   statement on PostgreSQL (``relay_record_and_claim``): a slow answer holds its own
-   slot and nothing else.
-
-Each statement is bounded by the lock and statement timeouts (outbound/queries.py holds
-them), and a run reads nothing else.
-
-Every answer is recordable, whatever the destination sent: the request ends at the
-destination's timeout from connect to the last byte kept (``core/peer_http.py``),
-and what is stored of it is made fit for its column (``core/storable.py``). A round
-that still cannot be recorded whole is recorded answer by answer; an attempt that was
-never recorded (a worker killed, a database that refused) is counted against the
-message's budget when its lease runs out, so nothing is sent past its budget.
-
-No worker ever sleeps: a deferral is the message's ``next_attempt_at``; a destination
-out of tokens is relayed again when its next token is due (``RelayRound.wait``).
+No relay ever sleeps for a message: a deferral is its ``next_attempt_at``, a destination
+out of tokens a timer on its lane, and a relay that dies leaves its messages leased, to
+be claimed again under their keys when the leases run out.
 """

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-from ..retirement import Retirement
-
-if TYPE_CHECKING:
-    from ..models import WebhookDestination
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,6 +21,10 @@ class Claimed:
     # that the attempts' starts are the token bucket's own times (None: when sent)
     claimed_at: datetime | None = None
 
+
+# what is kept of an answer's body: its first EXCERPT_BYTES, as text of EXCERPT_CHARS
+EXCERPT_CHARS = 500
+EXCERPT_BYTES = EXCERPT_CHARS * 4
 
 # Sent.refused_by: who refused a destination, so that no request was made
 EGRESS_GUARD = "the egress guard"
@@ -44,21 +43,3 @@ class Sent:
     # who refused the destination, no request made: "the egress guard" (its address) or
     # "the egress proxy" (it would not open a tunnel); "" when none did
     refused_by: str = ""
-
-
-@dataclass(frozen=True)
-class RelayRound:
-    claimed: list[Claimed]
-    # seconds until this destination may start another request (out of tokens), or None
-    wait: float | None = None
-    # another worker was claiming for this destination at that moment
-    busy: bool = False
-    # the destination's row as the claim read it (None when busy): the run's next
-    # rounds send and record with it, and read it nowhere else
-    destination: WebhookDestination | None = None
-    # the statement that claimed also recorded the last round's answers (PostgreSQL):
-    # the messages it recorded, and the breaker's count (None: not counted)
-    recorded: frozenset[int] = frozenset()
-    counted_failures: int | None = None
-    # and what it did to the destination's retirement (retirement.py)
-    retirement: Retirement = Retirement()

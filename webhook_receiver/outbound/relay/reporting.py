@@ -1,22 +1,85 @@
-"""What a recorded answer tells: one WARNING line per answer that was not a 2xx (or
-request that got none), and the ops destination's notice of a terminal one. Called where
-answers are recorded (record.py) or spent by the claim (claim.py); what an answer means
-is policy.py's.
+"""What a round tells: one WARNING line per answer that was not a 2xx (or request that
+got none), the ops destination's notice of a terminal message, the breaker's line when
+it opens, retirement's notice and line, and the counters of deliveries. In the round's
+transaction for what must commit with it (the notices, themselves outbox messages), and
+once it commits for the rest. What an answer means is policy.py's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from datetime import datetime
 
 from django.db import transaction
 
 from ...core import storable
-from ..models import WebhookDestination
+from .. import metrics
+from ..breaker import breaker_opened_log
+from ..models import MessageStatus, WebhookDestination
 from ..notices import terminal_notice
-from .messages import Claimed
+from ..retirement import Retirement, retirement_noticed
+from .limits import After
+from .messages import Claimed, Sent
+from .policy import Decision, answer_text, next_step_text
 
 # the answer's line keeps the logger name operators filter it by (docs/upgrading.md)
 logger = logging.getLogger("webhook_receiver.outbound.relay.policy")
+
+
+def round_reported(
+    dest: WebhookDestination,
+    answers: Sequence[Sent],
+    verdicts: Sequence[Decision],
+    recorded: frozenset[int],
+    spent: Sequence[Claimed],
+    after: After,
+    now: datetime,
+) -> None:
+    """In the round's transaction: the ops notices of the terminal answers it recorded,
+    of the messages its claim failed (a lost attempt spent their budget) and of the
+    destination's retirement; the counters and log lines once it commits."""
+    pairs = list(zip(answers, verdicts, strict=True))
+    for sent, v in pairs:
+        if v.status == MessageStatus.FAILED and sent.message.id in recorded:
+            answer = sent.error if sent.status_code is None else str(sent.status_code)
+            notify_terminal(dest, sent.message, answer=answer)
+    for message in spent:
+        notify_terminal(dest, message, answer="attempt not recorded")
+    retirement_noticed(dest.name, Retirement(after.retired, after.warned), now)
+    transaction.on_commit(lambda: _committed(dest, pairs, recorded, list(spent), after, now))
+
+
+def _committed(
+    dest: WebhookDestination,
+    pairs: list[tuple[Sent, Decision]],
+    recorded: frozenset[int],
+    spent: list[Claimed],
+    after: After,
+    now: datetime,
+) -> None:
+    """After the round's commit: its counters, one log line per answer that was not a
+    2xx (delivered ones are counted, not logged one by one), a line per message its
+    claim failed, and the breaker's line if the round paused the destination."""
+    if after.opened:
+        breaker_opened_log(dest, after.consecutive_failures)
+    for sent, v in pairs:
+        message = sent.message
+        if message.id not in recorded:
+            log_answer(dest, message, answer_text(sent), "not recorded: its lease ran out")
+            continue
+        if v.status == MessageStatus.DELIVERED:
+            metrics.delivery_record(
+                dest.name, created_at=message.created_at, delivered_at=now, attempts=message.attempt
+            )
+            continue
+        if v.status == MessageStatus.FAILED:
+            metrics.terminal_count(dest.name)
+        log_answer(dest, message, answer_text(sent), next_step_text(dest, sent, v, now))
+    for message in spent:
+        then = f"failed for good: {dest.max_attempts} attempts spent, waiting for an operator"
+        log_answer(dest, message, "gave no recorded answer", then)
+        metrics.terminal_count(dest.name)
 
 
 def log_answer(dest: WebhookDestination, message: Claimed, answer: str, then: str) -> None:

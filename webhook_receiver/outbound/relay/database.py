@@ -1,0 +1,122 @@
+"""How the relay's event loop reaches the database: Django's database API is synchronous,
+so the loop hands each piece of database work (a round, the poll, a heartbeat) to a
+thread that holds a connection, and awaits it.
+
+``DatabaseThreads`` is a relay process's: a fixed number of threads, each with its own
+connection (``RELAY_DATABASE_CONNECTIONS``, 2 by default), whatever the number of
+destinations. ``CallerDatabase`` does the work on the thread that owns the connection
+(a test's, with its transaction; the evaluation's, with its simulated clock), one call
+at a time, the loop held meanwhile: nothing moves while the database works, so a run
+is the same each time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
+
+from django.db import close_old_connections, connection
+
+T = TypeVar("T")
+
+
+class Database(Protocol):
+    async def call(self, fn: Callable[[], T], what: str = "") -> T:
+        """``fn()`` on a thread with a database connection; ``what`` names the work
+        ("round", "poll", "heartbeat"), for a harness that counts it."""
+
+    def close(self) -> None:
+        """Its connections closed (no call after)."""
+
+
+class DatabaseThreads:
+    """``connections`` threads, each with a Django connection of its own, taking calls in
+    turn. A connection that broke, or outlived CONN_MAX_AGE, is replaced before a call
+    (as a Celery task's start does)."""
+
+    def __init__(self, connections: int, name: str = "relay-db") -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}-{n}", daemon=True)
+            for n in range(connections)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    async def call(self, fn: Callable[[], T], what: str = "") -> T:
+        done: Future[T] = Future()
+        self._calls.put((fn, done))
+        return await asyncio.wrap_future(done)
+
+    def _serve(self) -> None:
+        try:
+            while (item := self._calls.get()) is not None:
+                fn, done = item
+                if not done.set_running_or_notify_cancel():
+                    continue
+                close_old_connections()
+                try:
+                    done.set_result(fn())
+                except BaseException as exc:
+                    done.set_exception(exc)
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._calls.put(None)
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
+class CallerDatabase:
+    """Database work done by the thread that made this (``serve`` runs it there) while
+    an event loop runs on another; a call holds its loop until the work is done."""
+
+    _DONE = object()
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    async def call(self, fn: Callable[[], T], what: str = "") -> T:
+        done: Future[T] = Future()
+        self._calls.put((self.wrapped(fn, what), done))
+        return done.result()  # the loop waits: nothing else moves meanwhile
+
+    def wrapped(self, fn: Callable[[], T], what: str) -> Callable[[], T]:
+        """What the owner's thread runs for a call (a harness adds its bookkeeping)."""
+        return fn
+
+    def serve(self, loop_thread: Callable[[], object]) -> None:
+        """Run ``loop_thread`` (which runs an event loop) on a thread of its own, and the
+        database work it asks for here, until it returns; its exception is raised here."""
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                loop_thread()
+            except BaseException as exc:
+                failure.append(exc)
+            finally:
+                self._calls.put(self._DONE)
+
+        thread = threading.Thread(target=run, name="relay-loop", daemon=True)
+        thread.start()
+        while (item := self._calls.get()) is not self._DONE:
+            fn, done = item
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+        thread.join()
+        if failure:
+            raise failure[0]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,450 @@
+"""The relay of one process: one asyncio event loop, every destination with work a lane on
+it, a fixed number of database connections, and one scheduler.
+
+**What a process holds.** A lane is a few fields in a dict: the destination's answers
+that came and are not yet recorded, its requests in flight (each an asyncio task and
+a connection of the one aiohttp session), and whether a claim is wanted and when. A
+lane with nothing in flight, nothing to record and nothing due is dropped. So the
+threads and database connections of a process do not depend on the number of
+merchants: the loop's thread, ``RELAY_DATABASE_CONNECTIONS`` threads with a connection
+each (rounds, the poll and the heartbeat take turns on them), the listener's connection
+on PostgreSQL, and the resolver's few threads. Requests in flight are bounded by
+``RELAY_MAX_REQUESTS`` for the process as a whole, each destination's by its own limit.
+
+**One scheduler.** Whether a destination is relayed now is decided here and nowhere
+else. A lane wants a claim when it is woken: by an admission (``pg_notify`` in its
+transaction, heard on ``LISTEN``), by the poll (every ``RELAY_POLL_SECONDS``: the
+destinations with a message due, which finds what no notification reached: SQLite,
+PgBouncer in transaction mode, a retry whose backoff ended, a lease that ran out), by
+its own timer (its bucket's next tokens, the end of its breaker's pause), or by the
+round before it, when its claim took all it asked for. An answer that comes is recorded
+by the next round, which claims its replacement in the same statement.
+
+**Rounds.** Ready lanes are taken together into a round (round.py: two statements on
+PostgreSQL for any number of destinations), at most ``RELAY_DATABASE_CONNECTIONS``
+rounds at once, each on its own destinations. While a round runs, answers and wake-ups
+gather for the next: under load a round carries many destinations' work, and when
+idle a lone message costs its own. No lane waits for another destination's merchant: a
+merchant that never answers holds its own requests until its timeout, nothing else.
+
+**Faults.** A round the database refuses is recorded answer by answer; one it cannot
+run (an outage, a bound that fired) keeps its answers for the next try, a second later,
+with one line per outage. The leases make every crash safe: a relay killed, frozen or
+cut off leaves its messages leased, and they are claimed again under their keys when
+the leases run out; an answer recorded after that is fenced off (round.py). A relay
+told to stop claims nothing more, waits up to FINISH_SECONDS for its requests in
+flight, records their answers, and ends.
+
+process.py runs a process's relay (``manage.py webhook_relay``), and relays one
+destination on the caller's connection (tests, tools). The evaluation harness runs the
+same ``Relay`` on a loop whose clock is simulated (evaluation/simulation.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError
+from django.utils import timezone
+
+from ...core import logs, outages, tracing
+from ..encryption import SecretsUnreadable
+from ..models import WebhookDestination
+from .database import Database
+from .messages import Claimed, Sent
+from .round import CLAIM_BATCH, Outcome, Work
+from .steps import relay_round_or_apart
+from .transport import PeerTransport, Transport, deliver
+from .wakeups import due_destinations
+
+logger = logging.getLogger(__name__)
+
+# destinations in one round at most: a round's statement stays short, and its locks few
+ROUND_DESTINATIONS = 200
+# after a round the database could not run: its lanes try again this much later
+ROUND_RETRY_SECONDS = 1.0
+# a lane another relay's round held: tried again this much later
+BUSY_RETRY_SECONDS = 0.05
+# how long a relay told to stop waits for its requests in flight to be answered
+FINISH_SECONDS = 5.0
+# a destination no key reads is said again after this long, not at every round
+UNREADABLE_REPEAT_SECONDS = 300.0
+
+
+@dataclass(eq=False)
+class Lane:
+    """One destination's work in this process."""
+
+    destination_id: int
+    # the row as the last round read it: what its requests are signed and sent with
+    destination: WebhookDestination | None = None
+    answers: list[Sent] = field(default_factory=list)
+    in_flight: int = 0
+    # a claim is wanted (woken, or its last claim took all it asked for)
+    wanted: bool = False
+    # in a round now
+    in_round: bool = False
+    # a timer that will want a claim (the bucket's tokens, the breaker's pause)
+    timer: asyncio.TimerHandle | None = None
+
+    def claim_room(self) -> int:
+        """Messages this lane's claim may take, by its destination's own limit."""
+        dest = self.destination
+        room = CLAIM_BATCH if dest is None else min(CLAIM_BATCH, dest.max_in_flight)
+        return max(0, room - self.in_flight)
+
+    def idle(self) -> bool:
+        return not (self.answers or self.in_flight or self.wanted or self.in_round or self.timer)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a relay did, for its caller (``destination_relay``) and its log line."""
+
+    answered: int
+    wait: float | None
+
+
+class Relay:
+    """The relay of one process (the module's docstring). ``transport`` and ``database``
+    are where a harness puts its simulated network and its connection; ``poll_seconds``
+    None: no poll (a caller that wakes lanes itself)."""
+
+    def __init__(
+        self,
+        *,
+        database: Database,
+        transport: Callable[[], Transport] = PeerTransport,
+        connections: int = 1,
+        max_requests: int = 1000,
+        poll_seconds: float | None = None,
+        heartbeat: Callable[[], object] | None = None,
+        heartbeat_seconds: float = 10.0,
+    ) -> None:
+        self._database = database
+        self._make_transport = transport
+        self._transport: Transport | None = None
+        self._connections = max(1, connections)
+        self._max_requests = max(1, max_requests)
+        self._poll_seconds = poll_seconds
+        self._heartbeat = heartbeat
+        self._heartbeat_seconds = heartbeat_seconds
+        self.lanes: dict[int, Lane] = {}
+        self._ready: dict[int, None] = {}  # lanes with work for a round, in order
+        self._waiting: dict[int, None] = {}  # lanes waiting for the process's room
+        self._rounds = 0
+        self._requests = 0
+        self._reserved = 0
+        self._changed: asyncio.Event | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._unreadable_said: dict[int, float] = {}
+        self.answered = 0
+        self.last_wait: float | None = None
+        self.database_outage = outages.Outage(
+            logger,
+            "outbox: the database",
+            "the relay's rounds are tried again every second; answers not recorded meanwhile "
+            "wait in memory, and their messages are sent again when their leases end",
+        )
+
+    # --- waking lanes ----------------------------------------------------------------
+
+    def wake(self, destination_id: int) -> None:
+        """An admission, the poll or an operator: the destination may have work now."""
+        if self._stopping:
+            return
+        lane = self.lanes.get(destination_id)
+        if lane is None:
+            lane = self.lanes[destination_id] = Lane(destination_id)
+        lane.wanted = True
+        self._consider(lane)
+
+    def wake_all(self, destination_ids: Iterable[int]) -> None:
+        for destination_id in destination_ids:
+            self.wake(destination_id)
+
+    def _consider(self, lane: Lane) -> None:
+        """Put the lane in the next round if it has work for one; one that wants a claim
+        while the process's requests are all in flight waits for one to end."""
+        if lane.in_round:
+            return
+        wants_claim = lane.wanted and not self._stopping and lane.claim_room() > 0
+        if wants_claim and not lane.answers and not self._room():
+            self._waiting[lane.destination_id] = None
+            return
+        if lane.answers or wants_claim:
+            self._ready[lane.destination_id] = None
+            if self._changed is not None:
+                self._changed.set()
+        elif lane.idle():
+            self.lanes.pop(lane.destination_id, None)
+
+    def _room(self) -> int:
+        """Requests this process may still start (RELAY_MAX_REQUESTS)."""
+        return self._max_requests - self._requests - self._reserved
+
+    def _wake_at(self, lane: Lane, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        if lane.timer is not None:
+            lane.timer.cancel()
+
+        def due() -> None:
+            lane.timer = None
+            if lane.destination_id in self.lanes:
+                lane.wanted = True
+                self._consider(lane)
+
+        lane.timer = loop.call_later(max(0.0, seconds), due)
+
+    # --- running ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Relay until ``stop`` is set; then finish (see FINISH_SECONDS)."""
+        self._changed = asyncio.Event()
+        self._transport = self._make_transport()
+        try:
+            self._spawn(self._poll())
+            self._spawn(self._beat())
+            stopped = asyncio.ensure_future(stop.wait())
+            while not stop.is_set():
+                self._start_rounds()
+                changed = asyncio.ensure_future(self._changed.wait())
+                await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                self._changed.clear()
+            await self.finish()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._transport.close()
+
+    async def drain(self, destination_id: int, budget_seconds: float) -> Summary:
+        """Relay one destination until it has nothing more now (nothing eligible, its
+        limits or breaker stop it, or another relay holds it), or ``budget_seconds``
+        have passed; then record what is in flight."""
+        self._changed = asyncio.Event()
+        self._transport = self._make_transport()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_seconds
+        try:
+            self.wake(destination_id)
+            while True:
+                self._start_rounds()
+                lane = self.lanes.get(destination_id)
+                if lane is None or not (
+                    lane.in_round
+                    or lane.in_flight
+                    or lane.answers
+                    or self._rounds
+                    or destination_id in self._ready
+                ):
+                    break
+                if not self._stopping and loop.time() >= deadline:
+                    self._stopping = True  # the budget is spent: record, claim no more
+                    self.last_wait = 0.0
+                    self._consider(lane)
+                    continue
+                try:
+                    async with asyncio.timeout_at(None if self._stopping else deadline):
+                        await self._changed.wait()
+                except TimeoutError:
+                    continue
+                self._changed.clear()
+        finally:
+            for lane in self.lanes.values():
+                if lane.timer is not None:
+                    lane.timer.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._transport.close()
+        return Summary(self.answered, self.last_wait)
+
+    async def finish(self, seconds: float = FINISH_SECONDS) -> bool:
+        """Claim nothing more; wait up to ``seconds`` for the requests in flight and
+        record their answers. Returns whether everything was recorded."""
+        self._stopping = True
+        assert self._changed is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self._requests or self._ready or self._rounds:
+            self._start_rounds()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._changed.wait()
+            except TimeoutError:
+                break
+            self._changed.clear()
+        return not (self._requests or self._ready or self._rounds)
+
+    def _spawn(self, coroutine: Awaitable[object]) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start_rounds(self) -> None:
+        while self._ready and self._rounds < self._connections:
+            taken = []
+            for destination_id in list(self._ready)[:ROUND_DESTINATIONS]:
+                del self._ready[destination_id]
+                lane = self.lanes.get(destination_id)
+                if lane is not None and not lane.in_round:
+                    taken.append(lane)
+            if not taken:
+                continue
+            work = [self._work(lane) for lane in taken]
+            if not any(w.answers or w.claim for w in work):
+                for lane in taken:
+                    lane.in_round = False
+                    self._consider(lane)
+                continue
+            self._rounds += 1
+            self._spawn(self._round(taken, work))
+
+    def _work(self, lane: Lane) -> Work:
+        lane.in_round = True
+        claim = 0
+        if lane.wanted and not self._stopping:
+            claim = max(0, min(lane.claim_room(), self._room()))
+            self._reserved += claim
+        answers, lane.answers = lane.answers, []
+        return Work(lane.destination_id, answers, claim)
+
+    async def _round(self, lanes: list[Lane], work: list[Work]) -> None:
+        try:
+            with tracing.span("webhook.relay_round", destinations=len(work)):
+                outcomes = await self._database.call(lambda: relay_round_or_apart(work), "round")
+        except Exception as exc:
+            self._round_failed(lanes, work, exc)
+        else:
+            self.database_outage.answered()
+            for lane, w in zip(lanes, work, strict=True):
+                self._apply(lane, w, outcomes.get(lane.destination_id))
+        finally:
+            self._reserved -= sum(w.claim for w in work)
+            self._rounds -= 1
+            assert self._changed is not None
+            self._changed.set()
+
+    def _round_failed(self, lanes: list[Lane], work: list[Work], exc: Exception) -> None:
+        """The database could not run the round: its answers wait in memory for the next
+        try (their messages stay leased meanwhile), one line per outage."""
+        if isinstance(exc, DatabaseError):
+            self.database_outage.failed(exc)
+        else:
+            logs.log_failure(logger, "outbox: a relay round failed", exc)
+        for lane, w in zip(lanes, work, strict=True):
+            lane.answers[:0] = list(w.answers)
+            lane.in_round = False
+            lane.wanted = lane.wanted or bool(w.claim)
+            self._wake_at(lane, ROUND_RETRY_SECONDS)
+            if lane.answers:
+                # to be recorded with the next try, not before
+                self._ready.pop(lane.destination_id, None)
+
+    def _apply(self, lane: Lane, work: Work, outcome: Outcome | None) -> None:
+        lane.in_round = False
+        if outcome is None or outcome.missing:
+            self.lanes.pop(lane.destination_id, None)  # no such destination (any longer)
+            if lane.timer is not None:
+                lane.timer.cancel()
+            return
+        if outcome.busy:
+            # another relay's round held the row: its answers are given again shortly
+            lane.answers[:0] = list(work.answers)
+            lane.wanted = lane.wanted or bool(work.claim)
+            self._wake_at(lane, BUSY_RETRY_SECONDS)
+            return
+        self.answered += len(outcome.recorded)
+        dest = outcome.destination
+        lane.destination = dest
+        if outcome.unreadable is not None:
+            self._say_unreadable(lane, outcome.unreadable)
+        if work.claim:
+            lane.wanted = outcome.more
+            self.last_wait = outcome.wait
+            if outcome.wait is not None:
+                self._wake_at(lane, outcome.wait)
+            elif outcome.paused_until is not None:
+                self._wake_at(lane, (outcome.paused_until - timezone.now()).total_seconds())
+        assert dest is not None
+        for message in outcome.claimed:
+            self._send(lane, dest, message)
+        self._consider(lane)
+
+    def _send(self, lane: Lane, dest: WebhookDestination, message: Claimed) -> None:
+        lane.in_flight += 1
+        self._requests += 1
+        assert self._transport is not None
+        transport = self._transport
+
+        async def send() -> None:
+            try:
+                sent = await deliver(transport, dest, message)
+            finally:
+                lane.in_flight -= 1
+                self._requests -= 1
+            lane.answers.append(sent)
+            self.lanes.setdefault(lane.destination_id, lane)
+            self._consider(lane)
+            if self._waiting:
+                waiting, self._waiting = self._waiting, {}
+                for destination_id in waiting:
+                    other = self.lanes.get(destination_id)
+                    if other is not None:
+                        self._consider(other)
+
+        self._spawn(send())
+
+    def _say_unreadable(self, lane: Lane, exc: SecretsUnreadable) -> None:
+        """A destination whose secrets no key decrypts: nothing is claimed for it, so its
+        messages stay pending. One ERROR line, with no traceback (the cause is the keys,
+        not the code), again every few minutes until new secrets are set or the key is
+        back."""
+        now = time.monotonic()
+        said = self._unreadable_said.get(lane.destination_id)
+        if said is not None and now - said < UNREADABLE_REPEAT_SECONDS:
+            return
+        self._unreadable_said[lane.destination_id] = now
+        name = lane.destination.name if lane.destination else str(lane.destination_id)
+        logger.error(
+            "outbox: destination %s is not relayed (%s); its messages wait: %s",
+            name,
+            exc.state,
+            exc,
+            extra={"destination": name, "destination_id": lane.destination_id},
+        )
+
+    # --- the poll and the heartbeat ----------------------------------------------------
+
+    async def _poll(self) -> None:
+        """Every ``poll_seconds``: wake the destinations with a message due."""
+        if self._poll_seconds is None:
+            return
+        while True:
+            try:
+                found = await self._database.call(due_destinations, "poll")
+            except Exception as exc:
+                if isinstance(exc, DatabaseError):
+                    self.database_outage.failed(exc)
+                else:
+                    logs.log_failure(logger, "outbox: the relay's poll failed", exc)
+            else:
+                self.wake_all(found)
+            await asyncio.sleep(self._poll_seconds)
+
+    async def _beat(self) -> None:
+        if self._heartbeat is None:
+            return
+        heartbeat = self._heartbeat
+        while True:
+            try:
+                await self._database.call(heartbeat, "heartbeat")
+            except Exception as exc:
+                if isinstance(exc, DatabaseError):
+                    self.database_outage.failed(exc)
+            await asyncio.sleep(self._heartbeat_seconds)

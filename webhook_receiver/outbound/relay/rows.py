@@ -1,0 +1,95 @@
+"""The destinations' rows as a round reads them: locked (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL, in id order), each converted as the model reads it, its secrets decrypted.
+
+Decrypting is the costly part of reading a row (a Fernet token a secret), so a row's
+secrets are decrypted once per stored value and process: a change of secrets is a new
+stored value, so nothing kept can disagree with the row. A row whose secrets no key
+decrypts is read all the same, without them, its problem beside it: its answers are
+recorded, and nothing is claimed for it (the engine says so, once in a while).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from django.db import connection
+
+from ...conf import app_settings
+from .. import queries
+from ..encryption import SecretsUnreadable, secrets_decrypt
+from ..models import WebhookDestination
+
+Row = tuple[WebhookDestination, SecretsUnreadable | None]
+
+
+def destinations_locked(ids: list[int]) -> dict[int, Row]:
+    """The rows of ``ids`` that this round holds, each as the model reads it (its secrets
+    decrypted; a row whose secrets no key decrypts has none, and its problem beside it)."""
+    if not ids:
+        return {}
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(queries.DESTINATIONS_LOCKED, {"ids": ids})
+        else:
+            marks = ", ".join(["%s"] * len(ids))
+            cursor.execute(queries.DESTINATIONS_SQLITE.format(ids=marks), ids)
+        names = [column.name for column in cursor.description]
+        rows = cursor.fetchall()
+    found = {}
+    for values in rows:
+        dest, unreadable = destination_from_row(dict(zip(names, values, strict=True)))
+        found[dest.pk] = (dest, unreadable)
+    return found
+
+
+def destination_from_row(row: dict[str, Any]) -> Row:
+    """The destination of a row holding its columns, each converted as the model reads
+    it, without resolving the columns again each round; the row's other columns are set
+    beside its fields. Its secrets are decrypted once per stored value and process
+    (a change of secrets is a new value: nothing kept can disagree with the row)."""
+    attnames, converters, columns = _destination_fields()
+    values = []
+    unreadable = None
+    for column, convert in converters:
+        value = row[column]
+        if column == "secrets":
+            value, unreadable = _secrets(value)
+        elif convert is not None:
+            value = convert(value, None, connection)
+        values.append(value)
+    dest = WebhookDestination.from_db(connection.alias, attnames, values)
+    for name, value in row.items():
+        if name not in columns:
+            setattr(dest, name, value)
+    return dest, unreadable
+
+
+@functools.cache
+def _destination_fields() -> tuple[list[str], list[tuple[str, Any]], frozenset[str]]:
+    """The model's attribute names, its columns with their converters, and the columns."""
+    fields = WebhookDestination._meta.concrete_fields
+    return (
+        [f.attname for f in fields],
+        [(f.column, getattr(f, "from_db_value", None)) for f in fields],
+        frozenset(f.column for f in fields),
+    )
+
+
+def _secrets(stored: Any) -> tuple[list[str], SecretsUnreadable | None]:
+    text = stored if isinstance(stored, str) else json.dumps(stored)
+    return _secrets_decrypted(text, app_settings().destination_secret_keys)
+
+
+@functools.lru_cache(maxsize=1024)
+def _secrets_decrypted(
+    stored: str, keys: tuple[str, ...]
+) -> tuple[list[str], SecretsUnreadable | None]:
+    values = json.loads(stored)
+    if not isinstance(values, list):
+        return [], None
+    try:
+        return secrets_decrypt(values, keys), None
+    except SecretsUnreadable as exc:
+        return [], exc

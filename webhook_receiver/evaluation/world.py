@@ -77,8 +77,21 @@ class Merchant:
         self.answer_seconds: dict[str, float] = {}
         # requests on their way: when each is answered, and the round that sent it
         self._open: list[tuple[float, int]] = []
+        # rounds: requests started at one instant with no answer come between them
+        self.answered = 0
+        self._round_key: tuple[float, int] | None = None
+        self._round = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
+
+    def round_now(self) -> int:
+        """The round a request starting now belongs to: the same as the one before it
+        if it starts at the same instant and no answer has reached the relay since (the
+        requests of one claim), else a new one."""
+        key = (self.clock(), self.answered)
+        if key != self._round_key:
+            self._round_key, self._round = key, self._round + 1
+        return self._round
 
     def handle(self, headers: dict[str, str], body: bytes, round_: int = 0) -> Answer:
         """One request: its answer, or NoAnswer (down, a timeout, a lost response)."""
@@ -226,15 +239,15 @@ class SimulatedTransport:
         merchant = self._network.merchant(url)
         if merchant is None:
             raise NoAnswer("ConnectError", f"no such host: {urlsplit(url).hostname}")
-        round_ = round(self._clock() * 1_000_000)
         failure: NoAnswer | None = None
         try:
-            answer = merchant.handle(headers, body, round_)
+            answer = merchant.handle(headers, body, merchant.round_now())
         except NoAnswer as exc:
             failure = exc
         took = merchant.answer_seconds.pop(headers.get("webhook-id", ""), 0.0)
-        if took > 0:
-            await asyncio.sleep(took)
+        # an answer at once still comes after the other requests of its claim started
+        await asyncio.sleep(took)
+        merchant.answered += 1
         if failure is not None:
             raise failure
         return answer

@@ -74,7 +74,7 @@ RESTORE_LOCK_BOUND = """
 # The rows of the round's destinations, locked in id order (two rounds never wait for
 # each other in a circle); a row another relay's round holds is skipped, left to it.
 DESTINATIONS_LOCKED = """
-    SELECT d.* FROM webhook_receiver_webhookdestination d
+    SELECT d.*, d.xmin::text AS row_version FROM webhook_receiver_webhookdestination d
     WHERE d.id = ANY(%(ids)s)
     ORDER BY d.id
     FOR UPDATE SKIP LOCKED
@@ -90,6 +90,7 @@ DESTINATIONS_SQLITE = """
 # objects (one text parameter, however many answers, costs the driver less than an
 # array per column); SQLite takes them as VALUES (ANSWERS_SQLITE).
 ANSWER_TYPES = {
+    "destination_id": "bigint",
     "message_id": "bigint",
     "attempt": "integer",
     "status": "text",
@@ -107,12 +108,14 @@ ANSWER_TYPES = {
 ANSWER_COLUMNS = tuple(ANSWER_TYPES)
 _ANSWER = ", ".join(ANSWER_COLUMNS)
 
-# What the round decided for each destination (relay/limits.py), one row each: whether
+# What the round decided for each destination (relay/limits.py), one row each: the
+# version of the row it decided from (NULL: read under lock in this transaction), whether
 # its answers counted, how many messages its claim may take before the requests in flight
 # are counted (``allowed``; ``probe``: one, when none is in flight), the lease its claim
 # gives, and the row's state to write back (the bucket before the claim spends from it).
 STATE_TYPES = {
     "id": "bigint",
+    "version": "text",
     "counted": "boolean",
     "allowed": "integer",
     "probe": "boolean",
@@ -233,25 +236,41 @@ _IN_FLIGHT = f"""
       AND m.lease_until > %(now)s {{beside}}
 """
 
-# PostgreSQL: the round's write, one statement, all or nothing: the answers recorded
-# (``recorded``, ``attempt``); the requests in flight counted with a snapshot taken after
-# DESTINATIONS_LOCKED got the rows (no claim of another relay can commit between), less
-# the ones this statement records; each destination's claim, no more than its free slots
-# (``allowance``; one probe when half-open and none is in flight); the leases; each row
-# written once (the decided state, and the bucket less the messages claimed to be sent),
-# and only where its answers counted or it claimed. It returns the claimed messages as
-# JSON, oldest first, the messages it recorded, each destination's free slots and the
-# bucket it wrote. {eligible}: ELIGIBLE_IDS for ``a.id``, at most ``a.allowed``, with
-# its ROW_LOCK (round_statement()).
+# PostgreSQL: the round's write, one statement, all or nothing. Each destination's row is
+# locked first (``locked``), if it is still the version the round decided from (a row
+# read under lock earlier in the transaction has none to compare, and is held already);
+# one another relay holds, or whose version changed since, is left out of the whole
+# statement, and the round reads it again under lock (round.py). For the rest: the
+# answers recorded (``recorded``, ``attempt``); the requests in flight counted (the
+# statement's snapshot sees every claim that committed before the row was locked: a
+# claim that committed after the snapshot wrote the row, so its version changed, and the
+# row is left out), less the ones this statement records; each destination's claim, no
+# more than its free slots (``allowance``; one probe when half-open and none is in
+# flight); the leases; each row written once (the decided state, and the bucket less the
+# messages claimed to be sent), and only where its answers counted or it claimed. It
+# returns the claimed messages as JSON, oldest first, the messages it recorded, each
+# locked destination's version after the statement, its free slots and the bucket it
+# wrote. {eligible}: ELIGIBLE_IDS for ``a.id``, at most ``a.allowed``, with its ROW_LOCK
+# (round_statement()).
 ROUND = f"""
-    WITH answer AS ({_recordset("answers", ANSWER_TYPES)}),
-    state AS ({_recordset("states", STATE_TYPES)}),
+    WITH state AS ({_recordset("states", STATE_TYPES)}),
+    locked AS MATERIALIZED (
+        SELECT d.id, d.xmin::text AS version FROM webhook_receiver_webhookdestination d
+        JOIN state s ON s.id = d.id
+        WHERE s.version IS NULL OR d.xmin::text = s.version
+        ORDER BY d.id
+        FOR UPDATE OF d SKIP LOCKED
+    ),
+    answer AS (
+        SELECT r.* FROM ({_recordset("answers", ANSWER_TYPES)}) r
+        WHERE r.destination_id IN (SELECT id FROM locked)
+    ),
     recorded AS ({RECORD_MESSAGES}),
     attempt AS ({RECORD_ATTEMPTS}),
     allowance AS MATERIALIZED (
         SELECT s.id, s.max_attempts, s.lease_until, f.slots,
             GREATEST(0, LEAST(s.allowed, f.slots)) AS allowed
-        FROM state s CROSS JOIN LATERAL (
+        FROM state s JOIN locked l ON l.id = s.id CROSS JOIN LATERAL (
             SELECT CASE WHEN s.probe THEN CASE WHEN i.in_flight = 0 THEN 1 ELSE 0 END
                 ELSE s.max_in_flight - i.in_flight END AS slots
             FROM ({
@@ -273,12 +292,14 @@ ROUND = f"""
             tokens_at = CASE WHEN s.allowed > 0 THEN s.tokens_at ELSE d.tokens_at END,
             {", ".join(f"{column} = s.{column}" for column in STATE_WRITTEN)}
         FROM state s
-        WHERE d.id = s.id
+        WHERE d.id = s.id AND d.id IN (SELECT id FROM locked)
           AND (s.counted OR EXISTS (SELECT 1 FROM claimed c WHERE c.destination_id = d.id))
-        RETURNING d.id, d.tokens
+        RETURNING d.id, d.tokens, d.xmin::text AS version
     )
     SELECT (SELECT json_agg(c ORDER BY c.id) FROM claimed c)::text AS claimed,
         ARRAY(SELECT id FROM recorded) AS recorded,
+        (SELECT json_agg(json_build_array(l.id, COALESCE(w.version, l.version)))
+            FROM locked l LEFT JOIN written w ON w.id = l.id)::text AS locked,
         (SELECT json_agg(json_build_array(a.id, a.slots)) FROM allowance a)::text AS slots,
         (SELECT json_agg(json_build_array(w.id, w.tokens)) FROM written w)::text AS tokens
 """

@@ -57,6 +57,7 @@ from ..models import WebhookDestination
 from .database import Database
 from .messages import Claimed, Sent
 from .round import CLAIM_BATCH, Outcome, Work
+from .rows import Rows
 from .steps import relay_round_or_apart
 from .transport import PeerTransport, Transport, deliver
 from .wakeups import due_destinations
@@ -90,6 +91,8 @@ class Lane:
     in_round: bool = False
     # a timer that will want a claim (the bucket's tokens, the breaker's pause)
     timer: asyncio.TimerHandle | None = None
+    # the timer waits for the bucket: nothing can be claimed before it, a wake included
+    for_tokens: bool = False
 
     def claim_room(self) -> int:
         """Messages this lane's claim may take, by its destination's own limit."""
@@ -134,6 +137,7 @@ class Relay:
         self._heartbeat = heartbeat
         self._heartbeat_seconds = heartbeat_seconds
         self.lanes: dict[int, Lane] = {}
+        self._rows = Rows()  # the rows its rounds read, by version (rows.py)
         self._ready: dict[int, None] = {}  # lanes with work for a round, in order
         self._waiting: dict[int, None] = {}  # lanes waiting for the process's room
         self._rounds = 0
@@ -161,6 +165,8 @@ class Relay:
         lane = self.lanes.get(destination_id)
         if lane is None:
             lane = self.lanes[destination_id] = Lane(destination_id)
+        if lane.timer is not None and lane.for_tokens:
+            return  # its timer claims when the bucket allows; nothing can before
         lane.wanted = True
         self._consider(lane)
 
@@ -188,13 +194,15 @@ class Relay:
         """Requests this process may still start (RELAY_MAX_REQUESTS)."""
         return self._max_requests - self._requests - self._reserved
 
-    def _wake_at(self, lane: Lane, seconds: float) -> None:
+    def _wake_at(self, lane: Lane, seconds: float, *, for_tokens: bool = False) -> None:
         loop = asyncio.get_running_loop()
         if lane.timer is not None:
             lane.timer.cancel()
+        lane.for_tokens = for_tokens
 
         def due() -> None:
             lane.timer = None
+            lane.for_tokens = False
             if lane.destination_id in self.lanes:
                 lane.wanted = True
                 self._consider(lane)
@@ -210,12 +218,10 @@ class Relay:
         try:
             self._spawn(self._poll())
             self._spawn(self._beat())
-            stopped = asyncio.ensure_future(stop.wait())
+            self._spawn(self._stopped(stop))
             while not stop.is_set():
                 self._start_rounds()
-                changed = asyncio.ensure_future(self._changed.wait())
-                await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
+                await self._changed.wait()
                 self._changed.clear()
             await self.finish()
         finally:
@@ -223,6 +229,11 @@ class Relay:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._transport.close()
+
+    async def _stopped(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        assert self._changed is not None
+        self._changed.set()
 
     async def drain(self, destination_id: int, budget_seconds: float) -> Summary:
         """Relay one destination until it has nothing more now (nothing eligible, its
@@ -308,7 +319,8 @@ class Relay:
     def _work(self, lane: Lane) -> Work:
         lane.in_round = True
         claim = 0
-        if lane.wanted and not self._stopping:
+        # a round that records answers claims their replacements in the same statement
+        if (lane.wanted or lane.answers) and not self._stopping:
             claim = max(0, min(lane.claim_room(), self._room()))
             self._reserved += claim
         answers, lane.answers = lane.answers, []
@@ -317,7 +329,9 @@ class Relay:
     async def _round(self, lanes: list[Lane], work: list[Work]) -> None:
         try:
             with tracing.span("webhook.relay_round", destinations=len(work)):
-                outcomes = await self._database.call(lambda: relay_round_or_apart(work), "round")
+                outcomes = await self._database.call(
+                    lambda: relay_round_or_apart(work, rows=self._rows), "round"
+                )
         except Exception as exc:
             self._round_failed(lanes, work, exc)
         else:
@@ -368,7 +382,7 @@ class Relay:
             lane.wanted = outcome.more
             self.last_wait = outcome.wait
             if outcome.wait is not None:
-                self._wake_at(lane, outcome.wait)
+                self._wake_at(lane, outcome.wait, for_tokens=True)
             elif outcome.paused_until is not None:
                 self._wake_at(lane, (outcome.paused_until - timezone.now()).total_seconds())
         assert dest is not None

@@ -43,7 +43,7 @@ from .limits import After, Allowance, after_answers, allowance, token_wait
 from .messages import Claimed, Sent
 from .policy import Decision, decide
 from .reporting import round_reported
-from .rows import destinations_locked
+from .rows import Rows, destinations_locked
 
 # messages a destination's claim takes in one round at most
 CLAIM_BATCH = 10
@@ -93,7 +93,7 @@ class Outcome:
     paused_until: datetime | None = None
     # out of tokens: seconds until a claim is worth making again
     wait: float | None = None
-    # its claim took all it asked for: more may be eligible
+    # its claim took all its limits allowed: more may be eligible (its next round claims)
     more: bool = False
     # its secrets no key decrypts: nothing is claimed for it (its answers are recorded)
     unreadable: SecretsUnreadable | None = None
@@ -104,6 +104,8 @@ class Outcome:
 @dataclass
 class _Plan:
     dest: WebhookDestination
+    # the row's version the plan was decided from (None: read under lock in this round)
+    version: str | None
     work: Work
     verdicts: list[Decision]
     after: After
@@ -111,45 +113,95 @@ class _Plan:
     unreadable: SecretsUnreadable | None
 
 
-def relay_round(work: Sequence[Work], *, now: datetime | None = None) -> dict[int, Outcome]:
+def relay_round(
+    work: Sequence[Work], *, now: datetime | None = None, rows: Rows | None = None
+) -> dict[int, Outcome]:
     """Record and claim for every destination in ``work``, in one transaction (the
-    module's docstring). A failure of the database propagates (the caller keeps the
-    answers, or leaves them to their leases); a failure to record answers that the
-    database refuses is recorded answer by answer instead (``answers_record_each``)."""
+    module's docstring). ``rows``: the relay's rows (rows.py), from which a destination
+    it read before is decided and written in one statement, guarded by its version; the
+    others are read under lock first. A failure of the database propagates (the caller
+    keeps the answers, or leaves them to their leases)."""
     now = now or timezone.now()
     work = _merged(work)
+    outcomes: dict[int, Outcome] = {}
     with bounds.bounded_transaction():
-        rows = destinations_locked([w.destination_id for w in work])
-        outcomes: dict[int, Outcome] = {}
-        plans: list[_Plan] = []
-        for w in work:
-            row = rows.get(w.destination_id)
-            if row is None:
-                outcomes[w.destination_id] = Outcome(w.destination_id, busy=True)
-                continue
-            dest, unreadable = row
-            verdicts = [decide(dest, sent, now) for sent in w.answers]
-            after = after_answers(dest, verdicts, now)
-            claim = 0 if unreadable is not None else w.claim
-            plans.append(
-                _Plan(dest, w, verdicts, after, allowance(dest, after, now, claim), unreadable)
-            )
-        if len(rows) < len(work):
-            _mark_missing(outcomes)
-        written = _write(plans, now)
-        for plan in plans:
-            outcomes[plan.dest.pk] = _outcome(plan, written, now)
-            done = outcomes[plan.dest.pk]
-            round_reported(
-                plan.dest,
-                plan.work.answers,
-                plan.verdicts,
-                done.recorded,
-                done.spent,
-                plan.after,
-                now,
-            )
+        fresh = list(work)
+        if rows is not None and connection.vendor == "postgresql":
+            kept = [(w, rows.get(w.destination_id)) for w in work]
+            plans = [_plan(w, *row, now) for w, row in kept if row is not None]
+            fresh = [w for w, row in kept if row is None]
+            if plans:
+                written = _write(plans, now, guarded=True)
+                for plan in plans:
+                    if plan.dest.pk in written.versions:
+                        outcomes[plan.dest.pk] = _finished(plan, written, now, rows)
+                    else:  # its row changed since, or another relay holds it
+                        rows.forget(plan.dest.pk)
+                        fresh.append(plan.work)
+        if fresh:
+            locked = destinations_locked([w.destination_id for w in fresh])
+            plans = []
+            for w in fresh:
+                row = locked.get(w.destination_id)
+                if row is None:
+                    outcomes[w.destination_id] = Outcome(w.destination_id, busy=True)
+                else:
+                    plans.append(_plan(w, row[0], None, row[1], now))
+            if len(locked) < len(fresh):
+                _mark_missing(outcomes)
+            written = _write(plans, now, guarded=False)
+            for plan in plans:
+                outcomes[plan.dest.pk] = _finished(plan, written, now, rows)
     return outcomes
+
+
+def _plan(
+    work: Work,
+    dest: WebhookDestination,
+    version: str | None,
+    unreadable: SecretsUnreadable | None,
+    now: datetime,
+) -> _Plan:
+    """What the limits decide for ``work`` from the row ``dest``."""
+    verdicts = [decide(dest, sent, now) for sent in work.answers]
+    after = after_answers(dest, verdicts, now)
+    claim = 0 if unreadable is not None else work.claim
+    return _Plan(
+        dest, version, work, verdicts, after, allowance(dest, after, now, claim), unreadable
+    )
+
+
+def _finished(plan: _Plan, written: _Written, now: datetime, rows: Rows | None) -> Outcome:
+    """The outcome of a plan the round carried out: reported, and its row kept as the
+    round left it."""
+    outcome = _outcome(plan, written, now)
+    round_reported(
+        plan.dest,
+        plan.work.answers,
+        plan.verdicts,
+        outcome.recorded,
+        outcome.spent,
+        plan.after,
+        now,
+    )
+    version = written.versions.get(plan.dest.pk) or getattr(plan.dest, "row_version", "")
+    if rows is not None and version:
+        rows.keep(_as_left(plan, written), version, plan.unreadable)
+    return outcome
+
+
+def _as_left(plan: _Plan, written: _Written) -> WebhookDestination:
+    """The row as the round left it: what it wrote, if it wrote it."""
+    dest = plan.dest
+    if dest.pk not in written.tokens:
+        return dest
+    after = plan.after
+    dest.tokens = written.tokens[dest.pk]
+    if plan.allow.allowed:
+        dest.tokens_at = plan.allow.tokens_at
+    for column in queries.STATE_WRITTEN:
+        setattr(dest, column, getattr(after, column))
+    return dest
 
 
 def _merged(work: Sequence[Work]) -> list[Work]:
@@ -185,26 +237,35 @@ class _Written:
     claimed: dict[int, list[dict[str, Any]]]
     recorded: frozenset[int]
     # per destination: the requests it may still start (its free slots), and the bucket
-    # as written
+    # as written (only where the row was written)
     slots: dict[int, int]
     tokens: dict[int, float]
+    # the destinations the statement held, and each row's version after it
+    versions: dict[int, str]
 
 
-def _write(plans: list[_Plan], now: datetime) -> _Written:
-    if not any(plan.work.answers or plan.allow.allowed for plan in plans):
+def _write(plans: list[_Plan], now: datetime, *, guarded: bool) -> _Written:
+    """The plans written and their claims made; ``guarded``: each only if its row is
+    still the version it was decided from (``versions`` names those it was). A plan
+    with nothing to write nor claim costs no statement, unless it is guarded: then the
+    statement tells whether its row changed (an operator's recovery that ended a pause
+    the kept row still has)."""
+    if not guarded and not any(plan.work.answers or plan.allow.allowed for plan in plans):
         # nothing to record, nothing its limits allow now (paused, out of tokens)
-        return _Written({}, frozenset(), {}, {})
+        versions = {plan.dest.pk: getattr(plan.dest, "row_version", "") for plan in plans}
+        return _Written({}, frozenset(), {}, {}, versions)
     if connection.vendor == "postgresql":
-        return _write_postgresql(plans, now)
+        return _write_postgresql(plans, now, guarded=guarded)
     return _write_sqlite(plans, now)
 
 
-def _answer_row(sent: Sent, v: Decision, now: datetime) -> dict[str, Any]:
+def _answer_row(destination_id: int, sent: Sent, v: Decision, now: datetime) -> dict[str, Any]:
     """One answer as the statement takes it (``queries.ANSWER_COLUMNS``)."""
     adapt = connection.ops.adapt_datetimefield_value
     m = sent.message
     delivered = v.status == MessageStatus.DELIVERED
     return {
+        "destination_id": destination_id,
         "message_id": m.id,
         "attempt": m.attempt,
         "status": str(v.status),
@@ -227,6 +288,7 @@ def _state_row(plan: _Plan, now: datetime) -> dict[str, Any]:
     dest, after, allow = plan.dest, plan.after, plan.allow
     return {
         "id": dest.pk,
+        "version": plan.version,
         "counted": after.counted,
         "allowed": allow.allowed,
         "probe": allow.probe,
@@ -247,13 +309,17 @@ def _state_row(plan: _Plan, now: datetime) -> dict[str, Any]:
     }
 
 
-def _write_postgresql(plans: list[_Plan], now: datetime) -> _Written:
+def _write_postgresql(plans: list[_Plan], now: datetime, *, guarded: bool) -> _Written:
     answers = [
-        _answer_row(sent, v, now)
+        _answer_row(plan.dest.pk, sent, v, now)
         for plan in plans
         for sent, v in zip(plan.work.answers, plan.verdicts, strict=True)
     ]
-    states = [_state_row(plan, now) for plan in plans if plan.after.counted or plan.allow.allowed]
+    states = [
+        _state_row(plan, now)
+        for plan in plans
+        if guarded or plan.after.counted or plan.allow.allowed
+    ]
     params: dict[str, Any] = {
         "answers": json.dumps(answers, default=datetime.isoformat),
         "states": json.dumps(states, default=datetime.isoformat),
@@ -262,15 +328,21 @@ def _write_postgresql(plans: list[_Plan], now: datetime) -> _Written:
     }
     with connection.cursor() as cursor:
         cursor.execute(queries.round_statement(), params)
-        claimed_json, recorded, slots_json, tokens_json = cursor.fetchone()
+        claimed_json, recorded, locked_json, slots_json, tokens_json = cursor.fetchone()
     claimed: dict[int, list[dict[str, Any]]] = {}
     for row in json.loads(claimed_json) if claimed_json else []:
         claimed.setdefault(row["destination_id"], []).append(row)
+    versions = {key: value for key, value in json.loads(locked_json or "[]")}
+    if not guarded:
+        # a plan left out of the statement (nothing to do) holds its row all the same
+        for plan in plans:
+            versions.setdefault(plan.dest.pk, getattr(plan.dest, "row_version", ""))
     return _Written(
         claimed,
         frozenset(recorded),
         {key: value for key, value in json.loads(slots_json or "[]")},
         {key: value for key, value in json.loads(tokens_json or "[]")},
+        versions,
     )
 
 
@@ -279,7 +351,7 @@ def _write_sqlite(plans: list[_Plan], now: datetime) -> _Written:
     (the record's first: a claim then sees what it recorded)."""
     adapt = connection.ops.adapt_datetimefield_value
     rows = [
-        _answer_row(sent, v, now)
+        _answer_row(plan.dest.pk, sent, v, now)
         for plan in plans
         for sent, v in zip(plan.work.answers, plan.verdicts, strict=True)
     ]
@@ -342,7 +414,7 @@ def _write_sqlite(plans: list[_Plan], now: datetime) -> _Written:
                 state["tokens"] = allow.tokens - sending
                 cursor.execute(queries.DESTINATION_WRITE_SQLITE, state)
                 tokens[dest.pk] = state["tokens"]
-    return _Written(claimed, frozenset(recorded), slots, tokens)
+    return _Written(claimed, frozenset(recorded), slots, tokens, {p.dest.pk: "" for p in plans})
 
 
 def lease_margin() -> timedelta:
@@ -373,10 +445,13 @@ def _outcome(plan: _Plan, written: _Written, now: datetime) -> Outcome:
     tokens_left = written.tokens.get(dest.pk, allow.tokens)
     wait = None
     slots = written.slots.get(dest.pk)  # None: not counted (its bucket allowed nothing)
+    taken = min(allow.allowed, slots) if slots is not None else allow.allowed
     bucket_short = allow.allowed < plan.work.claim and len(rows) >= allow.allowed
     if allow.open and bucket_short and (slots is None or slots > len(claimed)):
         # the bucket stopped the claim (not the slots, nor a lack of eligible messages)
         wait = token_wait(dest, tokens_left, plan.work.claim)
+    # it took all its limits allowed: more may be eligible once answers free its slots
+    more = bool(rows) and len(rows) >= taken and wait is None
     recorded = written.recorded & {sent.message.id for sent in plan.work.answers}
     paused = plan.after.paused_until
     return Outcome(
@@ -388,7 +463,7 @@ def _outcome(plan: _Plan, written: _Written, now: datetime) -> Outcome:
         open=allow.open,
         paused_until=paused if paused is not None and paused > now else None,
         wait=wait,
-        more=bool(claimed) and len(claimed) == plan.work.claim,
+        more=more,
         unreadable=plan.unreadable,
         after=plan.after,
     )

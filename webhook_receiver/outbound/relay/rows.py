@@ -1,5 +1,13 @@
 """The destinations' rows as a round reads them: locked (``FOR UPDATE SKIP LOCKED`` on
-PostgreSQL, in id order), each converted as the model reads it, its secrets decrypted.
+PostgreSQL, in id order), each converted as the model reads it, its secrets decrypted,
+with its version (PostgreSQL's ``xmin``: every write of the row changes it).
+
+A relay keeps the rows it read (``Rows``) and the version each has after its own
+writes: its next round for a destination decides from that row and writes only if the
+version is still the same (round.py), with no read of its own. Anything that changed
+the row in between (another relay's round, an operator's edit) changed its version, and
+the round reads it again under lock. So nothing a relay keeps can act on a row that
+disagrees with the table.
 
 Decrypting is the costly part of reading a row (a Fernet token a secret), so a row's
 secrets are decrypted once per stored value and process: a change of secrets is a new
@@ -12,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from typing import Any
 
 from django.db import connection
@@ -22,6 +31,41 @@ from ..encryption import SecretsUnreadable, secrets_decrypt
 from ..models import WebhookDestination
 
 Row = tuple[WebhookDestination, SecretsUnreadable | None]
+# rows a relay keeps at most (the destinations it relayed lately)
+ROWS_KEPT = 4096
+
+
+class Rows:
+    """A relay's rows, by destination: the row as its last round left it, its version,
+    and its secrets' problem, if any. The least recently used go first."""
+
+    def __init__(self, size: int = ROWS_KEPT) -> None:
+        self._size = size
+        self._rows: OrderedDict[int, tuple[WebhookDestination, str, SecretsUnreadable | None]] = (
+            OrderedDict()
+        )
+
+    def get(
+        self, destination_id: int
+    ) -> tuple[WebhookDestination, str, SecretsUnreadable | None] | None:
+        found = self._rows.get(destination_id)
+        if found is not None:
+            self._rows.move_to_end(destination_id)
+        return found
+
+    def keep(
+        self,
+        dest: WebhookDestination,
+        version: str,
+        unreadable: SecretsUnreadable | None,
+    ) -> None:
+        self._rows[dest.pk] = (dest, version, unreadable)
+        self._rows.move_to_end(dest.pk)
+        while len(self._rows) > self._size:
+            self._rows.popitem(last=False)
+
+    def forget(self, destination_id: int) -> None:
+        self._rows.pop(destination_id, None)
 
 
 def destinations_locked(ids: list[int]) -> dict[int, Row]:

@@ -18,6 +18,7 @@ from .. import queries
 from ..models import WebhookDestination
 from .messages import EXCERPT_CHARS, Sent
 from .round import CLAIM_BATCH, Outcome, Work, relay_round
+from .rows import Rows
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ REFUSED = (DatabaseError, ValueError, TypeError, ArithmeticError)
 
 
 def relay_round_or_apart(
-    work: Sequence[Work], *, now: datetime | None = None
+    work: Sequence[Work], *, now: datetime | None = None, rows: Rows | None = None
 ) -> dict[int, Outcome]:
     """``relay_round``; if the database refuses it, each answer in a round of its own
     (``answers_record_each``), then the claims in a round without answers. If the
@@ -37,7 +38,7 @@ def relay_round_or_apart(
     the answers for a later round, or leaves them to their leases."""
     try:
         with transaction.atomic(savepoint=connection.in_atomic_block):
-            return relay_round(work, now=now)
+            return relay_round(work, now=now, rows=rows)
     except OperationalError as exc:
         for w in work:
             if w.answers:
@@ -56,7 +57,7 @@ def relay_round_or_apart(
         recorded = {
             w.destination_id: answers_record_each(w.destination_id, w.answers) for w in answered
         }
-    outcomes = relay_round([Work(w.destination_id, (), w.claim) for w in work], now=now)
+    outcomes = relay_round([Work(w.destination_id, (), w.claim) for w in work], now=now, rows=rows)
     for key, done in recorded.items():
         if key in outcomes:
             outcomes[key] = replace(outcomes[key], recorded=outcomes[key].recorded | done)

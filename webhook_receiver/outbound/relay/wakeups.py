@@ -36,9 +36,13 @@ LISTEN_RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0)
 
 PENDING = MessageStatus.PENDING.value
 SENDING = MessageStatus.SENDING.value
+FAILED = MessageStatus.FAILED.value
 
-# The enabled destinations, not paused, with a message due now: pending and due, or
-# sending under a lease that ran out. One probe of the open-messages index a destination.
+# The enabled destinations, not paused, with a message the claim would take now: pending
+# and due, or sending under a lease that ran out, and not waiting for an older open
+# message of its ordering key (a failed head of an order holds the rest: waking its
+# destination every poll would claim nothing). One probe of the open-messages indexes a
+# destination, usually its first message.
 DUE_DESTINATIONS = f"""
     SELECT d.id FROM webhook_receiver_webhookdestination d
     WHERE d.enabled AND (d.paused_until IS NULL OR d.paused_until <= %(now)s)
@@ -46,7 +50,11 @@ DUE_DESTINATIONS = f"""
         SELECT 1 FROM webhook_receiver_outboxmessage m
         WHERE m.destination_id = d.id AND m.status IN ('{PENDING}', '{SENDING}')
           AND ((m.status = '{PENDING}' AND m.next_attempt_at <= %(now)s)
-               OR (m.status = '{SENDING}' AND m.lease_until <= %(now)s)))
+               OR (m.status = '{SENDING}' AND m.lease_until <= %(now)s))
+          AND (m.ordering_key = '' OR NOT EXISTS (
+                SELECT 1 FROM webhook_receiver_outboxmessage o
+                WHERE o.destination_id = m.destination_id AND o.ordering_key = m.ordering_key
+                  AND o.id < m.id AND o.status IN ('{PENDING}', '{SENDING}', '{FAILED}'))))
     ORDER BY d.id
 """
 

@@ -18,8 +18,8 @@ from webhook_receiver.inbound import claim as inbound_claim
 from webhook_receiver.inbound import receive
 from webhook_receiver.models import WebhookReceipt
 from webhook_receiver.outbound import queries
-from webhook_receiver.outbound.breaker import BreakerCount
-from webhook_receiver.outbound.relay import policy, record, transport
+from webhook_receiver.outbound.relay import engine, limits, policy, transport
+from webhook_receiver.outbound.relay import round as relay_round
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -193,7 +193,6 @@ def test_each_scenario_passes_without_a_defect(data):
 def test_the_relay_order_reversed_breaks_fifo(monkeypatch):
     newest_first = queries.ELIGIBLE_IDS.replace("ORDER BY m.id", "ORDER BY m.id DESC")
     monkeypatch.setattr(queries, "ELIGIBLE_IDS", newest_first)
-    monkeypatch.setattr(queries, "ELIGIBLE", {"postgresql": newest_first + " FOR UPDATE OF m"})
 
     result = run(BACKLOG)
 
@@ -207,7 +206,6 @@ def test_the_ordering_key_ignored_breaks_the_order_within_a_key(monkeypatch):
     end = queries.ELIGIBLE_IDS.index("ORDER BY m.id")
     ignored = queries.ELIGIBLE_IDS[:start] + queries.ELIGIBLE_IDS[end:]
     monkeypatch.setattr(queries, "ELIGIBLE_IDS", ignored)
-    monkeypatch.setattr(queries, "ELIGIBLE", {"postgresql": ignored + " FOR UPDATE OF m"})
 
     assert broken(run(ORDERED)) == ["order-within-key"]
 
@@ -264,16 +262,15 @@ def test_a_lost_message_voids_the_run(monkeypatch):
     """The ledger: a message that disappears (deleted behind the relay's back) makes the
     run void, whatever the other invariants say."""
     from webhook_receiver.models import OutboxMessage
-    from webhook_receiver.outbound.relay import run as relay_run
 
-    recorded = relay_run.relay_record_and_claim
+    recorded = engine.relay_round_or_apart
 
-    def and_lose_one(dest, results, **kwargs):
-        round_ = recorded(dest, results, **kwargs)
+    def and_lose_one(work, **kwargs):
+        outcomes = recorded(work, **kwargs)
         OutboxMessage.objects.filter(key="order:ord_00003:paid:v1").delete()
-        return round_
+        return outcomes
 
-    monkeypatch.setattr(relay_run, "relay_record_and_claim", and_lose_one)
+    monkeypatch.setattr(engine, "relay_round_or_apart", and_lose_one)
 
     result = run(BACKLOG)
 
@@ -296,7 +293,7 @@ def test_a_terminal_answer_given_one_more_try_breaks_the_terminal_answer(monkeyp
             return policy.Decision("pending", now, spends_budget=True, breaker_failure=False)
         return decide(dest, sent, now)
 
-    monkeypatch.setattr(record, "decide", one_more_try)
+    monkeypatch.setattr(relay_round, "decide", one_more_try)
 
     assert broken(run(REJECTING)) == ["terminal-answer-final"]
 
@@ -304,24 +301,23 @@ def test_a_terminal_answer_given_one_more_try_breaks_the_terminal_answer(monkeyp
 def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
     """Nothing recorded on the breaker: the merchant is hammered through its outage."""
 
-    def nothing_counted(dest, *, now, **kwargs):
-        return BreakerCount(0, 0, dest.breaker_threshold, now)
+    def nothing_counted(dest, verdicts, now):
+        after = limits.after_answers(dest, verdicts, now)
+        return replace(after, consecutive_failures=0, paused_until=None, opened=False)
 
-    monkeypatch.setattr(record, "breaker_count", nothing_counted)
+    monkeypatch.setattr(relay_round, "after_answers", nothing_counted)
 
     assert "with the breaker open since" in breaks_alone(OUTAGE, "breaker-limits-attempts")
 
 
 def test_a_breaker_whose_pause_ends_at_once_breaks_the_breaker(monkeypatch):
     """The breaker opens, but for no cool-down: a probe follows each failure at once."""
-    opens = record.breaker_count
-
-    def no_cool_down(dest, **kwargs):
+    def no_cool_down(dest, verdicts, now):
         impatient = copy.copy(dest)
         impatient.breaker_cooldown_seconds = 0
-        return opens(impatient, **kwargs)
+        return limits.after_answers(impatient, verdicts, now)
 
-    monkeypatch.setattr(record, "breaker_count", no_cool_down)
+    monkeypatch.setattr(relay_round, "after_answers", no_cool_down)
 
     assert "no probe due before" in breaks_alone(OUTAGE, "breaker-limits-attempts")
 
@@ -345,7 +341,7 @@ def test_a_budget_ignored_breaks_the_budget(monkeypatch):
         generous.max_attempts = 10**6
         return decide(generous, sent, now)
 
-    monkeypatch.setattr(record, "decide", endless)
+    monkeypatch.setattr(relay_round, "decide", endless)
 
     assert "against a budget of 3" in breaks_alone(SPENDING, "budget-respected")
 
@@ -372,16 +368,17 @@ def test_a_410_taken_as_a_permanent_answer_breaks_gone_holds(monkeypatch):
 def test_a_410_that_disables_nothing_breaks_gone_holds(monkeypatch):
     """The 410 holds its message but the destination is never disabled: the rest go on."""
 
-    def never_disabled(sql: str) -> str:
-        return sql.replace("d.enabled AND b.retired IS NULL", "d.enabled")
+    def never_disabled(dest, verdicts, now):
+        after = limits.after_answers(dest, verdicts, now)
+        return replace(
+            after,
+            enabled=dest.enabled,
+            disabled_reason=dest.disabled_reason,
+            disabled_at=dest.disabled_at,
+            retired=None,
+        )
 
-    monkeypatch.setattr(queries, "CLAIM", {k: never_disabled(v) for k, v in queries.CLAIM.items()})
-    # SQLite's record: the breaker's own statement
-    monkeypatch.setattr(
-        queries,
-        "BREAKER_COUNT",
-        queries.BREAKER_COUNT.replace("ELSE false END", "ELSE enabled END"),
-    )
+    monkeypatch.setattr(relay_round, "after_answers", never_disabled)
 
     result = run(GONE)
 

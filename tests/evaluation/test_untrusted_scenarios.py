@@ -195,11 +195,11 @@ def test_an_alias_is_refused_even_where_the_value_would_do(tmp_path):
             "inbound.events: 200,000 events and as many redeliveries ask for 400,000 posts",
         ),
         (
-            {"duration": "31d", "beat": {"relay_sweep": "1ms"}},
-            "beat.relay_sweep: every 0.001 s for 31 days asks for 2,678,400,001 runs",
+            {"duration": "31d", "relay": {"poll": "1ms"}},
+            "relay.poll: every 0.001 s for 31 days asks for 2,678,400,001 runs",
         ),
         (
-            {"duration": "1h", "beat": {"relay_sweep": 5e-324}},
+            {"duration": "1h", "relay": {"poll": 5e-324}},
             "every 4.94066e-324 s for 1 hour asks for more than 10^308 runs",
         ),
         (
@@ -254,7 +254,7 @@ def test_a_scenario_that_asks_for_too_much_says_how_much_and_the_bound(change, m
         ),
         ({"admissions": [{"orders": -(10**5000)}]}, "got a number of more than 4,300 digits"),
         ({"duration": [[[[[[["deep"]]]]]]]}, "duration: [[[[...]]]] is not a duration"),
-        ({"beat": {"relay_sweep": "x" * 10**6}}, "beat.relay_sweep: 'xxxxxxxxxxxxxxxxxx"),
+        ({"relay": {"poll": "x" * 10**6}}, "relay.poll: 'xxxxxxxxxxxxxxxxxx"),
     ],
 )
 def test_a_value_too_long_to_show_is_shown_short(change, message):
@@ -269,7 +269,7 @@ def test_a_month_long_run_of_a_team_fits():
         {
             "name": "month",
             "duration": "31d",
-            "beat": {"relay_sweep": "1s"},
+            "relay": {"poll": "1s"},
             "destinations": [{"name": "a", "rate": "5/s"}, {"name": "b"}],
             "admissions": [
                 {"orders": 40_000, "over": "30d", "events": ["paid", "fulfilled"]},
@@ -373,3 +373,19 @@ def test_whatever_bytes_a_file_holds_the_answer_is_a_scenario_or_a_scenario_erro
     path.write_bytes(content)
 
     _answers_with_a_scenario_or_its_error(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"workers": 2}, "workers: the relay is a process of its own since 0.2"),
+        ({"beat": {"relay_sweep": "5s"}}, "beat.relay_sweep: the relay polls for due messages"),
+        ({"relay": {"processes": 17}}, "relay.processes: at most 16 relay processes"),
+        ({"relay": {"sweep": "1s"}}, "relay"),
+    ],
+)
+def test_the_relay_keys_of_an_older_scenario_say_what_replaced_them(change, message):
+    with pytest.raises(ScenarioError) as caught:
+        scenario.parse({**MINIMAL, **change}, where="old.yaml")
+
+    assert message in str(caught.value)

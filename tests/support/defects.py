@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from webhook_receiver.outbound import queries
-from webhook_receiver.outbound.relay import claim
+from webhook_receiver.outbound.relay import limits
 
 
 def limiter_overspends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The limiter finds its bucket full whenever it looks: the claim's refill, in its
-    statement on PostgreSQL (queries.REFILLED) and in Python on SQLite."""
-    monkeypatch.setattr(claim, "_refilled", lambda dest, now: 1000.0)
-    full = {skip: sql.replace(queries.REFILLED, " 1000.0 ") for skip, sql in queries.CLAIM.items()}
-    monkeypatch.setattr(queries, "CLAIM", full)
+    """The limiter finds its bucket full whenever it looks (limits.refilled, which
+    decides the bucket on both databases)."""
+    monkeypatch.setattr(limits, "refilled", lambda dest, now: 1000.0)

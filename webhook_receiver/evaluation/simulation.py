@@ -101,6 +101,7 @@ class Simulation:
         self._destinations: dict[str, WebhookDestination] = {}
         self._names: dict[int, str] = {}
         self._database = _RunDatabase(self)
+        self._event_loop: SimulatedLoop | None = None
         self._relays: list[Relay] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failures: list[BaseException] = []
@@ -139,7 +140,7 @@ class Simulation:
                     self._traveller = traveller
                     self._setup()
                     with connection.execute_wrapper(self._count_statement):
-                        self._database.serve(self._loop)
+                        self._database.serve(self._loop, stop=self._stop_loop)
                     self._move_to(self.scenario.duration)
                     self.phase = "collect"
                     self._collect()
@@ -213,11 +214,23 @@ class Simulation:
     def _loop(self) -> None:
         """The run's event loop, on its own thread (the database work comes back to the
         run's thread: _RunDatabase)."""
-        loop = SimulatedLoop(self.now, self._move_to)
+        loop = self._event_loop = SimulatedLoop(self.now, self._move_to)
         try:
             loop.run_until_complete(self._main())
         finally:
+            # stopped from outside (an interruption): what still runs ends here
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
+
+    def _stop_loop(self) -> None:
+        """The run interrupted (Ctrl-C, SIGTERM): its loop stops where it is."""
+        loop = self._event_loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
 
     async def _main(self) -> None:
         loop = asyncio.get_running_loop()

@@ -215,7 +215,7 @@ ROW_LOCK = {"postgresql": " FOR UPDATE OF m SKIP LOCKED", "sqlite": ""}
 # it spends the retry budget as a failure does. When that spends the last of it, the
 # message is failed here instead of sent again (SPENT; every SET sees the row as it was).
 _SPENT = f"(u.status = '{SENDING}' AND u.failures + 1 >= a.max_attempts)"
-LEASE = f"""
+_LEASE = f"""
     UPDATE webhook_receiver_outboxmessage AS u
     SET status = CASE WHEN {_SPENT} THEN '{FAILED}' ELSE '{SENDING}' END,
         lease_until = CASE WHEN {_SPENT} THEN NULL ELSE a.lease_until END,
@@ -225,9 +225,14 @@ LEASE = f"""
         failures = u.failures + CASE WHEN u.status = '{SENDING}' THEN 1 ELSE 0 END
     FROM allowance a
     WHERE u.id IN (SELECT id FROM claimable) AND a.id = u.destination_id
-    RETURNING u.id, u.destination_id, u.key, u.event_type, u.payload, u.attempts, u.failures,
-        u.created_at, u.status, u.traceparent
+    RETURNING {{returning}}
 """
+_LEASED = ("id", "destination_id", "key", "event_type", "payload", "attempts", "failures")
+_LEASED += ("created_at", "status", "traceparent")
+# (SQLite's RETURNING names the table's columns unqualified; PostgreSQL's must qualify
+# them, the allowance having an id of its own)
+LEASE = _LEASE.format(returning=", ".join(f"u.{column}" for column in _LEASED))
+LEASE_RETURNING_UNQUALIFIED = _LEASE.format(returning=", ".join(_LEASED))
 
 # The requests in flight of a destination, on every relay: its unexpired leases.
 _IN_FLIGHT = f"""
@@ -324,7 +329,7 @@ LEASE_SQLITE = f"""
     answer (message_id) AS (SELECT NULL WHERE 0),
     recorded (id, status) AS (SELECT NULL, NULL WHERE 0),
     claimable AS MATERIALIZED ({{eligible}})
-    {LEASE}
+    {LEASE_RETURNING_UNQUALIFIED}
 """
 
 # SQLite: a destination's row as the round decided it, the bucket less what it claimed

@@ -83,8 +83,11 @@ class CallerDatabase:
 
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._interrupted: BaseException | None = None
 
     async def call(self, fn: Callable[[], T], what: str = "") -> T:
+        if self._interrupted is not None:
+            raise RuntimeError("the database's thread was interrupted") from self._interrupted
         done: Future[T] = Future()
         self._calls.put((self.wrapped(fn, what), done))
         return done.result()  # the loop waits: nothing else moves meanwhile
@@ -93,9 +96,14 @@ class CallerDatabase:
         """What the owner's thread runs for a call (a harness adds its bookkeeping)."""
         return fn
 
-    def serve(self, loop_thread: Callable[[], object]) -> None:
+    def serve(
+        self, loop_thread: Callable[[], object], stop: Callable[[], object] | None = None
+    ) -> None:
         """Run ``loop_thread`` (which runs an event loop) on a thread of its own, and the
-        database work it asks for here, until it returns; its exception is raised here."""
+        database work it asks for here, until it returns; its exception is raised here.
+        An interruption here (Ctrl-C, SIGTERM turned into an exception) fails the call
+        in hand, calls ``stop`` (which stops the loop) and is raised once the loop's
+        thread has ended."""
         failure: list[BaseException] = []
 
         def run() -> None:
@@ -108,15 +116,45 @@ class CallerDatabase:
 
         thread = threading.Thread(target=run, name="relay-loop", daemon=True)
         thread.start()
-        while (item := self._calls.get()) is not self._DONE:
-            fn, done = item
-            try:
-                done.set_result(fn())
-            except BaseException as exc:
-                done.set_exception(exc)
+        done: Future[Any] | None = None
+        try:
+            while (item := self._next()) is not self._DONE:
+                fn, done = item
+                try:
+                    done.set_result(fn())
+                except Exception as exc:
+                    done.set_exception(exc)
+                done = None
+        except BaseException as exc:
+            self._interrupted = exc
+            if done is not None and not done.done():
+                done.set_exception(RuntimeError("interrupted"))
+            if stop is not None:
+                stop()
+            self._drain()
+            thread.join(timeout=30)
+            raise
         thread.join()
         if failure:
             raise failure[0]
+
+    def _next(self) -> Any:
+        # a wait that a signal can interrupt (a plain get() is not, on every platform)
+        while True:
+            try:
+                return self._calls.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    def _drain(self) -> None:
+        """Fail every call still waiting (the loop's thread is being stopped)."""
+        while True:
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if item is not self._DONE:
+                item[1].set_exception(RuntimeError("interrupted"))
 
     def close(self) -> None:
         pass

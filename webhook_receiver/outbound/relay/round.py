@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -471,6 +471,10 @@ def _outcome(plan: _Plan, written: _Written, now: datetime) -> Outcome:
 
 def _claimed(m: dict[str, Any], claimed_at: datetime) -> Claimed:
     created = m["created_at"]
+    if isinstance(created, str):  # JSON's text (PostgreSQL), or SQLite's
+        created = datetime.fromisoformat(created)
+    if timezone.is_naive(created):  # SQLite keeps UTC without its offset
+        created = created.replace(tzinfo=UTC)
     return Claimed(
         id=m["id"],
         key=m["key"],
@@ -478,7 +482,7 @@ def _claimed(m: dict[str, Any], claimed_at: datetime) -> Claimed:
         payload=json.loads(m["payload"]) if isinstance(m["payload"], str) else m["payload"],
         attempt=m["attempts"],
         failures=m["failures"],
-        created_at=datetime.fromisoformat(created) if isinstance(created, str) else created,
+        created_at=created,
         traceparent=m["traceparent"] or "",
         claimed_at=claimed_at,
     )

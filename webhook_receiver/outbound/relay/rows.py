@@ -79,7 +79,7 @@ def destinations_locked(ids: list[int]) -> dict[int, Row]:
         else:
             marks = ", ".join(["%s"] * len(ids))
             cursor.execute(queries.DESTINATIONS_SQLITE.format(ids=marks), ids)
-        names = [column.name for column in cursor.description]
+        names = [column[0] for column in cursor.description]
         rows = cursor.fetchall()
     found = {}
     for values in rows:
@@ -93,15 +93,16 @@ def destination_from_row(row: dict[str, Any]) -> Row:
     it, without resolving the columns again each round; the row's other columns are set
     beside its fields. Its secrets are decrypted once per stored value and process
     (a change of secrets is a new value: nothing kept can disagree with the row)."""
-    attnames, converters, columns = _destination_fields()
+    attnames, converters, columns = _destination_fields(connection.vendor)
     values = []
     unreadable = None
-    for column, convert in converters:
+    for column, expression, convert in converters:
         value = row[column]
         if column == "secrets":
             value, unreadable = _secrets(value)
-        elif convert is not None:
-            value = convert(value, None, connection)
+        else:
+            for step in convert:
+                value = step(value, expression, connection)
         values.append(value)
     dest = WebhookDestination.from_db(connection.alias, attnames, values)
     for name, value in row.items():
@@ -111,14 +112,21 @@ def destination_from_row(row: dict[str, Any]) -> Row:
 
 
 @functools.cache
-def _destination_fields() -> tuple[list[str], list[tuple[str, Any]], frozenset[str]]:
-    """The model's attribute names, its columns with their converters, and the columns."""
+def _destination_fields(
+    vendor: str,
+) -> tuple[list[str], list[tuple[str, Any, list[Any]]], frozenset[str]]:
+    """The model's attribute names; its columns, each with the expression and the
+    converters a query of the ORM applies to it (the database's own, SQLite's text to
+    datetime, then the field's); and the columns."""
     fields = WebhookDestination._meta.concrete_fields
-    return (
-        [f.attname for f in fields],
-        [(f.column, getattr(f, "from_db_value", None)) for f in fields],
-        frozenset(f.column for f in fields),
-    )
+    table = WebhookDestination._meta.db_table
+    converters = []
+    for f in fields:
+        expression = f.get_col(table)
+        steps = connection.ops.get_db_converters(expression)
+        steps += expression.get_db_converters(connection)
+        converters.append((f.column, expression, steps))
+    return [f.attname for f in fields], converters, frozenset(f.column for f in fields)
 
 
 def _secrets(stored: Any) -> tuple[list[str], SecretsUnreadable | None]:

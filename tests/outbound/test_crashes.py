@@ -1,6 +1,6 @@
-"""The outbox under crashes and concurrency, with real processes: Celery workers on the
-real broker, a relay killed mid-delivery, answers lost on the wire, limits held across
-two workers, and a stuck destination beside a healthy one.
+"""The outbox under crashes and concurrency, with real processes: relay processes
+(``manage.py webhook_relay``), a relay killed mid-delivery, answers lost on the wire,
+limits held across two relays, and a stuck destination beside a healthy one.
 
 The receiving end of the crash tests is this project's own ``shop`` endpoint (served by
 ``live_server``) behind a forwarding proxy: the relay's key arrives as ``webhook-id``,
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -35,7 +36,7 @@ from tests.support.proxy import (
     forwarding_proxy,
 )
 from tests.support.receiver import Receiver, running_receiver
-from tests.support.worker import Worker, wait_for
+from tests.support.worker import RelayProcess, wait_for
 from webhook_receiver.models import (
     DeliveryAttempt,
     OutboxMessage,
@@ -46,9 +47,10 @@ from webhook_receiver.models import (
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.process import destination_relay
 from webhook_receiver.outbound.relay.steps import relay_claim
-from webhook_receiver.tasks import relay_destination, relay_sweep
 
-WORKERS = "Celery workers in other processes must see the test database"
+RELAYS = "relay processes must see the test database"
+# the relays' poll, which finds a message whose lease ran out or whose backoff ended
+POLL = {"WEBHOOK_RELAY_POLL_SECONDS": "0.3"}
 # seconds between a claim and its recorded start: a thread's start, a commit
 SLACK = 0.1
 
@@ -95,13 +97,13 @@ def shop_behind_proxy(
 
 
 def admit_reserved(dest: WebhookDestination) -> None:
-    """KEY's event for the shop, committed: its admission queues a relay run."""
+    """KEY's event for the shop, committed: its admission wakes the relays."""
     with transaction.atomic():
         enqueue_webhook(dest, "inventory.reserved", KEY, RESERVED)
 
 
 def admit(dest: WebhookDestination, keys: list[str], event_type: str = "order.paid") -> None:
-    # committed: each admission queues a relay run on the broker
+    # committed: the admission wakes the relays
     with transaction.atomic():
         for key in keys:
             enqueue_webhook(dest, event_type, key, {"type": event_type, "data": {"key": key}})
@@ -111,12 +113,13 @@ def delivered(dest: WebhookDestination) -> int:
     return OutboxMessage.objects.filter(destination=dest, status="delivered").count()
 
 
-def taken_over(dest: WebhookDestination, workers: Callable[[int], list[Worker]], what: str) -> None:
+def taken_over(
+    dest: WebhookDestination, relays: Callable[..., list[RelayProcess]], what: str
+) -> None:
     """The one message's lease runs out (it would after timeout + 24 s: moved to the past
-    here rather than waited for), and a new worker's sweep delivers it again."""
+    here rather than waited for), and a new relay's poll finds it and delivers it again."""
     OutboxMessage.objects.update(lease_until=timezone.now() - timedelta(seconds=1))
-    replacement = workers(1)[0]
-    relay_sweep.delay()
+    replacement = relays(1, **POLL)[0]
     wait_for(lambda: delivered(dest) == 1, 30, f"{what} ({replacement.tail()})")
 
 
@@ -136,18 +139,18 @@ def applied_once(key: str) -> None:
 # --- 1. killed between claim and record ----------------------------------------------------
 
 
-@pytest.mark.postgres_only(WORKERS)
+@pytest.mark.postgres_only(RELAYS)
 @pytest.mark.django_db(transaction=True)
 def test_a_relay_killed_after_the_receiver_committed_sends_again_and_it_applies_once(
-    live_server, workers
+    live_server, relays
 ):
     # given: the shop's own endpoint behind a proxy that, once the first request has
-    # committed there, kills the relay's worker (SIGKILL, whole group) and never answers
-    running: list[Worker] = []
+    # committed there, kills the relay (SIGKILL) and never answers
+    running: list[RelayProcess] = []
     kill_the_relay = first_answer_dropped(before=lambda: running[0].kill())
 
     with shop_behind_proxy(live_server, kill_the_relay) as (proxy, dest):
-        running += workers(1)
+        running += relays(1, **POLL)
 
         # when: a message is admitted; its relay run delivers, and dies before recording
         admit_reserved(dest)
@@ -165,8 +168,8 @@ def test_a_relay_killed_after_the_receiver_committed_sends_again_and_it_applies_
         assert not DeliveryAttempt.objects.exists()
         assert WebhookReceipt.objects.filter(source="shop", event_key=KEY).count() == 1
 
-        # when: the lease runs out, and a new worker's sweep finds the message again
-        taken_over(dest, workers, "the redelivery")
+        # when: the lease runs out, and a new relay's poll finds the message again
+        taken_over(dest, relays, "the redelivery")
 
     # then: sent twice under one key; the second answer was the receiver's duplicate
     assert proxy.keys() == [KEY, KEY]
@@ -184,21 +187,21 @@ def test_a_relay_killed_after_the_receiver_committed_sends_again_and_it_applies_
 # --- 2. committed, but the answer lost on the wire -------------------------------------------
 
 
-@pytest.mark.postgres_only(WORKERS)
+@pytest.mark.postgres_only(RELAYS)
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_lost_after_the_receiver_committed_is_retried_under_the_key_and_applied_once(
-    live_server, workers
+    live_server, relays
 ):
     # given: a proxy that drops the relay's connection after the first request committed
     with shop_behind_proxy(
         live_server, first_answer_dropped(), backoff_base_seconds=60, backoff_cap_seconds=60
     ) as (proxy, dest):
-        (worker,) = workers(1)
+        (relay,) = relays(1, **POLL)
 
         # when: the message is admitted and relayed once
         admit_reserved(dest)
         wait_for(
-            lambda: DeliveryAttempt.objects.exists(), 30, f"the first attempt ({worker.tail()})"
+            lambda: DeliveryAttempt.objects.exists(), 30, f"the first attempt ({relay.tail()})"
         )
 
         # then: a connection error, recorded; the message backs off under its key
@@ -210,10 +213,9 @@ def test_an_answer_lost_after_the_receiver_committed_is_retried_under_the_key_an
         assert first.next_attempt_at == message.next_attempt_at
         assert message.next_attempt_at <= timezone.now() + timedelta(seconds=60)
 
-        # when: it is due again (moved, rather than waited for), and a run is queued
+        # when: it is due again (moved, rather than waited for): the relay's poll finds it
         OutboxMessage.objects.filter(pk=message.pk).update(next_attempt_at=timezone.now())
-        relay_destination.delay(dest.pk)
-        wait_for(lambda: delivered(dest) == 1, 30, f"the retry ({worker.tail()})")
+        wait_for(lambda: delivered(dest) == 1, 30, f"the retry ({relay.tail()})")
 
     # then: the same key twice, and the receiver applied it once
     assert proxy.keys() == [KEY, KEY]
@@ -226,39 +228,39 @@ def test_an_answer_lost_after_the_receiver_committed_is_retried_under_the_key_an
     assert [(a.number, a.status_code) for a in attempts] == [(1, None), (2, 200)]
 
 
-# --- a worker frozen past its lease ----------------------------------------------------------
+# --- a relay frozen past its lease -----------------------------------------------------------
 
 
-@pytest.mark.postgres_only(WORKERS)
+@pytest.mark.postgres_only(RELAYS)
 @pytest.mark.django_db(transaction=True)
-def test_a_late_result_from_a_worker_whose_lease_ran_out_does_not_undo_the_claim_that_took_over(
-    live_server, workers
+def test_a_late_result_from_a_relay_whose_lease_ran_out_does_not_undo_the_claim_that_took_over(
+    live_server, relays
 ):
-    # given: a proxy that freezes the relay's worker (SIGSTOP) once the first request has
-    # committed and answers it 502 (a gateway that lost the answer); the second request's
-    # answer waits until the frozen worker has thawed and recorded its late result
-    running: list[Worker] = []
+    # given: a proxy that freezes the relay (SIGSTOP) once the first request has committed
+    # and answers it 502 (a gateway that lost the answer); the second request's answer
+    # waits until the frozen relay has thawed and recorded its late result
+    running: list[RelayProcess] = []
 
     def freeze_then_thaw(number: int, answer: Forwarded) -> Forwarded | None:
         if number == 0:
             os.killpg(running[0].process.pid, signal.SIGSTOP)
             return Forwarded(502, b'{"error": "bad_gateway"}')
         os.killpg(running[0].process.pid, signal.SIGCONT)
-        # the thawed worker's lane records its 502 (attempt 1) while this one is in flight
+        # the thawed relay records its 502 (attempt 1) while this one is in flight
         wait_for(DeliveryAttempt.objects.filter(number=1).exists, 15, "the late record")
         return answer
 
     with shop_behind_proxy(
         live_server, freeze_then_thaw, backoff_base_seconds=60, backoff_cap_seconds=60
     ) as (proxy, dest):
-        running += workers(1)
+        running += relays(1, **POLL)
         admit_reserved(dest)
         wait_for(lambda: stopped(running[0]), 30, f"the first delivery ({running[0].tail()})")
 
-        # when: its lease runs out (the worker frozen past it), a second worker claims the
+        # when: its lease runs out (the relay frozen past it), a second relay claims the
         # message and sends it again, and the first thaws and records its 502 while the
         # second's request is in flight
-        taken_over(dest, workers, "the second delivery")
+        taken_over(dest, relays, "the second delivery")
 
     # then: the receiver applied it once, and the message is delivered: the result of
     # the claim that took over stands, whatever the late one said
@@ -269,9 +271,9 @@ def test_a_late_result_from_a_worker_whose_lease_ran_out_does_not_undo_the_claim
     assert message.lease_until is None
 
 
-def stopped(worker: Worker) -> bool:
+def stopped(relay: RelayProcess) -> bool:
     # the third field of /proc/<pid>/stat: T when stopped by a signal
-    return Path(f"/proc/{worker.process.pid}/stat").read_text().split()[2] == "T"
+    return Path(f"/proc/{relay.process.pid}/stat").read_text().split()[2] == "T"
 
 
 # --- an answer that trickles ------------------------------------------------------------------
@@ -304,24 +306,24 @@ def trickles(*, seconds: float) -> Callable[[bytes], Chunks]:
     return lambda request: [(0.0, answer_head(200, {}, size)), *trickled([b"."] * size, every=0.1)]
 
 
-# --- 3. limits across two worker processes -------------------------------------------------
+# --- 3. limits across two relay processes --------------------------------------------------
 
 
-@pytest.mark.postgres_only(WORKERS)
+@pytest.mark.postgres_only(RELAYS)
 @pytest.mark.django_db(transaction=True)
-def test_the_concurrency_limit_holds_across_two_workers(receiver, workers):
-    # given: two workers, a slow receiver, and a destination allowing two in flight
+def test_the_concurrency_limit_holds_across_two_relays(receiver, relays):
+    # given: two relays, a slow receiver, and a destination allowing two in flight
     # (the rate set high, so only the concurrency limit binds)
     dest = WebhookDestination.objects.create(
         name="slow", url=receiver.url, max_in_flight=2, rate_count=100, burst=100
     )
     for _ in range(30):
         receiver.answer(200, delay=0.3)
-    pair = workers(2)
+    pair = relays(2, LOG_LEVEL="DEBUG", **POLL)
     keys = [f"slow-{n:02}" for n in range(30)]
 
-    # when: 30 messages commit at once; each admission queues a relay run, so both
-    # workers run the destination at the same time
+    # when: 30 messages commit at once; the admission wakes both relays, and each claims
+    # for the destination as its answers come
     admit(dest, keys)
     wait_for(lambda: delivered(dest) == 30, 30, f"30 deliveries ({pair[0].tail()})")
 
@@ -331,19 +333,20 @@ def test_the_concurrency_limit_holds_across_two_workers(receiver, workers):
     assert sorted(receiver.keys()) == keys
     assert DeliveryAttempt.objects.count() == 30
     assert set(DeliveryAttempt.objects.values_list("number", "status_code")) == {(1, 200)}
-    # both worker processes ran the destination's relay
-    for worker in pair:
-        assert "webhook_receiver.relay_destination" in worker.log.read_text()
+    # both relays ran rounds for it: the slots the first held were the second's to
+    # find full (the limit lives in the database, whichever relay claims)
+    for relay in pair:
+        assert "outbox: a round of 1 destination:" in relay.log.read_text(), relay.tail()
 
 
-@pytest.mark.postgres_only(WORKERS)
+@pytest.mark.postgres_only(RELAYS)
 @pytest.mark.django_db(transaction=True)
-def test_the_rate_limit_holds_across_two_workers(receiver, workers):
-    # given: 5 starts a second, a burst of 5, a fast receiver, two workers
+def test_the_rate_limit_holds_across_two_relays(receiver, relays):
+    # given: 5 starts a second, a burst of 5, a fast receiver, two relays
     dest = WebhookDestination.objects.create(
         name="paced", url=receiver.url, rate_count=5, rate_seconds=1, burst=5, max_in_flight=10
     )
-    pair = workers(2)
+    pair = relays(2, LOG_LEVEL="DEBUG", **POLL)
     keys = [f"paced-{n:02}" for n in range(40)]
 
     # when
@@ -360,9 +363,9 @@ def test_the_rate_limit_holds_across_two_workers(receiver, workers):
     arrived = {r.headers["webhook-id"]: r.at + offset for r in receiver.received}
     assert sorted(started) == sorted(arrived) == keys and len(receiver.received) == 40
     assert most_over_the_rate(started.values(), rate=5, burst=5) <= 5 * SLACK
-    # ...and on the receiver's clock, within the transport's own jitter: each worker's
-    # first request to a destination builds its HTTP client (~0.1 s) after its claim,
-    # and arrives late beside requests on warm connections that no limiter can hold back
+    # ...and on the receiver's clock, within the transport's own jitter: each relay's
+    # first request to a destination opens its connection after its claim, and arrives
+    # late beside requests on warm connections that no limiter can hold back
     lags = [arrived[key] - started[key] for key in keys]
     jitter = max(lags) - min(lags)
     assert most_over_the_rate(arrived.values(), rate=5, burst=5) <= 5 * (jitter + SLACK)
@@ -370,6 +373,9 @@ def test_the_rate_limit_holds_across_two_workers(receiver, workers):
     # and the run paced itself to the end: 35 after the burst, at 5 a second
     span = max(started.values()) - min(started.values())
     assert 35 / 5 - SLACK < span < 35 / 5 + 3
+    # both relays claimed some: each took tokens the other's rounds left
+    claimed = re.compile(r"outbox: a round of \d+ destinations?: [1-9]\d* claimed")
+    assert all(claimed.search(relay.log.read_text()) for relay in pair)
 
 
 def most_over_the_rate(starts, *, rate: float, burst: int) -> float:
@@ -391,7 +397,7 @@ def test_a_claim_with_an_older_clock_reading_does_not_move_the_bucket_back(recei
     admit(dest, ["k1", "k2", "k3"])
     now = timezone.now() + timedelta(seconds=1)
 
-    # when: a worker claims at `now`; another, whose clock was read before it waited for
+    # when: a relay claims at `now`; another, whose clock was read before it waited for
     # the destination's lock (or on a host whose clock is behind), claims at now - 0.5 s
     first = relay_claim(destination=dest, now=now)
     behind = relay_claim(destination=dest, now=now - timedelta(seconds=0.5))
@@ -407,17 +413,17 @@ def test_a_claim_with_an_older_clock_reading_does_not_move_the_bucket_back(recei
 # --- 4. a stuck destination beside a healthy one -------------------------------------------
 
 
-@pytest.mark.postgres_only(WORKERS)
+@pytest.mark.postgres_only(RELAYS)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("stuck", ["429", "refused", "hangs"])
-def test_a_stuck_destination_does_not_delay_another(receiver, workers, stuck):
+def test_a_stuck_destination_does_not_delay_another(receiver, relays, stuck):
     with _stuck_url(stuck) as (url, pacing):
-        # given: two workers, a stuck destination and a healthy one
+        # given: a relay, a stuck destination and a healthy one
         a = WebhookDestination.objects.create(
             name="stuck", url=url, timeout_seconds=5, backoff_base_seconds=60
         )
         b = WebhookDestination.objects.create(name="healthy", url=receiver.url)
-        workers(2)
+        relays(1)
 
         # when: ten messages for the stuck one commit, then ten for the healthy one
         admit(a, [f"a-{n}" for n in range(10)])

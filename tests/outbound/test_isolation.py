@@ -1,13 +1,11 @@
-"""No merchant can stall another, on real processes: a Celery worker of two prefork
-processes, a healthy merchant, and beside it merchants that accept the connection and
-never answer, or answer 503, each sent the same events with the default 10 s timeout.
-The worker hands each destination to a lane of its own (relay/lanes.py), so the healthy
-merchant receives its events as fast as it does alone."""
+"""No merchant can stall another, on real processes: a relay process (``manage.py
+webhook_relay``), a healthy merchant, and beside it merchants that accept the connection
+and never answer, or answer 503, each sent the same events with the default 10 s
+timeout. Each destination is a lane of its own on the relay's loop (relay/engine.py),
+so the healthy merchant receives its events as fast as it does alone."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from contextlib import ExitStack
 
@@ -16,16 +14,15 @@ from django.db import transaction
 
 from tests.support.outbox import destination
 from tests.support.peers import answer, hostile_peer
-from tests.support.worker import start_worker, wait_for
+from tests.support.worker import wait_for
 from webhook_receiver.evaluation.measures import percentile
 from webhook_receiver.outbound.admission import enqueue_webhook
 
 pytestmark = [
-    pytest.mark.postgres_only("a Celery worker must see the test database"),
+    pytest.mark.postgres_only("a relay process must see the test database"),
     pytest.mark.django_db(transaction=True),
 ]
 
-WORKERS = 2  # the worker's prefork processes
 ORDERS = 40  # admitted per phase, one every EVERY seconds
 EVERY = 0.15
 
@@ -62,18 +59,15 @@ def p99_of(receiver, admitted: dict[str, float]) -> float:
     return value
 
 
-def test_hanging_and_failing_merchants_do_not_delay_a_healthy_one(broker, receiver, tmp_path):
-    # given: a worker of two processes and a healthy merchant
+def test_hanging_and_failing_merchants_do_not_delay_a_healthy_one(receiver, relays):
+    # given: a relay and a healthy merchant
     healthy = destination("healthy", receiver.url, rate_count=50, burst=50, max_in_flight=4)
-    log = tmp_path / "worker.log"
-    worker = start_worker(log, concurrency=WORKERS)
+    (relay,) = relays(1)
     with ExitStack() as stack:
-        stack.callback(lambda: (os.killpg(worker.pid, signal.SIGKILL), worker.wait(30)))
-        wait_for(lambda: " ready." in log.read_text(), 60, "the worker to start")
         # its p99 alone
         alone = p99_of(receiver, admit_orders([healthy], "alone"))
 
-        # when: 3W bad merchants beside it (four never answer, two answer 503), each sent
+        # when: six bad merchants beside it (four never answer, two answer 503), each sent
         # the same events with the default 10 s timeout
         bad = [stack.enter_context(hostile_peer(never_answers)) for _ in range(4)]
         bad += [stack.enter_context(hostile_peer(answers_503)) for _ in range(2)]
@@ -81,7 +75,7 @@ def test_hanging_and_failing_merchants_do_not_delay_a_healthy_one(broker, receiv
         beside = p99_of(receiver, admit_orders([healthy, *neighbours], "beside"))
 
         # then: the healthy merchant's p99 is within twice (or a second more than) alone
-        assert beside <= max(2 * alone, alone + 1.0), (alone, beside, log.read_text()[-3000:])
+        assert beside <= max(2 * alone, alone + 1.0), (alone, beside, relay.tail())
         # and the bad merchants were tried meanwhile: their requests were in flight
         assert all(peer.requests for peer in bad)
     print(f"healthy merchant's p99: alone {alone:.3f} s, beside six bad ones {beside:.3f} s")

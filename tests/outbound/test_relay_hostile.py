@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.support.outbox import relay_merchant
 from tests.support.peers import answer, hostile_peer, timed, trickled
-from webhook_receiver import tasks as relay_tasks
+from tests.support.worker import relay_running
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.process import destination_relay
@@ -246,16 +246,15 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
         dest = destination(peer.url, max_attempts=1)
         admit(dest, "order:o5:paid:v1", committed=True)
 
-        # when: the relay runs (in its lane, as the task starts it), and its record waits
-        # for the lock
+        # when: the relay runs, and its record waits for the lock
         with caplog.at_level(logging.WARNING, logger="webhook_receiver"):
-            _, took = timed(lambda: relay_run(dest.pk))
+            _, took = timed(lambda: destination_relay(destination_id=dest.pk))
 
         # then: the round ended at the lock timeout with one line, no traceback
         assert took < 5, took
         lines = [r for r in caplog.records if r.name.startswith("webhook_receiver")]
         assert len(lines) == 1 and lines[0].exc_info is None
-        assert "stopped at its database bounds" in lines[0].getMessage()
+        assert "rounds stopped at their database bounds" in lines[0].getMessage()
         assert "lock timeout" in lines[0].getMessage()
         outbox_lock.release()
         # the overview names the cause, not "the worker or the sweep is down"
@@ -268,7 +267,7 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
 
         # when: the lease runs out (moved to the past here), and the relay runs again
         OutboxMessage.objects.update(lease_until=timezone.now() - timedelta(seconds=1))
-        relay_run(dest.pk)
+        destination_relay(destination_id=dest.pk)
 
     # then: the unrecorded attempt spent the one allowed: failed, never sent twice
     assert len(peer.requests) == 1
@@ -279,30 +278,32 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
 
 @pytest.mark.postgres_only("a table lock held by another session")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("task", ["relay_sweep", "relay_run"])
+@pytest.mark.parametrize("what", ["the poll", "a round"])
 def test_the_relay_under_a_locked_outbox_stops_within_seconds_with_one_line(
-    outbox_lock, caplog, task
+    outbox_lock, caplog, what
 ):
     # given: a message due, and the outbox table locked by another session
     dest = destination("http://127.0.0.1:9/hooks")
     admit(dest, "order:o6:paid:v1", committed=True)
     outbox_lock.take()
 
-    # when: the beat's sweep, or a triggered run, starts
-    runs = {
-        "relay_sweep": lambda: relay_tasks.relay_sweep(),
-        "relay_run": lambda: relay_run(dest.pk),
-    }
+    # when: a relay polls for it (three times a second, for two seconds), or a round
+    # claims it
     with caplog.at_level(logging.WARNING, logger="webhook_receiver"):
-        result, took = timed(runs[task])
+        if what == "the poll":
+            relay_running(2.0, poll_seconds=0.3)
+            took = 0.0
+        else:
+            (answered, _), took = timed(lambda: destination_relay(destination_id=dest.pk))
+            assert answered == 0
 
-    # then: it stops at the lock timeout, one WARNING and no traceback, and sends nothing;
-    # the message is due again for the next sweep
+    # then: each stops at the lock timeout, with one WARNING for the stretch and no
+    # traceback, and sends nothing; the message is due again
     assert took < 3, took
-    assert result == 0
     lines = [r for r in caplog.records if r.name.startswith("webhook_receiver")]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING and lines[0].exc_info is None
-    assert "the next sweep runs it again" in lines[0].message
+    assert "stopped at their database bounds" in lines[0].getMessage()
+    assert "tried again every second" in lines[0].getMessage()
     outbox_lock.release()
     assert OutboxMessage.objects.get().status == "pending"
 

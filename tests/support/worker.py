@@ -7,6 +7,7 @@ in memory), in a process group of its own so that SIGKILL reaches a worker's poo
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -23,6 +25,9 @@ from django.conf import settings
 from django.db import connection
 
 from tests.support.paths import REPO
+
+if TYPE_CHECKING:
+    from webhook_receiver.outbound.relay.engine import Relay
 
 
 @pytest.fixture
@@ -161,3 +166,25 @@ def relays(tmp_path) -> Iterator[Callable[..., list[RelayProcess]]]:
     yield start
     for relay in started:
         relay.kill()
+
+
+def relay_running(seconds: float, **options: object) -> Relay:
+    """A relay in this process, on database threads of its own (a test with
+    ``transaction=True``), for ``seconds``; then stopped as SIGTERM stops one. Returns
+    it, to read what it counted."""
+    from webhook_receiver.outbound.relay.database import DatabaseThreads
+    from webhook_receiver.outbound.relay.engine import Relay
+
+    database = DatabaseThreads(1)
+    relay = Relay(database=database, **options)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(seconds, stop.set)
+        await relay.run(stop)
+
+    try:
+        asyncio.run(run())
+    finally:
+        database.close()
+    return relay

@@ -56,10 +56,13 @@ class Outage:
 
     RETRY_SECONDS = 5.0
 
-    def __init__(self, logger: logging.Logger, name: str, meanwhile: str) -> None:
+    def __init__(
+        self, logger: logging.Logger, name: str, meanwhile: str, state: str = "not answering"
+    ) -> None:
         self.logger = logger
         self.name = name
         self.meanwhile = meanwhile
+        self.state = state
         self.since: float | None = None
         self.retry_at = 0.0
         self.missed = 0
@@ -89,8 +92,9 @@ class Outage:
         if self.since is None:
             self.since, self.missed = now, 0
             self.logger.warning(
-                "%s not answering: %s: %s; %s",
+                "%s %s: %s: %s; %s",
                 self.name,
+                self.state,
                 error_name(exc),
                 value_text(str(exc).splitlines()[0] if str(exc) else ""),
                 self.meanwhile,
@@ -102,7 +106,9 @@ class Outage:
         """A call worked: the outage's INFO line if one was on."""
         if self.since is not None:
             self.logger.info(
-                "%s answers again after %.1f s (%d calls done without it)",
+                "%s works again after %.1f s (%d calls done without it)"
+                if self.state != "not answering"
+                else "%s answers again after %.1f s (%d calls done without it)",
                 self.name,
                 time.monotonic() - self.since,
                 self.missed,

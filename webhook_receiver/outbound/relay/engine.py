@@ -48,10 +48,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError
+from django.db import DatabaseError, OperationalError
 from django.utils import timezone
 
-from ...core import logs, outages, tracing
+from ...core import bounds, logs, outages, tracing
 from ..encryption import SecretsUnreadable
 from ..models import WebhookDestination
 from .database import Database
@@ -155,6 +155,16 @@ class Relay:
             "the relay's rounds are tried again every second; answers not recorded meanwhile "
             "wait in memory, and their messages are sent again when their leases end",
         )
+        # a lock or statement timeout: the database answers, a table is held (a migration,
+        # VACUUM FULL)
+        self.bounds_stretch = outages.Outage(
+            logger,
+            "outbox: the relay's rounds",
+            "a table is held (a migration, VACUUM FULL?); tried again every second, the "
+            "answers kept meanwhile, and the messages sent again when their leases end",
+            state="stopped at their database bounds",
+        )
+        self.round_failed = False  # a round failed (destination_relay stops there)
 
     # --- waking lanes ----------------------------------------------------------------
 
@@ -248,6 +258,8 @@ class Relay:
             while True:
                 self._start_rounds()
                 lane = self.lanes.get(destination_id)
+                if self.round_failed and not self._rounds:
+                    break  # its answers are left to their leases, as a stopped relay's
                 if lane is None or not (
                     lane.in_round
                     or lane.in_flight
@@ -336,8 +348,17 @@ class Relay:
             self._round_failed(lanes, work, exc)
         else:
             self.database_outage.answered()
+            self.bounds_stretch.answered()
             for lane, w in zip(lanes, work, strict=True):
                 self._apply(lane, w, outcomes.get(lane.destination_id))
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "outbox: a round of %d destination%s: %d claimed, %d answers recorded",
+                    len(work),
+                    "" if len(work) == 1 else "s",
+                    sum(len(o.claimed) for o in outcomes.values()),
+                    sum(len(o.recorded) for o in outcomes.values()),
+                )
         finally:
             self._reserved -= sum(w.claim for w in work)
             self._rounds -= 1
@@ -347,10 +368,8 @@ class Relay:
     def _round_failed(self, lanes: list[Lane], work: list[Work], exc: Exception) -> None:
         """The database could not run the round: its answers wait in memory for the next
         try (their messages stay leased meanwhile), one line per outage."""
-        if isinstance(exc, DatabaseError):
-            self.database_outage.failed(exc)
-        else:
-            logs.log_failure(logger, "outbox: a relay round failed", exc)
+        self.round_failed = True
+        self._database_failed(exc, "outbox: a relay round failed")
         for lane, w in zip(lanes, work, strict=True):
             lane.answers[:0] = list(w.answers)
             lane.in_round = False
@@ -359,6 +378,16 @@ class Relay:
             if lane.answers:
                 # to be recorded with the next try, not before
                 self._ready.pop(lane.destination_id, None)
+
+    def _database_failed(self, exc: Exception, what: str) -> None:
+        """One line per stretch: of a table held (a bound fired), of a database that
+        does not answer; anything else is logged as the failure it is."""
+        if isinstance(exc, OperationalError) and bounds.bound_fired(exc):
+            self.bounds_stretch.failed(exc)
+        elif isinstance(exc, DatabaseError):
+            self.database_outage.failed(exc)
+        else:
+            logs.log_failure(logger, what, exc)
 
     def _apply(self, lane: Lane, work: Work, outcome: Outcome | None) -> None:
         lane.in_round = False
@@ -443,10 +472,7 @@ class Relay:
             try:
                 found = await self._database.call(due_destinations, "poll")
             except Exception as exc:
-                if isinstance(exc, DatabaseError):
-                    self.database_outage.failed(exc)
-                else:
-                    logs.log_failure(logger, "outbox: the relay's poll failed", exc)
+                self._database_failed(exc, "outbox: the relay's poll failed")
             else:
                 self.wake_all(found)
             await asyncio.sleep(self._poll_seconds)
@@ -459,6 +485,5 @@ class Relay:
             try:
                 await self._database.call(heartbeat, "heartbeat")
             except Exception as exc:
-                if isinstance(exc, DatabaseError):
-                    self.database_outage.failed(exc)
+                self._database_failed(exc, "outbox: the relay's heartbeat failed")
             await asyncio.sleep(self._heartbeat_seconds)

@@ -315,10 +315,12 @@ def _write_postgresql(plans: list[_Plan], now: datetime, *, guarded: bool) -> _W
         for plan in plans
         for sent, v in zip(plan.work.answers, plan.verdicts, strict=True)
     ]
+    # a row each plan holds in the statement (its answers are recorded only where its
+    # destination is held: ``locked``)
     states = [
         _state_row(plan, now)
         for plan in plans
-        if guarded or plan.after.counted or plan.allow.allowed
+        if guarded or plan.work.answers or plan.after.counted or plan.allow.allowed
     ]
     params: dict[str, Any] = {
         "answers": json.dumps(answers, default=datetime.isoformat),

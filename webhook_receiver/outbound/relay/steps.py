@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection
 from django.utils import timezone
 
 from ...core import bounds, logs, storable
@@ -37,7 +37,9 @@ def relay_round_or_apart(
     overview and webhook_status say ``record_failing``) and raised: the caller keeps
     the answers for a later round, or leaves them to their leases."""
     try:
-        with transaction.atomic(savepoint=connection.in_atomic_block):
+        # bounded here, its own transaction (a savepoint inside a caller's): a round the
+        # database refuses is rolled back alone
+        with bounds.bounded_transaction(savepoint=True):
             return relay_round(work, now=now, rows=rows)
     except OperationalError as exc:
         for w in work:
@@ -74,7 +76,7 @@ def answers_record_each(destination_id: int, answers: Sequence[Sent]) -> frozens
         attempt: Sent | None = sent
         while attempt is not None:
             try:
-                with transaction.atomic(savepoint=connection.in_atomic_block):
+                with bounds.bounded_transaction(savepoint=True):
                     done |= relay_round([Work(destination_id, [attempt])])[destination_id].recorded
                 break
             except OperationalError:

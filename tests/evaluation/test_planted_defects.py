@@ -312,6 +312,7 @@ def test_a_breaker_that_never_opens_breaks_the_breaker(monkeypatch):
 
 def test_a_breaker_whose_pause_ends_at_once_breaks_the_breaker(monkeypatch):
     """The breaker opens, but for no cool-down: a probe follows each failure at once."""
+
     def no_cool_down(dest, verdicts, now):
         impatient = copy.copy(dest)
         impatient.breaker_cooldown_seconds = 0

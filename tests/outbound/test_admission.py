@@ -4,14 +4,17 @@ is one per (destination, logical key) forever; the five-minute window only saves
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.core.cache import cache
 from django.db import connection, transaction
 from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from tests.support.http import post
+from tests.support.outbox import listening
 from tests.support.signing import event_body, standard_headers
 from tests.support.threads import run_together
 from webhook_receiver.models import OutboxMessage, WebhookDestination
@@ -267,32 +270,42 @@ def test_the_trace_of_an_order_event_lists_the_messages_it_enqueued(client, merc
     ]
 
 
-def test_with_a_shared_cache_a_burst_of_admissions_queues_one_relay_run(settings, merchant, broker):
+@pytest.mark.postgres_only("LISTEN/NOTIFY")
+@pytest.mark.django_db(transaction=True)
+def test_an_admission_wakes_the_relays_when_it_commits_once_a_destination(merchant):
+    with listening() as heard:
+        # when: a transaction admits three messages to one destination and rolls back
+        with pytest.raises(RuntimeError), transaction.atomic():
+            for n in range(3):
+                enqueue_webhook(merchant, "order.paid", f"order:ord_r{n}:paid:v1", {})
+            raise RuntimeError("the business transaction failed")
+        # then: nothing is heard
+        assert heard() == []
 
-    # given: Django's cache in Redis, shared by every process
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": "redis://127.0.0.1:6379/12",
-        }
-    }
-    cache.clear()
+        # when: the same commits, and then a duplicate is admitted
+        with transaction.atomic():
+            for n in range(3):
+                enqueue_webhook(merchant, "order.paid", f"order:ord_c{n}:paid:v1", {})
+        first = heard()
+        with transaction.atomic():
+            enqueue_webhook(merchant, "order.paid", "order:ord_c0:paid:v1", {})
 
-    # when: five admissions commit, one after another, before any worker runs
-    for n in range(5):
-        admit(merchant, key=f"order:ord_b{n}:paid:v1")
-
-    # then: one run is queued for the destination, not five
-    assert broker.llen("celery") == 1
-    # once that run has started (in its lane, as the task hands it there), the next
-    # admission queues its own
-    relay_run(merchant.pk)
-    admit(merchant, key="order:ord_b9:paid:v1")
-    assert broker.llen("celery") == 2
-    cache.clear()
+        # then: one wake-up for the destination at the commit (PostgreSQL folds a
+        # transaction's like notifications into one), none for a message not created
+        assert first == [merchant.pk]
+        assert heard() == []
 
 
-def test_with_a_per_process_cache_every_admission_queues_a_run(merchant, broker):
-    for n in range(3):
-        admit(merchant, key=f"order:ord_c{n}:paid:v1")
-    assert broker.llen("celery") == 3
+@pytest.mark.postgres_only("LISTEN/NOTIFY")
+@pytest.mark.django_db(transaction=True)
+def test_an_admission_to_a_paused_destination_wakes_no_relay(merchant):
+    WebhookDestination.objects.filter(pk=merchant.pk).update(
+        paused_until=timezone.now() + timedelta(minutes=1)
+    )
+    with listening() as heard:
+        with transaction.atomic():
+            enqueue_webhook(merchant, "order.paid", "order:ord_p:paid:v1", {})
+
+        # the poll after the pause finds it: a round before would claim nothing
+        assert heard() == []
+    assert OutboxMessage.objects.filter(key="order:ord_p:paid:v1").exists()

@@ -1,17 +1,17 @@
 """The outbox's operating services, as the admin calls them: retry now, discard, and
 recover a destination's failures since a moment. Records are written with known values
-(tests/support/outbox.py); the relay run each one queues is checked on the real broker."""
+(tests/support/outbox.py); the wake-up each one sends the relays is heard as a relay
+hears it (LISTEN)."""
 
 from __future__ import annotations
 
-import base64
-import json
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
-from tests.support.outbox import destination, failed, message
+from tests.support.outbox import destination, failed, listening, message
 from webhook_receiver.models import MessageStatus, OutboxMessage
 from webhook_receiver.outbound.breaker import destination_breaker
 from webhook_receiver.outbound.operations import (
@@ -23,9 +23,7 @@ from webhook_receiver.outbound.operations import (
 pytestmark = pytest.mark.django_db
 
 
-def test_retry_now_makes_failed_and_pending_messages_due_with_a_fresh_budget(
-    django_capture_on_commit_callbacks,
-):
+def test_retry_now_makes_failed_and_pending_messages_due_with_a_fresh_budget():
     # given: one message in each status, two destinations
     merchant, warehouse = destination("merchant-7"), destination("warehouse")
     later = timezone.now() + timedelta(hours=1)
@@ -39,8 +37,7 @@ def test_retry_now_makes_failed_and_pending_messages_due_with_a_fresh_budget(
     now = timezone.now()
 
     # when
-    with django_capture_on_commit_callbacks() as callbacks:
-        changed = message_retry_now(message_ids=[r.pk for r in rows.values()], by="alice", now=now)
+    changed = message_retry_now(message_ids=[r.pk for r in rows.values()], by="alice", now=now)
 
     # then: failed and pending are due now, with no lease and no failures spent
     assert changed == sorted([rows["failed"].pk, rows["pending"].pk])
@@ -56,40 +53,45 @@ def test_retry_now_makes_failed_and_pending_messages_due_with_a_fresh_budget(
     # the others are as they were
     for name in ("delivered", "discarded", "sending"):
         assert OutboxMessage.objects.get(pk=rows[name].pk).status == rows[name].status
-    # one relay run queued per destination touched
-    assert len(callbacks) == 2
 
 
-def test_retry_now_queues_a_relay_run_on_the_real_broker(
-    broker, django_capture_on_commit_callbacks
-):
-    # given
-    merchant = destination("merchant-7")
-    row = failed(merchant, "k-failed", last_attempt_at=timezone.now())
+@pytest.mark.postgres_only("LISTEN/NOTIFY")
+@pytest.mark.django_db(transaction=True)
+def test_an_operators_retry_wakes_the_relays_of_the_destinations_it_touched_once_it_commits():
+    # given: failed messages of two destinations, and a relay listening
+    merchant, warehouse = destination("merchant-7"), destination("warehouse")
+    rows = [
+        failed(merchant, "k-1", last_attempt_at=timezone.now()),
+        failed(merchant, "k-2", last_attempt_at=timezone.now()),
+        failed(warehouse, "k-3", last_attempt_at=timezone.now()),
+    ]
+    with listening() as heard:
+        # when: a retry that rolls back, then one that commits
+        with pytest.raises(RuntimeError), transaction.atomic():
+            message_retry_now(message_ids=[rows[0].pk], by="alice")
+            raise RuntimeError("changed my mind")
+        assert heard() == []
+        with transaction.atomic():
+            message_retry_now(message_ids=[r.pk for r in rows], by="alice")
 
-    # when: the transaction commits (its on-commit work runs)
-    with django_capture_on_commit_callbacks(execute=True):
-        message_retry_now(message_ids=[row.pk], by="alice")
-
-    # then: Celery's message is in Redis, for this destination's relay
-    assert broker.llen("celery") == 1
-    queued = json.loads(broker.lindex("celery", 0))
-    assert queued["headers"]["task"] == "webhook_receiver.relay_destination"
-    args, kwargs, _ = json.loads(base64.b64decode(queued["body"]))
-    assert (args, kwargs) == ([merchant.pk], {})
+        # then: one notification per destination touched, after the commit
+        assert sorted(heard()) == sorted([merchant.pk, warehouse.pk])
 
 
-def test_nothing_to_retry_queues_nothing(django_capture_on_commit_callbacks):
+@pytest.mark.postgres_only("LISTEN/NOTIFY")
+@pytest.mark.django_db(transaction=True)
+def test_nothing_to_retry_wakes_nothing():
     merchant = destination("merchant-7")
     row = message(merchant, "k-delivered", MessageStatus.DELIVERED)
 
-    with django_capture_on_commit_callbacks() as callbacks:
-        changed = message_retry_now(message_ids=[row.pk], by="alice")
+    with listening() as heard:
+        with transaction.atomic():
+            changed = message_retry_now(message_ids=[row.pk], by="alice")
 
-    assert changed == [] and callbacks == []
+        assert changed == [] and heard() == []
 
 
-def test_discard_needs_a_reason_and_records_who_why_and_when(django_capture_on_commit_callbacks):
+def test_discard_needs_a_reason_and_records_who_why_and_when():
     # given
     merchant = destination("merchant-7")
     rows = [
@@ -106,8 +108,7 @@ def test_discard_needs_a_reason_and_records_who_why_and_when(django_capture_on_c
 
     # when
     now = timezone.now()
-    with django_capture_on_commit_callbacks() as callbacks:
-        changed = message_discard(message_ids=ids, by="alice", reason=" order cancelled ", now=now)
+    changed = message_discard(message_ids=ids, by="alice", reason=" order cancelled ", now=now)
 
     # then: the failed and the pending one; the delivered one stays delivered
     assert changed == ids[:2]
@@ -119,13 +120,9 @@ def test_discard_needs_a_reason_and_records_who_why_and_when(django_capture_on_c
             now,
         )
     assert OutboxMessage.objects.get(pk=ids[2]).status == MessageStatus.DELIVERED
-    # the messages queued behind a discarded one may go now: a relay run
-    assert len(callbacks) == 1
 
 
-def test_recover_since_requeues_only_this_destinations_failures_since_then(
-    django_capture_on_commit_callbacks,
-):
+def test_recover_since_requeues_only_this_destinations_failures_since_then():
     # given: the merchant's endpoint broke at 02:00 and was fixed at 03:00
     broke = timezone.now() - timedelta(hours=1)
     merchant = destination(
@@ -151,8 +148,7 @@ def test_recover_since_requeues_only_this_destinations_failures_since_then(
     now = timezone.now()
 
     # when
-    with django_capture_on_commit_callbacks() as callbacks:
-        count = destination_recover_since(destination=merchant, since=broke, by="alice", now=now)
+    count = destination_recover_since(destination=merchant, since=broke, by="alice", now=now)
 
     # then: the two failures since the break are due now with a fresh budget
     assert count == 2
@@ -168,4 +164,3 @@ def test_recover_since_requeues_only_this_destinations_failures_since_then(
     merchant.refresh_from_db()
     assert merchant.paused_until is None and merchant.consecutive_failures == 5
     assert destination_breaker(merchant).state == "half-open"
-    assert len(callbacks) == 1

@@ -1,15 +1,16 @@
-"""What a relay round costs the database: on PostgreSQL one statement records the answers
-that came and claims what replaces them, and a run reads nothing else (docs/sending.md,
-"A round in one statement"); on SQLite, whose writers one IMMEDIATE transaction
-serialises, three to record and three to claim. The one statement sees what it records:
-a message it delivers frees its slot and its ordering key, a breaker it opens claims
-nothing. And the claim stays exact under concurrency: a claim that waited for the
-destination's lock counts the leases of the claim it waited for."""
+"""What a relay round costs the database (docs/sending.md, "How a round is claimed and
+recorded"): on PostgreSQL, a destination a relay has not read yet costs the read of its
+row under lock and one statement that records the answers that came and claims what
+replaces them; a destination it has read costs that one statement alone, guarded by the
+row's version. On SQLite, whose writers one IMMEDIATE transaction serialises, a read
+and a statement for each part. The one statement sees what it records: a message it
+delivers frees its slot and its ordering key, a breaker it opens claims nothing. And
+the claim stays exact under concurrency: a relay whose kept row another relay's claim
+changed reads it again under lock, and counts that claim's leases."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -23,15 +24,17 @@ from django.utils import timezone
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.process import destination_relay
-from webhook_receiver.outbound.relay.round import lease_margin
+from webhook_receiver.outbound.relay.round import Work, lease_margin, relay_round
+from webhook_receiver.outbound.relay.rows import Rows
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
 from webhook_receiver.outbound.relay.transport import relay_send
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-# statements to claim a round, and to record one, per database
-CLAIM_STATEMENTS = {"postgresql": 1, "sqlite": 3}
-RECORD_STATEMENTS = {"postgresql": 1, "sqlite": 3}
+# statements to claim a round, and to record one, per database, for a destination read
+# for the first time (the row locked and read, then the write)
+CLAIM_STATEMENTS = {"postgresql": 2, "sqlite": 4}
+RECORD_STATEMENTS = {"postgresql": 2, "sqlite": 4}
 
 
 def destination(url: str, **fields) -> WebhookDestination:
@@ -88,23 +91,73 @@ def test_a_round_is_claimed_in_one_statement_and_recorded_in_one(receiver):
     statuses = dict(OutboxMessage.objects.values_list("key", "status"))
     assert statuses == {"k1": "delivered", "k2": "pending", "k3": "pending"}
     assert DeliveryAttempt.objects.count() == 3
-    # the claim returned the destination's row, its secrets readable
+    # the round returned the destination's row, its secrets readable
     assert round_.destination is not None and round_.destination.secrets == [SECRET]
+
+
+@pytest.mark.postgres_only("a round guarded by the row's version")
+def test_a_destination_read_once_costs_one_statement_a_round(receiver):
+    # given: a relay's rows, and a message due
+    dest = destination(receiver.url)
+    admit(dest, ["k1", "k2"])
+    rows = Rows()
+
+    # when: its first claim, then the record of the answer with the next claim
+    with statements() as first:
+        (claimed,) = relay_round([Work(dest.pk, (), 1)], rows=rows)[dest.pk].claimed
+    answers = relay_send(dest, [claimed])
+    with statements() as second:
+        outcome = relay_round([Work(dest.pk, answers, 1)], rows=rows)[dest.pk]
+
+    # then: the row read under lock once; the next round is one statement, and the row
+    # it kept is the row as written (its bucket, its version)
+    assert [s.split()[0] for s in first] == ["SELECT", "WITH"], first
+    assert [s.split()[0] for s in second] == ["WITH"], second
+    assert [m.key for m in outcome.claimed] == ["k2"] and outcome.recorded == {claimed.id}
+    kept, version, _ = rows.get(dest.pk)
+    dest.refresh_from_db()
+    assert kept.tokens == dest.tokens and kept.tokens_at == dest.tokens_at
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xmin::text FROM webhook_receiver_webhookdestination WHERE id = %s", [dest.pk]
+        )
+        assert cursor.fetchone()[0] == version
+
+
+@pytest.mark.postgres_only("a round guarded by the row's version")
+@pytest.mark.django_db(transaction=True)
+def test_a_row_changed_since_it_was_kept_is_read_again_under_lock(receiver):
+    # given: a relay's kept row, then an operator's edit of the destination's limits (in
+    # a transaction of its own: the version is the transaction that wrote the row)
+    dest = destination(receiver.url, max_in_flight=1)
+    admit(dest, ["k1", "k2"], committed=True)
+    rows = Rows()
+    (first,) = relay_round([Work(dest.pk, (), 1)], rows=rows)[dest.pk].claimed
+    WebhookDestination.objects.filter(pk=dest.pk).update(max_in_flight=2)
+
+    # when: the next round
+    with statements() as sent:
+        outcome = relay_round([Work(dest.pk, (), 5)], rows=rows)[dest.pk]
+
+    # then: the guarded statement found the version changed and did nothing; the row
+    # was read under lock and the claim made with the new limit (one more in flight)
+    assert [s.split()[0] for s in sent] == ["WITH", "SELECT", "WITH"], sent
+    assert [m.key for m in outcome.claimed] == ["k2"]
+    assert outcome.destination.max_in_flight == 2
 
 
 @pytest.mark.postgres_only("one statement a round")
 @pytest.mark.django_db(transaction=True)
-def test_a_run_of_one_message_is_its_claim_and_its_record_with_the_claim_that_finds_nothing(
-    receiver,
-):
+def test_a_run_of_one_message_is_its_claim_and_its_record(receiver):
     dest = destination(receiver.url)
     admit(dest, ["k1"], committed=True)
 
     with statements() as sent:
         destination_relay(destination_id=dest.pk)
 
-    # no read of the destination besides the claim's, no savepoint
-    assert [s.split()[0] for s in sent] == ["WITH", "WITH"], sent
+    # the row read under lock once, the claim, and the record (with a claim that finds
+    # nothing): no other read of the destination, no savepoint
+    assert [s.split()[0] for s in sent] == ["SELECT", "WITH", "WITH"], sent
     assert OutboxMessage.objects.get().status == "delivered"
 
 
@@ -122,13 +175,14 @@ def backlog_relayed(receiver, keys: list[str], max_in_flight: int) -> tuple[int,
 
 @pytest.mark.postgres_only("one statement a round")
 @pytest.mark.django_db(transaction=True)
-def test_a_backlog_one_request_at_a_time_costs_a_statement_a_delivery_and_one_more(receiver):
+def test_a_backlog_one_request_at_a_time_costs_a_statement_a_delivery_and_two_more(receiver):
     # given: one request in flight at most: each answer's statement claims the next
     delivered, sent = backlog_relayed(receiver, [f"k{n}" for n in range(5)], max_in_flight=1)
 
-    # the first claim, then one statement an answer (the last claims nothing)
+    # the row's read and the first claim, then one statement an answer (the last claims
+    # nothing)
     assert delivered == 5
-    assert len(sent) == 6
+    assert len(sent) == 7
     assert receiver.keys() == [f"k{n}" for n in range(5)]
 
 
@@ -139,7 +193,7 @@ def test_a_backlog_costs_at_most_a_statement_a_delivery(receiver):
 
     # each statement records at least one answer: answers come back together, so fewer
     assert delivered == 30
-    assert len(sent) <= 31
+    assert len(sent) <= 32
     assert OutboxMessage.objects.filter(status="delivered").count() == 30
 
 
@@ -155,8 +209,9 @@ def test_the_statement_that_delivers_a_message_claims_the_next_of_its_ordering_k
     with statements() as sent:
         delivered, _ = destination_relay(destination_id=dest.pk)
 
-    # the first claim, the first's record with the second's claim, the second's record
-    assert delivered == 2 and len(sent) == 3
+    # the row's read and the first claim, the first's record with the second's claim,
+    # the second's record
+    assert delivered == 2 and len(sent) == 4
     assert receiver.keys() == ["order:o1:paid:v1", "order:o1:fulfilled:v2"]
 
 
@@ -173,7 +228,7 @@ def test_the_statement_that_opens_the_breaker_claims_nothing(receiver):
 
     # the first answer pauses the destination: the statement that records it claims
     # nothing, and k2 is never sent
-    assert delivered == 1 and len(sent) == 2
+    assert delivered == 1 and len(sent) == 3
     assert receiver.keys() == ["k1"]
     dest.refresh_from_db()
     assert dest.paused_until is not None and dest.consecutive_failures == 1
@@ -199,11 +254,9 @@ def test_a_paused_or_disabled_destination_costs_its_claim_alone(receiver, held):
 
 @pytest.mark.postgres_only("two sessions contending for the destination's row")
 @pytest.mark.django_db(transaction=True)
-def test_a_claim_that_waited_for_the_lock_counts_the_leases_of_the_claim_it_waited_for(
-    receiver,
-):
+def test_a_claim_that_found_the_row_held_leaves_it_and_then_counts_its_leases(receiver):
     # given: two requests in flight at most, plenty of tokens, four messages due; one
-    # worker has claimed one and not yet committed, holding the destination's row
+    # relay has claimed one and not yet committed, holding the destination's row
     dest = destination(receiver.url, max_in_flight=2, rate_count=100, burst=100)
     admit(dest, ["k0", "k1", "k2", "k3"], committed=True)
     claimed, commit = threading.Event(), threading.Event()
@@ -212,8 +265,8 @@ def test_a_claim_that_waited_for_the_lock_counts_the_leases_of_the_claim_it_wait
     def holder() -> None:
         try:
             with transaction.atomic():
-                round_ = relay_claim(destination=dest.pk, limit=1)
-                first.append([m.key for m in round_.claimed])
+                outcome = relay_claim(destination=dest.pk, limit=1)
+                first.append([m.key for m in outcome.claimed])
                 claimed.set()
                 commit.wait(10)
         finally:
@@ -223,52 +276,27 @@ def test_a_claim_that_waited_for_the_lock_counts_the_leases_of_the_claim_it_wait
     worker.start()
     assert claimed.wait(10)
 
-    # when: a second claim waits for the row, and the first commits meanwhile
-    second: list[list[str]] = []
-
-    def waiter() -> None:
-        try:
-            second.append([m.key for m in relay_claim(destination=dest.pk).claimed])
-        finally:
-            connections.close_all()
-
-    other = threading.Thread(target=waiter)
-    other.start()
-    wait_for_a_lock_wait()
+    # when: a second relay's round meets the held row, then the first commits, and the
+    # second's next round comes
+    busy = relay_round([Work(dest.pk, (), 10)])[dest.pk]
     commit.set()
     worker.join(10)
-    other.join(10)
+    after = relay_round([Work(dest.pk, (), 10)])[dest.pk]
 
-    # then: its snapshot predated the first claim's commit, so it was taken again: one
-    # in flight already, so it claims one (not two, nor none)
+    # then: the first round waited for nothing and left the destination to its holder;
+    # the next counted the holder's lease: one in flight already, so it claimed one
+    assert busy.busy and busy.claimed == []
     assert first == [["k0"]]
-    assert second == [["k1"]]
+    assert [m.key for m in after.claimed] == ["k1"]
     assert OutboxMessage.objects.filter(status="sending").count() == 2
 
 
-def wait_for_a_lock_wait() -> None:
-    """Until another session of this database waits for a row lock."""
-    deadline = time.monotonic() + 10
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'"
-            )
-            if cursor.fetchone()[0]:
-                return
-            time.sleep(0.02)
-    raise AssertionError("no session waited for the destination's lock")
-
-
-@pytest.mark.parametrize("caller", ["claim", "run"])
-def test_a_destination_that_does_not_exist_is_not_found(caller):
-    # the claim says so (a run no longer reads the destination with a get of its own)
+def test_a_destination_that_does_not_exist_is_not_found():
+    # the claim says so; a relay's round drops its lane (below)
     with pytest.raises(WebhookDestination.DoesNotExist):
-        if caller == "claim":
-            relay_claim(destination=987654)
-        else:
-            destination_relay(destination_id=987654)
+        relay_claim(destination=987654)
+    assert relay_round([Work(987654, (), 1)])[987654].missing
+    assert destination_relay(destination_id=987654) == (0, None)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import TestCase
 from django.utils import timezone
-from webhook_receiver.outbound.trigger import outbox_sweep
 
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
@@ -23,6 +22,7 @@ from webhook_receiver.outbound.operations import destination_disable, destinatio
 from webhook_receiver.outbound.relay.process import destination_relay
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
 from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.relay.wakeups import due_destinations
 from webhook_receiver.outbound.retirement import GONE_REASON
 
 pytestmark = pytest.mark.django_db
@@ -88,9 +88,9 @@ def test_a_410_disables_the_destination_and_holds_its_messages(receiver, ops, ca
     [line] = [r for r in caplog.records if r.name.endswith("retirement")]
     assert "destination merchant disabled: answered 410 Gone" in line.getMessage()
 
-    # when: the sweep (the notice aside) and another run come
+    # when: the poll (the notice aside) and another run come
     OutboxMessage.objects.filter(destination=ops).delete()
-    assert outbox_sweep() == 0
+    assert due_destinations() == []
     destination_relay(destination_id=dest.pk)
 
     # then: still held

@@ -1,8 +1,14 @@
 """The outbox's records with known values, written directly: destinations, messages in
-any status, and failed messages with their last attempt."""
+any status, and failed messages with their last attempt; and the relays' wake-ups, heard
+as a relay hears them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+from django.db import connection
 from django.utils import timezone
 
 from webhook_receiver.models import (
@@ -11,6 +17,7 @@ from webhook_receiver.models import (
     OutboxMessage,
     WebhookDestination,
 )
+from webhook_receiver.outbound.relay.wakeups import CHANNEL
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
@@ -69,3 +76,19 @@ def failed(dest, key, *, last_attempt_at, **fields) -> OutboxMessage:
         message=row, number=1, started_at=last_attempt_at, duration_ms=12, status_code=404
     )
     return row
+
+
+@contextmanager
+def listening() -> Iterator[Callable[[], list[int]]]:
+    """LISTEN for the relays' wake-ups on a connection of its own (PostgreSQL): yields a
+    function that returns the destination ids notified since it was last called."""
+    params = {**connection.get_connection_params()}
+    for django_only in ("cursor_factory", "context"):
+        params.pop(django_only, None)
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+
+        def heard() -> list[int]:
+            return [int(n.payload) for n in listener.notifies(timeout=0.3)]
+
+        yield heard

@@ -21,6 +21,7 @@ from webhook_receiver.models import (
     WebhookReceipt,
 )
 from webhook_receiver.watch.heartbeat import heartbeat_record
+from webhook_receiver.watch.relays import relay_heartbeat_record
 
 
 def receipt(source: str, at: datetime, key: str | None = None) -> WebhookReceipt:
@@ -126,10 +127,11 @@ def repair(
 
 
 def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
-    """The command's exit code and output; with ``beat``, beat seen just now (as it is
-    every 20 s where beat runs), so that what is judged is the rest."""
+    """The command's exit code and output; with ``beat``, beat and a relay seen just now
+    (as they are every 20 s and 10 s where they run), so that what is judged is the
+    rest."""
     if beat:
-        heartbeat_record()
+        processes_seen()
     out = io.StringIO()
     try:
         call_command("webhook_status", *args, stdout=out, no_color=True)
@@ -138,8 +140,14 @@ def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
     return 0, out.getvalue()
 
 
+def processes_seen() -> None:
+    """Beat and a relay seen just now, as they are where they run."""
+    heartbeat_record()
+    relay_heartbeat_record("relay test-host 1")
+
+
 @pytest.fixture
 def beat_seen(db) -> None:
-    """Beat seen just now, as it is every 20 s where beat runs: the status judges the
-    rest (a test of beat's own absence leaves this out)."""
-    heartbeat_record()
+    """Beat and a relay seen just now, as they are every 20 s and 10 s where they run:
+    the status judges the rest (a test of their own absence leaves this out)."""
+    processes_seen()

@@ -232,8 +232,12 @@ class PeerTransport:
                     trace_request_ctx=stage,
                 )
         except TimeoutError:
-            kind = "ReadTimeout" if stage.connected else "ConnectTimeout"
-            what = "no answer" if stage.connected else "no connection"
+            if stage.connected:
+                kind, what = "ReadTimeout", "no answer"
+            elif self.proxy is not None:
+                kind, what = "ConnectTimeout", f"no tunnel from the egress proxy {self.proxy}"
+            else:
+                kind, what = "ConnectTimeout", "no connection"
             raise NoAnswer(
                 kind, f"{what} within the destination's timeout ({timeout:g} s)"
             ) from None

@@ -24,8 +24,7 @@ from tests.support.listener import listening
 from tests.support.outbox import SECRET, destination, message
 from tests.support.status import receipt
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
-from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 
 pytestmark = pytest.mark.django_db
 

@@ -23,8 +23,7 @@ from tests.support.admin import act, action_values, button_url, change_url, flas
 from tests.support.browser import click_through, no_sideways_scroll, screenshot
 from tests.support.outbox import CLOSED_PORT, destination, message
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
-from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ from tests.support.outbox import destination
 from tests.support.worker import wait_for
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage
 from webhook_receiver.outbound.admission import enqueue_webhook
-from webhook_receiver.outbound.relay.round import lease_margin
+from webhook_receiver.outbound.relay.writes import lease_margin
 
 pytestmark = [
     pytest.mark.postgres_only("a relay process must see the test database"),

@@ -18,8 +18,7 @@ from tests.support.worker import wait_for
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.process import destination_relay
-from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
-from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 from webhook_receiver.outbound.relay.wakeups import due_destinations
 
 pytestmark = pytest.mark.django_db

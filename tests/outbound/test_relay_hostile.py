@@ -21,9 +21,8 @@ from tests.support.worker import relay_running
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.process import destination_relay
-from webhook_receiver.outbound.relay.round import UNRECORDED
-from webhook_receiver.outbound.relay.steps import relay_claim
-from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_send
+from webhook_receiver.outbound.relay.writes import UNRECORDED
 from webhook_receiver.watch.destinations import destination_statuses
 
 pytestmark = pytest.mark.django_db

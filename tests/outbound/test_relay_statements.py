@@ -23,11 +23,12 @@ from django.utils import timezone
 
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
+from webhook_receiver.outbound.relay.messages import Work
 from webhook_receiver.outbound.relay.process import destination_relay
-from webhook_receiver.outbound.relay.round import Work, lease_margin, relay_round
+from webhook_receiver.outbound.relay.round import relay_round
 from webhook_receiver.outbound.relay.rows import Rows
-from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
-from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
+from webhook_receiver.outbound.relay.writes import lease_margin
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

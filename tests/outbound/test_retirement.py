@@ -20,8 +20,7 @@ from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestina
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.operations import destination_disable, destination_enable
 from webhook_receiver.outbound.relay.process import destination_relay
-from webhook_receiver.outbound.relay.steps import relay_claim, relay_record
-from webhook_receiver.outbound.relay.transport import relay_send
+from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 from webhook_receiver.outbound.relay.wakeups import due_destinations
 from webhook_receiver.outbound.retirement import GONE_REASON
 

@@ -171,8 +171,9 @@ def test_webhook_status_lists_destinations_and_exits_2_for_a_relay_not_sending()
         "record_failure",
     }
     assert destinations["refused"]["failed"] == 2
-    # the pickup with the shipped defaults: sweep 5 s, a token 0.1 s, timeout 10 s, slack
-    assert destinations["refused"]["pickup_seconds"] == 30.1
+    # the pickup with the shipped defaults: the relay's poll 1 s, a token 0.1 s, timeout
+    # 10 s, slack 15 s
+    assert destinations["refused"]["pickup_seconds"] == 26.1
     assert destinations["stalled"]["due_age_seconds"] >= 30 * 60
     assert destinations["paused"]["breaker"]["state"] == "open"
     assert destinations["fine"]["state"] == "ok"

@@ -1,4 +1,4 @@
-"""GET /health/: the database, Celery's broker and beat's heartbeat, each real.
+"""GET /health/: the database, Celery's broker, beat's heartbeat and a relay's, each real.
 
 The healthy answer and the beat cases run in process, on the test database and the real
 Redis broker of tests/settings.py. An unreachable database or broker is a real process
@@ -20,14 +20,17 @@ from health_check.base import HealthCheck, HealthCheckResult
 
 from tests.bench.server import GunicornServer, free_port
 from tests.support.commands import manage
+from webhook_receiver.models import WebhookDestination
 from webhook_receiver.watch.health import BeatHeartbeat, Broker
 from webhook_receiver.watch.heartbeat import heartbeat_interval, heartbeat_record
+from webhook_receiver.watch.relays import relay_heartbeat_record
 
 DATABASE = "Database(alias='default')"
 BROKER = "Broker(transport='redis')"
 BEAT = "BeatHeartbeat(name='beat')"
+RELAY = "RelayHeartbeat()"
 TABLES = "Tables()"
-ALL_OK = {DATABASE: "OK", BROKER: "OK", BEAT: "OK", TABLES: "OK"}
+ALL_OK = {DATABASE: "OK", BROKER: "OK", BEAT: "OK", RELAY: "OK", TABLES: "OK"}
 
 
 def health_json(client, **extra) -> tuple[int, dict[str, str]]:
@@ -118,6 +121,29 @@ def test_beat_never_seen_answers_503(client):
     assert body[DATABASE] == "OK"
     assert body[BROKER] == "OK"
     assert body[BEAT].startswith("Unavailable: beat never seen")
+
+
+@pytest.mark.django_db
+def test_no_relay_running_answers_503_while_there_is_a_destination(client):
+    # given: beat runs, and nothing is to be sent: no relay is needed
+    heartbeat_record()
+    assert health_json(client) == (200, ALL_OK)
+
+    # when: a destination is added, and no relay has ever run
+    WebhookDestination.objects.create(name="merchant", url="http://127.0.0.1:9/")
+    status, body = health_json(client)
+
+    # then: the relay is what is wrong
+    assert status == 503
+    assert body[RELAY].startswith("Unavailable: no relay running: none ever seen")
+    assert {name for name, said in body.items() if said != "OK"} == {RELAY}
+
+    # a relay seen 20 s ago runs; one last seen 31 s ago does not
+    relay_heartbeat_record("relay host 7", now=timezone.now() - timedelta(seconds=20))
+    assert health_json(client) == (200, ALL_OK)
+    relay_heartbeat_record("relay host 7", now=timezone.now() - timedelta(seconds=31))
+    status, body = health_json(client)
+    assert status == 503 and "the last one seen 31 s ago (at most 30 s)" in body[RELAY]
 
 
 @pytest.mark.django_db
@@ -274,6 +300,7 @@ def test_an_unreachable_broker_answers_503(tmp_path):
     assert body == {
         DATABASE: "OK",
         BEAT: "OK",
+        RELAY: "OK",
         TABLES: "OK",
         BROKER: "Unavailable: cannot connect to the redis broker (OperationalError)",
     }

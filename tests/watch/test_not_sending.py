@@ -1,10 +1,10 @@
 """A backlog that does not move is a state within its pickup, with real processes: no
-worker at all is ``relay_not_sending`` (ALERT) once the relay would have answered; a real
-Celery worker sending at the destination's rate limit is ``behind``, never not sending.
+relay at all is ``relay_not_sending`` (ALERT) once a relay would have answered; a real
+relay sending at the destination's rate limit is ``behind``, never not sending.
 
-The pickup comes from beat's schedule (here the relay sweep every second) and the
-destination's limits (watch/pickup.py): 1 s + one token (0.5 s) + its timeout (1 s) +
-15 s of slack = 17.5 s.
+The pickup comes from the relay's poll (RELAY_POLL_SECONDS, 1 s) and the destination's
+limits (watch/pickup.py): 1 s + one token (0.5 s) + its timeout (1 s) + 15 s of slack =
+17.5 s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from celery import current_app
 from django.db import transaction
 
 from tests.support.status import status_command
@@ -24,20 +23,11 @@ from webhook_receiver.watch.destinations import destination_statuses
 from webhook_receiver.watch.statuses import DestinationStatus
 
 pytestmark = [
-    pytest.mark.postgres_only("a Celery worker in another process must see the test database"),
+    pytest.mark.postgres_only("a relay in another process must see the test database"),
     pytest.mark.django_db(transaction=True),
 ]
 
 PICKUP = timedelta(seconds=17.5)
-
-
-@pytest.fixture
-def sweep_every_second(monkeypatch):
-    schedule = {
-        **current_app.conf.beat_schedule,
-        "sweep-webhook-outbox": {"task": "webhook_receiver.relay_sweep", "schedule": 1.0},
-    }
-    monkeypatch.setitem(current_app.conf, "beat_schedule", schedule)
 
 
 def merchant(url: str) -> WebhookDestination:
@@ -67,10 +57,8 @@ def codes(s: DestinationStatus) -> list[str]:
     return [r.code for r in s.reasons]
 
 
-def test_messages_due_and_no_worker_are_not_sending_within_the_pickup(
-    sweep_every_second, broker, receiver
-):
-    # given: messages admitted (their triggers go to the broker, and no worker takes them)
+def test_messages_due_and_no_relay_are_not_sending_within_the_pickup(receiver):
+    # given: messages admitted, and no relay running to hear of them
     dest = merchant(receiver.url)
     admitted = time.monotonic()
     admit(dest, 5)
@@ -101,11 +89,9 @@ def test_messages_due_and_no_worker_are_not_sending_within_the_pickup(
     assert (code, reason["code"], reason["state"]) == (2, "relay_not_sending", "alert")
 
 
-def test_a_working_relay_at_its_rate_limit_is_behind_and_never_not_sending(
-    sweep_every_second, workers, receiver
-):
-    # given: a real worker, and 80 messages to a destination that takes 2 a second
-    workers(1)
+def test_a_working_relay_at_its_rate_limit_is_behind_and_never_not_sending(relays, receiver):
+    # given: a real relay, and 80 messages to a destination that takes 2 a second
+    relays(1)
     dest = merchant(receiver.url)
     admitted = time.monotonic()
     admit(dest, 80)

@@ -97,12 +97,15 @@ def test_command_json_shape(time_machine_now):
         "unread",
         "broker",
         "beat",
+        "relay",
     }
     assert (document["reasons"], document["unread"]) == ([], [])
     assert document["broker"] == {"reachable": True, "error": None}
     assert document["beat"]["age_seconds"] < 5
     assert document["beat"]["interval_seconds"] == 20.0
     assert document["beat"]["stale_after_seconds"] == 40.0
+    assert document["relay"]["age_seconds"] < 5
+    assert document["relay"]["stale_after_seconds"] == 30.0
     assert document["destinations"] == []  # no outbox destination here
     assert document["state"] == "attention"
     assert [s["source"] for s in document["sources"]] == SOURCES

@@ -27,8 +27,8 @@ from tests.support.locks import table_locked
 from tests.support.private_servers import PrivatePostgres, private_postgres  # noqa: F401 (fixture)
 from tests.support.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.support.signing import event_body, reserved, standard_headers
+from tests.support.status import processes_seen
 from webhook_receiver.models import WebhookDestination
-from webhook_receiver.watch.heartbeat import heartbeat_record
 
 pytestmark = [
     pytest.mark.postgres_only("a lock held by another session"),
@@ -99,7 +99,7 @@ def status_subprocess(*args: str) -> tuple[subprocess.CompletedProcess[str], flo
 def status_baseline(db) -> float:
     """How long the status takes with no lock: what a lock may add to it is the bound
     (3 s, the default)."""
-    heartbeat_record()
+    processes_seen()
     WebhookDestination.objects.create(name="merchant", url="http://127.0.0.1:9/")
     run, took = status_subprocess("--json")
     assert run.returncode == 0, run.stdout + run.stderr
@@ -151,7 +151,7 @@ def health(client) -> tuple[int, dict[str, str], float]:
 
 def test_health_whose_heartbeat_is_locked_answers_503_and_says_why(client, one_second):
     # given: a fresh heartbeat, and its table locked
-    heartbeat_record()
+    processes_seen()
 
     # when
     with locked(HEARTBEAT):
@@ -171,7 +171,7 @@ def test_health_whose_heartbeat_is_locked_answers_503_and_says_why(client, one_s
 @pytest.mark.parametrize("table", [t for t in app_tables() if t != HEARTBEAT])
 def test_health_under_a_lock_on_any_table_answers_503_naming_it_within_the_bound(client, table):
     # given: a fresh heartbeat; the default bound, 3 s, and the check's own second
-    heartbeat_record()
+    processes_seen()
 
     # when
     with locked(table):
@@ -224,7 +224,7 @@ def test_the_overview_under_a_lock_says_it_could_not_look_within_its_bound(
 ):
     # given: a destination, so that the outbox's figures are read too
     WebhookDestination.objects.create(name="merchant", url="http://127.0.0.1:9/")
-    heartbeat_record()
+    processes_seen()
     url = reverse("admin:webhook_receiver_sourceoverview_changelist")
 
     # when: the page is asked for while the table is locked
@@ -261,7 +261,7 @@ def test_served_health_answers_within_seconds_while_deliveries_meet_a_lock(
 ):
     # given: a fresh heartbeat; a destination for order events; deliveries that each
     # meet the lock, sent at once to two sync workers, then a probe
-    heartbeat_record()
+    processes_seen()
     WebhookDestination.objects.create(
         name="merchant", url="http://127.0.0.1:9/", event_types=["order.paid"]
     )

@@ -227,8 +227,10 @@ _LEASE = f"""
     WHERE u.id IN (SELECT id FROM claimable) AND a.id = u.destination_id
     RETURNING {{returning}}
 """
-_LEASED = ("id", "destination_id", "key", "event_type", "payload", "attempts", "failures")
-_LEASED += ("created_at", "status", "traceparent")
+_LEASED = (
+    "id", "destination_id", "key", "event_type", "payload", "attempts", "failures",
+    "created_at", "status", "traceparent",
+)  # fmt: skip
 # (SQLite's RETURNING names the table's columns unqualified; PostgreSQL's must qualify
 # them, the allowance having an id of its own)
 LEASE = _LEASE.format(returning=", ".join(f"u.{column}" for column in _LEASED))

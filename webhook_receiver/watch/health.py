@@ -194,28 +194,35 @@ class RelayHeartbeat(HealthCheck):
 
     async def run(self) -> None:
         try:
-            seen_at, needed = await sync_to_async(_relays, thread_sensitive=True)()
+            seen_at = await sync_to_async(_relays_seen_at, thread_sensitive=True)()
+            fresh = seen_at is not None and timezone.now() - seen_at <= RELAY_STALE_AFTER
+            # a fresh heartbeat needs no more reading; a stale one matters only where
+            # there is something to send
+            if fresh or not await sync_to_async(_relay_needed, thread_sensitive=True)():
+                return
         except NotAnswering as exc:
             raise ServiceUnavailable(f"cannot read the relays' heartbeats: {exc}") from exc
         except DatabaseError as exc:
             raise ServiceUnavailable("cannot read the relays' heartbeats: database error") from exc
-        if not needed:
-            return
         if seen_at is None:
             raise ServiceUnavailable(
                 "no relay running: none ever seen (manage.py webhook_relay sends the outbox)"
             )
         age = timezone.now() - seen_at
-        if age > RELAY_STALE_AFTER:
-            raise ServiceUnavailable(
-                f"no relay running: the last one seen {int(age.total_seconds())} s ago "
-                f"(at most {int(RELAY_STALE_AFTER.total_seconds())} s)"
-            )
+        raise ServiceUnavailable(
+            f"no relay running: the last one seen {int(age.total_seconds())} s ago "
+            f"(at most {int(RELAY_STALE_AFTER.total_seconds())} s)"
+        )
 
 
-def _relays() -> tuple[datetime.datetime | None, bool]:
+def _relays_seen_at() -> datetime.datetime | None:
     with database_deadline(app_settings().status_timeout_seconds):
-        return relays_seen_at(), relay_needed()
+        return relays_seen_at()
+
+
+def _relay_needed() -> bool:
+    with database_deadline(app_settings().status_timeout_seconds):
+        return relay_needed()
 
 
 def _waits_for_next() -> str:

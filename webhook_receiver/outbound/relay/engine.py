@@ -44,22 +44,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 
 from django.db import DatabaseError, OperationalError
 from django.utils import timezone
 
 from ...core import bounds, logs, outages, tracing
-from ..encryption import SecretsUnreadable
 from ..models import WebhookDestination
 from .database import Database
-from .messages import Claimed, Sent
-from .round import CLAIM_BATCH, Outcome, Work
+from .lanes import Lane, Summary
+from .messages import Claimed, Work
+from .reporting import Unreadable
+from .round import Outcome
 from .rows import Rows
+from .session import PeerTransport
 from .steps import relay_round_or_apart
-from .transport import PeerTransport, Transport, deliver
+from .transport import Transport, deliver
 from .wakeups import due_destinations
 
 logger = logging.getLogger(__name__)
@@ -72,44 +72,6 @@ ROUND_RETRY_SECONDS = 1.0
 BUSY_RETRY_SECONDS = 0.05
 # how long a relay told to stop waits for its requests in flight to be answered
 FINISH_SECONDS = 5.0
-# a destination no key reads is said again after this long, not at every round
-UNREADABLE_REPEAT_SECONDS = 300.0
-
-
-@dataclass(eq=False)
-class Lane:
-    """One destination's work in this process."""
-
-    destination_id: int
-    # the row as the last round read it: what its requests are signed and sent with
-    destination: WebhookDestination | None = None
-    answers: list[Sent] = field(default_factory=list)
-    in_flight: int = 0
-    # a claim is wanted (woken, or its last claim took all it asked for)
-    wanted: bool = False
-    # in a round now
-    in_round: bool = False
-    # a timer that will want a claim (the bucket's tokens, the breaker's pause)
-    timer: asyncio.TimerHandle | None = None
-    # the timer waits for the bucket: nothing can be claimed before it, a wake included
-    for_tokens: bool = False
-
-    def claim_room(self) -> int:
-        """Messages this lane's claim may take, by its destination's own limit."""
-        dest = self.destination
-        room = CLAIM_BATCH if dest is None else min(CLAIM_BATCH, dest.max_in_flight)
-        return max(0, room - self.in_flight)
-
-    def idle(self) -> bool:
-        return not (self.answers or self.in_flight or self.wanted or self.in_round or self.timer)
-
-
-@dataclass(frozen=True)
-class Summary:
-    """What a relay did, for its caller (``destination_relay``) and its log line."""
-
-    answered: int
-    wait: float | None
 
 
 class Relay:
@@ -146,7 +108,7 @@ class Relay:
         self._changed: asyncio.Event | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task[object]] = set()
-        self._unreadable_said: dict[int, float] = {}
+        self._unreadable = Unreadable()
         self.answered = 0
         self.last_wait: float | None = None
         self.database_outage = outages.Outage(
@@ -405,8 +367,8 @@ class Relay:
         self.answered += len(outcome.recorded)
         dest = outcome.destination
         lane.destination = dest
-        if outcome.unreadable is not None:
-            self._say_unreadable(lane, outcome.unreadable)
+        if outcome.unreadable is not None and dest is not None:
+            self._unreadable.say(dest, outcome.unreadable)
         if work.claim:
             lane.wanted = outcome.more
             self.last_wait = outcome.wait
@@ -442,25 +404,6 @@ class Relay:
                         self._consider(other)
 
         self._spawn(send())
-
-    def _say_unreadable(self, lane: Lane, exc: SecretsUnreadable) -> None:
-        """A destination whose secrets no key decrypts: nothing is claimed for it, so its
-        messages stay pending. One ERROR line, with no traceback (the cause is the keys,
-        not the code), again every few minutes until new secrets are set or the key is
-        back."""
-        now = time.monotonic()
-        said = self._unreadable_said.get(lane.destination_id)
-        if said is not None and now - said < UNREADABLE_REPEAT_SECONDS:
-            return
-        self._unreadable_said[lane.destination_id] = now
-        name = lane.destination.name if lane.destination else str(lane.destination_id)
-        logger.error(
-            "outbox: destination %s is not relayed (%s); its messages wait: %s",
-            name,
-            exc.state,
-            exc,
-            extra={"destination": name, "destination_id": lane.destination_id},
-        )
 
     # --- the poll and the heartbeat ----------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""What the relay holds of a message on its way: the claim's row, and the answer."""
+"""What the relay holds of a message on its way: the claim's row, the answer, and a
+destination's part of a round."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,3 +45,13 @@ class Sent:
     # who refused the destination, no request made: "the egress guard" (its address) or
     # "the egress proxy" (it would not open a tunnel); "" when none did
     refused_by: str = ""
+
+
+@dataclass(frozen=True)
+class Work:
+    """One destination's part of a round: the answers that came, and how many messages
+    its claim may take at most (0: record only)."""
+
+    destination_id: int
+    answers: Sequence[Sent] = ()
+    claim: int = 0

@@ -26,7 +26,8 @@ from ...conf import app_settings
 from ...core import logs
 from .database import CallerDatabase, DatabaseThreads
 from .engine import Relay, Summary
-from .transport import PeerTransport, Transport
+from .session import PeerTransport
+from .transport import Transport
 from .wakeups import listen, listen_params
 
 logger = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ once it commits for the rest. What an answer means is policy.py's.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -16,6 +17,7 @@ from django.db import transaction
 from ...core import storable
 from .. import metrics
 from ..breaker import breaker_opened_log
+from ..encryption import SecretsUnreadable
 from ..models import MessageStatus, WebhookDestination
 from ..notices import terminal_notice
 from ..retirement import Retirement, retirement_noticed
@@ -118,3 +120,31 @@ def notify_terminal(dest: WebhookDestination, message: Claimed, *, answer: str) 
             )
     except Exception:
         logger.exception("terminal notice for %s not admitted", message.key)
+
+
+# a destination no key reads is said again after this long, not at every round
+UNREADABLE_REPEAT_SECONDS = 300.0
+
+
+class Unreadable:
+    """A relay's lines about destinations whose secrets no key decrypts: nothing is
+    claimed for such a destination, so its messages stay pending. One ERROR line, with
+    no traceback (the cause is the keys, not the code), again every few minutes until
+    new secrets are set or the key is back."""
+
+    def __init__(self) -> None:
+        self._said: dict[int, float] = {}
+
+    def say(self, dest: WebhookDestination, exc: SecretsUnreadable) -> None:
+        now = time.monotonic()
+        said = self._said.get(dest.pk)
+        if said is not None and now - said < UNREADABLE_REPEAT_SECONDS:
+            return
+        self._said[dest.pk] = now
+        logging.getLogger("webhook_receiver.outbound.relay.engine").error(
+            "outbox: destination %s is not relayed (%s); its messages wait: %s",
+            dest.name,
+            exc.state,
+            exc,
+            extra={"destination": dest.name, "destination_id": dest.pk},
+        )

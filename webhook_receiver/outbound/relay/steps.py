@@ -1,12 +1,13 @@
 """A round in smaller steps: one the database refuses, recorded answer by answer; one
-destination's claim or record, a round of its own (for tests and tools that take a step
-at a time).
+destination's claim, sending or record, each on its own (for tests and tools that take
+a step at a time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -16,9 +17,11 @@ from django.utils import timezone
 from ...core import bounds, logs, storable
 from .. import queries
 from ..models import WebhookDestination
-from .messages import EXCERPT_CHARS, Sent
-from .round import CLAIM_BATCH, Outcome, Work, relay_round
+from .messages import EXCERPT_CHARS, Claimed, Sent, Work
+from .round import CLAIM_BATCH, Outcome, relay_round
 from .rows import Rows
+from .session import PeerTransport
+from .transport import deliver
 
 logger = logging.getLogger(__name__)
 
@@ -136,3 +139,18 @@ def relay_record(
     """One destination's answers recorded, in a round of its own that claims nothing."""
     key = dest if isinstance(dest, int) else dest.pk
     return relay_round([Work(key, answers, 0)], now=now)[key]
+
+
+def relay_send(dest: WebhookDestination, claimed: Iterable[Claimed]) -> list[Sent]:
+    """Send each claimed message once, concurrently, through a transport of its own, and
+    wait for every answer (for a step at a time: tests, tools). Never raises for a
+    message; answers oldest first."""
+
+    async def send_all() -> list[Sent]:
+        transport = PeerTransport()
+        try:
+            return list(await asyncio.gather(*(deliver(transport, dest, m) for m in claimed)))
+        finally:
+            await transport.close()
+
+    return sorted(asyncio.run(send_all()), key=lambda sent: sent.message.id)

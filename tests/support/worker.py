@@ -67,12 +67,12 @@ def start_worker(
     )
 
 
-def start_relay(log: Path, **settings: str) -> subprocess.Popen:
-    """``manage.py webhook_relay`` on the test database; ``settings``: environment
-    variables beside it (WEBHOOK_RELAY_POLL_SECONDS="0.2", …)."""
+def start_relay(log: Path, *args: str, **settings: str) -> subprocess.Popen:
+    """``manage.py webhook_relay`` on the test database, with ``args``; ``settings``:
+    environment variables beside it (WEBHOOK_RELAY_POLL_SECONDS="0.2", …)."""
     env = {**celery_env(), "WEBHOOK_TEST_PROCESS_LOGS": "1", **settings}
     return subprocess.Popen(
-        [sys.executable, "manage.py", "webhook_relay"],
+        [sys.executable, "manage.py", "webhook_relay", *args],
         cwd=REPO,
         env=env,
         stdout=log.open("ab"),

@@ -3,6 +3,8 @@ admission and the relay counted."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from datetime import timedelta
 
@@ -13,7 +15,7 @@ from django.test import TestCase
 from django.utils import timezone
 
 from tests.support.metrics import parse, scrape, value
-from tests.support.worker import wait_for
+from tests.support.worker import start_relay, wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.process import destination_relay
@@ -154,36 +156,36 @@ def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
     assert delta(uncommitted, "webhook_receiver_outbox_terminal_total") == 0
 
 
-@pytest.mark.postgres_only("a Celery worker in another process must see the test database")
+@pytest.mark.postgres_only("a relay in another process must see the test database")
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_serves_the_relays_counters_itself(receiver, workers, tmp_path, monkeypatch):
-    # given: a worker told to serve its metrics, its directory holding a previous run's
-    # file, and a destination that refuses one of three messages
+def test_a_relay_serves_its_counters_itself(receiver, tmp_path):
+    # given: a relay told to serve its metrics, and a destination that refuses one of
+    # three messages
     port = _free_port()
-    directory = tmp_path / "worker-metrics"
-    directory.mkdir()
-    (directory / "counter_1.db").write_bytes(b"a previous run's")
-    monkeypatch.setenv("CELERY_METRICS_PORT", str(port))
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
     dest = WebhookDestination.objects.create(name="merchant", url=receiver.url)
     receiver.answer(404, key="k3")
-    (worker,) = workers(1)
+    log = tmp_path / "relay.log"
+    relay = start_relay(log, "--metrics-port", str(port))
+    try:
+        wait_for(lambda: "relay started" in log.read_text(), 60, "the relay to start")
 
-    # when: three messages commit, and the worker relays them
-    with transaction.atomic():
-        for key in ("k1", "k2", "k3"):
-            enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
-    settled = OutboxMessage.objects.filter(status__in=["delivered", "failed"])
-    wait_for(lambda: settled.count() == 3, 30, f"three answers ({worker.tail()})")
+        # when: three messages commit, and the relay relays them
+        with transaction.atomic():
+            for key in ("k1", "k2", "k3"):
+                enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
+        settled = OutboxMessage.objects.filter(status__in=["delivered", "failed"])
+        wait_for(lambda: settled.count() == 3, 30, f"three answers ({log.read_text()[-2000:]})")
 
-    # then: its port serves what its pool process counted, and the old file is gone
-    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        # then: its port serves what it counted
+        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    finally:
+        os.killpg(relay.pid, signal.SIGKILL)
+        relay.wait(10)
     samples = parse(response.text)
     merchant = {"destination": "merchant"}
     assert value(samples, "webhook_receiver_outbox_delivery_seconds_count", **merchant) == 2
     assert value(samples, "webhook_receiver_outbox_attempts_per_delivery_sum", **merchant) == 2
     assert value(samples, "webhook_receiver_outbox_terminal_total", **merchant) == 1
-    assert not (directory / "counter_1.db").exists()
 
 
 def _free_port() -> int:

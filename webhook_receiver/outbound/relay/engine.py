@@ -302,10 +302,9 @@ class Relay:
 
     async def _round(self, lanes: list[Lane], work: list[Work]) -> None:
         try:
-            with tracing.span("webhook.relay_round", destinations=len(work)):
-                outcomes = await self._database.call(
-                    lambda: relay_round_or_apart(work, rows=self._rows), "round"
-                )
+            outcomes = await self._database.call(
+                lambda: relay_round_or_apart(work, rows=self._rows), "round"
+            )
         except Exception as exc:
             self._round_failed(lanes, work, exc)
         else:
@@ -377,8 +376,17 @@ class Relay:
             elif outcome.paused_until is not None:
                 self._wake_at(lane, (outcome.paused_until - timezone.now()).total_seconds())
         assert dest is not None
-        for message in outcome.claimed:
-            self._send(lane, dest, message)
+        if outcome.claimed:
+            # the sends of a destination's claim, linked to the spans that admitted them
+            # (each delivery is that span's child: a trace per event, not per round)
+            with tracing.span(
+                "webhook.relay_round",
+                destination=dest.name,
+                messages=len(outcome.claimed),
+                links=[m.traceparent for m in outcome.claimed],
+            ):
+                for message in outcome.claimed:
+                    self._send(lane, dest, message)
         self._consider(lane)
 
     def _send(self, lane: Lane, dest: WebhookDestination, message: Claimed) -> None:

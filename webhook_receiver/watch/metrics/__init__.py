@@ -10,16 +10,18 @@ Two kinds of value, each kept where it stays right:
   default registry.
 - What is stored (failed events, silence alerts, repair items, the last event, the
   outbox's backlog) is read from the database at scrape time (collectors.py).
-- What Celery workers count (the relay's delivery time, attempts and terminal messages)
-  exists in the worker's pool processes. ``/metrics/`` sees it when the worker shares
-  the web server's multiprocess directory (one host); anywhere else, the worker serves
-  it itself (``worker_metrics_serve``).
+- What a relay process counts (the outbox's delivery time, attempts and terminal
+  messages), and what Celery workers count, exists in those processes. ``/metrics/``
+  sees it when the process shares the web server's multiprocess directory (one host);
+  anywhere else, the process serves it itself (``relay_metrics_serve``,
+  ``worker_metrics_serve``).
 
 A host mounts the view (views.py) with one line:
-``path("metrics/", include("webhook_receiver.watch.metrics.urls"))``; a Celery worker
-serves its own with ``worker_metrics_serve``.
+``path("metrics/", include("webhook_receiver.watch.metrics.urls"))``; a relay serves its
+own with ``manage.py webhook_relay --metrics-port``, a Celery worker with
+``worker_metrics_serve``.
 """
 
-from .exporter import worker_metrics_serve
+from .exporter import relay_metrics_serve, worker_metrics_serve
 
-__all__ = ["worker_metrics_serve"]
+__all__ = ["relay_metrics_serve", "worker_metrics_serve"]

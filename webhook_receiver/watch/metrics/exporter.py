@@ -1,6 +1,7 @@
 """Where the counters are read from: this process's registry, or the files of every
-process under multiprocess mode; and a Celery worker's own exporter, for the counters
-its pool processes keep (the relay's delivery time, attempts and terminal messages)."""
+process under multiprocess mode; a relay process's own exporter, for the counters it
+keeps (the outbox's delivery time, attempts and terminal messages); and a Celery
+worker's, for what its pool processes count (a retry's outcome)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,14 @@ def worker_metrics_serve(port: int, addr: str = "127.0.0.1") -> None:
         stale.unlink()
     start_http_server(port, addr=addr, registry=process_collector())
     logger.info("serving the worker's metrics at http://%s:%s/metrics", addr, port)
+
+
+def relay_metrics_serve(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve what this relay process counts (the outbox's delivery time, attempts and
+    terminal messages) at ``http://addr:port/metrics``, for Prometheus
+    (``manage.py webhook_relay --metrics-port``). A relay sharing the web server's
+    ``PROMETHEUS_MULTIPROC_DIR`` (one host) is counted by ``/metrics/`` already; this
+    is for a relay on a machine of its own. Like most exporters it asks for no token:
+    bind it to an address only Prometheus reaches."""
+    start_http_server(port, addr=addr, registry=process_collector())
+    logger.info("serving the relay's metrics at http://%s:%s/metrics", addr, port)

@@ -50,7 +50,6 @@ def demo_env(redis: PrivateRedis, var_dir: Path) -> dict[str, str]:
         DEMO_VAR_DIR=str(var_dir),
         SHOP_WEBHOOK_SECRETS="whsec_broker_outage_test_secret_0123456789",
         WEBHOOK_RETRY_SWEEP_SECONDS="1",  # a scheduled task a second: many failed sends
-        WEBHOOK_RELAY_SWEEP_SECONDS="1",
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -138,8 +137,9 @@ def test_beat_and_the_worker_write_one_line_when_the_broker_goes_and_one_when_it
     assert beat[0].startswith("ERROR celery.beat broker not answering: kombu"), beat
     assert beat[1].startswith("INFO celery.beat broker answers again after "), beat
     assert OUTAGE_SECONDS - 3 < seconds(beat[1]) < OUTAGE_SECONDS + 15, beat
-    # a scheduled task a second for 15 s: a dozen or more failures, one line
-    assert int(re.search(r"\((\d+) more", beat[1])[1]) >= 10, beat
+    # a scheduled task a second for 15 s (beat backs off between its own retries): some
+    # failures, one line
+    assert int(re.search(r"\((\d+) more", beat[1])[1]) >= 5, beat
     # the worker: its start-up's "Connected to", then the loss and the return
     assert worker_lines[0].startswith("INFO celery.worker.consumer.connection Connected to")
     assert len(worker_lines) == 3, worker_lines

@@ -74,7 +74,7 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         wait_listening(port, seconds=30)
         time.sleep(3)  # the worker and beat are up too
         started = descendants(launcher.pid)
-        assert len(started) >= 5  # 3 programs, gunicorn's 2 workers, the worker's pool
+        assert len(started) >= 6  # 4 programs, gunicorn's 2 workers, the worker's pool
         # and: the README's plain send_test_webhook finds it, whatever its port
         address = tmp_path / "var" / "devserver-address"
         assert address.read_text().strip() == f"http://127.0.0.1:{port}"
@@ -82,6 +82,28 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         assert sent.returncode == 0 and '"status":"applied"' in sent.stdout.replace(" ", ""), (
             sent.stdout + sent.stderr
         )
+        # and: the relay sends the outbox on the embedded default (SQLite, no server): an
+        # order event forwarded to a destination on the demo's own endpoint, as
+        # docs/sending.md shows, is delivered within its poll
+        added = manage(
+            "webhook_destination", "add", "self",
+            "--url", f"http://127.0.0.1:{port}/webhooks/shop/",
+            "--secret", SHOP_SECRET, "--events", "order.paid", "--rate", "5/s",
+            env=env, timeout=60,
+        )  # fmt: skip
+        assert added.returncode == 0, added.stdout + added.stderr
+        paid = manage(
+            "send_test_webhook", "--type", "order.paid", "--order-id", "ord_demo",
+            "--order-version", "3", "--event-id", "evt_demo", env=env, timeout=60,
+        )  # fmt: skip
+        assert paid.returncode == 0, paid.stdout + paid.stderr
+        deadline = time.monotonic() + 20
+        while True:
+            trace = manage("webhook_trace", "evt_demo", env=env, timeout=60)
+            if "delivered" in trace.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert "to self" in trace.stdout and "delivered" in trace.stdout, trace.stdout
 
         # when: Ctrl-C in the terminal (SIGINT to the whole foreground group), or SIGTERM
         stopped_at = time.monotonic()
@@ -103,7 +125,7 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
     assert not listening(port)
     assert not (tmp_path / "var" / "devserver-address").exists()
     # and the terminal shows a short, calm shutdown
-    shutdown = text[text.index("Stopping web, worker and beat") :]
+    shutdown = text[text.index("Stopping web, relay, worker and beat") :]
     assert len(shutdown.splitlines()) < 25, shutdown
     assert shutdown.rstrip().endswith("Stopped.")
     for alarm in ("Segmentation fault", "Traceback", "killed"):

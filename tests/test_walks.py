@@ -1,12 +1,12 @@
 """The two walks a newcomer reads (docs/testing.md): every function of the app entered,
 in order, from ``WebhookView.post`` to the commit of a new event, and from
-``enqueue_webhook`` to the attempt its relay run records (through the task and its
-lane). Recorded by a profiler, not by hand; ``pytest tests/test_walks.py -s`` prints
-them. Each walk may not grow: a change that makes it longer raises the bound it passes,
-and says why, in the same commit. And neither walk enters a module again from below it
-(A calls B, which calls back into A), except through a callback A handed down: a
-closure or lambda of A's own, such as the statement ``core/outages.py`` runs for
-``admission.py``."""
+``enqueue_webhook`` to the attempt a running relay records (its poll, its round, the
+request, the round that records the answer). Recorded by a profiler, not by hand;
+``pytest tests/test_walks.py -s`` prints them. Each walk may not grow: a change that
+makes it longer raises the bound it passes, and says why, in the same commit. And
+neither walk enters a module again from below it (A calls B, which calls back into A),
+except through a callback A handed down: a closure or lambda of A's own, such as the
+statement ``core/outages.py`` runs for ``admission.py``."""
 
 from __future__ import annotations
 
@@ -17,23 +17,23 @@ from types import FrameType
 
 import pytest
 from django.db import transaction
-from webhook_receiver.outbound.relay.lanes import RelayLanes
 
 from tests.support.http import post
 from tests.support.outbox import relay_merchant
 from tests.support.peers import answer, hostile_peer
 from tests.support.signing import reserved, standard_headers
-from webhook_receiver import tasks
-from webhook_receiver.core import seam, tracing
+from tests.support.worker import Background, relay_in_background, wait_for
+from webhook_receiver.core import tracing
 from webhook_receiver.models import DeliveryAttempt
 from webhook_receiver.outbound.admission import enqueue_webhook
-from webhook_receiver.outbound.relay import lanes as lanes_module
 
 PACKAGE = Path(__file__).resolve().parents[1] / "webhook_receiver"
 
 # (files, functions) at most; comprehensions and lambdas are not counted as functions
 RECEIVE_BOUND = (17, 67)
-SEND_BOUND = (24, 98)
+# the relay as one loop: 86 functions (98 through Celery's task and a lane), in 26 files
+# (the relay's rooms: its loop, lanes, rows, round and its write, session, wake-ups)
+SEND_BOUND = (26, 86)
 
 
 def _app_module(frame: FrameType) -> str | None:
@@ -94,6 +94,13 @@ class Walk:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
 
+    def follow(self, relay: Background) -> None:
+        """Record in a relay's threads too (started before the walk)."""
+        relay.in_its_threads(lambda: sys.setprofile(self._profile))
+
+    def unfollow(self, relay: Background) -> None:
+        relay.in_its_threads(lambda: sys.setprofile(None))
+
     @property
     def files(self) -> list[str]:
         return list(dict.fromkeys(path for path, _ in self.entered))
@@ -136,34 +143,31 @@ def test_the_receive_walk_does_not_grow(client):
     assert walk.reentered == []
 
 
-@pytest.mark.postgres_only("a lane's thread writes while the test's connection reads")
+@pytest.mark.postgres_only("the relay's database thread writes while the test's reads")
 @pytest.mark.django_db(transaction=True)
-def test_the_send_walk_does_not_grow(monkeypatch):
-    # given: a merchant that answers 200, this process's lanes, and the task run where
-    # the relay is started (as a worker would run it)
-    lanes = RelayLanes()
-    monkeypatch.setattr(lanes_module, "lanes", lanes)
+def test_the_send_walk_does_not_grow():
+    # given: a merchant that answers 200, and a relay running in this process (its poll
+    # finds what is admitted), warmed by a first message
+    attempts = DeliveryAttempt.objects.filter(status_code=200)
     with (
         hostile_peer(lambda request: [(0, answer(200, {}, b"ok"))]) as peer,
-        seam.replaced(
-            relay=lambda destination_id, countdown: tasks.relay_destination.run(destination_id)
-        ),
+        relay_in_background(poll_seconds=0.1) as relay,
     ):
         merchant = relay_merchant(peer.url)
         with transaction.atomic():
             enqueue_webhook(merchant, "order.paid", "warm", {"n": 1})
-        assert lanes.finish(timeout=10)
+        wait_for(lambda: attempts.filter(message__key="warm").exists(), 10, "the warm one")
 
-        # when: a fresh pool, whose lane thread starts within the walk
-        lanes = RelayLanes()
-        monkeypatch.setattr(lanes_module, "lanes", lanes)
+        # when
         with Walk() as walk:
+            walk.follow(relay)
             with transaction.atomic():
                 enqueue_webhook(merchant, "order.paid", "walk", {"n": 2})
-            assert lanes.finish(timeout=10)
+            wait_for(lambda: attempts.filter(message__key="walk").exists(), 10, "the walk")
+            walk.unfollow(relay)
 
     # then
-    assert DeliveryAttempt.objects.filter(message__key="walk", status_code=200).count() == 1
+    assert attempts.filter(message__key="walk").count() == 1
     print("\n" + walk.told("send"))
     assert within(walk, SEND_BOUND), walk.told("send")
     assert walk.reentered == []

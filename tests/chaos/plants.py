@@ -1,7 +1,7 @@
 """Defects to plant in the real processes of a chaos run, so that a team can watch it fail:
 ``python -m tests.chaos --plant NAME`` gives every process it starts ``CHAOS_PLANT=NAME``;
 the run's settings (``settings.py``) then install ``PlantedDefect``, whose ``ready()``
-patches the app at start-up, in gunicorn's workers and the Celery worker alike. Each
+patches the app at start-up, in gunicorn's workers, the relay and the Celery worker alike. Each
 plant names the check that must catch it; a run that does not is reported as such.
 
 Test code: the app itself has no switch for any of these. ``test_plants.py`` checks that
@@ -59,9 +59,10 @@ def _double_effect(patch: Patch) -> None:
 
 def _delivered_without_effect(patch: Patch) -> None:
     from webhook_receiver.outbound.models import MessageStatus
-    from webhook_receiver.outbound.relay import policy, record
+    from webhook_receiver.outbound.relay import policy
+    from webhook_receiver.outbound.relay import round as relay_round
 
-    judged = record.decide
+    judged = relay_round.decide
 
     def decide(dest: Any, sent: Any, now: Any) -> policy.Decision:
         if sent.status_code == 500:  # the defect: taken for a 2xx
@@ -70,7 +71,7 @@ def _delivered_without_effect(patch: Patch) -> None:
             )
         return judged(dest, sent, now)
 
-    patch(record, "decide", decide)
+    patch(relay_round, "decide", decide)
 
 
 def _out_of_order(patch: Patch) -> None:
@@ -81,10 +82,7 @@ def _out_of_order(patch: Patch) -> None:
     eligible = queries.ELIGIBLE_IDS
     start = eligible.index("AND (m.ordering_key = ''")
     end = eligible.index("ORDER BY m.id")
-    ignored = eligible[:start] + eligible[end:]
-    by_vendor = {vendor: sql.replace(eligible, ignored) for vendor, sql in queries.ELIGIBLE.items()}
-    patch(queries, "ELIGIBLE_IDS", ignored)
-    patch(queries, "ELIGIBLE", by_vendor)
+    patch(queries, "ELIGIBLE_IDS", eligible[:start] + eligible[end:])
 
 
 def _lost_message(patch: Patch) -> None:

@@ -12,9 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -188,3 +189,43 @@ def relay_running(seconds: float, **options: object) -> Relay:
     finally:
         database.close()
     return relay
+
+
+@dataclass
+class Background:
+    """A relay running in a thread of this process (``relay_in_background``)."""
+
+    relay: Relay
+    loop: asyncio.AbstractEventLoop
+
+    def in_its_threads(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` in the relay's loop thread and in its database thread (a profiler
+        set there, say), and wait until both have."""
+
+        async def both() -> None:
+            fn()
+            await self.relay._database.call(fn)
+
+        asyncio.run_coroutine_threadsafe(both(), self.loop).result(10)
+
+
+@contextmanager
+def relay_in_background(**options: object) -> Iterator[Background]:
+    """A relay in a thread of this process, on a database thread of its own (a test with
+    ``transaction=True``), until the block ends; then stopped as SIGTERM stops one."""
+    from webhook_receiver.outbound.relay.database import DatabaseThreads
+    from webhook_receiver.outbound.relay.engine import Relay
+
+    database = DatabaseThreads(1)
+    relay = Relay(database=database, **options)  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    runner = threading.Thread(target=loop.run_until_complete, args=(relay.run(stop),))
+    runner.start()
+    try:
+        yield Background(relay, loop)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        runner.join(30)
+        loop.close()
+        database.close()

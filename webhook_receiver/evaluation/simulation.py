@@ -44,7 +44,6 @@ from ..inbound.receive import webhook_receive
 from ..outbound.admission import enqueue_webhook
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from ..outbound.operations import destination_enable
-from ..outbound.relay.database import CallerDatabase
 from ..outbound.relay.engine import Relay
 from ..outbound.relay.steps import relay_claim
 from ..outbound.relay.transport import deliver
@@ -52,9 +51,9 @@ from ..watch.destinations import destination_statuses
 from ..watch.silence import silence_check
 from . import traffic, world
 from .backlog import Backlog
-from .clock import SimulatedLoop
 from .inputs import Scenario
 from .observed import Observations
+from .runtime import RunDatabase, SimulatedLoop
 from .settings import EVENT_TYPE, SENDER, beat_schedule, eval_settings, sender_secret
 
 T = TypeVar("T")
@@ -64,29 +63,6 @@ T = TypeVar("T")
 SAMPLES = 240
 # the status's judgements of a backlog recorded at each sample (watch/conditions.py)
 JUDGED = ("relay_not_sending", "behind")
-# what the relay's database work counts for, by what the engine names it
-PHASES = {"round": "relay", "poll": "sweep", "heartbeat": "other"}
-
-
-class _RunDatabase(CallerDatabase):
-    """The run's thread does the database work; each call's statements count for its
-    phase."""
-
-    def __init__(self, simulation: Simulation) -> None:
-        super().__init__()
-        self._simulation = simulation
-
-    def wrapped(self, fn: Callable[[], T], what: str) -> Callable[[], T]:
-        simulation = self._simulation
-
-        def counted() -> T:
-            simulation.phase = PHASES.get(what, what or "other")
-            try:
-                return fn()
-            finally:
-                simulation.phase = "other"
-
-        return counted
 
 
 class Simulation:
@@ -100,7 +76,7 @@ class Simulation:
         self._traveller: Any = None
         self._destinations: dict[str, WebhookDestination] = {}
         self._names: dict[int, str] = {}
-        self._database = _RunDatabase(self)
+        self._database = RunDatabase(self)
         self._event_loop: SimulatedLoop | None = None
         self._relays: list[Relay] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -213,7 +189,7 @@ class Simulation:
 
     def _loop(self) -> None:
         """The run's event loop, on its own thread (the database work comes back to the
-        run's thread: _RunDatabase)."""
+        run's thread: RunDatabase)."""
         loop = self._event_loop = SimulatedLoop(self.now, self._move_to)
         try:
             loop.run_until_complete(self._main())

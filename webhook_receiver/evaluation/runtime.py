@@ -1,4 +1,5 @@
-"""The simulation's clock: an asyncio event loop whose time is the simulated time.
+"""What the run's relays run on: an asyncio event loop whose time is the simulated time
+(``SimulatedLoop``), and the run's own thread for their database work (``RunDatabase``).
 
 The relay is an asyncio program (outbound/relay/engine.py), so the run plays it on an
 event loop of its own kind: the loop's ``time()`` is the simulated clock, and when
@@ -16,7 +17,11 @@ import asyncio
 import math
 import selectors
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+from ..outbound.relay.database import CallerDatabase
+
+T = TypeVar("T")
 
 
 class _Selector(selectors.DefaultSelector):
@@ -51,3 +56,34 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
         # microseconds), so that the timer is due when the loop looks again
         target = math.ceil(round((self._now() + seconds) * 1_000_000, 3)) / 1_000_000
         self._move_to(max(target, self._now() + 1e-6))
+
+
+class Counted(Protocol):
+    """Whatever counts the run's statements by phase (the simulation)."""
+
+    phase: str
+
+
+# what the relay's database work counts for, by what the engine names it
+PHASES = {"round": "relay", "poll": "sweep", "heartbeat": "other"}
+
+
+class RunDatabase(CallerDatabase):
+    """The run's thread does the database work; each call's statements count for its
+    phase."""
+
+    def __init__(self, simulation: Counted) -> None:
+        super().__init__()
+        self._simulation = simulation
+
+    def wrapped(self, fn: Callable[[], T], what: str) -> Callable[[], T]:
+        simulation = self._simulation
+
+        def counted() -> T:
+            simulation.phase = PHASES.get(what, what or "other")
+            try:
+                return fn()
+            finally:
+                simulation.phase = "other"
+
+        return counted

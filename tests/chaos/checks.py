@@ -444,11 +444,11 @@ def _seconds(value: float | None) -> float | None:
 
 
 def isolation_check(state: dict, book: MerchantBook, windows: list[Window]) -> Check:
-    """The isolation claim of docs/sending.md (lanes): a healthy destination's latency,
+    """The isolation claim of docs/sending.md (the relay's lanes): a healthy destination's latency,
     admission to first arrival, with noisy neighbours beside it is within twice its
     figure alone, or a second more: the p99 of the merchant's messages admitted while
     every neighbour was subscribed (the fault's hold) against the p99 of those admitted
-    before the first fault began: after one, a backlog it left (a frozen worker's, a
+    before the first fault began: after one, a backlog it left (a frozen relay's, a
     broker outage's) would loosen the bound. A message that never arrived counts as
     never."""
     noisy = next((w for w in windows if w.name == NOISY), None)

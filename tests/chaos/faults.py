@@ -1,22 +1,22 @@
 """The faults of a run, in sequence, each recorded as a window: when it began, when it
 was over (the process back, the server started, the lock released), and what was done.
 
-- ``worker_kill``: SIGKILL to a Celery worker's group while the merchant has a request
-  of the relay in flight (within a bounded wait), then a new worker;
+- ``relay_kill``: SIGKILL to the relay while the merchant has a request of it in flight
+  (within a bounded wait), then a new relay;
 - ``gunicorn_kill``: SIGKILL to every gunicorn worker (the master starts new ones);
 - ``postgres_stop``: ``pg_ctl stop -m immediate`` (a crash: no shutdown checkpoint,
   every session cut), the server down for a while, then started (crash recovery);
-- ``frozen_worker`` (window ``frozen-worker``): SIGSTOP to the Celery worker's group
-  (its pool too), held, then SIGCONT: alive to every process check, doing nothing;
+- ``frozen_relay`` (window ``frozen-relay``): SIGSTOP to the relay, held past its
+  requests' leases, then SIGCONT: alive to every process check, doing nothing;
 - ``broker_outage`` (window ``broker-outage``): Redis stopped, held down, then started on
   its port (nothing persisted: queued tasks and cached windows are gone);
 - ``lock_receipts`` / ``lock_outbox``: ``LOCK TABLE … IN ACCESS EXCLUSIVE MODE`` held in
   a connection of its own, then rolled back;
 - ``snapshot``: a ``REPEATABLE READ`` transaction that reads, then stays open (it pins
   the xmin horizon), then ends;
-- ``noisy_neighbours`` (window ``noisy-neighbours``): bad merchants added beside the
-  run's merchant, three per worker process (two thirds never answer, the rest answer
-  503), subscribed to its event types with the default timeout, held, then disabled.
+- ``noisy_neighbours`` (window ``noisy-neighbours``): six bad merchants added beside the
+  run's merchant (two thirds never answer, the rest answer 503), subscribed to its event
+  types with the default timeout, held, then disabled.
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ import psycopg
 
 from tests.chaos.merchant import EVENTS as MERCHANT_EVENTS
 from tests.chaos.neighbours import BadMerchant
-from tests.chaos.processes import WORKER_PROCESSES, cpu_ticks
+from tests.chaos.processes import cpu_ticks
 
 RECEIPTS = "webhook_receiver_webhookreceipt"
 OUTBOX = "webhook_receiver_outboxmessage"
 
 NOISY = "noisy-neighbours"  # the window of noisy_neighbours, as the report names it
-FROZEN = "frozen-worker"
+FROZEN = "frozen-relay"
 BROKER = "broker-outage"
-# bad destinations per worker process: were the relay run in the worker's processes,
-# enough to hold every one of them three times over
-NEIGHBOURS_PER_PROCESS = 3
+# bad destinations beside the run's merchant: were the relay to wait for them, enough to
+# hold it for a timeout each
+NEIGHBOURS = 6
 # seconds to add (or disable) the neighbours, about: a manage.py process each, at once,
 # on a machine already busy with the run
 NEIGHBOURS_SETUP = 10
@@ -68,14 +68,14 @@ class Holds:
     lock: float
     snapshot: float
     neighbours: float  # every noisy neighbour subscribed
-    frozen: float  # the worker stopped (SIGSTOP)
+    frozen: float  # the relay stopped (SIGSTOP)
     broker_down: float
     gap: float  # quiet time between faults
 
 
-# the worker stays frozen for a minute in both: what notices it (the relay's pickup, beat's
-# heartbeat at two of its intervals) needs 20 to 40 s, and a shorter freeze is not a fault
-# anyone could be told of
+# the relay stays frozen for a minute in both: what notices it (its pickup, its heartbeat
+# at three of its intervals) needs 30 s, and a shorter freeze is not a fault anyone could
+# be told of
 SHORT = Holds(postgres_down=5, lock=10, snapshot=10, neighbours=15, frozen=60, broker_down=30,
               gap=4)  # fmt: skip
 LONG = Holds(postgres_down=10, lock=25, snapshot=40, neighbours=30, frozen=60, broker_down=180,
@@ -93,9 +93,9 @@ class Faults:
     def sequence(self) -> list[Callable[[], None]]:
         return [
             self.noisy_neighbours,  # first: a skipped one would leave no figure
-            self.worker_kill,
+            self.relay_kill,
             self.gunicorn_kill,
-            self.frozen_worker,
+            self.frozen_relay,
             self.postgres_stop,
             self.broker_outage,
             self.lock_receipts,
@@ -106,7 +106,7 @@ class Faults:
     def duration(self) -> float:
         """About how long the sequence takes (to spread the sender's events over it)."""
         h = self.holds
-        restarts = 3 * 8  # a worker, gunicorn's workers, Redis: seconds each, about
+        restarts = 3 * 8  # a relay, gunicorn's workers, Redis: seconds each, about
         neighbours = h.neighbours + 2 * NEIGHBOURS_SETUP
         gaps = (len(self.sequence()) + 1) * h.gap
         down = h.postgres_down + h.frozen + h.broker_down
@@ -146,7 +146,7 @@ class Faults:
 
     # --- the faults ---------------------------------------------------------------------
 
-    def worker_kill(self) -> None:
+    def relay_kill(self) -> None:
         stack = self.stack
         book = stack.merchant.book
         deadline = time.monotonic() + 20
@@ -154,10 +154,10 @@ class Faults:
             time.sleep(0.005)
         mid = book.in_flight > 0
         with stack.process_lock:
-            window = self._window("worker_kill", f"(a relay request in flight: {mid})")
-            stack.worker.kill()
-            self._unless_stopping(stack.worker_restart)
-        self._close(window, "(a new worker ready)")
+            window = self._window("relay_kill", f"(a relay request in flight: {mid})")
+            stack.relay.kill()
+            self._unless_stopping(stack.relay_restart)
+        self._close(window, "(a new relay ready)")
 
     def gunicorn_kill(self) -> None:
         web = self.stack.web
@@ -190,16 +190,16 @@ class Faults:
         self._unless_stopping(pg.start)
         self._close(window, "(started, accepting connections)")
 
-    def frozen_worker(self) -> None:
-        worker = self.stack.worker
+    def frozen_relay(self) -> None:
+        relay = self.stack.relay
         seconds = self.holds.frozen
-        window = self._window(FROZEN, f"({seconds:g} s, SIGSTOP to {worker.name}'s group)")
-        os.killpg(worker.pid, signal.SIGSTOP)
+        window = self._window(FROZEN, f"({seconds:g} s, SIGSTOP to {relay.name})")
+        os.killpg(relay.pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)
         finally:  # whatever happens, never leave it stopped
             with suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGCONT)
+                os.killpg(relay.pid, signal.SIGCONT)
         self._close(window, "(SIGCONT)")
 
     def broker_outage(self) -> None:
@@ -242,12 +242,12 @@ class Faults:
         with ``manage.py webhook_destination`` as an operator would. The window runs from
         the first add to the last server stopped; its hold, from the last add to the
         first disable, is the span every neighbour was subscribed."""
-        count = NEIGHBOURS_PER_PROCESS * WORKER_PROCESSES
+        count = NEIGHBOURS
         holes = count * 2 // 3
         neighbours = [BadMerchant(f"neighbour-{n}", fails=n >= holes) for n in range(count)]
-        window = self._window(NOISY, f"({count} bad destinations for a worker of "
-                              f"{WORKER_PROCESSES} processes: {holes} never answer, "
-                              f"{count - holes} answer 503; the default 10 s timeout)")  # fmt: skip
+        window = self._window(NOISY, f"({count} bad destinations beside the relay's: "
+                              f"{holes} never answer, {count - holes} answer 503; the "
+                              "default 10 s timeout)")  # fmt: skip
         most = 0  # requests the black holes held at once, at the most (sampled)
         try:
             for neighbour in neighbours:

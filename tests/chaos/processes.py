@@ -1,9 +1,9 @@
 """The run's servers and processes: a PostgreSQL cluster and a Redis of its own
 (``tests/support/private_servers.py``, on free ports, in a temporary directory), gunicorn
-with the shipped ``deploy/gunicorn.conf.py``, a Celery worker, Celery beat, and the
-sender. Each process runs in a session of its own (a SIGKILL to its group reaches its
-children), its output in a log of the run's directory; ``stop_all`` ends every one of
-them, whatever ended the run.
+with the shipped ``deploy/gunicorn.conf.py``, the outbox relay (``manage.py
+webhook_relay``), a Celery worker, Celery beat, and the sender. Each process runs in a
+session of its own (a SIGKILL to its group reaches its children), its output in a log
+of the run's directory; ``stop_all`` ends every one of them, whatever ended the run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.support.paths import REPO
 
 STARTUP_SECONDS = 60
 STOP_SECONDS = 15
-# the Celery worker's prefork processes (the noisy_neighbours fault scales to it)
+# the Celery worker's prefork processes (the inbound retries, beat's tasks)
 WORKER_PROCESSES = 2
 
 
@@ -71,7 +71,7 @@ class Service:
         if self.process.poll() is None:
             with suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-                # a stopped process (the frozen-worker fault) acts on it once continued
+                # a stopped process (the frozen-relay fault) acts on it once continued
                 os.killpg(self.process.pid, signal.SIGCONT)
             with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=STOP_SECONDS)
@@ -146,6 +146,20 @@ class CeleryWorker(Service):
         return text.count(" ready.") >= self.generation
 
     generation = 1
+
+
+class RelayProcess(Service):
+    def __init__(self, env: dict[str, str], log: Path, number: int) -> None:
+        command = [sys.executable, "manage.py", "webhook_relay"]
+        super().__init__(f"relay {number}", command, env, log)
+        self.generation = number
+
+    def ready(self) -> bool:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return False
+        return "relay started" in text
 
 
 class CeleryBeat(Service):

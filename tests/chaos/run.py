@@ -34,7 +34,7 @@ from tests.chaos.merchant import Merchant
 from tests.chaos.plan import plan_build, plan_save
 from tests.chaos.plants import ENV as PLANT_ENV
 from tests.chaos.plants import PLANTS
-from tests.chaos.processes import CeleryBeat, CeleryWorker, Gunicorn, Service
+from tests.chaos.processes import CeleryBeat, CeleryWorker, Gunicorn, RelayProcess, Service
 from tests.chaos.truth import truth_check, truth_table
 from tests.chaos.watcher import Watcher
 from tests.support.paths import REPO
@@ -66,11 +66,13 @@ class Stack:
         self.merchant = Merchant(self.merchant_secret, run_dir / "merchant.log")
         self.services: list[Service] = []
         self.worker_generation = 0
+        self.relay_generation = 0
         self.web: Gunicorn | None = None
         self.probes: Gunicorn | None = None
+        self.relay: RelayProcess | None = None
         self.worker: CeleryWorker | None = None
         self.beat: CeleryBeat | None = None
-        # held while a fault or the supervisor replaces the worker
+        # held while a fault or the supervisor replaces the relay or the worker
         self.process_lock = threading.Lock()
         self.unplanned_exits: list[dict] = []
         # set once the clean-up begins; a fault restarts nothing after it (under `starting`)
@@ -102,7 +104,6 @@ class Stack:
             DJANGO_DEBUG="false",
             DEMO_VAR_DIR=str(self.run_dir / "var"),
             WEBHOOK_RETRY_SWEEP_SECONDS="2",
-            WEBHOOK_RELAY_SWEEP_SECONDS="2",
             SHOP_RECONCILE_URL="",
             SHOP_SILENCE_AFTER_SECONDS="0",
             WEBHOOK_NOTIFIERS="log",
@@ -143,10 +144,12 @@ class Stack:
         self.probes = Gunicorn(self.env(), log, PROBE_WORKERS, name="gunicorn-probes")
         self.services.append(self.probes)
         self.probes.start()
+        self.relay_restart(wait=False)
         self.worker_restart(wait=False)
         self.beat_start()
         self.web.wait_ready(self.web.answers)
         self.probes.wait_ready(self.probes.answers)
+        self.relay.wait_ready(self.relay.ready)
         self.worker.wait_ready(self.worker.ready)
         self.log(f"serving on {self.web.url} (started in {time.time() - started:.1f} s)")
 
@@ -158,7 +161,7 @@ class Stack:
         self.beat.start()
 
     def supervise(self) -> None:
-        """Start a worker or beat again when it exits on its own, as systemd's
+        """Start a relay, a worker or beat again when it exits on its own, as systemd's
         Restart=always would (a second later); each such exit is reported."""
         self._supervising.set()
         threading.Thread(target=self._supervise, daemon=True).start()
@@ -167,7 +170,8 @@ class Stack:
         while self._supervising.is_set():
             time.sleep(0.5)
             with self.process_lock:
-                for service, restart in ((self.worker, self.worker_restart),
+                for service, restart in ((self.relay, self.relay_restart),
+                                         (self.worker, self.worker_restart),
                                          (self.beat, self.beat_start)):  # fmt: skip
                     if service is None or service.alive() or not self._supervising.is_set():
                         continue
@@ -182,10 +186,20 @@ class Stack:
                         if self.stopping:
                             return
                         try:
-                            kwargs = {"wait": False} if restart == self.worker_restart else {}
+                            waits = (self.worker_restart, self.relay_restart)
+                            kwargs = {"wait": False} if restart in waits else {}
                             restart(**kwargs)
                         except Exception as exc:
                             self.log(f"could not start it again: {exc!r}")
+
+    def relay_restart(self, wait: bool = True) -> None:
+        self.relay_generation += 1
+        n = self.relay_generation
+        self.relay = RelayProcess(self.env(), self.run_dir / f"relay-{n}.log", n)
+        self.services.append(self.relay)
+        self.relay.start()
+        if wait:
+            self.relay.wait_ready(self.relay.ready)
 
     def worker_restart(self, wait: bool = True) -> None:
         self.worker_generation += 1
@@ -383,6 +397,7 @@ def _conclude(stack, faults, planned, requests_path, out, log, truth, meta) -> i
     names = ["run.log", "manage.log", "gunicorn.log", "gunicorn-probes.log", "beat.log",
              "sender.log", "merchant.log", "postgres.log", "redis.log", "requests.jsonl",
              "outbound.jsonl", "probes.jsonl", "plan.json"]  # fmt: skip
+    names += sorted(p.name for p in stack.run_dir.glob("relay-*.log"))
     names += sorted(p.name for p in stack.run_dir.glob("worker-*.log"))
     logs = {name: str(stack.run_dir / name) for name in names}
     text = report.render(meta, results, per_window, logs, table)

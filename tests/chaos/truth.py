@@ -41,7 +41,7 @@ TRUTHFUL = (
 # which probe must say something is wrong, per fault; the rest are shown, not held
 HELD: dict[str, tuple[str, ...]] = {
     NOISY: (STATUS,),  # six destinations failing or never answering
-    FROZEN: (HEALTH, STATUS),  # nothing relayed, no heartbeat
+    FROZEN: (HEALTH, STATUS),  # nothing relayed, no relay's heartbeat
     "postgres_stop": (HEALTH, STATUS),
     BROKER: (HEALTH, STATUS),
     "lock_receipts": (HEALTH, STATUS),  # receipts unreadable: nothing can be received

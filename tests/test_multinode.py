@@ -1,9 +1,10 @@
-"""More than one machine, on one: two gunicorn nodes and two Celery workers, each with an
-environment of its own, through one PgBouncer in transaction mode to one PostgreSQL and
-one Redis; PgBouncer restarted under them mid-run (``tests/multinode``, small).
+"""More than one machine, on one: two gunicorn nodes and two relays (and a Celery worker),
+each with an environment of its own, through one PgBouncer in transaction mode to one
+PostgreSQL and one Redis; PgBouncer restarted under them mid-run (``tests/multinode``,
+small).
 
 Every event is applied once however many nodes it reached (duplicates went to both at
-once); the destination's rate and concurrency limits hold across both workers; every
+once); the destination's rate and concurrency limits hold across both relays; every
 message arrives, each order's in order; the requests that failed during the restart
 were sent again by the sender, and nothing was lost or doubled.
 """
@@ -21,7 +22,7 @@ from tests.multinode.scenario import Options, report_lines, run
 pytestmark = pytest.mark.postgres_only("one PostgreSQL behind PgBouncer, as deployed")
 
 
-def test_two_nodes_and_two_workers_through_one_pooler_apply_and_relay_each_event_once():
+def test_two_nodes_and_two_relays_through_one_pooler_apply_and_relay_each_event_once():
     if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
         pytest.skip("needs PostgreSQL: one PostgreSQL behind PgBouncer, as deployed")
     if pgbouncer_binary() is None:
@@ -39,7 +40,9 @@ def test_two_nodes_and_two_workers_through_one_pooler_apply_and_relay_each_event
         concurrency=3,
         timeout=1.0,  # a round lost in the restart is sent again after 1 + 24 s
         merchant_delay=0.02,
-        layout=Layout(nodes=2, web_workers=2, workers=2, worker_concurrency=2, pool_size=6),
+        layout=Layout(
+            nodes=2, web_workers=2, relays=2, workers=1, worker_concurrency=2, pool_size=6
+        ),
     )
 
     report = run(options)

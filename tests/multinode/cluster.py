@@ -4,9 +4,11 @@ A database of the run's own (``webhook_multinode_<pid>``) on the shared PostgreS
 127.0.0.1:5432, created, migrated and dropped; a Redis of its own (``PrivateRedis``, on
 a port of its own: broker on db 0, cache on db 1); one PgBouncer in transaction mode
 (``PrivatePgBouncer``) in front of that PostgreSQL. Then two gunicorn "nodes" serving
-``project.wsgi`` and two Celery workers, each a process group with an environment of
-its own (its own scratch directory, metrics directory and node name), and one beat (as
-a deployment runs exactly one). Every process reaches the database through the pooler.
+``project.wsgi``, two relays (``manage.py webhook_relay``), a Celery worker, each a
+process group with an environment of its own (its own scratch directory, metrics
+directory and node name), and one beat (as a deployment runs exactly one). Every
+process reaches the database through the pooler; the relays, which no notification
+reaches through it, find the messages at their poll.
 """
 
 from __future__ import annotations
@@ -82,8 +84,35 @@ class Worker(LoggedProcess):
         return " ready." in self.log_path.read_text(errors="replace")
 
 
+class Relay(LoggedProcess):
+    """``manage.py webhook_relay``; ready once its heartbeat is in the database."""
+
+    startup_timeout = 60
+
+    def __init__(self, env: dict[str, str], log_path: Path, name: str, database: str) -> None:
+        super().__init__(env, log_path)
+        self.name = name
+        self.database = database
+
+    def command(self) -> list[str]:
+        return [sys.executable, "manage.py", "webhook_relay"]
+
+    def ready(self) -> bool:
+        if self.process is None:
+            return False
+        try:
+            with psycopg.connect(f"{POSTGRES} dbname={self.database}", connect_timeout=2) as conn:
+                found = conn.execute(
+                    "SELECT 1 FROM webhook_receiver_heartbeat WHERE name LIKE %s",
+                    [f"relay % {self.process.pid}"],
+                ).fetchone()
+        except psycopg.Error:
+            return False
+        return found is not None
+
+
 class Beat(LoggedProcess):
-    """``celery -A project beat``: the sweeps (the relay's, the failed events' retries)."""
+    """``celery -A project beat``: the failed events' retries, the watch's tasks."""
 
     name = "beat"
 
@@ -111,11 +140,13 @@ def stop(process: LoggedProcess) -> None:
 
 @dataclass
 class Layout:
-    """What to start: nodes and their gunicorn workers, Celery workers and children."""
+    """What to start: nodes and their gunicorn workers, relays, Celery workers and their
+    children."""
 
     nodes: int = 2
     web_workers: int = 2
-    workers: int = 2
+    relays: int = 2
+    workers: int = 1
     worker_concurrency: int = 2
     pool_size: int = 8  # PgBouncer's default_pool_size: server connections a database
     beat: bool = True
@@ -129,6 +160,7 @@ class Cluster:
     keep_logs: Path | None = None
     database: str = field(default_factory=lambda: f"webhook_multinode_{os.getpid()}")
     nodes: list[Node] = field(default_factory=list)
+    relays: list[Relay] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
     beat: Beat | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -179,9 +211,14 @@ class Cluster:
             node = Node(env, self.scratch / f"node{n}.log", self.layout.web_workers)
             self.nodes.append(node)
             processes.append(node)
-        for n in range(1, self.layout.workers + 1):
-            env = self.environment(f"worker{n}")
+        for n in range(1, self.layout.relays + 1):
             name = f"relay{n}"
+            relay = Relay(self.environment(name), self.scratch / f"{name}.log", name, self.database)
+            self.relays.append(relay)
+            processes.append(relay)
+        for n in range(1, self.layout.workers + 1):
+            name = f"worker{n}"
+            env = self.environment(name)
             worker = Worker(env, self.scratch / f"{name}.log", name, self.layout.worker_concurrency)
             self.workers.append(worker)
             processes.append(worker)
@@ -226,7 +263,8 @@ class Cluster:
             "PROMETHEUS_MULTIPROC_DIR": str(metrics),
             "LOG_LEVEL": "WARNING",
             "WEBHOOK_RETRY_SWEEP_SECONDS": "2",
-            "WEBHOOK_RELAY_SWEEP_SECONDS": "2",
+            # through PgBouncer in transaction mode no notification reaches a relay
+            "WEBHOOK_RELAY_LISTEN": "false",
         }
         return env
 
@@ -287,6 +325,11 @@ class Cluster:
 
     def logs_tail(self) -> str:
         parts = []
-        for process in [*self.nodes, *self.workers, *([self.beat] if self.beat else [])]:
+        for process in [
+            *self.nodes,
+            *self.relays,
+            *self.workers,
+            *([self.beat] if self.beat else []),
+        ]:
             parts.append(f"--- {process.name} ---\n{process.log_tail(15)}")
         return "\n".join(parts)

@@ -45,6 +45,7 @@ for first in range(0, count, 500):
 
 def _roles(cluster: Cluster, merchant: Merchant | None, conn) -> Sampler:
     groups = {n.process.pid: "gunicorn" for n in cluster.nodes if n.process}
+    groups |= {r.process.pid: "relay" for r in cluster.relays if r.process}
     groups |= {w.process.pid: "celery" for w in cluster.workers if w.process}
     if cluster.beat and cluster.beat.process:
         groups[cluster.beat.process.pid] = "beat"

@@ -73,6 +73,7 @@ def run(options: Options) -> dict[str, Any]:
         )
         conn = cluster.connect()
         groups = {n.process.pid: "gunicorn" for n in cluster.nodes if n.process}
+        groups |= {r.process.pid: "relay" for r in cluster.relays if r.process}
         groups |= {w.process.pid: "celery" for w in cluster.workers if w.process}
         if cluster.beat and cluster.beat.process:
             groups[cluster.beat.process.pid] = "beat"
@@ -189,7 +190,8 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     layout = report["options"]["layout"]
     lines = [
         f"layout: {layout['nodes']} nodes × {layout['web_workers']} gunicorn workers, "
-        f"{layout['workers']} Celery workers × {layout['worker_concurrency']}, one PgBouncer "
+        f"{layout['relays']} relays, {layout['workers']} Celery worker(s) × "
+        f"{layout['worker_concurrency']}, one PgBouncer "
         f"(transaction, default_pool_size {layout['pool_size']}), start-up {report['startup_s']}",
         f"received: {r['requests']} requests for {r['events']} events in {r['sending_s']} s: "
         f"{r['requests_per_s']} req/s over both nodes ({r['events_per_s']} new events/s); "

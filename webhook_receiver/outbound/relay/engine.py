@@ -140,6 +140,7 @@ class Relay:
         if lane.timer is not None and lane.for_tokens:
             return  # its timer claims when the bucket allows; nothing can before
         lane.wanted = True
+        lane.woken_in_round = lane.in_round
         self._consider(lane)
 
     def wake_all(self, destination_ids: Iterable[int]) -> None:
@@ -369,12 +370,15 @@ class Relay:
         if outcome.unreadable is not None and dest is not None:
             self._unreadable.say(dest, outcome.unreadable)
         if work.claim:
-            lane.wanted = outcome.more
+            # a wake-up during the round (an admission it may not have seen) still wants
+            # a claim
+            lane.wanted = outcome.more or lane.woken_in_round
             self.last_wait = outcome.wait
             if outcome.wait is not None:
                 self._wake_at(lane, outcome.wait, for_tokens=True)
             elif outcome.paused_until is not None:
                 self._wake_at(lane, (outcome.paused_until - timezone.now()).total_seconds())
+        lane.woken_in_round = False
         assert dest is not None
         if outcome.claimed:
             # the sends of a destination's claim, linked to the spans that admitted them

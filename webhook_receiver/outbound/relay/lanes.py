@@ -26,8 +26,10 @@ class Lane:
     in_flight: int = 0
     # a claim is wanted (woken, or its last claim took all it asked for)
     wanted: bool = False
-    # in a round now
+    # in a round now, and woken meanwhile (what woke it may have come after the round's
+    # snapshot: the round's own answer does not settle whether a claim is wanted)
     in_round: bool = False
+    woken_in_round: bool = False
     # a timer that will want a claim (the bucket's tokens, the breaker's pause)
     timer: asyncio.TimerHandle | None = None
     # the timer waits for the bucket: nothing can be claimed before it, a wake included

@@ -38,14 +38,20 @@ PENDING = MessageStatus.PENDING.value
 SENDING = MessageStatus.SENDING.value
 FAILED = MessageStatus.FAILED.value
 
-# The enabled destinations, not paused, with a message the claim would take now: pending
-# and due, or sending under a lease that ran out, and not waiting for an older open
-# message of its ordering key (a failed head of an order holds the rest: waking its
-# destination every poll would claim nothing). One probe of the open-messages indexes a
-# destination, usually its first message.
+# The enabled destinations, not paused, with a free slot (requests in flight, the
+# unexpired leases on every relay, fewer than its max_in_flight) and a message the claim
+# would take now: pending and due, or sending under a lease that ran out, and not waiting
+# for an older open message of its ordering key. Waking a destination whose claim would
+# take nothing costs a round each poll: a failed head of an order holds the rest, and a
+# dead relay's leases hold the slots until they run out (a live relay's answers free its
+# slots, and its own rounds claim what replaces them). A few probes of the open-messages
+# index a destination.
 DUE_DESTINATIONS = f"""
     SELECT d.id FROM webhook_receiver_webhookdestination d
     WHERE d.enabled AND (d.paused_until IS NULL OR d.paused_until <= %(now)s)
+      AND (SELECT count(*) FROM webhook_receiver_outboxmessage f
+           WHERE f.destination_id = d.id AND f.status = '{SENDING}'
+             AND f.lease_until > %(now)s) < d.max_in_flight
       AND EXISTS (
         SELECT 1 FROM webhook_receiver_outboxmessage m
         WHERE m.destination_id = d.id AND m.status IN ('{PENDING}', '{SENDING}')

@@ -35,6 +35,8 @@ import time_machine
 from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from .. import schemes, signals
 from ..core import seam
@@ -256,8 +258,8 @@ class Simulation:
 
     async def _happen(self, kind: str, payload: Any) -> None:
         if kind == "admit":
-            await self._database.call(lambda: self._admit(payload), "admit")
-            self._wake(payload["targets"])
+            created = await self._database.call(lambda: self._admit(payload), "admit")
+            self._wake(await self._database.call(lambda: self._notified(created), "notify"))
         elif kind == "inbound":
             await self._database.call(lambda: self._post(payload), "inbound")
         elif kind == "crash":
@@ -269,6 +271,18 @@ class Simulation:
             )
             self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
             self._wake([payload])
+
+    def _notified(self, names: list[str]) -> list[str]:
+        """Of the destinations an admission created a message for, those its insert
+        notifies on PostgreSQL (queries.INSERT_MESSAGE): the ones its breaker has not
+        paused. Asked of the database on both engines, so that their runs are the same
+        (its statement counts for no phase the report shows)."""
+        now = timezone.now()
+        ids = {self._destinations[name].pk: name for name in names}
+        awake = WebhookDestination.objects.filter(pk__in=ids).filter(
+            Q(paused_until__isnull=True) | Q(paused_until__lte=now)
+        )
+        return sorted(ids[pk] for pk in awake.values_list("pk", flat=True))
 
     def _wake(self, names: list[str]) -> None:
         """What an admission's notification does once it commits: each relay's lane of
@@ -283,8 +297,10 @@ class Simulation:
             self.obs.statements[self.phase] += 1
         return execute(sql, *args)
 
-    def _admit(self, item: dict[str, Any]) -> None:
-        """One business transaction admitting the event to each destination."""
+    def _admit(self, item: dict[str, Any]) -> list[str]:
+        """One business transaction admitting the event to each destination; returns
+        the destinations it created a message for."""
+        created = []
         with transaction.atomic():
             for name in item["targets"]:
                 admission = enqueue_webhook(
@@ -309,6 +325,9 @@ class Simulation:
                         "coalesced": admission.coalesced,
                     }
                 )
+                if admission.created:
+                    created.append(name)
+        return created
 
     def _post(self, item: dict[str, Any]) -> None:
         """The sender posts one signed event (its first delivery, or a redelivery)."""

@@ -72,6 +72,9 @@ ROUND_RETRY_SECONDS = 1.0
 BUSY_RETRY_SECONDS = 0.05
 # how long a relay told to stop waits for its requests in flight to be answered
 FINISH_SECONDS = 5.0
+# answers that come while the bucket is empty wait this long at most for the claim its
+# next tokens allow, and are recorded in that claim's round (well within a lease's margin)
+ANSWERS_WAIT_SECONDS = 1.0
 
 
 class Relay:
@@ -156,12 +159,22 @@ class Relay:
         if wants_claim and not lane.answers and not self._room():
             self._waiting[lane.destination_id] = None
             return
+        if lane.answers and not wants_claim and self._tokens_due_soon(lane):
+            return  # recorded by the claim its bucket allows in a moment: one round, not two
         if lane.answers or wants_claim:
             self._ready[lane.destination_id] = None
             if self._changed is not None:
                 self._changed.set()
         elif lane.idle():
             self.lanes.pop(lane.destination_id, None)
+
+    def _tokens_due_soon(self, lane: Lane) -> bool:
+        """The lane's bucket allows its next claim within ANSWERS_WAIT_SECONDS (its
+        timer), and the relay is not stopping."""
+        timer = lane.timer
+        if timer is None or not lane.for_tokens or self._stopping:
+            return False
+        return timer.when() - asyncio.get_running_loop().time() <= ANSWERS_WAIT_SECONDS
 
     def _room(self) -> int:
         """Requests this process may still start (RELAY_MAX_REQUESTS)."""
@@ -254,6 +267,9 @@ class Relay:
         """Claim nothing more; wait up to ``seconds`` for the requests in flight and
         record their answers. Returns whether everything was recorded."""
         self._stopping = True
+        for lane in list(self.lanes.values()):
+            if lane.answers:
+                self._consider(lane)  # answers waiting for their bucket's claim go now
         assert self._changed is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -370,9 +386,10 @@ class Relay:
         if outcome.unreadable is not None and dest is not None:
             self._unreadable.say(dest, outcome.unreadable)
         if work.claim:
-            # a wake-up during the round (an admission it may not have seen) still wants
-            # a claim
-            lane.wanted = outcome.more or lane.woken_in_round
+            # a wake-up during the round (an admission its snapshot may not have seen)
+            # still wants a claim, unless the limits held the round's claim back
+            unheld = outcome.open and outcome.wait is None and outcome.paused_until is None
+            lane.wanted = outcome.more or (lane.woken_in_round and unheld)
             self.last_wait = outcome.wait
             if outcome.wait is not None:
                 self._wake_at(lane, outcome.wait, for_tokens=True)

@@ -38,7 +38,7 @@ from ...core import bounds
 from .. import queries
 from ..encryption import SecretsUnreadable
 from ..models import MessageStatus, WebhookDestination
-from .limits import After, after_answers, allowance, token_wait
+from .limits import TOKEN_EPSILON, After, after_answers, allowance, token_wait
 from .messages import Claimed, Work
 from .policy import decide
 from .reporting import round_reported
@@ -208,9 +208,16 @@ def _outcome(plan: Plan, written: Written, now: datetime) -> Outcome:
     wait = None
     slots = written.slots.get(dest.pk)  # None: not counted (its bucket allowed nothing)
     taken = min(allow.allowed, slots) if slots is not None else allow.allowed
-    bucket_short = allow.allowed < plan.work.claim and len(rows) >= allow.allowed
-    if allow.open and bucket_short and (slots is None or slots > len(claimed)):
-        # the bucket stopped the claim (not the slots, nor a lack of eligible messages)
+    # the bucket stopped the claim (not the slots, nor a lack of eligible messages)
+    bucket_short = (
+        allow.allowed < plan.work.claim
+        and len(rows) >= allow.allowed
+        and (slots is None or slots > len(claimed))
+    )
+    # or the claim took all it could and spent the bucket: the next claim waits for its
+    # tokens (and the answers that come meanwhile are recorded with it: engine.py)
+    bucket_spent = 0 < taken <= len(rows) and tokens_left + TOKEN_EPSILON < 1
+    if allow.open and (bucket_short or bucket_spent):
         wait = token_wait(dest, tokens_left, plan.work.claim)
     # it took all its limits allowed: more may be eligible once answers free its slots
     more = bool(rows) and len(rows) >= taken and wait is None

@@ -20,10 +20,10 @@ LINE = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
 TASK_LINE = LINE.replace("%(message)s", "%(task_name)s[%(task_id)s] %(message)s")
 
 # Libraries that log a line per routine call, off below these levels: httpx and
-# httpcore log every outbound request at INFO (the relay's and reconciliation's, without
-# the message's key: the app logs what matters of them itself); django-health-check logs
-# each failing check of every probe with its traceback (the health view logs one line a
-# failing probe instead); stripe logs its requests when asked to.
+# httpcore log every outbound request at INFO (reconciliation's, without the event's
+# key: the app logs what matters of them itself); django-health-check logs each failing
+# check of every probe with its traceback (the health view logs one line a failing
+# probe instead); stripe logs its requests when asked to.
 QUIET_LIBRARIES = {
     "httpx": "WARNING",
     "httpcore": "WARNING",

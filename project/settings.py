@@ -195,11 +195,13 @@ WEBHOOK_RECEIVER = {
     # a corporate proxy): http://[user:password@]host:port; unset, none
     "EGRESS_PROXY": env("WEBHOOK_EGRESS_PROXY", default=None),
     # the outbox relay (manage.py webhook_relay): its database connections, its poll for
-    # due messages, and whether it listens for admissions (false behind PgBouncer in
-    # transaction mode, unless the relay's DATABASE_URL goes straight to PostgreSQL)
+    # due messages, whether it listens for admissions (false behind PgBouncer in
+    # transaction mode, unless the relay's DATABASE_URL goes straight to PostgreSQL), and
+    # its requests in flight at most
     "RELAY_DATABASE_CONNECTIONS": env.int("WEBHOOK_RELAY_DATABASE_CONNECTIONS", default=2),
     "RELAY_POLL_SECONDS": env.float("WEBHOOK_RELAY_POLL_SECONDS", default=1.0),
     "RELAY_LISTEN": env.bool("WEBHOOK_RELAY_LISTEN", default=True),
+    "RELAY_MAX_REQUESTS": env.int("WEBHOOK_RELAY_MAX_REQUESTS", default=1000),
 }
 # who mail_admins writes to (comma-separated addresses); with none, nobody is mailed
 ADMINS = [(address, address) for address in env.list("DJANGO_ADMINS", default=[])]

@@ -31,9 +31,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "webhook_receiver"
 
 # (files, functions) at most; comprehensions and lambdas are not counted as functions
 RECEIVE_BOUND = (17, 67)
-# the relay as one loop: 86 functions (98 through Celery's task and a lane), in 26 files
-# (the relay's rooms: its loop, lanes, rows, round and its write, session, wake-ups)
-SEND_BOUND = (26, 86)
+# the relay as one loop: 88 functions (98 through Celery's task and a lane), in 26 files
+# (the relay's rooms: its loop, lanes, rows, round and its write, session, wake-ups); 86
+# before answers waited for their bucket's claim (the check) and the database's trouble
+# was told from reporting.py (a round that works ends a stretch)
+SEND_BOUND = (26, 88)
 
 
 def _app_module(frame: FrameType) -> str | None:

@@ -431,9 +431,7 @@ def test_the_message_list_fits_1400px(admin_browser, live_server, history):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_message_page_shows_the_attempts_and_retries_now(
-    admin_browser, live_server, history
-):
+def test_the_message_page_shows_the_attempts_and_retries_now(admin_browser, live_server, history):
     from selenium.webdriver.common.by import By
 
     # given: the flaky message's page

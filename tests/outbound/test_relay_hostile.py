@@ -253,7 +253,7 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
         assert took < 5, took
         lines = [r for r in caplog.records if r.name.startswith("webhook_receiver")]
         assert len(lines) == 1 and lines[0].exc_info is None
-        assert "rounds stopped at their database bounds" in lines[0].getMessage()
+        assert "relay stopped at its database bounds" in lines[0].getMessage()
         assert "lock timeout" in lines[0].getMessage()
         outbox_lock.release()
         # the overview names the cause, not "the worker or the sweep is down"
@@ -301,7 +301,7 @@ def test_the_relay_under_a_locked_outbox_stops_within_seconds_with_one_line(
     assert took < 3, took
     lines = [r for r in caplog.records if r.name.startswith("webhook_receiver")]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING and lines[0].exc_info is None
-    assert "stopped at their database bounds" in lines[0].getMessage()
+    assert "stopped at its database bounds" in lines[0].getMessage()
     assert "tried again every second" in lines[0].getMessage()
     outbox_lock.release()
     assert OutboxMessage.objects.get().status == "pending"

@@ -50,7 +50,7 @@ METADATA_NOTE = _(
 
 
 def short_status(status: str) -> str:
-    """ "Sending", of "Sending (claimed by a worker)": narrow enough for the list."""
+    """ "Sending", of "Sending (claimed by a relay)": narrow enough for the list."""
     return MessageStatus(status).label.split(" (")[0]
 
 

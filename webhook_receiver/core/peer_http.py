@@ -1,4 +1,5 @@
-"""HTTP to peers we do not control (the relay's destinations, reconciliation's senders):
+"""HTTP to peers we do not control (reconciliation's senders; the relay's answers are read
+with its text_of):
 one deadline per request, bodies read up to a cap, text decoded whatever charset the
 peer names, and Retry-After read safely.
 

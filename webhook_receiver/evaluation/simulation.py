@@ -2,7 +2,7 @@
 
 Two things are simulated. The clock: ``time-machine`` freezes the wall clock
 (``time.time``, ``datetime.now``) at a simulated instant, and the relay runs on an event
-loop whose time is the same simulated clock (clock.py): when nothing is ready, the
+loop whose time is the same simulated clock (runtime.py): when nothing is ready, the
 clock moves to the next thing due, so an hour of traffic runs in seconds and a run is
 the same on every machine. The network: the relay's requests go through its transport
 (``world.SimulatedTransport``), whose merchants (world.py) answer as the scenario says,

@@ -93,7 +93,7 @@ ADMITTING = models.Q(enabled=True)
 
 class MessageStatus(models.TextChoices):
     PENDING = "pending", _("Pending")
-    SENDING = "sending", _("Sending (claimed by a worker)")
+    SENDING = "sending", _("Sending (claimed by a relay)")
     DELIVERED = "delivered", _("Delivered")
     FAILED = "failed", _("Failed (terminal: for an operator)")
     DISCARDED = "discarded", _("Discarded")

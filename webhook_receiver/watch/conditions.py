@@ -285,7 +285,8 @@ def _stalled(d: DestinationStatus) -> tuple[str, str] | None:
     since = "never" if last is None else f"not for {duration_text(d.now - last)}"
     return "relay not sending", (
         f"messages due for {duration_text(due)} and no answer ({since}), where a running "
-        f"relay answers within {duration_text(d.pickup)}: the worker or the sweep is down"
+        f"relay answers within {duration_text(d.pickup)}: is a relay running (manage.py "
+        "webhook_relay)?"
     )
 
 

@@ -45,16 +45,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
-from django.db import DatabaseError, OperationalError
 from django.utils import timezone
 
-from ...core import bounds, logs, outages, tracing
+from ...core import tracing
 from ..models import WebhookDestination
 from .database import Database
 from .lanes import Lane, Summary
 from .messages import Claimed, Work
-from .reporting import Unreadable
+from .reporting import DatabaseTrouble, Unreadable
 from .round import Outcome
 from .rows import Rows
 from .session import PeerTransport
@@ -63,6 +63,8 @@ from .transport import Transport, deliver
 from .wakeups import due_destinations
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # destinations in one round at most: a round's statement stays short, and its locks few
 ROUND_DESTINATIONS = 200
@@ -114,21 +116,7 @@ class Relay:
         self._unreadable = Unreadable()
         self.answered = 0
         self.last_wait: float | None = None
-        self.database_outage = outages.Outage(
-            logger,
-            "outbox: the database",
-            "the relay's rounds are tried again every second; answers not recorded meanwhile "
-            "wait in memory, and their messages are sent again when their leases end",
-        )
-        # a lock or statement timeout: the database answers, a table is held (a migration,
-        # VACUUM FULL)
-        self.bounds_stretch = outages.Outage(
-            logger,
-            "outbox: the relay's rounds",
-            "a table is held (a migration, VACUUM FULL?); tried again every second, the "
-            "answers kept meanwhile, and the messages sent again when their leases end",
-            state="stopped at their database bounds",
-        )
+        self.trouble = DatabaseTrouble(logger)  # one line per stretch (reporting.py)
         self.round_failed = False  # a round failed (destination_relay stops there)
 
     # --- waking lanes ----------------------------------------------------------------
@@ -202,8 +190,11 @@ class Relay:
         self._changed = asyncio.Event()
         self._transport = self._make_transport()
         try:
-            self._spawn(self._poll())
-            self._spawn(self._beat())
+            if self._poll_seconds is not None:
+                poll = self._every(self._poll_seconds, due_destinations, "poll", self.wake_all)
+                self._spawn(poll)
+            if self._heartbeat is not None:
+                self._spawn(self._every(self._heartbeat_seconds, self._heartbeat, "heartbeat"))
             self._spawn(self._stopped(stop))
             while not stop.is_set():
                 self._start_rounds()
@@ -325,8 +316,7 @@ class Relay:
         except Exception as exc:
             self._round_failed(lanes, work, exc)
         else:
-            self.database_outage.answered()
-            self.bounds_stretch.answered()
+            self.trouble.answered()
             for lane, w in zip(lanes, work, strict=True):
                 self._apply(lane, w, outcomes.get(lane.destination_id))
             if logger.isEnabledFor(logging.DEBUG):
@@ -347,7 +337,7 @@ class Relay:
         """The database could not run the round: its answers wait in memory for the next
         try (their messages stay leased meanwhile), one line per outage."""
         self.round_failed = True
-        self._database_failed(exc, "outbox: a relay round failed")
+        self.trouble.failed(exc, "outbox: a relay round failed")
         for lane, w in zip(lanes, work, strict=True):
             lane.answers[:0] = list(w.answers)
             lane.in_round = False
@@ -356,16 +346,6 @@ class Relay:
             if lane.answers:
                 # to be recorded with the next try, not before
                 self._ready.pop(lane.destination_id, None)
-
-    def _database_failed(self, exc: Exception, what: str) -> None:
-        """One line per stretch: of a table held (a bound fired), of a database that
-        does not answer; anything else is logged as the failure it is."""
-        if isinstance(exc, OperationalError) and bounds.bound_fired(exc):
-            self.bounds_stretch.failed(exc)
-        elif isinstance(exc, DatabaseError):
-            self.database_outage.failed(exc)
-        else:
-            logs.log_failure(logger, what, exc)
 
     def _apply(self, lane: Lane, work: Work, outcome: Outcome | None) -> None:
         lane.in_round = False
@@ -436,26 +416,21 @@ class Relay:
 
     # --- the poll and the heartbeat ----------------------------------------------------
 
-    async def _poll(self) -> None:
-        """Every ``poll_seconds``: wake the destinations with a message due."""
-        if self._poll_seconds is None:
-            return
+    async def _every(
+        self,
+        seconds: float,
+        fn: Callable[[], T],
+        what: str,
+        then: Callable[[T], object] = lambda _: None,
+    ) -> None:
+        """``fn`` on a database thread every ``seconds``, and ``then`` with what it
+        returned (the poll wakes what it found); a failure is the database's, logged once
+        an outage."""
         while True:
             try:
-                found = await self._database.call(due_destinations, "poll")
+                found = await self._database.call(fn, what)
             except Exception as exc:
-                self._database_failed(exc, "outbox: the relay's poll failed")
+                self.trouble.failed(exc, f"outbox: the relay's {what} failed")
             else:
-                self.wake_all(found)
-            await asyncio.sleep(self._poll_seconds)
-
-    async def _beat(self) -> None:
-        if self._heartbeat is None:
-            return
-        heartbeat = self._heartbeat
-        while True:
-            try:
-                await self._database.call(heartbeat, "heartbeat")
-            except Exception as exc:
-                self._database_failed(exc, "outbox: the relay's heartbeat failed")
-            await asyncio.sleep(self._heartbeat_seconds)
+                then(found)
+            await asyncio.sleep(seconds)

@@ -1,6 +1,7 @@
 """What a round tells: one WARNING line per answer that was not a 2xx (or request that
 got none), the ops destination's notice of a terminal message, the breaker's line when
-it opens, retirement's notice and line, and the counters of deliveries. In the round's
+it opens, retirement's notice and line, and the counters of deliveries; and one line per
+stretch of the relay's database work failing (``DatabaseTrouble``). In the round's
 transaction for what must commit with it (the notices, themselves outbox messages), and
 once it commits for the rest. What an answer means is policy.py's.
 """
@@ -12,9 +13,9 @@ import time
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.db import transaction
+from django.db import DatabaseError, OperationalError, transaction
 
-from ...core import storable
+from ...core import bounds, logs, outages, storable
 from .. import metrics
 from ..breaker import breaker_opened_log
 from ..encryption import SecretsUnreadable
@@ -148,3 +149,38 @@ class Unreadable:
             exc,
             extra={"destination": dest.name, "destination_id": dest.pk},
         )
+
+
+class DatabaseTrouble:
+    """The relay's database work failing, told once a stretch: a table held (a lock or
+    statement bound fired: a migration, VACUUM FULL), or the database not answering; a
+    success ends the stretch with its line. Anything else is logged as the failure it
+    is."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self.outage = outages.Outage(
+            log,
+            "outbox: the database",
+            "the relay's rounds are tried again every second; answers not recorded meanwhile "
+            "wait in memory, and their messages are sent again when their leases end",
+        )
+        self.held = outages.Outage(
+            log,
+            "outbox: the relay",
+            "a table is held (a migration, VACUUM FULL?); tried again every second, the "
+            "answers kept meanwhile, and the messages sent again when their leases end",
+            state="stopped at its database bounds",
+        )
+
+    def failed(self, exc: Exception, what: str) -> None:
+        if isinstance(exc, OperationalError) and bounds.bound_fired(exc):
+            self.held.failed(exc)
+        elif isinstance(exc, DatabaseError):
+            self.outage.failed(exc)
+        else:
+            logs.log_failure(self._log, what, exc)
+
+    def answered(self) -> None:
+        self.outage.answered()
+        self.held.answered()

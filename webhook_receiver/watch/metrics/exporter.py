@@ -35,8 +35,8 @@ def process_collector() -> Collector:
 
 
 def worker_metrics_serve(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve what a Celery worker's pool processes count (the relay's delivery time,
-    attempts and terminal messages) at ``http://addr:port/metrics``, for Prometheus.
+    """Serve what a Celery worker's pool processes count (an inbound retry's outcome) at
+    ``http://addr:port/metrics``, for Prometheus.
 
     Call it once in the worker's main process, before its pool starts (Celery's
     ``worker_init`` signal; the demo's project/celery.py does with CELERY_METRICS_PORT).

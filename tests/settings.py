@@ -87,3 +87,13 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # tests/support/worker.py); in the suite itself, pytest captures what is logged
 if not env.bool("WEBHOOK_TEST_PROCESS_LOGS", default=False):
     LOGGING = {"version": 1, "disable_existing_loggers": False}
+# a test of real processes that watches beat's work run on time under load
+# (tests/outbound/test_starvation.py): every interval task of beat's this often, and the
+# "small" source watched for silence
+if beat_seconds := env.float("WEBHOOK_TEST_BEAT_SECONDS", default=0.0):
+    CELERY_BEAT_SCHEDULE = {  # noqa: F405
+        name: {**entry, "schedule": beat_seconds} if isinstance(entry["schedule"], float) else entry
+        for name, entry in CELERY_BEAT_SCHEDULE.items()  # noqa: F405
+    }
+if silence_seconds := env.int("WEBHOOK_TEST_SMALL_SILENCE_SECONDS", default=0):
+    WEBHOOK_RECEIVER["SOURCES"]["small"]["SILENCE_AFTER_SECONDS"] = silence_seconds

@@ -93,7 +93,9 @@ bench-metrics: install
 bench-retention: install
 	$(BIN)/python -m tests.bench.retention
 
-# The outbox relay: throughput against an httpx floor, the limiter, the on-commit latency
+# The outbox relay: one merchant against an aiohttp floor, the limiter and the latency on
+# a relay process, then 10 to 1,000 merchants on one relay process against a floor
+# process, and black holes beside 300 (about 5 minutes; docs/benchmarks.md#relay)
 bench-relay: install
 	$(BIN)/python -m tests.bench.relay
 

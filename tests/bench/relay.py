@@ -1,7 +1,11 @@
-"""Benchmark of the outbox relay: throughput, the limiter's accuracy and the on-commit
-trigger's latency (make bench-relay; a command, not a timed test).
+"""Benchmark of the outbox relay: throughput, the limiter's accuracy, the latency from
+commit to arrival, and the relay process at scale (make bench-relay; a command, not a
+timed test).
 
     python -m tests.bench.relay [--messages N] [--rounds N] [--rate R] [--samples N] [--herd]
+        [--scale 10,100,300,1000 | --skip-scale] [--scale-rounds R] [--black-holes B]
+        [--scale-only]
+        [--profile [--py-spy PATH]]
 
 It recreates a ``webhook_receiver_bench_relay`` database on the local PostgreSQL
 (BENCH_RELAY_DATABASE_URL to change it), migrates it, and starts the receiver: a minimal
@@ -12,24 +16,36 @@ and records each arrival's CLOCK_MONOTONIC time and ``webhook-id``. Then:
    transaction), then ``destination_relay`` called until the backlog is empty, for a
    destination whose limits do not bind (10 in flight). The floor, in the same rounds
    (which goes first alternates): the same signed requests (the relay's own
-   ``signed_request``: same bodies, same headers) posted by a plain httpx loop, one
-   client, the same 10 requests in flight. Every statement the relay runs is counted
-   (``connection.execute_wrapper``), and its transactions (each a BEGIN and a COMMIT).
-2. The limiter, on a real Celery worker (Redis broker, db 14): 20·R messages for a
-   destination limited to R a second with a burst of R, one trigger
-   (``relay_destination.delay``); the task re-queues itself when out of tokens. Its
-   figures: the rate of arrivals at the receiver once the burst is spent, and the
-   bucket's promise (at most R·T + burst starts in any T seconds) on the recorded starts.
-3. Latency, on the same worker: one message at a time, admitted and committed; its
-   on-commit trigger queues the run (no beat, so no sweep). From the commit to the
-   arrival at the receiver.
-4. With ``--herd`` (no target): the limiter's backlog again, each admission queuing its
-   own trigger, while another destination's messages are timed from commit to arrival.
+   ``signed_request``: same bodies, same headers) posted by a plain aiohttp loop (the
+   relay's client), one session, the same 10 requests in flight (ten tasks, each taking
+   the next request as soon as its answer is read). Every statement the relay runs is
+   counted (``connection.execute_wrapper``), and its transactions (each a BEGIN and a
+   COMMIT).
+2. The limiter, on a relay process (``manage.py webhook_relay``, default settings):
+   20·R messages for a destination limited to R a second with a burst of R, admitted
+   while it runs (their commits' notifications wake it). Its figures: the rate of
+   arrivals at the receiver once the burst is spent, and the bucket's promise (at most
+   R·T + burst starts in any T seconds) on the recorded starts.
+3. Latency, on the same relay process: one message at a time, admitted and committed;
+   from the commit to the arrival at the receiver.
+4. With ``--herd`` (no target): the limiter's backlog again, one message a transaction
+   (each its own notification), while another destination's messages are timed from
+   commit to arrival.
+5. The scale (relay_scale.py; ``--skip-scale`` to leave it out): for each N of
+   ``--scale``, N merchants with the model's default limits and 20 messages each,
+   delivered by one relay process and by a plain asyncio floor process in the same
+   run, ``--scale-rounds`` times (3; medians); then ``--black-holes`` black holes beside
+   300 healthy merchants (0: none), and with ``--profile`` one more relay run at N = 300
+   under py-spy or cProfile.
 
 Targets: relay ≥ 0.5 × floor; ≤ 3 statements a delivery; a steady rate within
 0.95 R … R (1% allowed for the arrivals' jitter); starts within R·T + burst (+1);
-p95 latency under 200 ms. Exits 1 when one is missed or a message went missing.
-Results: bench-results/relay.json (with every arrival and start of the limiter's runs).
+p95 latency under 200 ms; at N ≥ 300 the relay's deliveries/s ≥ 0.5 × the floor's and
+its CPU a delivery ≤ 2 × the floor's; at most 2 + 1 database connections; threads
+that do not grow with N; the healthy merchants' p99 beside black holes ≤ 2 × without.
+Exits 1 when one is missed or a message went missing or arrived twice.
+Results: bench-results/relay.json (with every arrival and start of the limiter's runs),
+the relay processes' logs beside it.
 """
 
 from __future__ import annotations
@@ -44,11 +60,8 @@ import os
 import signal
 import socket
 import statistics
-import sys
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
@@ -60,20 +73,31 @@ from tests.support.wire import read_webhook
 
 from .cli import bench_main
 from .common import SHOP_SECRET
-from .server import RESULTS_DIR, LoggedProcess, database_recreate, git_commit
+from .relay_scale import (
+    EVENT_TYPE,
+    Context,
+    RelayProcess,
+    analyze,
+    find_py_spy,
+    order_payload,
+    scale,
+    scale_checks,
+    scale_problems,
+    scale_render,
+)
+from .server import RESULTS_DIR, database_recreate, git_commit
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_relay"
-# its own Redis db, flushed between phases (BENCH_RELAY_BROKER_URL to change it)
-BROKER_URL = os.environ.get("BENCH_RELAY_BROKER_URL", "redis://127.0.0.1:6379/14")
 HOST = "127.0.0.1"
-EVENT_TYPE = "order.paid"
+DEFAULT_SCALE = (10, 100, 300, 1000)
+DEFAULT_SCALE_ROUNDS = 3
+DEFAULT_BLACK_HOLES = 30
 ADMIT_BATCH = 500  # messages admitted per transaction
 IN_FLIGHT = 10  # the throughput destination's max_in_flight, and the floor's concurrency
 WARMUP_MESSAGES = 200
 LATENCY_WARMUP = 5
 LATENCY_SPACING_SECONDS = 0.05
 WAIT_SECONDS = 10.0  # the longest the receiver is asked to wait for one arrival
-WORKER_CONCURRENCY = 2  # prefork children, as on a 2-core host
 
 # targets
 THROUGHPUT_RATIO = 0.5
@@ -213,28 +237,24 @@ class Receiver:
 # --- the runs ----------------------------------------------------------------------
 
 
-def _payload(tag: str, i: int) -> dict[str, Any]:
-    """What the demo shop sends a destination for an order that moved."""
-    return {
-        "type": EVENT_TYPE,
-        "data": {"order_id": f"ord-{tag}-{i}", "status": "paid", "version": 1},
-    }
-
-
-def admit(dest, count: int, tag: str) -> list[str]:
+def admit(dest, count: int, tag: str, batch: int = ADMIT_BATCH) -> list[str]:
     """``count`` messages with distinct ordering keys (one order each), as the shop admits
-    them, ADMIT_BATCH per transaction. Their on-commit triggers reach the broker."""
+    them, ``batch`` per transaction; each commit notifies the relays."""
     from django.db import transaction
 
     from webhook_receiver.outbound import enqueue_webhook, message_key
 
     keys = []
-    for first in range(0, count, ADMIT_BATCH):
+    for first in range(0, count, batch):
         with transaction.atomic():
-            for i in range(first, min(first + ADMIT_BATCH, count)):
+            for i in range(first, min(first + batch, count)):
                 key = message_key("order", f"ord-{tag}-{i}", "paid", 1)
                 enqueue_webhook(
-                    dest, EVENT_TYPE, key, _payload(tag, i), ordering_key=f"order:ord-{tag}-{i}"
+                    dest,
+                    EVENT_TYPE,
+                    key,
+                    order_payload(tag, i),
+                    ordering_key=f"order:ord-{tag}-{i}",
                 )
                 keys.append(key)
     return keys
@@ -246,16 +266,6 @@ def destination(name: str, url: str, **limits: Any):
     return WebhookDestination.objects.create(
         name=name, url=url, secrets=[SHOP_SECRET], event_types=[EVENT_TYPE], **limits
     )
-
-
-def analyze() -> None:
-    """Statistics, as autovacuum's analyze would have gathered them by now (this machine
-    runs PostgreSQL without autovacuum); outside the timed parts."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE webhook_receiver_outboxmessage")
-        cursor.execute("ANALYZE webhook_receiver_deliveryattempt")
 
 
 @dataclass
@@ -345,26 +355,37 @@ def floor_requests(dest, keys: Sequence[str]) -> list[tuple[bytes, dict[str, str
     ]
 
 
-def floor_run(client, url: str, requests: Sequence[tuple[bytes, dict[str, str]]]) -> int:
-    """Post every request once, IN_FLIGHT at a time (a closed loop: each thread takes the
-    next request as soon as its answer is read). Returns the number of errors."""
-    items = iter(requests)
-    lock = threading.Lock()
+def floor_run(url: str, requests: Sequence[tuple[bytes, dict[str, str]]], timeout: float) -> int:
+    """Post every request once, IN_FLIGHT at a time, with aiohttp as the relay does (one
+    session, keep-alive, each request bounded by the destination's timeout): a closed
+    loop, each of IN_FLIGHT tasks taking the next request as soon as its answer is read.
+    Returns the number of errors."""
+    import aiohttp
 
-    def loop() -> int:
-        errors = 0
-        while True:
-            with lock:
-                item = next(items, None)
-            if item is None:
+    async def post_all() -> int:
+        items = iter(requests)
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None),
+        ) as session:
+
+            async def loop() -> int:
+                errors = 0
+                for body, headers in items:
+                    async with asyncio.timeout(timeout):
+                        async with session.post(
+                            url, data=body, headers=headers, allow_redirects=False
+                        ) as response:
+                            await response.read()  # as the relay reads it
+                    errors += response.status != 200
                 return errors
-            body, headers = item
-            response = client.post(url, content=body, headers=headers)
-            response.text  # noqa: B018 - read as the relay reads it
-            errors += response.status_code != 200
 
-    with ThreadPoolExecutor(max_workers=IN_FLIGHT) as pool:
-        return sum(pool.map(lambda _: loop(), range(IN_FLIGHT)))
+            return sum(await asyncio.gather(*(loop() for _ in range(IN_FLIGHT))))
+
+    return asyncio.run(post_all())
 
 
 @dataclass
@@ -381,8 +402,6 @@ class Round:
 
 
 def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
-    import httpx
-
     from webhook_receiver.models import OutboxMessage
 
     dest = destination(
@@ -395,9 +414,6 @@ def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
     counted = Counted()
     rounds: list[Round] = []
     problems: list[str] = []
-    limits = httpx.Limits(max_connections=IN_FLIGHT)
-    # like the relay's: one client for the process, its connections kept open
-    client = httpx.Client(timeout=dest.timeout_seconds, limits=limits)
     # the warm-up round (figures discarded): connections, imports, prepared statements
     plan = [("warmup", WARMUP_MESSAGES)] + [(f"r{n}", args.messages) for n in range(args.rounds)]
     delivered = 0
@@ -412,7 +428,7 @@ def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
             _, receiver_cpu = receiver.drain()
             cpu, started = time.process_time(), time.perf_counter()
             if which == "floor":
-                errors = floor_run(client, receiver.url, requests)
+                errors = floor_run(receiver.url, requests, dest.timeout_seconds)
                 if errors:
                     problems.append(f"{tag} floor: {errors} answers were not 200")
             else:
@@ -445,7 +461,6 @@ def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
             f"floor {round_.floor_per_s:7.1f}/s  ratio {round_.ratio:.2f}",
             flush=True,
         )
-    client.close()
     deliveries = args.messages * args.rounds
     return {
         "rounds": [asdict(r) | {"ratio": r.ratio} for r in rounds],
@@ -464,42 +479,15 @@ def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
     }
 
 
-# --- the Celery worker ------------------------------------------------------------------
+# --- on a relay process ------------------------------------------------------------------
 
 
-class Worker(LoggedProcess):
-    """``celery -A project worker`` on the bench database and broker (SIGTERM: a warm
-    shutdown, the worker stops its own pool)."""
-
-    name = "the worker"
-    startup_timeout = 60
-
-    def command(self) -> list[str]:
-        command = [sys.executable, "-m", "celery", "-A", "project", "worker"]
-        command += ["--pool", "prefork", "--concurrency", str(WORKER_CONCURRENCY)]
-        return command + ["--loglevel", "INFO", "--without-mingle", "--without-gossip"]
-
-    def ready(self) -> bool:
-        return " ready." in self.log_path.read_text(errors="replace")
-
-    def task_runs(self) -> int:
-        """relay_destination runs finished so far (the worker logs each at INFO)."""
-        text = self.log_path.read_text(errors="replace")
-        return sum(
-            1
-            for line in text.splitlines()
-            if "webhook_receiver.relay_destination[" in line and " succeeded in " in line
-        )
-
-
-def limiter(args: argparse.Namespace, receiver: Receiver, worker: Worker, dest) -> dict[str, Any]:
-    """Trigger the deep backlog once; read the arrivals' rate at the receiver."""
-    from webhook_receiver.tasks import relay_destination
-
+def limiter(args: argparse.Namespace, receiver: Receiver, dest) -> dict[str, Any]:
+    """The deep backlog admitted while the relay runs (each commit wakes it); read the
+    arrivals' rate at the receiver."""
     count = 20 * args.rate
     receiver.drain()
-    runs_before = worker.task_runs()
-    relay_destination.delay(dest.pk)
+    admit(dest, count, "limited")
     arrivals: list[tuple[float, str]] = []
     deadline = time.monotonic() + count / args.rate + 60
     while len(arrivals) < count and time.monotonic() < deadline:
@@ -507,21 +495,20 @@ def limiter(args: argparse.Namespace, receiver: Receiver, worker: Worker, dest) 
         arrivals += receiver.drain()[0]
     time.sleep(1.0)  # nothing more may come
     arrivals += receiver.drain()[0]
-    figures = limited_figures(dest, arrivals, rate=args.rate, burst=args.rate, count=count)
-    return figures | {"task_runs": worker.task_runs() - runs_before}
+    return limited_figures(dest, arrivals, rate=args.rate, burst=args.rate, count=count)
 
 
-def herd(args: argparse.Namespace, receiver: Receiver, worker: Worker, broker) -> dict[str, Any]:
-    """The same backlog admitted with every trigger its admissions queue (one a message,
-    as when each inbound event admits one), while another destination's messages are
-    timed from commit to arrival, one every half second."""
+def herd(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
+    """The same backlog admitted one message a transaction (each commit its own
+    notification, as when each inbound event admits one), while another destination's
+    messages are timed from commit to arrival, one every half second."""
     rate, count = args.rate, 20 * args.rate
     dest = destination("herd", receiver.url, rate_count=rate, burst=rate, max_in_flight=IN_FLIGHT)
     bystander = destination("bystander", receiver.url, rate_count=1000, burst=1000)
     receiver.drain()
-    runs_before = worker.task_runs()
     started = time.monotonic()
-    admit(dest, count, "herd")
+    admit(dest, count, "herd", batch=1)
+    admitted_s = time.monotonic() - started
     arrivals: list[tuple[float, str]] = []
     samples: list[float] = []
     deadline = time.monotonic() + count / rate + 90
@@ -530,12 +517,10 @@ def herd(args: argparse.Namespace, receiver: Receiver, worker: Worker, broker) -
         arrivals += [a for a in receiver.drain()[0] if a[1].startswith("order:ord-herd-")]
         time.sleep(0.5)
     delivered_s = time.monotonic() - started
-    queued = broker.llen("celery")  # relay runs still waiting when the backlog is done
     figures = limited_figures(dest, arrivals, rate=rate, burst=rate, count=count)
     return figures | {
-        "task_runs": worker.task_runs() - runs_before,
+        "admitted_after_s": admitted_s,
         "delivered_after_s": delivered_s,
-        "queued_after": queued,
         "bystander": _latencies(samples),
     }
 
@@ -608,9 +593,10 @@ def commit_to_arrival(receiver: Receiver, dest, tag: str, n: int) -> float:
     key = message_key("order", f"ord-{tag}-{n}", "paid", 1)
     committed: list[float] = []
     with transaction.atomic():
-        # registered first, so it runs first after the commit: before the trigger
+        # registered first, so it runs first after the commit (whose notification has
+        # gone by then: the time is taken a little late, never early)
         transaction.on_commit(lambda: committed.append(time.monotonic()))
-        enqueue_webhook(dest, EVENT_TYPE, key, _payload(tag, n), ordering_key=f"order:{key}")
+        enqueue_webhook(dest, EVENT_TYPE, key, order_payload(tag, n), ordering_key=f"order:{key}")
     arrived = receiver.arrived_at(key)
     return math.inf if arrived is None else (arrived - committed[0]) * 1000
 
@@ -634,6 +620,13 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 # --- the run ------------------------------------------------------------------------
 
 
+def _sizes(text: str) -> list[int]:
+    sizes = [int(n) for n in text.split(",") if n.strip()]
+    if any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError("each N must be at least 1")
+    return sizes
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=int, default=2000, help="messages per round")
     parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (median)")
@@ -642,21 +635,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--herd",
         action="store_true",
-        help="also: a throttled backlog with one trigger per admission (no target; ~1 min)",
+        help="also: a throttled backlog admitted one message a transaction (no target; ~1 min)",
     )
+    parser.add_argument(
+        "--scale",
+        type=_sizes,
+        default=list(DEFAULT_SCALE),
+        metavar="N,N,…",
+        help="the scale's numbers of merchants (default 10,100,300,1000)",
+    )
+    parser.add_argument(
+        "--scale-rounds",
+        type=int,
+        default=DEFAULT_SCALE_ROUNDS,
+        metavar="R",
+        help="times each N is run, relay and floor in turn (medians; default 3)",
+    )
+    parser.add_argument("--skip-scale", action="store_true", help="leave the scale out")
+    parser.add_argument(
+        "--scale-only", action="store_true", help="the scale alone (no phases 1 to 4)"
+    )
+    parser.add_argument(
+        "--black-holes",
+        type=int,
+        default=DEFAULT_BLACK_HOLES,
+        metavar="B",
+        help="black holes beside 300 healthy merchants, a relay run of its own (0: none)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also: a relay run at N = 300 profiled (py-spy if found, else cProfile)",
+    )
+    parser.add_argument("--py-spy", metavar="PATH", help="py-spy's executable (default: PATH's)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "relay.json")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scale_only and args.skip_scale:
+        raise SystemExit("--scale-only and --skip-scale: nothing to run")
     url = os.environ.get("BENCH_RELAY_DATABASE_URL", DEFAULT_URL)
     print("preparing the bench database ...", flush=True)
     database_recreate(url)
     env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.bench.settings",
-        BENCH_DATABASE_URL=url,
-        CELERY_BROKER_URL=BROKER_URL,
-    )
+    env.update(DJANGO_SETTINGS_MODULE="tests.bench.settings", BENCH_DATABASE_URL=url)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     os.environ.update(env)
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -665,56 +687,35 @@ def run(args: argparse.Namespace) -> int:
     receiver = Receiver()
     receiver.start()
     try:
-        return _run(args, env, receiver)
+        return _run(args, env, url, receiver)
     finally:
         receiver.stop()
 
 
-def _run(args: argparse.Namespace, env: dict[str, str], receiver: Receiver) -> int:
+def _run(args: argparse.Namespace, env: dict[str, str], url: str, receiver: Receiver) -> int:
     import django
 
     django.setup()
-    import redis
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    broker = redis.Redis.from_url(BROKER_URL)
-    print(f"receiver on {receiver.url}: asyncio, HTTP/1.1 keep-alive, its own process")
-
-    print(
-        f"\n1. throughput: {args.rounds} rounds of {args.messages} messages "
-        f"(and a warm-up of {WARMUP_MESSAGES}), {IN_FLIGHT} in flight",
-        flush=True,
-    )
-    result: dict[str, Any] = {"throughput": throughput(args, receiver)}
-
-    # the limited destination's backlog, admitted before the worker starts: the triggers
-    # its admissions queued are flushed, so the run starts from one trigger
-    limited = destination(
-        "limited", receiver.url, rate_count=args.rate, burst=args.rate, max_in_flight=IN_FLIGHT
-    )
-    admit(limited, 20 * args.rate, "limited")
-    analyze()
-    broker.flushdb()  # this bench's own db
-    # not the limiter but the trigger is measured: limits that do not bind
-    quick = destination("latency", receiver.url, rate_count=1000, burst=1000, max_in_flight=4)
-
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    log = RESULTS_DIR / "relay-worker.log"
-    print(f"\nstarting a Celery worker (prefork, {WORKER_CONCURRENCY}; log {log}) ...", flush=True)
-    with Worker(env, log) as worker:
+    result: dict[str, Any] = {}
+    if not args.scale_only:
+        _single(args, env, url, receiver, result)
+    if not args.skip_scale:
+        py_spy = find_py_spy(args.py_spy) if args.profile else None
+        if args.profile and not py_spy:
+            print("py-spy not found (--py-spy PATH): the profile is cProfile's, the loop's thread")
         print(
-            f"2. limiter: {20 * args.rate} messages at {args.rate}/s, burst {args.rate} ...",
+            f"\n5. scale: N = {', '.join(map(str, args.scale))} merchants, 20 messages each, "
+            "relay process and floor process in turn",
             flush=True,
         )
-        result["limiter"] = limiter(args, receiver, worker, limited)
-        print(f"3. latency: {args.samples} messages, one at a time ...", flush=True)
-        result["latency"] = latency(args, receiver, quick)
-        if args.herd:
-            print(f"4. herd: {20 * args.rate} messages, one trigger each ...", flush=True)
-            result["herd"] = herd(args, receiver, worker, broker)
-            broker.flushdb()  # the runs still queued: nothing left for them to do
-    broker.flushdb()
+        context = Context(env=env, url=url, results=RESULTS_DIR, py_spy=py_spy)
+        result["scale"] = scale(
+            context, args.scale, args.scale_rounds, args.black_holes, args.profile
+        )
 
     config = {
         "commit": git_commit(),
@@ -723,22 +724,75 @@ def _run(args: argparse.Namespace, env: dict[str, str], receiver: Receiver) -> i
         "rate": args.rate,
         "samples": args.samples,
         "in_flight": IN_FLIGHT,
-        "worker_concurrency": WORKER_CONCURRENCY,
         "cpu_count": os.cpu_count(),
         "herd": args.herd,
+        "scale": None if args.skip_scale else args.scale,
+        "scale_rounds": args.scale_rounds,
+        "black_holes": args.black_holes,
+        "load_average": os.getloadavg(),
     }
-    checks = _checks(result)
+    checks = _checks(result) if "throughput" in result else []
+    problems: list[str] = []
     print()
-    print(_render(result, checks))
-    problems = result["throughput"]["problems"] + result["limiter"]["problems"]
-    problems += result.get("herd", {}).get("problems", [])
+    if "throughput" in result:
+        print(_render(result, checks))
+        problems += result["throughput"]["problems"] + result["limiter"]["problems"]
+        problems += result.get("herd", {}).get("problems", [])
+    if "scale" in result:
+        scale_checked = scale_checks(result["scale"])
+        print()
+        print(_checks_table(scale_checked))
+        print()
+        print(scale_render(result["scale"]))
+        checks += scale_checked
+        problems += scale_problems(result["scale"])
     for problem in problems:
         print(f"!!! {problem}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     document = {"config": config, "result": result, "checks": checks, "problems": problems}
-    args.output.write_text(json.dumps(document, indent=2) + "\n")
+    args.output.write_text(json.dumps(document, indent=2, default=str) + "\n")
     print(f"\nwrote {args.output}")
     return 0 if all(c["pass"] for c in checks) and not problems else 1
+
+
+def _single(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    url: str,
+    receiver: Receiver,
+    result: dict[str, Any],
+) -> None:
+    """Phases 1 to 4: one merchant (the receiver)."""
+    print(f"receiver on {receiver.url}: asyncio, HTTP/1.1 keep-alive, its own process")
+    print(
+        f"\n1. throughput: {args.rounds} rounds of {args.messages} messages "
+        f"(and a warm-up of {WARMUP_MESSAGES}), {IN_FLIGHT} in flight",
+        flush=True,
+    )
+    result["throughput"] = throughput(args, receiver)
+
+    limited = destination(
+        "limited", receiver.url, rate_count=args.rate, burst=args.rate, max_in_flight=IN_FLIGHT
+    )
+    # not the limiter but the wake-up is measured: limits that do not bind
+    quick = destination("latency", receiver.url, rate_count=1000, burst=1000, max_in_flight=4)
+    analyze()
+
+    log = RESULTS_DIR / "relay-process.log"
+    print(f"\nstarting a relay process (manage.py webhook_relay; log {log}) ...", flush=True)
+    with RelayProcess(env, log, url) as relay:
+        print(
+            f"2. limiter: {20 * args.rate} messages at {args.rate}/s, burst {args.rate} ...",
+            flush=True,
+        )
+        result["limiter"] = limiter(args, receiver, limited)
+        print(f"3. latency: {args.samples} messages, one at a time ...", flush=True)
+        result["latency"] = latency(args, receiver, quick)
+        if args.herd:
+            print(f"4. herd: {20 * args.rate} messages, one a transaction ...", flush=True)
+            result["herd"] = herd(args, receiver)
+    result["relay_log_problems"] = relay.problems()
+    result["limiter"]["problems"] += [f"relay's log: {line}" for line in relay.problems()[:5]]
 
 
 def _checks(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -770,6 +824,15 @@ def _checks(result: dict[str, Any]) -> list[dict[str, Any]]:
             "pass": RATE_LOW <= lim["steady_ratio"] <= RATE_HIGH,
         },
         {
+            # at the receiver: no second holds more arrivals than the bucket allows
+            "figure": "busiest second",
+            "value": lim["worst_1s_window"],
+            "floor": None,
+            "ratio": None,
+            "target": f"<= R + burst = {rate + lim['burst']}",
+            "pass": lim["worst_1s_window"] <= rate + lim["burst"],
+        },
+        {
             # at the relay's recorded starts: the bucket's promise, R*T + burst in any T s
             "figure": "starts over bucket",
             "value": lim["starts_bucket_excess"],
@@ -789,22 +852,26 @@ def _checks(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _render(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
-    t, lim, lat = result["throughput"], result["limiter"], result["latency"]
-
+def _checks_table(checks: list[dict[str, Any]]) -> str:
     def cell(value: float | None, digits: int) -> str:
         return "" if value is None else f"{value:.{digits}f}"
 
     lines = [
-        f"{'figure':<22}{'value':>10}{'floor':>10}{'ratio':>8}  {'target':<22}result",
-        "-" * 80,
+        f"{'figure':<28}{'value':>10}{'floor':>10}{'ratio':>8}  {'target':<22}result",
+        "-" * 86,
     ]
     for c in checks:
         lines.append(
-            f"{c['figure']:<22}{cell(c['value'], 2):>10}{cell(c['floor'], 1):>10}"
+            f"{c['figure']:<28}{cell(c['value'], 2):>10}{cell(c['floor'], 2):>10}"
             f"{cell(c['ratio'], 2):>8}  {c['target']:<22}{'pass' if c['pass'] else 'FAIL'}"
         )
-    lines += [
+    return "\n".join(lines)
+
+
+def _render(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
+    t, lim, lat = result["throughput"], result["limiter"], result["latency"]
+    lines = [
+        _checks_table(checks),
         "",
         f"throughput: median of {len(t['rounds'])} rounds; per-round ratios "
         + ", ".join(f"{r['ratio']:.2f}" for r in t["rounds"]),
@@ -826,10 +893,10 @@ def _render(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
         lines += [
             _limited_line("herd", h) + f"; steady {h['steady_rate']:.2f}/s, starts over "
             f"bucket {h['starts_bucket_excess']:.1f}",
-            f"  backlog delivered after {h['delivered_after_s']:.1f} s with "
-            f"{h['queued_after']} relay runs still queued; meanwhile another destination's "
-            f"latency p50 {b['p50_ms']:.0f} ms, max {b['max_ms']:.0f} ms ({b['samples']} "
-            f"samples, inf: over {WAIT_SECONDS:.0f} s)",
+            f"  backlog admitted in {h['admitted_after_s']:.1f} s, delivered after "
+            f"{h['delivered_after_s']:.1f} s; meanwhile another destination's latency "
+            f"p50 {b['p50_ms']:.0f} ms, max {b['max_ms']:.0f} ms ({b['samples']} samples, "
+            f"inf: over {WAIT_SECONDS:.0f} s)",
         ]
     return "\n".join(lines)
 
@@ -838,7 +905,7 @@ def _limited_line(name: str, lim: dict[str, Any]) -> str:
     return (
         f"{name}: {lim['arrivals']} arrivals in {lim['duration_s']:.1f} s; at the receiver "
         f"the first second {lim['first_second']}, the busiest {lim['worst_1s_window']} "
-        f"(R + burst = {lim['rate'] + lim['burst']}); {lim['task_runs']} task runs"
+        f"(R + burst = {lim['rate'] + lim['burst']})"
     )
 
 
@@ -848,6 +915,6 @@ if __name__ == "__main__":
         __doc__,
         add_arguments,
         run,
-        at_least_one=("messages", "rounds", "rate", "samples"),
-        stopped="the receiver and the worker were stopped",
+        at_least_one=("messages", "rounds", "rate", "samples", "scale_rounds"),
+        stopped="the receiver, the merchants and the relay were stopped",
     )

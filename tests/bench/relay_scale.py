@@ -31,9 +31,10 @@ the median of each round's).
 beside them (they accept the connection and never answer), the healthy merchants' p99
 compared with the runs without them.
 
-``--profile``: one more relay run at N = 300, its rounds timed and its loop's lag
-sampled (relay_probe.py), under py-spy attached for the delivery span (``--py-spy
-PATH``, or on PATH; every thread) or, without it, under cProfile (the loop's thread).
+``--profile``: one more relay run at N = 300 (before the black holes), its rounds
+timed and its loop's lag sampled (relay_probe.py), under py-spy attached for the
+delivery span (``--py-spy PATH``, or on PATH; every thread) or, without it, under
+cProfile (the loop's thread).
 """
 
 from __future__ import annotations
@@ -423,15 +424,16 @@ def _wait_arrivals(merchants: Merchants, before: int, expected: int) -> int:
 
 
 class PySpy:
-    """py-spy attached to a running process (``record --pid``: every thread, idle ones
-    left out, a sample every 10 ms), its raw stacks written to ``output`` when it is
-    told to stop (SIGINT)."""
+    """py-spy attached to a running process (``record --pid --gil --nonblocking``: a
+    sample every 10 ms of the thread holding the interpreter, so that the samples say
+    where the process's Python time goes, waits left out, the process never paused),
+    its raw stacks written to ``output`` when it is told to stop (SIGINT)."""
 
     def __init__(self, py_spy: str, pid: int, output: Path) -> None:
         self.output = output
         self.log = output.with_suffix(".log")
         command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--threads"]
-        command += ["--rate", "100", "--nonblocking", "--output", str(output)]
+        command += ["--rate", "100", "--gil", "--nonblocking", "--output", str(output)]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
@@ -463,7 +465,7 @@ def relay_run(
 
     log = ctx.results / f"relay-{step.tag}.log"
     cprofile = profile if profile is not None and not ctx.py_spy else None
-    probe = profile.with_name("relay-probe.json") if profile is not None else None
+    probe = profile.with_suffix(".probe.json") if profile is not None else None
     relay = RelayProcess(ctx.env, log, ctx.url, probe=probe, cprofile=cprofile)
     healthy = [d.pk for d in step.destinations]
     spy = None
@@ -674,10 +676,12 @@ def scale(
             }
         )
     result: dict[str, Any] = {"rounds": rounds, "steps": steps}
-    if black_holes:
-        result["black_holes"] = black_hole_run(ctx, steps, black_holes)
+    # the profile first: the black holes' messages stay open, and the statistics the next
+    # analyze gathers would see them (the steps' see every message delivered)
     if profile:
         result["profile"] = profile_run(ctx)
+    if black_holes:
+        result["black_holes"] = black_hole_run(ctx, steps, black_holes)
     return result
 
 
@@ -753,47 +757,72 @@ def black_hole_run(ctx: Context, steps: list[dict[str, Any]], holes: int) -> dic
 # --- the profile -------------------------------------------------------------------------
 
 PROFILE_N = 300
+PROFILE_RUNS = 3
 PROFILE_TOP = 15
 
 
 def profile_run(ctx: Context) -> dict[str, Any]:
-    """One more relay run at PROFILE_N, profiled (py-spy, or cProfile without it)."""
+    """PROFILE_RUNS relay runs at PROFILE_N, profiled (py-spy, or cProfile without it);
+    their samples and their rounds taken together."""
     tool = "py-spy" if ctx.py_spy else "cProfile"
-    output = ctx.results / ("relay-profile.txt" if ctx.py_spy else "relay-profile.pstats")
-    print(f"  profile: N={PROFILE_N} under {tool} ...", end="", flush=True)
-    merchants = Merchants(PROFILE_N)
-    try:
-        step = step_create(PROFILE_N, f"n{PROFILE_N}-profile", merchants)
-        analyze()
-        run = relay_run(ctx, step, merchants, profile=output)
-    finally:
-        merchants.stop()
-    print(
-        f" {run['arrived']}/{run['messages']} in {run['all_delivered_s']:.2f} s, "
-        f"CPU {run['cpu_ms']:.3f} ms a delivery ({output})",
-        flush=True,
-    )
-    summary = pyspy_summary(output) if ctx.py_spy else cprofile_summary(output)
+    suffix = ".txt" if ctx.py_spy else ".pstats"
+    runs, outputs, spans = [], [], []
+    for number in range(1, PROFILE_RUNS + 1):
+        output = ctx.results / f"relay-profile-{number}{suffix}"
+        print(f"  profile {number}/{PROFILE_RUNS}: N={PROFILE_N} under {tool} ...", end="")
+        merchants = Merchants(PROFILE_N)
+        try:
+            step = step_create(PROFILE_N, f"n{PROFILE_N}-profile-{number}", merchants)
+            analyze()
+            run = relay_run(ctx, step, merchants, profile=output)
+        finally:
+            merchants.stop()
+        print(
+            f" {run['arrived']}/{run['messages']} in {run['all_delivered_s']:.2f} s, "
+            f"CPU {run['cpu_ms']:.3f} ms a delivery ({output})",
+            flush=True,
+        )
+        runs.append(run)
+        outputs.append(output)
+        spans.append((run["started_at"], run["started_at"] + run["recorded_s"]))
+    summary = pyspy_summary(outputs) if ctx.py_spy else cprofile_summary(outputs)
     probe = probe_summary(
-        output.with_name("relay-probe.json"),
-        run["started_at"],
-        run["started_at"] + run["recorded_s"],
+        [(o.with_suffix(".probe.json"), *span) for o, span in zip(outputs, spans, strict=True)]
     )
-    return {"tool": tool, "output": str(output), "run": run, "probe": probe, **summary}
+    return {
+        "tool": tool,
+        "outputs": [str(o) for o in outputs],
+        "run": combined(runs),
+        "runs": runs,
+        "probe": probe,
+        **summary,
+    }
 
 
-def probe_summary(path: Path, start: float, end: float) -> dict[str, Any]:
-    """The rounds and the loop's lag between ``start`` and ``end`` (relay_probe.py)."""
-    document = json.loads(path.read_text())
-    rounds = [r for r in document["rounds"] if r[1] >= start and r[0] <= end]
-    lags = sorted(lag * 1000 for at, lag in document["lags"] if start <= at <= end)
+def probe_summary(probes: list[tuple[Path, float, float]]) -> dict[str, Any]:
+    """The rounds and the loop's lag of each run between its ``start`` and ``end``
+    (relay_probe.py), taken together."""
+    rounds: list[list[float]] = []
+    lags: list[float] = []
+    span = 0.0
+    for path, start, end in probes:
+        document = json.loads(path.read_text())
+        rounds += [r for r in document["rounds"] if r[1] >= start and r[0] <= end]
+        lags += [lag * 1000 for at, lag in document["lags"] if start <= at <= end]
+        span += end - start
     if not rounds:
         return {"rounds": 0}
+    lags.sort()
     durations = sorted((r[1] - r[0]) * 1000 for r in rounds)
-    first = min(rounds)
+    # each run's first round: what a relay woken by N destinations at once claims
+    firsts = [
+        min(r for r in json.loads(path.read_text())["rounds"] if r[1] >= start)
+        for path, start, _ in probes
+    ]
     return {
+        "runs": len(probes),
         "rounds": len(rounds),
-        "span_s": end - start,
+        "span_s": span,
         "round_ms": {q: percentile(durations, p) for q, p in (("p50", 0.5), ("p90", 0.9))}
         | {"max": durations[-1]},
         "round_busy_s": sum(durations) / 1000,
@@ -801,13 +830,10 @@ def probe_summary(path: Path, start: float, end: float) -> dict[str, Any]:
         "destinations_max": max(r[2] for r in rounds),
         "answers_p50": percentile(sorted(r[3] for r in rounds), 0.5),
         "answers_max": max(r[3] for r in rounds),
-        "first": {
-            "at_ms": (first[0] - start) * 1000,
-            "ms": (first[1] - first[0]) * 1000,
-            "destinations": first[2],
-            "claim": first[4],
-            "claimed": first[5],
-        },
+        "first": [
+            {"ms": (f[1] - f[0]) * 1000, "destinations": f[2], "claim": f[4], "claimed": f[5]}
+            for f in firsts
+        ],
         "lag_ms": {q: percentile(lags, p) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
         | {"max": lags[-1] if lags else 0.0},
     }
@@ -818,41 +844,120 @@ def _function(frame: str) -> str:
     return re.sub(r":\d+\)$", ")", frame)
 
 
-def pyspy_summary(path: Path) -> dict[str, Any]:
-    """py-spy's raw stacks: samples by thread, and the functions most sampled, on top of
-    the stack (self) and anywhere in it (cumulative)."""
+def _calls(frames: list[str], *names: str) -> bool:
+    return any(frame.startswith(names) for frame in frames)
+
+
+# frames under which every sample of a thread sits: left out of the cumulative list
+OUTER_FRAMES = (
+    "asyncio/",
+    "runpy",
+    "threading.py",
+    "contextlib.py",
+    "django/core/management",
+    "relay_probe.py",
+    "commands/webhook_relay.py",
+    "relay_serve (",
+    "DatabaseThreads._serve",
+    "manage.py",
+)
+
+# the relay's parts, each a test on a sample's frames (the first: its thread)
+AREAS: tuple[tuple[str, Any], ...] = (
+    ("the loop's thread", lambda f: f[0].endswith("MainThread")),
+    (
+        "  aiohttp's request (session.post to the answer read)",
+        lambda f: _calls(f, "ClientSession._request "),
+    ),
+    (
+        "  signing (signed_request: the body's JSON, the HMAC)",
+        lambda f: _calls(f, "signed_request "),
+    ),
+    (
+        "  tracing.span and inject (no OpenTelemetry SDK set)",
+        lambda f: any("core/tracing.py" in x for x in f),
+    ),
+    (
+        "  the egress guard's literal check (literal_addresses)",
+        lambda f: _calls(f, "literal_addresses "),
+    ),
+    (
+        "  the engine's bookkeeping (_apply, _consider, _send, _start_rounds, _work)",
+        lambda f: any(
+            re.match(r"Relay\.(_apply|_consider|_send|_start_rounds|_work) ", x) for x in f
+        ),
+    ),
+    ("the database threads", lambda f: "relay-db" in f[0]),
+    ("  rounds (relay_round_or_apart)", lambda f: _calls(f, "relay_round_or_apart ")),
+    (
+        "    psycopg (sending the statement, reading its result)",
+        lambda f: _calls(f, "relay_round_or_apart ") and any("psycopg/" in x for x in f),
+    ),
+    (
+        "    JSON (the answers and states sent, the claims read)",
+        lambda f: _calls(f, "relay_round_or_apart ") and _calls(f, "dumps (json", "loads (json"),
+    ),
+    (
+        "    the outcomes (round_reported, _outcome, _claimed, _as_left)",
+        lambda f: (
+            _calls(f, "relay_round_or_apart ")
+            and _calls(f, "round_reported ", "_outcome ", "_claimed ", "_as_left ")
+        ),
+    ),
+    (
+        "    the decisions (decide, after_answers, allowance)",
+        lambda f: (
+            _calls(f, "relay_round_or_apart ")
+            and _calls(f, "decide ", "after_answers ", "allowance ")
+        ),
+    ),
+    ("  the poll (due_destinations)", lambda f: _calls(f, "due_destinations ")),
+)
+
+
+def pyspy_summary(paths: list[Path]) -> dict[str, Any]:
+    """py-spy's raw stacks (every file's together): samples by thread, by the relay's
+    parts (AREAS), and the functions most sampled, on top of the stack (self) and
+    anywhere in it (cumulative)."""
     threads: collections.Counter[str] = collections.Counter()
+    areas: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
     cumulative: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        thread, *frames = stack.split(";")
-        name = thread.split(": ", 1)[1] if ": " in thread else thread
-        # one pool's threads together: relay-db-0 and relay-db-1 are "relay-db"
-        threads[re.sub(r"[-_]\d+$", "", name)] += count
-        total += count
-        if frames:
-            own[_function(frames[-1])] += count
-            for function in {_function(f) for f in frames}:
-                cumulative[function] += count
+    for path in paths:
+        for line in path.read_text(errors="replace").splitlines():
+            stack, _, count_text = line.rpartition(" ")
+            if not stack or not count_text.isdigit():
+                continue
+            count = int(count_text)
+            frames = stack.split(";")
+            name = frames[0].split(": ", 1)[1] if ": " in frames[0] else frames[0]
+            # one pool's threads together: relay-db-0 and relay-db-1 are "relay-db"
+            threads[re.sub(r"[-_]\d+$", "", name)] += count
+            total += count
+            for area, test in AREAS:
+                if test(frames):
+                    areas[area] += count
+            if len(frames) > 1:
+                own[_function(frames[-1])] += count
+                for function in {_function(f) for f in frames[1:]}:
+                    if not any(outer in function for outer in OUTER_FRAMES):
+                        cumulative[function] += count
     return {
         "samples": total,
         "threads": dict(threads.most_common()),
+        "areas": [(area, areas[area]) for area, _ in AREAS],
         "self": own.most_common(PROFILE_TOP),
         "cumulative": cumulative.most_common(PROFILE_TOP + 10),
     }
 
 
-def cprofile_summary(path: Path) -> dict[str, Any]:
-    """cProfile's stats (the loop's thread): the functions by own time and by cumulative
-    time, in seconds."""
+def cprofile_summary(paths: list[Path]) -> dict[str, Any]:
+    """cProfile's stats (the loop's thread; every file's together): the functions by own
+    time and by cumulative time, in seconds."""
     import pstats
 
-    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    stats = pstats.Stats(*(str(p) for p in paths)).stats  # type: ignore[attr-defined]
 
     def name(key: tuple[str, int, str]) -> str:
         file, line, function = key
@@ -863,6 +968,7 @@ def cprofile_summary(path: Path) -> dict[str, Any]:
     return {
         "samples": None,
         "threads": {},
+        "areas": [],
         "self": [(n, round(t, 3)) for n, t, _ in sorted(rows, key=lambda r: -r[1])[:PROFILE_TOP]],
         "cumulative": [
             (n, round(c, 3)) for n, _, c in sorted(rows, key=lambda r: -r[2])[: PROFILE_TOP + 10]
@@ -1027,35 +1133,43 @@ def profile_render(profile: dict[str, Any]) -> list[str]:
     run = profile["run"]
     lines = [
         "",
-        f"profile ({profile['tool']}, N={run['messages'] // MESSAGES_EACH}, "
-        f"{run['arrived']} deliveries in {run['all_delivered_s']:.2f} s, CPU "
-        f"{run['cpu_ms']:.3f} ms a delivery; {profile['output']})",
+        f"profile ({profile['tool']}, {len(profile['runs'])} runs at "
+        f"N={run['messages'] // MESSAGES_EACH}: {run['messages']} deliveries each, all in "
+        f"{run['all_delivered_s']:.2f} s, CPU {run['cpu_ms']:.3f} ms a delivery (medians); "
+        f"{', '.join(profile['outputs'])})",
     ]
     probe = profile.get("probe") or {}
     if probe.get("rounds"):
-        r, lag, first = probe["round_ms"], probe["lag_ms"], probe["first"]
+        r, lag = probe["round_ms"], probe["lag_ms"]
         lines += [
             f"  rounds: {probe['rounds']} in {probe['span_s']:.2f} s, "
             f"{probe['round_busy_s']:.2f} s busy on {DATABASE_CONNECTIONS} connections; "
-            f"a round {r['p50']:.1f} ms (p50), "
-            f"{r['p90']:.1f} (p90), {r['max']:.1f} (max); destinations a round p50 "
-            f"{probe['destinations_p50']}, max {probe['destinations_max']}; answers a round "
-            f"p50 {probe['answers_p50']}, max {probe['answers_max']}",
-            f"  the first round: {first['destinations']} destinations, asked for "
-            f"{first['claim']} messages, claimed {first['claimed']}, in {first['ms']:.0f} ms",
+            f"a round {r['p50']:.1f} ms (p50), {r['p90']:.1f} (p90), {r['max']:.1f} (max); "
+            f"destinations a round p50 {probe['destinations_p50']}, max "
+            f"{probe['destinations_max']}; answers a round p50 {probe['answers_p50']}, max "
+            f"{probe['answers_max']}",
+            "  each run's first round: "
+            + "; ".join(
+                f"{f['destinations']} destinations, {f['claim']} messages asked, "
+                f"{f['claimed']} claimed, {f['ms']:.0f} ms"
+                for f in probe["first"]
+            ),
             f"  the loop's lag (a 10 ms sleep's lateness): p50 {lag['p50']:.1f} ms, p90 "
             f"{lag['p90']:.1f}, p99 {lag['p99']:.1f}, max {lag['max']:.1f}",
         ]
     total = profile["samples"]
     if total:
         lines.append(
-            f"  samples by thread ({total}): "
+            f"  samples of the thread holding the interpreter ({total}): "
             + ", ".join(f"{t} {n} ({n / total:.0%})" for t, n in profile["threads"].items())
         )
 
     def share(n: float) -> str:
         return f"{n / total:5.1%}" if total else f"{n:7.3f} s"
 
+    if profile.get("areas"):
+        lines.append("  by part of the relay:")
+        lines += [f"    {share(n)}  {area}" for area, n in profile["areas"]]
     lines.append("  on top of the stack (self):")
     lines += [f"    {share(n)}  {name}" for name, n in profile["self"]]
     lines.append("  anywhere in the stack (cumulative):")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 from tests.bench.server import free_port
 from tests.settings import SHOP_SECRET
@@ -57,6 +58,8 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "CELERY_BROKER_URL": "filesystem://",
         "SHOP_WEBHOOK_SECRETS": SHOP_SECRET,
+        # what `make run` writes into .env: the key that encrypts destinations' secrets
+        "WEBHOOK_DESTINATION_SECRET_KEYS": Fernet.generate_key().decode(),
     }
     subprocess.run(  # as `make run` does first
         [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity", "0"],

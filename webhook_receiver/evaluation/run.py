@@ -19,6 +19,7 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from ..outbound.relay.database import interruption as interrupted_by
 from . import invariants
 from .inputs import BUILT_IN, Scenario
 from .measures import measure
@@ -174,7 +175,7 @@ def own_database(
             )
             yield name
         except BaseException as exc:
-            interruption = _interruption(exc)
+            interruption = interrupted_by(exc)
             if interruption is None:
                 raise
             interrupted = True
@@ -192,18 +193,6 @@ def own_database(
                         say(f"webhook_eval: interrupted; dropped its database {name}")
                     elif dropped and verbosity >= 2:
                         say(f"webhook_eval: dropped its database {name}")
-
-
-def _interruption(exc: BaseException) -> BaseException | None:
-    """The Ctrl-C or SIGTERM that ``exc`` is, or that it was raised while handling."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt | Terminated):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__context__
-    return None
 
 
 RUN_DATABASE_SUFFIX = "_webhook_eval"

@@ -24,6 +24,19 @@ from django.db import close_old_connections, connection
 T = TypeVar("T")
 
 
+def interruption(exc: BaseException) -> BaseException | None:
+    """The Ctrl-C or the exit (SIGTERM turned into SystemExit) that ``exc`` is, or that
+    it was raised while handling."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt | SystemExit):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
+
+
 class Database(Protocol):
     async def call(self, fn: Callable[[], T], what: str = "") -> T:
         """``fn()`` on a thread with a database connection; ``what`` names the work
@@ -123,6 +136,10 @@ class CallerDatabase:
                 try:
                     done.set_result(fn())
                 except Exception as exc:
+                    if (cause := interruption(exc)) is not None:
+                        # psycopg cancelled the statement on Ctrl-C and failed on the
+                        # way: the run is interrupted, not the call alone
+                        raise cause from None
                     done.set_exception(exc)
                 done = None
         except BaseException as exc:

@@ -17,6 +17,7 @@ from django.utils import timezone
 from ...core import bounds, logs, storable
 from .. import queries
 from ..models import WebhookDestination
+from .database import interruption
 from .messages import EXCERPT_CHARS, Claimed, Sent, Work
 from .round import CLAIM_BATCH, Outcome, relay_round
 from .rows import Rows
@@ -45,6 +46,8 @@ def relay_round_or_apart(
         with bounds.bounded_transaction(savepoint=True):
             return relay_round(work, now=now, rows=rows)
     except OperationalError as exc:
+        if interruption(exc) is not None:
+            raise  # Ctrl-C cut the round short: nothing more on its connection
         for w in work:
             if w.answers:
                 record_failed(w.destination_id, exc)

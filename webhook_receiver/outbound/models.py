@@ -172,6 +172,21 @@ class OutboxMessage(models.Model):
             ),
             # the sweep: which destinations have something due
             models.Index(fields=["status", "next_attempt_at"], name="webhook_outbox_due"),
+            # is an older message of the key failed, waiting for an operator (the status's
+            # held-back count)? Failed messages alone: whatever plan the statistics give
+            # the probe, it reads no pending or sending message
+            models.Index(
+                fields=["destination", "ordering_key", "id"],
+                condition=models.Q(status="failed") & ~models.Q(ordering_key=""),
+                name="webhook_outbox_failed_ordering",
+            ),
+            # a destination's requests in flight (the relay's claim, its poll, the status):
+            # its messages sending, by when their leases end
+            models.Index(
+                fields=["destination", "lease_until"],
+                condition=models.Q(status="sending"),
+                name="webhook_outbox_in_flight",
+            ),
             models.Index(fields=["origin_event_key"], name="webhook_outbox_origin"),
         ]
         ordering = ["-id"]

@@ -161,13 +161,18 @@ ANSWERS_SQLITE = f"WITH answer ({_ANSWER}) AS (VALUES {{rows}})"
 # attempt): a relay whose lease ran out (frozen, or held by a slow answer) must not
 # undo the claim that took over. The ones it changed come back, with their new status
 # (SQLite's RETURNING names the table's columns unqualified, and its ids alone are read).
+# The status is tested as an expression (IS TRUE) that no index answers, so that the
+# plan starts from the answers' ids, by the primary key: on the statistics of a quiet
+# outbox (analysed with nothing in flight) PostgreSQL takes 'sending' to match almost no
+# row, and read the messages in flight through an index on the status, all of them for
+# each answer (730 ms of a round of 784 answers, against 14 ms by the key).
 _RECORD_MESSAGES = f"""
     UPDATE webhook_receiver_outboxmessage AS m
     SET status = a.status, failures = a.failures, next_attempt_at = a.next_attempt_at,
         lease_until = NULL, delivered_at = a.delivered_at, last_status_code = a.status_code,
         last_error = a.last_error
     FROM answer a
-    WHERE m.id = a.message_id AND m.status = '{SENDING}' AND m.attempts = a.attempt
+    WHERE m.id = a.message_id AND (m.status = '{SENDING}') IS TRUE AND m.attempts = a.attempt
     RETURNING {{returning}}
 """
 RECORD_MESSAGES = _RECORD_MESSAGES.format(returning="m.id, m.status")

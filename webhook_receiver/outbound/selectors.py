@@ -85,16 +85,11 @@ def destinations_with_health(
         status=MessageStatus.PENDING,
         next_attempt_at__lte=now,
     )
-    # The probe for an older failed message asked under an OR (always false for a
-    # message with a key), which PostgreSQL keeps a subplan of each message, with its
-    # key: made a semi-join, on statistics of a history with distinct keys and nothing
-    # open, its probe had the destination alone and read every open message of it for
-    # each one (365,404 rows for 1,200; tests/outbound/test_selectors_plan.py).
-    held_back = OutboxMessage.objects.filter(
-        Exists(_older_in_line([MessageStatus.FAILED])) | Q(ordering_key=""),
-        destination=OuterRef("pk"),
-        status__in=BACKLOG,
-    ).exclude(ordering_key="")
+    held_back = (
+        OutboxMessage.objects.filter(destination=OuterRef("pk"), status__in=BACKLOG)
+        .exclude(ordering_key="")
+        .filter(Exists(_older_in_line([MessageStatus.FAILED])))
+    )
     mine = OutboxMessage.objects.filter(destination=OuterRef("pk"))
     return queryset.annotate(
         backlog=_count(mine.filter(status__in=BACKLOG)),

@@ -164,6 +164,14 @@ class Relay:
             return False
         return timer.when() - asyncio.get_running_loop().time() <= ANSWERS_WAIT_SECONDS
 
+    def _let_waiting_in(self) -> None:
+        """Lanes waiting for the process's room, as many as it now has (not all of them
+        each time: a thousand lanes may wait at RELAY_MAX_REQUESTS)."""
+        for destination_id in list(self._waiting)[: max(0, self._room())]:
+            del self._waiting[destination_id]
+            if (lane := self.lanes.get(destination_id)) is not None:
+                self._consider(lane)
+
     def _room(self) -> int:
         """Requests this process may still start (RELAY_MAX_REQUESTS)."""
         return self._max_requests - self._requests - self._reserved
@@ -281,15 +289,20 @@ class Relay:
 
     def _start_rounds(self) -> None:
         while self._ready and self._rounds < self._connections:
-            taken = []
+            taken, work = [], []
             for destination_id in list(self._ready)[:ROUND_DESTINATIONS]:
                 del self._ready[destination_id]
                 lane = self.lanes.get(destination_id)
-                if lane is not None and not lane.in_round:
-                    taken.append(lane)
+                if lane is None or lane.in_round:
+                    continue
+                if not lane.answers and self._room() <= 0:
+                    # the claims before it took the process's room: it waits for some
+                    self._waiting[destination_id] = None
+                    continue
+                taken.append(lane)
+                work.append(self._work(lane))
             if not taken:
                 continue
-            work = [self._work(lane) for lane in taken]
             if not any(w.answers or w.claim for w in work):
                 for lane in taken:
                     lane.in_round = False
@@ -330,6 +343,7 @@ class Relay:
         finally:
             self._reserved -= sum(w.claim for w in work)
             self._rounds -= 1
+            self._let_waiting_in()  # what the claims reserved and did not take
             assert self._changed is not None
             self._changed.set()
 
@@ -405,12 +419,7 @@ class Relay:
             lane.answers.append(sent)
             self.lanes.setdefault(lane.destination_id, lane)
             self._consider(lane)
-            if self._waiting:
-                waiting, self._waiting = self._waiting, {}
-                for destination_id in waiting:
-                    other = self.lanes.get(destination_id)
-                    if other is not None:
-                        self._consider(other)
+            self._let_waiting_in()
 
         self._spawn(send())
 

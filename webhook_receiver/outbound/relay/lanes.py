@@ -11,8 +11,11 @@ from ..models import WebhookDestination
 from .messages import Sent
 from .round import CLAIM_BATCH
 
-# what a lane's claim may take before its destination's row is read: a round's most
-CLAIM_ROOM_DEFAULT = CLAIM_BATCH
+# what a lane's claim may take before its destination's row is read: the model's default
+# in-flight limit (a destination that allows more claims the rest in its next round),
+# not a round's most: the claims reserve the process's RELAY_MAX_REQUESTS, and a first
+# round of 200 destinations reserving 10 each would leave half of them none
+CLAIM_ROOM_DEFAULT = WebhookDestination._meta.get_field("max_in_flight").get_default()
 
 
 @dataclass(eq=False)

@@ -15,6 +15,7 @@ may quote a payload): a failed span's status names the exception's class.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +39,8 @@ if trace is not None:
     SERVER, CLIENT, INTERNAL = SpanKind.SERVER, SpanKind.CLIENT, SpanKind.INTERNAL
 else:
     SERVER = CLIENT = INTERNAL = None
+# a provider named in the environment, which the API loads at its first use
+_PROVIDER_NAMED = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def _carrier(headers: Mapping[str, str] | None, traceparent: str = "") -> dict[str, str]:
@@ -100,8 +103,14 @@ def span(
 
 def _configured() -> bool:
     """Whether a host set a tracer provider (an SDK): until then the API's spans would
-    record nothing, and cost a delivery tens of microseconds for it."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    record nothing, and cost a delivery tens of microseconds for it. Read from the API's
+    global (set once, never unset) and the environment as the process started, not
+    through ``get_tracer_provider()``, which looks OTEL_PYTHON_TRACER_PROVIDER up in the
+    environment at every call while no provider is set (6% of the relay's CPU at a
+    thousand merchants)."""
+    if not hasattr(trace, "_TRACER_PROVIDER"):  # an API that keeps it elsewhere
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return trace._TRACER_PROVIDER is not None or _PROVIDER_NAMED
 
 
 def annotate(current: Any, **attributes: str | int | None) -> None:

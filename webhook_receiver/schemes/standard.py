@@ -26,7 +26,9 @@ from .base import Scheme, VerifiedMessage, matching_secret, parse_timestamp, req
 from .standard_keys import is_public_key, is_signing_key
 
 
-@functools.lru_cache(maxsize=64)
+# as many as a relay's destinations may sign with: past 64, a relay sending to hundreds
+# of merchants decoded each secret again at every request
+@functools.lru_cache(maxsize=4096)
 def secret_key(secret: str) -> bytes:
     """Decode a ``whsec_``-prefixed base64 secret into the HMAC key."""
     encoded = secret.removeprefix("whsec_")

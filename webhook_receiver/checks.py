@@ -15,6 +15,7 @@ from django.utils.module_loading import import_string
 
 from . import schemes
 from .conf import NEW_KEY_HINT, app_settings
+from .conf.readers import fernet_key_problem
 from .inbound.handlers import registration_conflicts
 from .outbound.encryption import SecretsNotDecrypted, is_token
 from .outbound.models import WebhookDestination
@@ -38,6 +39,18 @@ def check_webhook_receiver_settings(
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="webhook_receiver.E001")]
     errors: list[checks.CheckMessage] = []
+    for position, fernet_key in enumerate(config.destination_secret_keys, 1):
+        problem = fernet_key_problem(fernet_key)
+        if problem:  # the key is never quoted: its position names it
+            errors.append(
+                checks.Error(
+                    f"WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']: key #{position} {problem}: "
+                    "no stored secret (a destination's, a source record's) can be read or "
+                    "written until it is fixed.",
+                    hint=NEW_KEY_HINT,
+                    id="webhook_receiver.E011",
+                )
+            )
     for slug, source in config.sources.items():
         scheme = schemes.get_scheme(source.scheme)
         for position, secret in enumerate(source.secrets):

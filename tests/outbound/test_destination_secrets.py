@@ -277,15 +277,30 @@ def test_a_wrong_key_leaves_the_status_pages_answering(receiver, settings, admin
     assert "merchant" in out.getvalue() and "secrets unreadable" in out.getvalue()
 
 
-def test_a_key_that_is_not_a_fernet_key_is_refused_without_being_shown(settings):
-    from django.core.exceptions import ImproperlyConfigured
-
+def test_a_key_that_is_not_a_fernet_key_is_named_by_its_position_never_shown(settings):
     from webhook_receiver.conf import app_settings
+    from webhook_receiver.outbound.encryption import secrets_decrypt, secrets_encrypt
 
+    tokens = secrets_encrypt(["whsec_" + "a" * 40], keys=[NEW_KEY])
     with_keys(settings, NEW_KEY, "not-a-key-at-all")
-    with pytest.raises(ImproperlyConfigured, match=r"key #2 is not a Fernet key") as error:
-        app_settings()
-    assert "not-a-key-at-all" not in str(error.value)
+
+    # the settings still read (every request would fail otherwise)...
+    assert app_settings().destination_secret_keys == (NEW_KEY, "not-a-key-at-all")
+    # ...the system check names the key by its position...
+    found = [m for m in checks.run_checks() if m.id == "webhook_receiver.E011"]
+    assert [m.msg.split(":")[1].strip() for m in found] == [
+        "key #2 is not a Fernet key (32 bytes in url-safe base64)"
+    ]
+    # ...and the stored secrets are unreadable, saying why, until it is fixed
+    with pytest.raises(SecretsUnreadable) as error:
+        secrets_decrypt(tokens)
+    assert error.value.state == (
+        "secrets unreadable: key #2 of DESTINATION_SECRET_KEYS is malformed"
+    )
+    with pytest.raises(SecretsUnreadable):
+        secrets_encrypt(["whsec_" + "b" * 40])
+    for said in (*[m.msg for m in found], str(error.value), error.value.state):
+        assert "not-a-key-at-all" not in said
 
 
 # --- the system check (a database check: migrate and check --database run it) -----------

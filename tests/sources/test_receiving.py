@@ -20,7 +20,6 @@ from tests.support.signing import reserved, standard_headers
 from webhook_receiver.conf import app_settings
 from webhook_receiver.core.fingerprints import secret_fingerprint
 from webhook_receiver.models import RejectionTally, RequestAudit, WebhookReceipt, WebhookSource
-from webhook_receiver.outbound.encryption import SecretsUnreadable
 from webhook_receiver.sources.lookup import records, source_lookup
 from webhook_receiver.sources.operations import (
     source_secret_add,
@@ -242,25 +241,3 @@ def test_any_slugs_read_the_records_at_most_once_a_ttl(acme, slugs):
     assert reads_of_sources(captured) <= 1
     sources = {"acme", *app_settings().sources}
     assert [config is not None for config in found] == [slug in sources for slug in slugs]
-
-
-def test_records_no_key_decrypts_are_answered_503_and_the_settings_go_on(client, acme, settings):
-    # given: the key that encrypted the record's secrets removed too early
-    other = "q1wJZyAeYq3S3b0yb3ZxWkz3lYd1m8r8bQ6oXv3oJ5U="
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DESTINATION_SECRET_KEYS": [other]}
-    body, headers = signed(ACME_SECRET)
-
-    # when
-    record = post(client, "acme", body, headers)
-    with CaptureQueriesContext(connection) as captured:
-        made_up = post(client, "made-up", body, headers)
-    shop_body, shop_headers = signed(SHOP_SECRET, "ord_shop")
-    settings_source = post(client, "shop", shop_body, shop_headers)
-
-    # then: nothing accepted on guesswork (the sender retries), and the failed read is
-    # kept for the TTL like any snapshot: the made-up slug did not read again
-    assert record.status_code == made_up.status_code == 503
-    assert reads_of_sources(captured) == 0
-    with pytest.raises(SecretsUnreadable):
-        records.current()
-    assert settings_source.status_code == 200

@@ -289,6 +289,7 @@ def test_a_source_no_longer_configured_is_listed_while_it_holds_dead_letters():
 
 def test_the_rule_has_one_line_of_why_per_condition():
     assert [c.code for c in SOURCE_CONDITIONS] == [
+        "secrets_unreadable",
         "silent",
         "repair_needed",
         "retries_stalled",

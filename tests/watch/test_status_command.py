@@ -113,6 +113,7 @@ def test_command_json_shape(time_machine_now):
     assert set(shop) == {
         "source",
         "configured",
+        "secrets_unreadable",
         "state",
         "reasons",
         "last_accepted_at",

@@ -31,7 +31,7 @@ from django.utils.translation import gettext_lazy as _
 from ..core.admin_links import admin_url
 from ..core.display import duration_text, url_masked
 from ..outbound.breaker import destination_breaker
-from ..outbound.encryption import SecretsUnreadable, stored_secrets_problem, with_stored_secrets
+from ..outbound.encryption import secrets_unreadable, with_stored_secrets
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import (
     destination_disable,
@@ -103,13 +103,6 @@ class EnableButton(ObjectButton):
 
     def applies_to(self, obj: Any) -> bool:
         return not obj.enabled
-
-
-def secrets_unreadable(obj: WebhookDestination | None) -> SecretsUnreadable | None:
-    """Why a destination of this admin's queryset (``stored_secrets``) cannot have its
-    secrets read, or None."""
-    stored = getattr(obj, "stored_secrets", None)
-    return None if stored is None else stored_secrets_problem(stored)
 
 
 # the configuration an admin form saves; the limiter's and breaker's state, which the

@@ -5,6 +5,7 @@ moment a recovery starts from."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
@@ -128,7 +129,46 @@ class GuardedURLField(forms.URLField):
     default_validators: list = []
 
 
-class DestinationForm(forms.ModelForm):
+class StoredSecretsForm(forms.ModelForm):
+    """A form over a row whose secrets are encrypted at rest (a destination, a source
+    record): ``current`` holds its secrets, to keep or remove; when no key set reads
+    them, ``unreadable`` says why, none can be kept, and the form saves only with new
+    ones, which replace them."""
+
+    # the error when such a row is saved without new secrets (its state interpolated)
+    unreadable_message: Any = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unreadable: SecretsUnreadable | None = None
+        self.current: list[str] = []
+        if self.instance.pk:
+            try:
+                self.current = list(self.instance.secrets)
+            except SecretsUnreadable as exc:
+                self.unreadable = exc
+        if self.unreadable is not None:
+            if "keep_secrets" in self.fields:
+                self.fields["keep_secrets"].disabled = True
+                self.fields["keep_secrets"].help_text = self.unreadable.state
+            if "new_secrets" in self.fields:
+                self.fields["new_secrets"].required = True
+
+    def kept_and_added(
+        self, cleaned: dict[str, Any], generated: Sequence[str] = ()
+    ) -> tuple[list[str], list[str]]:
+        """The current secrets ticked to keep, and the new ones (typed, then
+        ``generated``) not among them; a row whose secrets cannot be read needs new ones."""
+        keep = set(cleaned.get("keep_secrets") or [])
+        kept = [s for s in self.current if secret_fingerprint(s) in keep]
+        typed = [s for s in cleaned.get("new_secrets") or [] if s not in kept]
+        added = typed + list(generated)
+        if self.unreadable is not None and not added:
+            raise forms.ValidationError(self.unreadable_message % {"state": self.unreadable.state})
+        return kept, added
+
+
+class DestinationForm(StoredSecretsForm):
     """The destination's configuration. Its secrets are write-only: the form lists each
     current one by its last four characters, to keep or to drop, and takes new ones,
     which sign alongside those kept (a rotation). Its URL is checked by the egress guard
@@ -223,26 +263,17 @@ class DestinationForm(forms.ModelForm):
             ),
         }
 
+    unreadable_message = _(
+        "This destination's %(state)s. Add new secrets (they replace them), or put back "
+        "the key they were encrypted with."
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # secrets no configured key decrypts (a key rotated away): none can be kept, and
-        # the form saves only with new ones, which replace them
-        self.unreadable: SecretsUnreadable | None = None
-        self.current: list[str] = []
-        if self.instance.pk:
-            try:
-                self.current = list(self.instance.secrets)
-            except SecretsUnreadable as exc:
-                self.unreadable = exc
         if "keep_secrets" in self.fields:
             keep_field = cast(forms.MultipleChoiceField, self.fields["keep_secrets"])
             keep_field.choices = [(secret_fingerprint(s), secret_label(s)) for s in self.current]
             self.initial.setdefault("keep_secrets", [secret_fingerprint(s) for s in self.current])
-            if self.unreadable is not None:
-                keep_field.disabled = True
-                keep_field.help_text = self.unreadable.state
-        if self.unreadable is not None and "new_secrets" in self.fields:
-            self.fields["new_secrets"].required = True
         if "event_types" in self.fields:
             self.initial["event_types"] = "\n".join(self.instance.event_types or [])
 
@@ -273,20 +304,9 @@ class DestinationForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         # ModelForm's clean() returns its cleaned_data (the stubs allow an override's None)
         cleaned = cast(dict[str, Any], super().clean())
-        keep = set(cleaned.get("keep_secrets") or [])
-        kept = [s for s in self.current if secret_fingerprint(s) in keep]
-        added = [s for s in cleaned.get("new_secrets") or [] if s not in kept]
-        if cleaned.get("generate_signing_key"):
-            added.append(new_signing_key())
+        generated = [new_signing_key()] if cleaned.get("generate_signing_key") else []
+        kept, added = self.kept_and_added(cleaned, generated)
         secrets = added + kept
-        if self.unreadable is not None and not added:
-            raise forms.ValidationError(
-                gettext(
-                    "This destination's %(state)s. Add new secrets (they replace them), or "
-                    "put back the key they were encrypted with."
-                )
-                % {"state": self.unreadable.state}
-            )
         if not secrets:
             raise forms.ValidationError(
                 gettext(
@@ -330,7 +350,7 @@ class RecoverForm(forms.Form):
 # --- sources -------------------------------------------------------------------------
 
 
-class SourceForm(forms.ModelForm):
+class SourceForm(StoredSecretsForm):
     """A source record's configuration. Its secrets are write-only: the form lists each
     current one by fingerprint (with the last request it verified), to keep or to remove,
     and takes new ones, which verify beside those kept (a rotation)."""
@@ -385,9 +405,14 @@ class SourceForm(forms.ModelForm):
             "active_days": _("When silence is unexpected, e.g. mon-fri; empty: every day."),
         }
 
+    unreadable_message = _(
+        "This source's %(state)s. Add new secrets (they replace them), or put back the "
+        "key they were encrypted with."
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        current = self.instance.secrets if self.instance.pk else []
+        current = self.current
         if "keep_secrets" in self.fields:
             last = secrets_last_verified(self.instance.slug, current)
             keep_field = cast(forms.MultipleChoiceField, self.fields["keep_secrets"])
@@ -409,10 +434,7 @@ class SourceForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = cast(dict[str, Any], super().clean())
-        keep = set(cleaned.get("keep_secrets") or [])
-        current = self.instance.secrets if self.instance.pk else []
-        kept = [s for s in current if secret_fingerprint(s) in keep]
-        added = [s for s in cleaned.get("new_secrets") or [] if s not in kept]
+        kept, added = self.kept_and_added(cleaned)
         secrets = kept + added
         problem = None
         if not secrets:

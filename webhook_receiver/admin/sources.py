@@ -20,8 +20,10 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
+from ..outbound.encryption import secrets_unreadable, with_stored_secrets
 from ..sources.lookup import records
 from ..sources.models import WebhookSource
+from ..sources.operations import secret_count
 from .forms import SourceForm
 
 
@@ -56,6 +58,10 @@ class WebhookSourceAdmin(admin.ModelAdmin):
             ),
         ]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookSource]:
+        # the secrets as stored: a row no key decrypts is shown as such, not a 500
+        return with_stored_secrets(super().get_queryset(request))
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # the slug is its senders' URL and its records' name: a new slug is a new source
         return ("slug",) if obj is not None else ()
@@ -76,9 +82,14 @@ class WebhookSourceAdmin(admin.ModelAdmin):
     def state(self, obj: WebhookSource) -> str:
         if obj.slug in app_settings().sources:
             return gettext("not used: the settings define this slug (W005)")
-        return gettext("receiving") if obj.enabled else gettext("disabled: answered 404")
+        if not obj.enabled:
+            return gettext("disabled: answered 404")
+        unreadable = secrets_unreadable(obj)
+        if unreadable is not None:
+            return gettext("%(state)s: answered 503") % {"state": unreadable.state}
+        return gettext("receiving")
 
     @admin.display(description=_("secrets"))
     def secret_count(self, obj: WebhookSource) -> str:
-        count = len(obj.secrets or [])
+        count = secret_count(obj)
         return ngettext("%d secret", "%d secrets", count) % count

@@ -201,17 +201,19 @@ def failing_span(value: Any, where: str) -> timedelta | None:
 
 @reader("a list, or a comma-separated string, of Fernet keys")
 def fernet_keys(value: Any, where: str) -> tuple[str, ...]:
-    """Each key checked; a problem names its position, never the key."""
-    keys = tuple(k.strip() for k in comma_separated(value) if isinstance(k, str) and k.strip())
-    for position, fernet_key in enumerate(keys, 1):
-        try:
-            Fernet(fernet_key)
-        except (ValueError, TypeError) as exc:
-            raise ImproperlyConfigured(
-                f"{where}: key #{position} is not a Fernet key (32 bytes in url-safe "
-                f"base64). {NEW_KEY_HINT}"
-            ) from exc
-    return keys
+    """The keys as given. A malformed one is not refused here, which would fail every
+    read of the settings (every request, every page): only the secrets it should read
+    are unreadable (``outbound.encryption``), and system check E011 names its position."""
+    return tuple(k.strip() for k in comma_separated(value) if isinstance(k, str) and k.strip())
+
+
+def fernet_key_problem(key: str) -> str | None:
+    """Why ``key`` is not a Fernet key, never quoting it; None when it is one."""
+    try:
+        Fernet(key)
+    except (ValueError, TypeError):
+        return "is not a Fernet key (32 bytes in url-safe base64)"
+    return None
 
 
 @reader("a list, or a comma-separated string, of CIDRs")

@@ -38,7 +38,7 @@ from ..exceptions import (
     TimestampOutOfTolerance,
     UnknownSource,
 )
-from ..sources.lookup import source_known, source_lookup
+from ..sources.lookup import SourceUnreadable, source_known, source_lookup
 from .audit import AuditDraft
 from .claim import ReceiveOutcome, event_claim_and_apply
 from .events import parse_event
@@ -101,7 +101,18 @@ def _receive(
     try:
         # settings first (no query); a record from the per-process snapshot. A disabled
         # record is answered as an unknown slug is.
-        source = source_lookup(source_slug)
+        try:
+            source = source_lookup(source_slug)
+        except SourceUnreadable as exc:
+            logs.log_line(
+                logger,
+                logging.ERROR,
+                "webhook request not verified: its source record's secrets cannot be "
+                "read; answered 503, the sender will retry",
+                source=source_slug,
+                state=exc.state,
+            )
+            raise
         if source is None:
             raise UnknownSource()
         body = read_limited_body(stream, content_length, source.max_body_bytes)

@@ -35,6 +35,7 @@ from django.db.models import QuerySet
 from django.utils.translation import ngettext
 
 from ..conf import NEW_KEY_HINT, app_settings
+from ..conf.readers import fernet_key_problem
 
 SETTING = "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']"
 # a Fernet token: version byte 0x80, a timestamp, an IV, at least one AES block, an HMAC
@@ -57,6 +58,15 @@ class SecretsNotDecrypted(SecretsUnreadable):
 
 @functools.lru_cache(maxsize=8)
 def _box(keys: tuple[str, ...]) -> MultiFernet:
+    """The keys as one box; a malformed key makes every secret unreadable (the settings
+    still read: check E011 names it), and is never quoted."""
+    for position, key in enumerate(keys, 1):
+        problem = fernet_key_problem(key)
+        if problem is not None:
+            raise SecretsUnreadable(
+                f"{SETTING}: key #{position} {problem}. {NEW_KEY_HINT}",
+                f"secrets unreadable: key #{position} of DESTINATION_SECRET_KEYS is malformed",
+            )
     return MultiFernet([Fernet(key) for key in keys])
 
 
@@ -145,10 +155,17 @@ def stored_secrets_problem(
     return None
 
 
+def secrets_unreadable(row: Any) -> SecretsUnreadable | None:
+    """Why a row read through ``with_stored_secrets`` (a destination, a source record)
+    cannot have its secrets read, or None."""
+    stored = getattr(row, "stored_secrets", None)
+    return None if stored is None else stored_secrets_problem(stored)
+
+
 def with_stored_secrets(queryset: QuerySet[Any]) -> QuerySet[Any]:
-    """Destinations whose secrets are not decrypted as they are read (a row no key
-    reads would raise, and fail the whole page): ``stored_secrets`` holds the column as
-    stored, for ``stored_secrets_problem`` and for counting them."""
+    """Rows (destinations, source records) whose secrets are not decrypted as they are
+    read (a row no key reads would raise, and fail the whole page): ``stored_secrets``
+    holds the column as stored, for ``secrets_unreadable`` and for counting them."""
     return queryset.defer("secrets").annotate(
         stored_secrets=models.ExpressionWrapper(
             models.F("secrets"), output_field=models.JSONField()

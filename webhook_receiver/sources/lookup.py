@@ -7,9 +7,11 @@ source costs at most one query a TTL, and so does a slug that is no source at al
 snapshot knows it is missing), however many different ones a flood makes up. A change in
 the admin is seen by every process within the TTL, without a restart.
 
-A record whose secrets cannot be decrypted (DESTINATION_SECRET_KEYS lost its key) fails
-the snapshot: every slug outside the settings is then answered 503, for a TTL at a time
-(the sender retries), never accepted on guesswork, and the settings' sources go on.
+A record whose secrets cannot be decrypted (DESTINATION_SECRET_KEYS lost its key, or a
+key is malformed) is that record's problem alone: its slug is answered 503 (the sender
+retries), never accepted on guesswork, with one log line a request; every other source
+goes on, and an unknown slug is still a 404. The snapshot reads the column as stored and
+decrypts each record apart, so one unreadable row cannot fail the others.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from django.dispatch import receiver
 from ..conf import app_settings
 from ..conf.sources import SourceConfig
 from ..core import logs
+from ..exceptions import NotStored
+from ..outbound.encryption import SecretsUnreadable, secrets_decrypt, with_stored_secrets
 from .models import WebhookSource
 from .records import record_config
 
@@ -35,12 +39,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The enabled records as sources, as read at ``read_at`` (the cache's clock), or the
-    error that reading them raised."""
+    """The enabled records as sources, as read at ``read_at`` (the cache's clock), and
+    those whose secrets cannot be read, with why."""
 
     read_at: float
     sources: Mapping[str, SourceConfig] = field(default_factory=dict)
-    error: Exception | None = None
+    unreadable: Mapping[str, SecretsUnreadable] = field(default_factory=dict)
+
+
+class SourceUnreadable(NotStored):
+    """A record source whose secrets cannot be read: a request to it cannot be
+    verified, so nothing is stored and the sender retries (503). ``state`` says why in a
+    few words (``SecretsUnreadable.state``)."""
+
+    def __init__(self, slug: str, problem: SecretsUnreadable) -> None:
+        super().__init__(f"the source record {slug!r}: {problem.state}")
+        self.slug = slug
+        self.state = problem.state
 
 
 class RecordCache:
@@ -54,21 +69,23 @@ class RecordCache:
         """Forget the snapshot: the next lookup reads the records again."""
         self._snapshot = None
 
-    def current(self) -> Mapping[str, SourceConfig]:
+    def snapshot(self) -> Snapshot:
         """The enabled records, read again once the snapshot is older than the TTL."""
         now = self.clock()
         snapshot = self._snapshot
         if snapshot is None or now - snapshot.read_at >= app_settings().source_records_ttl:
             snapshot = self._snapshot = _read(now)
-        if snapshot.error is not None:
-            raise snapshot.error
-        return snapshot.sources
+        return snapshot
+
+    def current(self) -> Mapping[str, SourceConfig]:
+        """The enabled records that can serve as sources."""
+        return self.snapshot().sources
 
     def known(self, slug: str) -> bool:
         """Whether the last snapshot had ``slug``, without reading anything (for labels
         and tallies, after the request's lookup has read it)."""
         snapshot = self._snapshot
-        return snapshot is not None and slug in snapshot.sources
+        return snapshot is not None and (slug in snapshot.sources or slug in snapshot.unreadable)
 
 
 records = RecordCache()
@@ -77,29 +94,36 @@ records = RecordCache()
 def _read(now: float) -> Snapshot:
     settings_slugs = app_settings().sources
     sources: dict[str, SourceConfig] = {}
-    try:
-        rows = list(WebhookSource.objects.filter(enabled=True))
-    except ImproperlyConfigured as exc:  # SecretsUnreadable: no key, or not the one
-        logs.log_failure(logger, "webhook source records unreadable", exc)
-        return Snapshot(read_at=now, error=exc)
-    for record in rows:
+    unreadable: dict[str, SecretsUnreadable] = {}
+    # the secrets as stored, decrypted record by record below
+    for record in with_stored_secrets(WebhookSource.objects.filter(enabled=True)):
         if record.slug in settings_slugs:
             continue  # the settings' own (check W005 names the record)
+        try:
+            record.secrets = secrets_decrypt(record.stored_secrets or [])
+        except SecretsUnreadable as exc:  # no key, not the one, or a malformed one
+            unreadable[record.slug] = exc
+            continue
         try:
             sources[record.slug] = record_config(record)
         except (ImproperlyConfigured, ValueError) as exc:
             # the admin and the command refuse such values: a row written otherwise
             logs.log_failure(logger, "webhook source record unusable", exc, source=record.slug)
-    return Snapshot(read_at=now, sources=sources)
+    return Snapshot(read_at=now, sources=sources, unreadable=unreadable)
 
 
 def source_lookup(slug: str) -> SourceConfig | None:
     """The source at ``slug``: the settings' (no query), else an enabled record's (at
-    most one query a TTL), else None (an unknown or disabled slug)."""
+    most one query a TTL), else None (an unknown or disabled slug). Raises
+    ``SourceUnreadable`` for an enabled record whose secrets cannot be read."""
     configured = app_settings().sources.get(slug)
     if configured is not None:
         return configured
-    return records.current().get(slug)
+    snapshot = records.snapshot()
+    problem = snapshot.unreadable.get(slug)
+    if problem is not None:
+        raise SourceUnreadable(slug, problem) from problem
+    return snapshot.sources.get(slug)
 
 
 def source_known(slug: str) -> bool:
@@ -109,14 +133,15 @@ def source_known(slug: str) -> bool:
 
 def sources_all() -> dict[str, SourceConfig]:
     """Every source: the settings' in their order, then the enabled records by slug (for
-    the watch: silence, status, metrics). Records that cannot be read now (logged where
-    read) leave the settings' alone, rather than fail every watch of them too."""
-    configured = app_settings().sources
-    try:
-        found = records.current()
-    except ImproperlyConfigured:
-        return dict(configured)
-    return {**configured, **dict(sorted(found.items()))}
+    the watch: silence, status, metrics). A record whose secrets cannot be read is not
+    among them (``sources_unreadable`` names it)."""
+    found = records.current()
+    return {**app_settings().sources, **dict(sorted(found.items()))}
+
+
+def sources_unreadable() -> dict[str, SecretsUnreadable]:
+    """The enabled records whose secrets cannot be read, by slug, with why."""
+    return dict(sorted(records.snapshot().unreadable.items()))
 
 
 @receiver(setting_changed)

@@ -15,7 +15,12 @@ from django.db import transaction
 
 from ..conf import app_settings
 from ..core.fingerprints import secret_fingerprint
-from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
+from ..outbound.encryption import (
+    SecretsUnreadable,
+    secrets_decrypt,
+    secrets_encrypt,
+    with_stored_secrets,
+)
 from ..schemes import get_scheme
 from .lookup import records
 from .models import WebhookSource
@@ -63,7 +68,7 @@ def source_secret_add(slug: str, secret: str) -> tuple[WebhookSource, bool]:
     """Add ``secret`` after the source's others (every one verifies). Returns the source,
     and False when it had that secret already."""
     with transaction.atomic():
-        source = _locked(slug)
+        source = _locked(slug, secrets=True)
         if secret in source.secrets:
             return source, False
         problem = secrets_problem(source.scheme, [secret])
@@ -80,7 +85,7 @@ def source_secret_remove(slug: str, fingerprint: str) -> WebhookSource:
     characters); never the last one."""
     fingerprint = fingerprint.strip().lower()
     with transaction.atomic():
-        source = _locked(slug)
+        source = _locked(slug, secrets=True)
         matches = [s for s in source.secrets if secret_fingerprint(s).startswith(fingerprint)]
         if len(fingerprint) < 6 or len(matches) != 1:
             known = ", ".join(secret_fingerprint(s) for s in source.secrets)
@@ -129,11 +134,29 @@ def sources_reencrypt() -> tuple[int, list[str]]:
     return done, not_read
 
 
-def _locked(slug: str) -> WebhookSource:
+def _locked(slug: str, *, secrets: bool = False) -> WebhookSource:
+    """The record, its row locked; its secrets read only when asked (``secrets``): a
+    record no key reads can still be enabled or disabled, and is refused a rotation."""
     try:
-        return WebhookSource.objects.select_for_update().get(slug=slug)
+        source = with_stored_secrets(WebhookSource.objects.select_for_update()).get(slug=slug)
     except WebhookSource.DoesNotExist:
         raise SourceRefused(f"no source record {slug!r} (add it first).") from None
+    if secrets:
+        try:
+            source.secrets = secrets_decrypt(source.stored_secrets or [])
+        except SecretsUnreadable as exc:
+            raise SourceRefused(
+                f"{slug}: its {exc.state}. Put back the key they were encrypted with, or "
+                "give it new secrets in the admin (they replace them)."
+            ) from None
+    return source
+
+
+def secret_count(source: WebhookSource) -> int:
+    """How many secrets the record has: as set, or as stored when they were not read."""
+    if "secrets" not in source.get_deferred_fields():
+        return len(source.secrets)
+    return len(getattr(source, "stored_secrets", None) or [])
 
 
 def _check(source: WebhookSource) -> None:

@@ -53,6 +53,15 @@ def reasons(conditions: Iterable[Condition], status: Any) -> tuple[Reason, ...]:
 # --- sources -------------------------------------------------------------------------------
 
 
+def _source_unreadable(s: SourceStatus) -> tuple[str, str] | None:
+    if not s.secrets_unreadable:
+        return None
+    return s.secrets_unreadable, (
+        f"{s.secrets_unreadable}: every request is answered 503 (the sender retries) "
+        "until the key they were encrypted with is put back, or new secrets are set"
+    )
+
+
 def _silent(s: SourceStatus) -> tuple[str, str] | None:
     alert = s.silence_alert
     if alert is None:
@@ -145,6 +154,14 @@ def _reconcile_failed(s: SourceStatus) -> tuple[str, str] | None:
 # is read from the open repair items rather than the last run's outcome: an item
 # resolved by hand no longer needs anything, although the run that found it said so.
 SOURCE_CONDITIONS: tuple[Condition, ...] = (
+    Condition(
+        "secrets_unreadable",
+        State.ALERT,
+        "no configured key decrypts the source record's secrets (a key removed before "
+        "they were re-encrypted, or malformed): none of its requests can be verified, "
+        "and each is answered 503",
+        _source_unreadable,
+    ),
     Condition(
         "silent",
         State.ALERT,

@@ -40,8 +40,9 @@ from ..inbound.models import (
     Verification,
     WebhookReceipt,
 )
+from ..outbound.encryption import SecretsUnreadable
 from ..reconcile.models import ReconciliationRun, RepairItem, RepairStatus, RunOutcome
-from ..sources.lookup import sources_all
+from ..sources.lookup import sources_all, sources_unreadable
 from ..sources.models import WebhookSource
 from .conditions import SOURCE_CONDITIONS, reasons
 from .models import SilenceAlert
@@ -68,6 +69,11 @@ NOT_STORED = NotStored.code
 T = TypeVar("T")
 
 
+def _sources() -> tuple[dict[str, SourceConfig], dict[str, SecretsUnreadable]]:
+    """The sources, and the enabled records whose secrets cannot be read (one read)."""
+    return sources_all(), sources_unreadable()
+
+
 # --- the selector --------------------------------------------------------------------------
 
 
@@ -87,8 +93,12 @@ def source_statuses(
     """
     now = now or timezone.now()
     read = readings.read if readings is not None else read_unbounded
-    configured: dict[str, SourceConfig] = read(
-        SOURCE_RECORDS, [WebhookSource], sources_all, dict(app_settings().sources)
+    nothing_unreadable: dict[str, SecretsUnreadable] = {}
+    configured, unreadable = read(
+        SOURCE_RECORDS,
+        [WebhookSource],
+        _sources,
+        (dict(app_settings().sources), nothing_unreadable),
     )
     nothing: LastHour = ({}, {}, {})
     last_hour = read(AUDIT, [RequestAudit, RejectionTally], partial(_last_hour, now), nothing)
@@ -100,7 +110,7 @@ def source_statuses(
     repairs: dict[str, dict[str, int]] = read(REPAIRS, [RepairItem], _open_repairs, {})
 
     held = set(failed) | set(alerts) | set(repairs)
-    slugs = [*configured, *sorted(held - set(configured))]
+    slugs = [*configured, *unreadable, *sorted(held - set(configured) - set(unreadable))]
     statuses = []
     for slug in slugs:
         config = configured.get(slug)
@@ -108,7 +118,8 @@ def source_statuses(
         hours = config.active_hours if config else None
         status = SourceStatus(
             source=slug,
-            configured=config is not None,
+            configured=config is not None or slug in unreadable,
+            secrets_unreadable=unreadable[slug].state if slug in unreadable else "",
             now=now,
             silence_after=config.silence_after if config else None,
             active_hours=str(hours) if hours else None,

@@ -67,6 +67,8 @@ class SourceStatus:
     # the parts not read within their bound (AUDIT, RECEIPTS, …): their figures are
     # empty here, and null in as_dict
     unread: tuple[str, ...] = ()
+    # an enabled record whose secrets no key set reads: why, in a few words
+    secrets_unreadable: str = ""
 
     @property
     def state(self) -> State:
@@ -108,6 +110,7 @@ class SourceStatus:
         document = {
             "source": self.source,
             "configured": self.configured,
+            "secrets_unreadable": self.secrets_unreadable or None,
             "state": self.state.label,
             "reasons": [r.as_dict() for r in self.reasons],
             "last_accepted_at": iso(self.last_accepted_at),

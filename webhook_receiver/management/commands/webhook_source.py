@@ -26,10 +26,12 @@ from django.utils import timezone
 from ...conf import app_settings
 from ...core.display import duration_text
 from ...core.fingerprints import secret_fingerprint
+from ...outbound.encryption import secrets_decrypt, secrets_unreadable, with_stored_secrets
 from ...schemes import SCHEMES
 from ...sources.models import WebhookSource
 from ...sources.operations import (
     SourceRefused,
+    secret_count,
     source_add,
     source_secret_add,
     source_secret_remove,
@@ -115,7 +117,7 @@ class Command(BaseCommand):
             self.stdout.write(line)
 
     def _list(self, slug: str) -> None:
-        sources = WebhookSource.objects.all()
+        sources = with_stored_secrets(WebhookSource.objects.all())
         if slug:
             sources = sources.filter(slug=slug)
             if not sources.exists():
@@ -130,9 +132,18 @@ class Command(BaseCommand):
                 self.stdout.write(
                     "  NOT USED: WEBHOOK_RECEIVER['SOURCES'] defines this slug (check W005)"
                 )
+            unreadable = secrets_unreadable(source)
+            if unreadable is not None:
+                self.stdout.write(
+                    f"  SECRETS UNREADABLE ({unreadable.state}): its requests are answered "
+                    "503. Put back the key they were encrypted with, or give it new "
+                    "secrets in the admin (they replace them)"
+                )
+                continue
+            secrets = secrets_decrypt(source.stored_secrets or [])
             now = timezone.now()
-            last = secrets_last_verified(source.slug, source.secrets)
-            for secret in source.secrets:
+            last = secrets_last_verified(source.slug, secrets)
+            for secret in secrets:
                 fingerprint = secret_fingerprint(secret)
                 at = last.get(fingerprint)
                 when = "verified no request in the audit records kept"
@@ -148,7 +159,7 @@ class Command(BaseCommand):
         parts = [
             state,
             s.scheme,
-            f"{len(s.secrets)} secret(s)",
+            f"{secret_count(s)} secret(s)",
             f"tolerance {s.tolerance_seconds}s",
         ]
         parts += [f"max body {s.max_body_bytes} B"] + ([silence] if silence else [])

@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from tests.settings import DESTINATION_SECRET_KEY, SHOP_SECRET
 from tests.sources.conftest import ACME_NEW_SECRET, ACME_SECRET
+from tests.support.browser import screenshot
 from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver.sources.lookup import records
@@ -155,3 +156,27 @@ def test_a_malformed_key_leaves_the_settings_sources_and_every_page_working(
     assert malformed in admin_client.get(LIST).content.decode()
     _, out, err = status()
     assert malformed in out and "Traceback" not in out + err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sources_list_in_a_browser(admin_browser, live_server, settings):
+    from selenium.webdriver.common.by import By
+
+    # given: acme unreadable beside beta, as the fixture makes them (a live server's
+    # test runs in no transaction of its own)
+    source_add(slug="acme", scheme="standard", secrets=[ACME_SECRET])
+    with_keys(settings, OTHER_KEY, DESTINATION_SECRET_KEY)
+    source_add(slug="beta", scheme="standard", secrets=[BETA_SECRET])
+    with_keys(settings, OTHER_KEY)
+
+    # when
+    admin_browser.get(live_server.url + LIST)
+
+    # then: each row says what it is, acme's why
+    rows = {
+        row.find_element(By.CSS_SELECTOR, "th").text: row.text
+        for row in admin_browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    }
+    assert f"{UNREADABLE}: answered 503" in rows["acme"]
+    assert "receiving" in rows["beta"]
+    screenshot(admin_browser, "sources-unreadable")

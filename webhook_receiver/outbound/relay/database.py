@@ -17,6 +17,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, TypeVar
 
 from django.db import close_old_connections, connection
@@ -103,7 +104,14 @@ class CallerDatabase:
             raise RuntimeError("the database's thread was interrupted") from self._interrupted
         done: Future[T] = Future()
         self._calls.put((self.wrapped(fn, what), done))
-        return done.result()  # the loop waits: nothing else moves meanwhile
+        # the loop waits: nothing else moves meanwhile. Looked at again every 0.2 s: a
+        # call put after an interruption drained the queue is never run
+        while True:
+            try:
+                return done.result(timeout=0.2)
+            except FutureTimeout:
+                if self._interrupted is not None:
+                    raise RuntimeError("the database's thread was interrupted") from None
 
     def wrapped(self, fn: Callable[[], T], what: str) -> Callable[[], T]:
         """What the owner's thread runs for a call (a harness adds its bookkeeping)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext, ngettext
@@ -23,8 +23,8 @@ from ..conf import app_settings
 from ..outbound.encryption import secrets_unreadable, with_stored_secrets
 from ..sources.lookup import records
 from ..sources.models import WebhookSource
-from ..sources.operations import secret_count
-from .forms import SourceForm
+from ..sources.operations import secret_count, secrets_weak
+from .source_form import SourceForm
 
 
 @admin.register(WebhookSource)
@@ -69,6 +69,9 @@ class WebhookSourceAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Any, form: forms.Form, change: bool) -> None:
         super().save_model(request, obj, form, change)
         records.clear()  # this process at once; the others within the TTL
+        weak = secrets_weak(obj.scheme, obj.secrets)
+        if weak:  # a typed GitHub secret: kept, the sender has it
+            self.message_user(request, f"{obj.slug}: {weak}.", messages.WARNING)
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         super().delete_model(request, obj)

@@ -10,6 +10,7 @@ import os
 from io import StringIO
 
 import pytest
+from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.admin.test_destinations import form_data
 from webhook_receiver.checks import check_webhook_receiver_settings
-from webhook_receiver.models import WebhookDestination
+from webhook_receiver.models import WebhookDestination, WebhookSource
 from webhook_receiver.outbound.signing_secrets import destination_secret_problem
 from webhook_receiver.schemes import get_scheme
 from webhook_receiver.schemes.base import SECRET_MIN_BYTES
@@ -143,3 +144,76 @@ def test_the_command_refuses_a_short_destination_secret():
 
     call_command(*add, "--secret", whsec(24), stdout=StringIO())
     assert WebhookDestination.objects.get().name == "cli"
+
+
+# --- source records: one rule, GitHub's typed secrets warned of -----------------------------
+
+
+SOURCE_FORM = {
+    "slug": "rec",
+    "enabled": "on",
+    "tolerance_seconds": 300,
+    "max_body_bytes": 1048576,
+    "silence_after_seconds": 1200,
+    "active_time_zone": "UTC",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("scheme", "short", "enough"),
+    [("standard", whsec(23), whsec(24)), ("stripe", "whsec_" + "s" * 17, "whsec_" + "s" * 18)],
+    ids=["standard", "stripe"],
+)
+def test_a_record_refuses_a_short_secret_of_a_scheme_whose_senders_generate_them(
+    admin_client, scheme, short, enough
+):
+    add = reverse("admin:webhook_receiver_webhooksource_add")
+    refused = admin_client.post(add, {**SOURCE_FORM, "scheme": scheme, "new_secrets": short})
+    assert refused.status_code == 200
+    page = refused.content.decode()
+    assert "secret #1 holds 23 bytes of key material, fewer than 24" in page
+    assert short not in page
+    with pytest.raises(CommandError, match=r"secret #1 holds 23 bytes") as error:
+        call_command("webhook_source", "add", "cli", "--scheme", scheme, "--secret", short)
+    assert short not in str(error.value)
+    assert not WebhookSource.objects.exists()
+
+    saved = admin_client.post(add, {**SOURCE_FORM, "scheme": scheme, "new_secrets": enough})
+    assert saved.status_code == 302
+    assert WebhookSource.objects.get().slug == "rec"
+
+
+@pytest.mark.django_db
+def test_a_typed_github_secret_is_kept_with_a_warning_and_flagged_by_the_deploy_check(
+    admin_client,
+):
+    typed = "Summer2024!"
+    add = reverse("admin:webhook_receiver_webhooksource_add")
+    saved = admin_client.post(
+        add, {**SOURCE_FORM, "scheme": "github", "new_secrets": typed}, follow=True
+    )
+    page = saved.content.decode()
+    assert WebhookSource.objects.get().slug == "rec"
+    assert "Source rec: secret #1 holds 11 bytes of key material, fewer than 24" in page
+    assert typed not in page
+
+    err = StringIO()
+    call_command(
+        "webhook_source", "add", "cli", "--scheme", "github", "--secret", typed,
+        stdout=StringIO(), stderr=err,
+    )  # fmt: skip
+    assert err.getvalue().startswith("warning: cli: secret #1 holds 11 bytes")
+    assert typed not in err.getvalue()
+
+    # manage.py check --deploy names both records, never their secret
+    found = [
+        m
+        for m in checks.run_checks(include_deployment_checks=True, databases=["default"])
+        if m.id == "webhook_receiver.W006"
+    ]
+    assert sorted(m.msg.split(" holds")[0] for m in found) == [
+        "Secret #1 of source record 'cli'",
+        "Secret #1 of source record 'rec'",
+    ]
+    assert all(typed not in m.msg + str(m.hint) for m in found)

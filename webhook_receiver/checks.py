@@ -17,17 +17,22 @@ from . import schemes
 from .conf import NEW_KEY_HINT, app_settings
 from .conf.readers import fernet_key_problem
 from .inbound.handlers import registration_conflicts
-from .outbound.encryption import SecretsNotDecrypted, is_token
+from .outbound.encryption import SecretsNotDecrypted, is_token, secrets_decrypt
 from .outbound.models import WebhookDestination
 from .outbound.selectors import destinations_unreadable
 from .reconcile.adapters import BUILT_IN
 from .reconcile.states import state_comparison
-from .schemes.base import SECRET_MIN_BYTES
+from .schemes.base import SECRET_MIN_BYTES, weak_secret_problem
 from .sources.models import WebhookSource
 from .watch.notifiers import get_notifiers
 
 # the bearer token /metrics/ requires: as long as a signing secret's key material
 METRICS_TOKEN_MIN_CHARS = SECRET_MIN_BYTES
+WEAK_SECRET_HINT = (
+    f"Ask the sender for a secret of at least {SECRET_MIN_BYTES} random bytes (GitHub: "
+    "generate one and type it into the webhook's settings), and roll to it (list both "
+    "while the sender switches)."
+)
 
 
 @checks.register()
@@ -63,14 +68,11 @@ def check_webhook_receiver_settings(
                         id="webhook_receiver.E002",
                     )
                 )
-            elif (size := scheme.secret_bytes(secret)) < SECRET_MIN_BYTES:
+            elif weak := weak_secret_problem(scheme, secret):
                 errors.append(
                     checks.Warning(
-                        f"Secret #{position + 1} of source {slug!r} holds {size} bytes of "
-                        f"key material, fewer than {SECRET_MIN_BYTES}: a short HMAC key is "
-                        "easier to guess.",
-                        hint=f"Ask the sender for a secret of at least {SECRET_MIN_BYTES} "
-                        "random bytes, and roll to it (list both while the sender switches).",
+                        f"Secret #{position + 1} of source {slug!r} {weak}.",
+                        hint=WEAK_SECRET_HINT,
                         id="webhook_receiver.W003",
                     )
                 )
@@ -290,4 +292,36 @@ def check_source_records(
             for slug in slugs
             if slug in configured
         ]
+    return problems
+
+
+@checks.register(checks.Tags.database, deploy=True)
+def check_source_record_secrets(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Source records whose secrets are too short a key (W006, as W003 for the
+    settings'): a GitHub secret a person typed, which the admin keeps with a warning, or
+    a record written before the rule. ``check --deploy --database default``."""
+    table = WebhookSource._meta.db_table
+    problems: list[checks.CheckMessage] = []
+    # raw: the model's field would decrypt, and raise, on a record no key reads (that
+    # record is the status's and its page's to report)
+    for rows in _raw_rows(databases, f"SELECT slug, scheme, secrets FROM {table} ORDER BY slug"):
+        for slug, scheme_name, stored in rows:
+            values = json.loads(stored) if isinstance(stored, str) else stored
+            try:
+                secrets = secrets_decrypt(values or [])
+                scheme = schemes.get_scheme(scheme_name)
+            except (ImproperlyConfigured, LookupError, ValueError):
+                continue
+            for position, secret in enumerate(secrets, 1):
+                weak = weak_secret_problem(scheme, secret)
+                if weak:
+                    problems.append(
+                        checks.Warning(
+                            f"Secret #{position} of source record {slug!r} {weak}.",
+                            hint=WEAK_SECRET_HINT,
+                            id="webhook_receiver.W006",
+                        )
+                    )
     return problems

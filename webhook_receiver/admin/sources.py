@@ -71,7 +71,7 @@ class WebhookSourceAdmin(admin.ModelAdmin):
         records.clear()  # this process at once; the others within the TTL
         weak = secrets_weak(obj.scheme, obj.secrets)
         if weak:  # a typed GitHub secret: kept, the sender has it
-            self.message_user(request, f"{obj.slug}: {weak}.", messages.WARNING)
+            self.message_user(request, f"Source {obj.slug}: {weak}.", messages.WARNING)
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         super().delete_model(request, obj)

@@ -2,20 +2,37 @@
 of it, so that an audit record, a form's checkbox or an operator's screen can say *which*
 secret without showing it.
 
-The first 16 hex digits of the secret's SHA-256 (64 bits): enough to tell a source's few
-secrets apart, and for a random secret (every scheme's senders generate one) no help in
-finding it. A secret someone chose by hand and could guess is as guessable from its
-fingerprint as from anywhere else: signing secrets should be random.
+The first 16 hex digits (64 bits) of an HMAC-SHA256 of the secret keyed by the server's
+``SECRET_KEY`` (Django's ``salted_hmac``, with a salt of its own): enough to tell a
+source's few secrets apart, and no oracle for the secret. Unkeyed, a fingerprint let
+whoever could read the audit records (view-only staff) test guesses offline, and a
+secret chosen by hand fell in a few hundred; keyed, a guess can only be tested by whoever
+holds the server's key, who can read the secrets anyway.
+
+Changing ``SECRET_KEY`` changes every fingerprint: the audit records written before no
+longer name a current secret, and a secret's "last verified" starts again (the admin and
+``webhook_source list`` say "verified no request in the audit records kept").
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
+
+from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 FINGERPRINT_LENGTH = 16
+SALT = "webhook_receiver.secret_fingerprint"
+
+
+def secret_fingerprint(secret: str) -> str:
+    """The secret's fingerprint under the server's current key."""
+    return _keyed(secret, settings.SECRET_KEY)
 
 
 @functools.lru_cache(maxsize=256)  # the same few secrets, request after request
-def secret_fingerprint(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()[:FINGERPRINT_LENGTH]
+def _keyed(secret: str, server_key: str) -> str:
+    digest = salted_hmac(
+        SALT, secret.encode("utf-8", "surrogatepass"), secret=server_key, algorithm="sha256"
+    )
+    return digest.hexdigest()[:FINGERPRINT_LENGTH]

@@ -21,8 +21,10 @@ from typing import Any
 from ..exceptions import MalformedSignatureHeaders, MissingSignatureHeaders
 
 # The least key material a signing secret should hold: the Standard Webhooks minimum
-# (24 bytes; its own secrets are 24 to 64). Shorter ones are a system check warning
-# for a source (W003), and refused for a destination (outbound/signing_secrets.py).
+# (24 bytes; its own secrets are 24 to 64). One rule (weak_secret_problem): a shorter
+# secret is refused where it is given to this app to keep (a destination's, a source
+# record's), unless its scheme's senders take whatever a person typed (GitHub), and
+# warned of where it cannot be refused (the settings' sources: W003; such a record: W006).
 SECRET_MIN_BYTES = 24
 
 
@@ -47,6 +49,10 @@ class Scheme:
     # the request headers that carry its signatures (lower case): redacted before an
     # event's headers are stored, and whenever stored headers are shown
     signature_headers: tuple[str, ...] = ()
+    # whether the sender generates the secret (Stripe, Standard Webhooks: always long):
+    # a short one is then refused on a record; False where the secret is whatever a person
+    # typed into the sender's settings (GitHub), which is warned of, not refused
+    sender_generates_secrets: bool = True
 
     def verify(
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes
@@ -120,3 +126,15 @@ def any_match(expected: Iterable[bytes], presented: Iterable[bytes]) -> bool:
     """Whether any expected signature matches a presented one (a host's scheme may use
     this when it does not say which secret verified)."""
     return matching_secret(expected, presented) is not None
+
+
+def weak_secret_problem(scheme: Scheme, secret: str) -> str | None:
+    """Why ``secret`` is too short a key for ``scheme`` (fewer than SECRET_MIN_BYTES of
+    key material), never quoting it; None when it is long enough."""
+    size = scheme.secret_bytes(secret)
+    if size >= SECRET_MIN_BYTES:
+        return None
+    return (
+        f"holds {size} bytes of key material, fewer than {SECRET_MIN_BYTES}: a short HMAC "
+        "key is easier to guess"
+    )

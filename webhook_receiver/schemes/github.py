@@ -25,6 +25,8 @@ class GitHub(Scheme):
     name = "github"
     # GitHub also sends the older SHA-1 signature whenever a secret is set
     signature_headers = ("x-hub-signature-256", "x-hub-signature")
+    # a GitHub secret is whatever was typed into the repository's webhook settings
+    sender_generates_secrets = False
 
     def verify(
         self, *, secrets: tuple[str, ...], headers: Mapping[str, str], body: bytes

@@ -22,6 +22,7 @@ from ..outbound.encryption import (
     with_stored_secrets,
 )
 from ..schemes import get_scheme
+from ..schemes.base import weak_secret_problem
 from .lookup import records
 from .models import WebhookSource
 from .records import record_problem
@@ -44,12 +45,30 @@ def slug_problem(slug: str) -> str | None:
 
 def secrets_problem(scheme: str, secrets: Iterable[str]) -> str | None:
     """Why these secrets cannot verify ``scheme``'s requests, naming a secret by its
-    position, never by its value."""
+    position, never by its value: not of the scheme's form, or too short a key where the
+    scheme's senders generate their secrets (``weak_secret_problem``)."""
     checked = get_scheme(scheme)
     for position, secret in enumerate(secrets, 1):
         problem = checked.secret_problem(secret)
+        if not problem and checked.sender_generates_secrets:
+            problem = weak_secret_problem(checked, secret)
         if problem:
             return f"secret #{position} {problem}"
+    return None
+
+
+def secrets_weak(scheme: str, secrets: Iterable[str]) -> str | None:
+    """For a scheme whose secrets a person types (GitHub): a warning naming the first
+    secret too short a key by its position, or None. Saved all the same: the sender
+    already has it."""
+    checked = get_scheme(scheme)
+    for position, secret in enumerate(secrets, 1):
+        weak = weak_secret_problem(checked, secret)
+        if weak:
+            return (
+                f"secret #{position} {weak}. It is kept (the sender has it); generate a "
+                f"longer one, give it to the sender, and add it here"
+            )
     return None
 
 

@@ -32,6 +32,7 @@ from ...sources.models import WebhookSource
 from ...sources.operations import (
     SourceRefused,
     secret_count,
+    secrets_weak,
     source_add,
     source_secret_add,
     source_secret_remove,
@@ -87,6 +88,7 @@ class Command(BaseCommand):
             }
             source = source_add(slug=slug, scheme=options["scheme"], secrets=secrets, **extra)
             self.stdout.write(f"added {slug}: {self._describe(source)}; {ttl}")
+            self._warn_weak(source)
         elif action == "add-secret":
             if not options["secret"] or len(options["secret"]) != 1:
                 raise CommandError("add-secret takes one --secret.")
@@ -98,6 +100,7 @@ class Command(BaseCommand):
                     "Remove the old one once `webhook_source list "
                     f"{slug}` shows it has stopped verifying requests."
                 )
+                self._warn_weak(source)
             else:
                 self.stdout.write(f"unchanged {slug}: it has secret {fingerprint} already")
         elif action == "remove-secret":
@@ -151,6 +154,11 @@ class Command(BaseCommand):
                     ago, moment = duration_text(now - at), at.astimezone(UTC)
                     when = f"last verified a request {ago} ago ({moment:%Y-%m-%d %H:%M} UTC)"
                 self.stdout.write(f"  secret {fingerprint}: {when}")
+
+    def _warn_weak(self, source: WebhookSource) -> None:
+        weak = secrets_weak(source.scheme, source.secrets)
+        if weak:
+            self.stderr.write(f"warning: {source.slug}: {weak}.")
 
     @staticmethod
     def _describe(s: WebhookSource) -> str:

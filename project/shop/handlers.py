@@ -112,6 +112,11 @@ def inventory_released(event: WebhookEvent, data: dict[str, Any]) -> HandlerResu
 
 # --- orders ------------------------------------------------------------------------
 
+# The sources whose order events move money: the shop's own. An order.paid named by any
+# other source (a GitHub source's unsigned X-GitHub-Event header, say) finds no handler
+# and is recorded as ignored.
+ORDER_SOURCES = ("shop",)
+
 
 # Move an order to a status at a version, unless it already holds that version or a newer
 # one. One upsert: the row lock taken by ON CONFLICT DO UPDATE makes concurrent deliveries
@@ -181,16 +186,16 @@ def order_event_forward(
         )
 
 
-@webhook_handler("order.paid", serializer=OrderMove)
+@webhook_handler("order.paid", serializer=OrderMove, sources=ORDER_SOURCES)
 def order_paid(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
     return _order_transition(event, data, OrderStatus.PAID)
 
 
-@webhook_handler("order.cancelled", serializer=OrderMove)
+@webhook_handler("order.cancelled", serializer=OrderMove, sources=ORDER_SOURCES)
 def order_cancelled(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
     return _order_transition(event, data, OrderStatus.CANCELLED)
 
 
-@webhook_handler("order.fulfilled", serializer=OrderMove)
+@webhook_handler("order.fulfilled", serializer=OrderMove, sources=ORDER_SOURCES)
 def order_fulfilled(event: WebhookEvent, data: dict[str, Any]) -> HandlerResult:
     return _order_transition(event, data, OrderStatus.FULFILLED)

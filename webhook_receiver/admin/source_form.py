@@ -50,6 +50,7 @@ class SourceForm(StoredSecretsForm):
         fields = (
             "slug",
             "scheme",
+            "event_key",
             "enabled",
             "tolerance_seconds",
             "max_body_bytes",
@@ -62,6 +63,11 @@ class SourceForm(StoredSecretsForm):
         # a body limit's seven digits do not fit the admin's narrow number box
         widgets = {"max_body_bytes": forms.NumberInput(attrs={"class": "vTextField"})}
         help_texts = {
+            "event_key": _(
+                "What makes two deliveries one event. GitHub signs the body and not its "
+                "delivery id: keyed by the id, a captured body sent again under a new id "
+                "would be a new event."
+            ),
             "slug": _(
                 "The end of the address senders post to: /webhooks/acme/ for acme. A slug of "
                 "the settings cannot be used."

@@ -42,7 +42,10 @@ class WebhookSourceAdmin(admin.ModelAdmin):
             "(SOURCE_RECORDS_TTL_SECONDS), without a restart."
         ) % {"ttl": ttl}
         return [
-            (_("Source"), {"fields": ("slug", "scheme", "enabled"), "description": live}),
+            (
+                _("Source"),
+                {"fields": ("slug", "scheme", "event_key", "enabled"), "description": live},
+            ),
             (_("Secrets"), {"fields": secrets}),
             (_("Limits"), {"fields": ("tolerance_seconds", "max_body_bytes")}),
             (

@@ -71,7 +71,7 @@ def event_claim_and_apply(
     for its receipt (without a request, it is now): a replay of old dead letters is not
     traffic from the sender, for silence alerts and reconciliation's windows alike.
     """
-    handler = get_handler(event.event_type)
+    handler = get_handler(event.event_type, event.source)
     # The receipt goes in with the result most events end with (applied; ignored when no
     # handler exists), so that only a different result costs an UPDATE.
     expected = HandlerResult() if handler else _ignored(event)
@@ -176,7 +176,10 @@ def _duplicate(event: WebhookEvent, stored: Mapping[str, Any]) -> ReceiveOutcome
 
 
 def _ignored(event: WebhookEvent) -> HandlerResult:
-    return HandlerResult(status=Result.IGNORED, detail={"event_type": event.event_type})
+    detail = {"event_type": event.event_type}
+    if get_handler(event.event_type) is not None:  # bound to other sources (bound_to)
+        detail["handler"] = "serves other sources"
+    return HandlerResult(status=Result.IGNORED, detail=detail)
 
 
 def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:

@@ -40,7 +40,7 @@ Hosts import all of this from ``webhook_receiver.handlers``, its public face.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,9 @@ __all__ = [
     "HandlerResult",
     "Result",
     "WebhookEvent",
+    "bound_to",
     "get_handler",
+    "handler_sources",
     "registered",
     "subject_of",
     "unregister",
@@ -120,13 +122,19 @@ _conflicts: dict[str, list[str]] = {}
 
 
 def webhook_handler(
-    event_type: str, *, serializer: type[serializers.BaseSerializer] | None = None
+    event_type: str,
+    *,
+    serializer: type[serializers.BaseSerializer] | None = None,
+    sources: Iterable[str] | None = None,
 ) -> Callable[[Callable[..., HandlerResult | None]], Handler]:
     """Register the decorated function as the handler of ``event_type``; with a
-    ``serializer``, it is called ``func(event, validated_data)`` (``validated_by``)."""
+    ``serializer``, it is called ``func(event, validated_data)`` (``validated_by``);
+    with ``sources``, it serves those sources' events only (``bound_to``)."""
 
     def register(func: Callable[..., HandlerResult | None]) -> Handler:
         handler = func if serializer is None else validated_by(serializer)(func)
+        if sources is not None:
+            handler = bound_to(*sources)(handler)
         taken = _registry.setdefault(event_type, handler)
         # the same function again (its module imported twice) is no conflict
         if _dotted_name(taken) != _dotted_name(handler):
@@ -134,6 +142,25 @@ def webhook_handler(
         return handler
 
     return register
+
+
+def bound_to(*sources: str) -> Callable[[Handler], Handler]:
+    """Bind a handler to the sources it is meant for: an event of its type from any
+    other source finds no handler and is recorded as ignored. An event's type is the
+    sender's word, and not always signed (GitHub's ``X-GitHub-Event`` header): a source
+    must not reach a payment handler by naming its type. For a function named in the
+    HANDLERS setting too (``@bound_to("shop")`` on it)."""
+
+    def bind(handler: Handler) -> Handler:
+        handler.sources = frozenset(sources)  # type: ignore[attr-defined]
+        return handler
+
+    return bind
+
+
+def handler_sources(handler: Handler) -> frozenset[str] | None:
+    """The sources ``handler`` is bound to, or None: every source."""
+    return getattr(handler, "sources", None)
 
 
 def validated_by(
@@ -188,8 +215,12 @@ def _import_handler(path: str) -> Handler:
     return import_string(path)
 
 
-def get_handler(event_type: str) -> Handler | None:
+def get_handler(event_type: str, source: str | None = None) -> Handler | None:
+    """The handler of ``event_type`` (the HANDLERS setting first), or None; with
+    ``source``, None also when the handler is bound to other sources."""
     path = app_settings().handlers.get(event_type)
-    if path is not None:
-        return _import_handler(path)
-    return _registry.get(event_type)
+    handler = _import_handler(path) if path is not None else _registry.get(event_type)
+    if handler is None or source is None:
+        return handler
+    bound = handler_sources(handler)
+    return handler if bound is None or source in bound else None

@@ -19,6 +19,15 @@ SCHEME_CHOICES = [
 ]
 
 
+# How a record's events are keyed (its EVENT_KEY), by name: a record never names code.
+# "": the scheme's own choice (GitHub: the signed body; the others: their signed id)
+EVENT_KEY_CHOICES = [
+    ("", _("the scheme's choice (GitHub: the signed body; others: the delivery id)")),
+    ("delivery_id", _("the delivery id the sender sends")),
+    ("signed_body", _("the signed body's SHA-256 (GitHub: a body sent again is a duplicate)")),
+]
+
+
 class WebhookSource(models.Model):
     """A source that senders post to at ``/webhooks/<slug>/``, configured here rather than
     in ``WEBHOOK_RECEIVER["SOURCES"]``. A slug the settings define is theirs: a record of
@@ -30,6 +39,9 @@ class WebhookSource(models.Model):
     # every one of them verifies (a rotation keeps the old beside the new). Stored
     # encrypted (outbound/encryption.py): the column holds Fernet tokens, never a secret.
     secrets = EncryptedSecretsField(default=list)
+    # GitHub signs the body, not its X-GitHub-Delivery id: keyed by that id, a captured
+    # body sent again under a new id is a new event; keyed by the body, a duplicate
+    event_key = models.CharField(max_length=32, blank=True, default="", choices=EVENT_KEY_CHOICES)
     tolerance_seconds = models.PositiveIntegerField(default=300)
     max_body_bytes = models.PositiveIntegerField(default=1024 * 1024)
     # no accepted event for this long opens a silence alert; empty or 0: never

@@ -28,12 +28,24 @@ def record_options(record: WebhookSource) -> dict[str, Any]:
         }
     return {
         "SCHEME": record.scheme,
+        "EVENT_KEY": record_event_key(record),
         "SECRETS": list(record.secrets or []),
         "TOLERANCE_SECONDS": record.tolerance_seconds,
         "MAX_BODY_BYTES": record.max_body_bytes,
         "SILENCE_AFTER_SECONDS": record.silence_after_seconds or None,
         "ACTIVE_HOURS": active_hours,
     }
+
+
+# the key functions a record may name (EVENT_KEY_CHOICES), by their dotted paths
+SIGNED_BODY_KEY = "webhook_receiver.schemes.github.signed_body_key"
+
+
+def record_event_key(record: WebhookSource) -> str | None:
+    """The record's EVENT_KEY: the signed body's digest where chosen, and for a GitHub
+    record by default (its delivery id is not signed); else the scheme's id (None)."""
+    choice = record.event_key or ("signed_body" if record.scheme == "github" else "delivery_id")
+    return SIGNED_BODY_KEY if choice == "signed_body" else None
 
 
 def record_config(record: WebhookSource) -> SourceConfig:
@@ -44,6 +56,11 @@ def record_config(record: WebhookSource) -> SourceConfig:
 
 def record_problem(record: WebhookSource) -> str | None:
     """Why the record cannot serve as a source (its secrets aside), or None."""
+    if record.event_key == "signed_body" and record.scheme != "github":
+        return (
+            "the signed body's SHA-256 keys GitHub's events only: the other schemes sign "
+            "their delivery id, which keys their events"
+        )
     try:
         record_config(record)
     except (ImproperlyConfigured, ValueError) as exc:

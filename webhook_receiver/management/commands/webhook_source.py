@@ -56,6 +56,12 @@ class Command(BaseCommand):
             "fingerprint", nargs="?", help="remove-secret: the secret's fingerprint (6+ chars)"
         )
         parser.add_argument("--scheme", choices=list(SCHEMES), default="standard")
+        parser.add_argument(
+            "--event-key",
+            choices=["delivery_id", "signed_body"],
+            help="what keys its events (add): the delivery id, or the signed body's SHA-256; "
+            "by default the scheme's choice (GitHub: the signed body)",
+        )
         parser.add_argument("--secret", action="append", help="a signing secret; add: repeatable")
         parser.add_argument("--tolerance", type=int, help="seconds a timestamp may be off")
         parser.add_argument("--max-body-bytes", type=int)
@@ -83,6 +89,7 @@ class Command(BaseCommand):
                     ("tolerance", "tolerance_seconds"),
                     ("max_body_bytes", "max_body_bytes"),
                     ("silence_after", "silence_after_seconds"),
+                    ("event_key", "event_key"),
                 )
                 if options[option] is not None
             }

@@ -11,7 +11,7 @@ import pytest
 from django.db import DataError, IntegrityError, InternalError, OperationalError, ProgrammingError
 from django.test import RequestFactory
 
-from project.shop.models import InventoryLedgerEntry, OrderState
+from project.shop.models import InventoryLedgerEntry
 from tests.settings import SHOP_SECRET
 from tests.support.http import only_audit, post, sha256
 from tests.support.signing import (

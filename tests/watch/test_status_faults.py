@@ -316,3 +316,26 @@ def test_webhook_status_against_a_frozen_database_exits_3_within_seconds(
     assert "not read: source records: database error (ConnectionTimeout)" in run.stderr
     print(f"\nwebhook_status against a frozen database: {took:.2f} s")
     assert took < 15
+
+
+def test_a_retry_held_by_a_lock_on_the_receipts_is_not_said_to_be_stopped(one_second):
+    # given: a retry overdue, and the receipts locked (as a flood under a lock left
+    # them): every retry meets the lock and is deferred, whether or not the sweep runs
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.support.status import failed
+
+    now = timezone.now()
+    failed("shop", "retrying", first=now - timedelta(minutes=40), due=now - timedelta(seconds=90))
+
+    # when
+    with locked(RECEIPTS):
+        code, out, err, took = status_command()
+
+    # then: still an alert, naming the lock rather than a stopped worker
+    assert code == 2, out + err
+    assert "retries held by the receipts" in out
+    assert "retries not running" not in out
+    assert took < 8

@@ -19,7 +19,7 @@ from ..core.display import duration_text, duration_text_lazy, top_counts
 from ..core.states import Reason, State
 from ..exceptions import NotStored
 from ..reconcile.models import RunOutcome
-from .statuses import DestinationStatus, SourceStatus
+from .statuses import RECEIPTS, DestinationStatus, SourceStatus
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -106,6 +106,14 @@ def _overdue(s: SourceStatus) -> tuple[str, str] | None:
     late = s.retry_overdue
     if late is None or late <= s.retry_pickup:
         return None
+    if RECEIPTS in s.unread:
+        # a lock on the receipts holds every retry (each meets it and is deferred) as
+        # surely as a stopped worker: say which, as far as the status could look
+        return "retries held by the receipts", (
+            f"no retry applied: one was due {duration_text(late)} ago, and the receipts, "
+            "which every retry writes, could not be read: a lock on them holds each retry, "
+            "deferred again, however the sweep runs (beat's heartbeat says whether it does)"
+        )
     return "retries not running", (
         f"retries are not running: one was due {duration_text(late)} ago (a running "
         f"sweep retries it within {duration_text(s.retry_pickup)})"

@@ -12,7 +12,7 @@ Five checks, on django-health-check's view:
   Its read waits at most STATUS_TIMEOUT_SECONDS (a lock, a slow database): past that the
   answer is 503, "database not answering within N s", never a probe that times out.
   Stale, after a broker outage, it says that it waits for beat's next heartbeat (at
-  most one interval, 30 s on the demo's schedule, once beat and a worker reconnect):
+  most one interval, 20 s on the demo's schedule, once beat and a worker reconnect):
   only that heartbeat shows they came through the outage (a worker may not).
 - ``RelayHeartbeat``: a relay process (``manage.py webhook_relay``) recorded its
   heartbeat within 30 s, when there is a destination to send to: without one nothing

@@ -22,7 +22,7 @@ import httpx
 import stripe
 
 from ...core import peer_http
-from ...core.egress import configured_proxy
+from ...core.egress import EgressRefused, configured_guard, configured_proxy
 from ...core.egress_tunnel import EgressProxyRefused
 from . import SenderEvent, SenderUnavailable
 
@@ -44,9 +44,11 @@ class BoundedHTTPClient(stripe.HTTPClient):
         self._ends_at = time.monotonic() + total_seconds
         self._max_bytes = max_bytes
         verify = ssl.create_default_context(cafile=stripe.ca_bundle_path)
-        # through the egress proxy if there is one (Stripe's API is no internal address:
-        # the guard is not needed, but a proxy that filters everything must see it)
-        self._client = peer_http.client(timeout=timeout, verify=verify, proxy=configured_proxy())
+        # the egress guard as for any address someone typed (API_BASE is an option),
+        # and through the egress proxy if there is one
+        self._client = peer_http.client(
+            timeout=timeout, verify=verify, guard=configured_guard(), proxy=configured_proxy()
+        )
 
     # the body as bytes, as Stripe's own requests client returns it (HTTPClient says str)
     def request(  # type: ignore[override]
@@ -75,7 +77,7 @@ class BoundedHTTPClient(stripe.HTTPClient):
                 f"the answer is larger than MAX_PAGE_BYTES ({self._max_bytes} bytes): {exc}",
                 should_retry=False,
             ) from exc
-        except EgressProxyRefused as exc:  # no retry changes the proxy's rules
+        except (EgressRefused, EgressProxyRefused) as exc:  # no retry changes their rules
             raise stripe.APIConnectionError(str(exc), should_retry=False) from exc
         except httpx.HTTPError as exc:
             raise stripe.APIConnectionError(

@@ -14,7 +14,14 @@ from collections import Counter
 import pytest
 
 from tests.settings import SHOP_SECRET
-from tests.support.served import NGINX_SITE, Served, SlowBodyFlood, gunicorn, nginx  # noqa: F401 (fixtures)
+from tests.support.served import (  # noqa: F401 (fixtures)
+    NGINX_SITE,
+    Served,
+    SlowBodyFlood,
+    gunicorn,
+    nginx,
+    nginx_with_probes,
+)
 from tests.support.signing import (
     event_body,
     github_headers,
@@ -293,3 +300,70 @@ def test_the_hostile_table_as_a_black_box(request, front):
     assert unexpected == {}
     assert RequestAudit.objects.count() == len(probe) - len(by_nginx)
     assert WebhookReceipt.objects.filter(event_key__startswith="sha256:").count() == 3
+
+
+# --- the probe under a flood ---------------------------------------------------------------
+
+
+def probe(server: Served) -> tuple[int, bytes, float]:
+    started = time.monotonic()
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        conn.request("GET", "/health/", headers={"Accept": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read(), time.monotonic() - started
+    finally:
+        conn.close()
+
+
+def test_behind_nginx_the_probe_answers_within_2_s_under_a_lock_and_a_flood_from_its_address(
+    nginx_with_probes,  # noqa: F811
+):
+    import psycopg
+    from django.db import connection
+
+    from tests.support.locks import table_locked
+
+    server = nginx_with_probes
+    body = reserved("ord_flood", ("SKU-A", 1))
+    stop = threading.Event()
+    flood_answers: Counter[int] = Counter()
+
+    def flood() -> None:
+        # from the probe's own address (127.0.0.1), more at once than limit_conn allows
+        while not stop.is_set():
+            try:
+                status, _ = send(
+                    server, "/webhooks/shop/", body, standard_headers(body), timeout=10
+                )
+            except OSError:
+                status = 0
+            flood_answers[status] += 1
+
+    db = connection.settings_dict
+    holder = psycopg.connect(dbname=db["NAME"], host=db["HOST"], port=db["PORT"], user=db["USER"])
+    senders = [threading.Thread(target=flood, daemon=True) for _ in range(48)]
+    probes: list[tuple[int, bytes, float]] = []
+    try:
+        # given: the receipts locked (a migration, a VACUUM FULL), and a sender flooding
+        with table_locked(holder, "webhook_receiver_webhookreceipt", for_seconds=30):
+            for sender in senders:
+                sender.start()
+            time.sleep(2)  # the flood at its height: nginx refuses its excess with 429
+            # when: the probe asks, every half second
+            for _ in range(10):
+                probes.append(probe(server))
+                time.sleep(0.5)
+            stop.set()
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(timeout=20)
+        holder.close()
+
+    # then: the flood met the limits, and every probe got the app's answer within 2 s:
+    # 503 naming the locked table, never nginx's 429
+    assert flood_answers[429] > 0, flood_answers
+    assert [status for status, _, _ in probes] == [503] * 10
+    assert all(b"webhook_receiver_webhookreceipt" in answer for _, answer, _ in probes)
+    assert max(took for _, _, took in probes) < 2.0, [round(t, 2) for *_, t in probes]

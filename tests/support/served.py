@@ -69,6 +69,18 @@ def gunicorn(transactional_db, tmp_path) -> Iterator[Served]:
 
 
 @pytest.fixture
+def nginx_with_probes(transactional_db, tmp_path) -> Iterator[Served]:
+    """nginx with deploy/nginx.conf before two gunicorns, as docs/deploying.md runs
+    them: the senders' and the probes' own."""
+    app_log, probes_log = tmp_path / "gunicorn.log", tmp_path / "probes.log"
+    with (
+        served_gunicorn(app_log, WEBHOOK_TRUSTED_PROXIES="1") as app,
+        served_gunicorn(probes_log) as probes,
+    ):
+        yield from _nginx_before(app, probes)
+
+
+@pytest.fixture
 def nginx(transactional_db, tmp_path) -> Iterator[Served]:
     """nginx with deploy/nginx.conf, in front of gunicorn, which trusts it as the one
     proxy in front (TRUSTED_PROXIES = 1), as a deployment behind it does."""
@@ -76,15 +88,17 @@ def nginx(transactional_db, tmp_path) -> Iterator[Served]:
         yield from _nginx_before(upstream)
 
 
-def _nginx_before(gunicorn: Served) -> Iterator[Served]:
+def _nginx_before(gunicorn: Served, probes: Served | None = None) -> Iterator[Served]:
+    """nginx with deploy/nginx.conf before ``gunicorn``, which stands for both of the
+    file's pools (the senders' and the probes') unless ``probes`` is given."""
     binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
     if binary is None:
         pytest.skip("needs nginx (apt-get install nginx-light; .ci/run installs it)")
     port = free_port()
     site = NGINX_SITE.read_text()
-    # one gunicorn stands for both of the file's pools: the senders' and the probes'
-    for shipped in ("server 127.0.0.1:8000;", "server 127.0.0.1:8001;"):
-        site = site.replace(shipped, f"server {gunicorn.host}:{gunicorn.port};")
+    probes = probes or gunicorn
+    for shipped, pool in (("server 127.0.0.1:8000;", gunicorn), ("server 127.0.0.1:8001;", probes)):
+        site = site.replace(shipped, f"server {pool.host}:{pool.port};")
     site = site.replace("listen 80;", f"listen 127.0.0.1:{port};")
     # nginx's workers may run as another user: its scratch space must be theirs too
     scratch = Path(tempfile.mkdtemp(prefix="webhook-nginx-"))

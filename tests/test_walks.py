@@ -30,13 +30,16 @@ from webhook_receiver.outbound.admission import enqueue_webhook
 PACKAGE = Path(__file__).resolve().parents[1] / "webhook_receiver"
 
 # (files, functions) at most; comprehensions and lambdas are not counted as functions
-RECEIVE_BOUND = (17, 67)
+# 17 files before the fingerprint was keyed by the server (core/fingerprints.py, whose
+# cached HMAC sits behind a function that reads SECRET_KEY)
+RECEIVE_BOUND = (18, 68)
 # the relay as one loop: 89 functions (98 through Celery's task and a lane), in 26 files
 # (the relay's rooms: its loop, lanes, rows, round and its write, session, wake-ups); 86
 # before answers waited for their bucket's claim (the check) and the database's trouble
 # was told from reporting.py (a round that works ends a stretch), 88 before lanes waiting
-# for the process's room were let in by what ended (_let_waiting_in)
-SEND_BOUND = (26, 89)
+# for the process's room were let in by what ended (_let_waiting_in), 89 before an IP
+# literal was read in every form a proxy would resolve (egress._literal_host)
+SEND_BOUND = (26, 90)
 
 
 def _app_module(frame: FrameType) -> str | None:

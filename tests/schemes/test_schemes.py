@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from project.shop.models import OrderState
+from project.shop.models import InventoryLedgerEntry
 from tests.support.http import post
 from webhook_receiver import schemes
 from webhook_receiver.checks import check_webhook_receiver_settings
@@ -27,7 +27,11 @@ def acme_source(settings, secret: str = ACME_SECRET) -> None:
 def test_a_scheme_named_by_dotted_path_verifies_types_and_keys_its_events(client, settings):
     # given
     acme_source(settings)
-    payload = {"kind": "order.paid", "event_id": "acme_1", "data": {"order_id": "o1", "version": 2}}
+    payload = {
+        "kind": "inventory.reserved",
+        "event_id": "acme_1",
+        "data": {"order_id": "o1", "version": 2, "lines": [{"sku": "SKU-A", "quantity": 3}]},
+    }
     body = json.dumps(payload).encode()
     headers = schemes.sign(
         scheme="tests.support.schemes.Acme",
@@ -44,8 +48,8 @@ def test_a_scheme_named_by_dotted_path_verifies_types_and_keys_its_events(client
     # then
     assert applied.json() == {"status": "applied", "event_key": "acme_1"}
     assert forged.status_code == 401
-    assert WebhookReceipt.objects.get().event_type == "order.paid"
-    assert OrderState.objects.get(order_id="o1").version == 2
+    assert WebhookReceipt.objects.get().event_type == "inventory.reserved"
+    assert InventoryLedgerEntry.objects.get(order_id="o1").delta == -3
 
 
 def test_a_schemes_own_secret_rule_is_a_system_check(settings):

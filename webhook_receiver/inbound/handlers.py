@@ -222,5 +222,5 @@ def get_handler(event_type: str, source: str | None = None) -> Handler | None:
     handler = _import_handler(path) if path is not None else _registry.get(event_type)
     if handler is None or source is None:
         return handler
-    bound = handler_sources(handler)
+    bound = getattr(handler, "sources", None)  # handler_sources, inline: every delivery
     return handler if bound is None or source in bound else None

@@ -89,7 +89,8 @@ class Gunicorn:
         status, content = self.request(
             "GET", "/metrics/", headers={"Authorization": f"Bearer {TOKEN}"}
         )
-        assert status == 200, content
+        # a failed scrape shows what the server logged (its traceback, its bound)
+        assert status == 200, content[:500] + b"\n" + self.log.read_bytes()[-4000:]
         return parse(content.decode())
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import logging
 import random
 import time
@@ -43,7 +44,7 @@ from ..schemes import VerifiedMessage
 from ..sources.lookup import source_lookup
 from .claim import event_claim_and_apply, failed_events_mark_resolved
 from .events import parse_event
-from .handlers import WebhookEvent
+from .handlers import WebhookEvent, subject_of
 from .models import FailedEvent, FailureStatus, Result
 
 logger = logging.getLogger(__name__)
@@ -199,6 +200,17 @@ def _failure_line(
     return functools.partial(logs.log_line, logger, level, what, **fields)
 
 
+def _lock_order(failed: FailedEvent) -> tuple[str, datetime, int]:
+    """A failed event's place in a batch: by the subject its data names (the rows its
+    effect locks), then as it was due."""
+    try:
+        payload = json.loads(bytes(failed.body))
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser: none
+        payload = None
+    subject = subject_of(payload.get("data")) if isinstance(payload, dict) else ""
+    return subject, failed.next_attempt_at or failed.first_attempt_at, failed.pk
+
+
 def _stored_event(failed: FailedEvent) -> WebhookEvent:
     """Parse the stored, already verified bytes again (no signature check)."""
     source = source_lookup(failed.source)
@@ -308,6 +320,11 @@ def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = 
             )
             if not due:
                 break
+            # Applied in the order of their subjects: each event's effect locks its
+            # subject's rows (an order's) until the batch commits, and two sweeps that
+            # took the same orders in opposite orders deadlocked; in one order, the
+            # second waits for the first instead.
+            due.sort(key=_lock_order)
             started = time.monotonic()
             resolved: dict[str, list[int]] = {}
             for failed in due:

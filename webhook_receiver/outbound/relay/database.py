@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, TypeVar
 
-from django.db import close_old_connections, connection
+from django.db import connection
 
 T = TypeVar("T")
 
@@ -49,8 +49,10 @@ class Database(Protocol):
 
 class DatabaseThreads:
     """``connections`` threads, each with a Django connection of its own, taking calls in
-    turn. A connection that broke, or outlived CONN_MAX_AGE, is replaced before a call
-    (as a Celery task's start does)."""
+    turn. A connection that broke is replaced before a call; one that works is kept
+    whatever CONN_MAX_AGE says: Django's default, 0, closes a connection at the end of
+    each request, which here would be a new connection for every round (and, while the
+    old one's backend exits, one more connection than the process is allowed)."""
 
     def __init__(self, connections: int, name: str = "relay-db") -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
@@ -74,7 +76,8 @@ class DatabaseThreads:
                 fn, done = item
                 if not done.set_running_or_notify_cancel():
                     continue
-                close_old_connections()
+                connection.close_at = None  # no age limit: see the class's docstring
+                connection.close_if_unusable_or_obsolete()
                 try:
                     done.set_result(fn())
                 except BaseException as exc:

@@ -712,6 +712,20 @@ def scale_round(ctx: Context, n: int, tag: str, floor_first: bool) -> dict[str, 
     return {**runs, "ratios": ratios(runs["relay"], runs["floor"])}
 
 
+def relay_on_fresh_merchants(
+    ctx: Context, n: int, tag: str, *, holes: int = 0, profile: Path | None = None
+) -> tuple[dict[str, Any], Step]:
+    """One relay run on merchants of its own: ``n`` healthy ones and ``holes`` black holes,
+    their messages made and the tables analysed first; the run's figures and its step."""
+    merchants = Merchants(n, holes)
+    try:
+        step = step_create(n, tag, merchants)
+        analyze()
+        return relay_run(ctx, step, merchants, profile=profile), step
+    finally:
+        merchants.stop()
+
+
 def black_hole_run(ctx: Context, steps: list[dict[str, Any]], holes: int) -> dict[str, Any]:
     """BLACK_HOLE_HEALTHY healthy merchants with ``holes`` black holes beside them (their
     messages admitted in the same transaction); the healthy ones' p99 against the runs
@@ -721,21 +735,9 @@ def black_hole_run(ctx: Context, steps: list[dict[str, Any]], holes: int) -> dic
     without = next((s["relay"] for s in steps if s["n"] == n), None)
     if without is None:
         print(f"  {n} merchants, no black hole: relay ...", flush=True)
-        merchants = Merchants(n)
-        try:
-            step = step_create(n, f"n{n}-alone", merchants)
-            analyze()
-            without = relay_run(ctx, step, merchants)
-        finally:
-            merchants.stop()
+        without, _ = relay_on_fresh_merchants(ctx, n, f"n{n}-alone")
     print(f"  {n} merchants and {holes} black holes: relay ...", end="", flush=True)
-    merchants = Merchants(n, holes)
-    try:
-        step = step_create(n, f"n{n}-holes{holes}", merchants)
-        analyze()
-        beside = relay_run(ctx, step, merchants)
-    finally:
-        merchants.stop()
+    beside, step = relay_on_fresh_merchants(ctx, n, f"n{n}-holes{holes}", holes=holes)
     from webhook_receiver.models import WebhookDestination
 
     # their messages go on failing and being retried: nothing after this sends to them
@@ -770,13 +772,8 @@ def profile_run(ctx: Context) -> dict[str, Any]:
     for number in range(1, PROFILE_RUNS + 1):
         output = ctx.results / f"relay-profile-{number}{suffix}"
         print(f"  profile {number}/{PROFILE_RUNS}: N={PROFILE_N} under {tool} ...", end="")
-        merchants = Merchants(PROFILE_N)
-        try:
-            step = step_create(PROFILE_N, f"n{PROFILE_N}-profile-{number}", merchants)
-            analyze()
-            run = relay_run(ctx, step, merchants, profile=output)
-        finally:
-            merchants.stop()
+        tag = f"n{PROFILE_N}-profile-{number}"
+        run, _ = relay_on_fresh_merchants(ctx, PROFILE_N, tag, profile=output)
         print(
             f" {run['arrived']}/{run['messages']} in {run['all_delivered_s']:.2f} s, "
             f"CPU {run['cpu_ms']:.3f} ms a delivery ({output})",

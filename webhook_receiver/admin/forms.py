@@ -131,11 +131,25 @@ class StoredSecretsForm(forms.ModelForm):
     them, ``unreadable`` says why, none can be kept, and the form saves only with new
     ones, which replace them."""
 
+    keep_secrets = forms.MultipleChoiceField(
+        label=_("Current secrets"), required=False, widget=forms.CheckboxSelectMultiple
+    )
+    new_secrets = forms.CharField(
+        label=_("Add secrets"),
+        required=False,
+        widget=WriteOnlyTextarea(attrs={"rows": 2, "cols": 60, "autocomplete": "off"}),
+    )
+    # each form's words for those two fields
+    keep_help: Any = ""
+    new_help: Any = ""
     # the error when such a row is saved without new secrets (its state interpolated)
     unreadable_message: Any = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        for name, help_text in (("keep_secrets", self.keep_help), ("new_secrets", self.new_help)):
+            if name in self.fields:
+                self.fields[name].help_text = help_text
         self.unreadable: SecretsUnreadable | None = None
         self.current: list[str] = []
         if self.instance.pk:
@@ -187,26 +201,16 @@ class DestinationForm(StoredSecretsForm):
             "One per line (or comma-separated), e.g. order.paid. None: it is sent nothing."
         ),
     )
-    keep_secrets = forms.MultipleChoiceField(
-        label=_("Current secrets"),
-        required=False,
-        widget=forms.CheckboxSelectMultiple,
-        help_text=_("Untick a secret to stop signing with it (the end of a rotation)."),
-    )
-    new_secrets = forms.CharField(
-        label=_("Add secrets"),
-        required=False,
-        widget=WriteOnlyTextarea(attrs={"rows": 2, "cols": 60, "autocomplete": "off"}),
-        help_text=format_lazy(
-            _(
-                "One per line: whsec_ followed by the base64 of at least {size} random bytes (a "
-                "shared secret, signature v1), or "
-                "whsk_ followed by base64 (an Ed25519 signing key, signature v1a). During a "
-                "rotation every secret kept or added signs each request. Secrets are never shown "
-                "again, not even when the form comes back with an error: type them again then."
-            ),
-            size=SECRET_MIN_BYTES,
+    keep_help = _("Untick a secret to stop signing with it (the end of a rotation).")
+    new_help = format_lazy(
+        _(
+            "One per line: whsec_ followed by the base64 of at least {size} random bytes (a "
+            "shared secret, signature v1), or "
+            "whsk_ followed by base64 (an Ed25519 signing key, signature v1a). During a "
+            "rotation every secret kept or added signs each request. Secrets are never shown "
+            "again, not even when the form comes back with an error: type them again then."
         ),
+        size=SECRET_MIN_BYTES,
     )
     generate_signing_key = forms.BooleanField(
         label=_("Generate a signing key"),

@@ -17,7 +17,7 @@ from ..sources.models import WebhookSource
 from ..sources.operations import secrets_problem, slug_problem
 from ..sources.records import record_problem
 from ..watch.secrets import secrets_last_verified
-from .forms import StoredSecretsForm, WriteOnlyTextarea
+from .forms import StoredSecretsForm
 
 
 class SourceForm(StoredSecretsForm):
@@ -25,24 +25,14 @@ class SourceForm(StoredSecretsForm):
     current one by fingerprint (with the last request it verified), to keep or to remove,
     and takes new ones, which verify beside those kept (a rotation)."""
 
-    keep_secrets = forms.MultipleChoiceField(
-        label=_("Current secrets"),
-        required=False,
-        widget=forms.CheckboxSelectMultiple,
-        help_text=_(
-            "By fingerprint, with the last request each verified. Untick the old one once "
-            "it verifies nothing any more (the end of a rotation)."
-        ),
+    keep_help = _(
+        "By fingerprint, with the last request each verified. Untick the old one once it "
+        "verifies nothing any more (the end of a rotation)."
     )
-    new_secrets = forms.CharField(
-        label=_("Add secrets"),
-        required=False,
-        widget=WriteOnlyTextarea(attrs={"rows": 2, "cols": 60, "autocomplete": "off"}),
-        help_text=_(
-            "One per line, exactly as the sender shows it. Every secret kept or added "
-            "verifies requests. Secrets are never shown again, not even when the form comes "
-            "back with an error: type them again then."
-        ),
+    new_help = _(
+        "One per line, exactly as the sender shows it. Every secret kept or added verifies "
+        "requests. Secrets are never shown again, not even when the form comes back with an "
+        "error: type them again then."
     )
 
     class Meta:

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.admin.test_destinations import form_data
+from tests.sources.test_admin_and_command import form
 from webhook_receiver.checks import check_webhook_receiver_settings
 from webhook_receiver.models import WebhookDestination, WebhookSource
 from webhook_receiver.outbound.signing_secrets import destination_secret_problem
@@ -149,16 +150,6 @@ def test_the_command_refuses_a_short_destination_secret():
 # --- source records: one rule, GitHub's typed secrets warned of -----------------------------
 
 
-SOURCE_FORM = {
-    "slug": "rec",
-    "enabled": "on",
-    "tolerance_seconds": 300,
-    "max_body_bytes": 1048576,
-    "silence_after_seconds": 1200,
-    "active_time_zone": "UTC",
-}
-
-
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("scheme", "short", "enough"),
@@ -169,7 +160,7 @@ def test_a_record_refuses_a_short_secret_of_a_scheme_whose_senders_generate_them
     admin_client, scheme, short, enough
 ):
     add = reverse("admin:webhook_receiver_webhooksource_add")
-    refused = admin_client.post(add, {**SOURCE_FORM, "scheme": scheme, "new_secrets": short})
+    refused = admin_client.post(add, form(slug="rec", scheme=scheme, new_secrets=short))
     assert refused.status_code == 200
     page = refused.content.decode()
     assert "secret #1 holds 23 bytes of key material, fewer than 24" in page
@@ -179,7 +170,7 @@ def test_a_record_refuses_a_short_secret_of_a_scheme_whose_senders_generate_them
     assert short not in str(error.value)
     assert not WebhookSource.objects.exists()
 
-    saved = admin_client.post(add, {**SOURCE_FORM, "scheme": scheme, "new_secrets": enough})
+    saved = admin_client.post(add, form(slug="rec", scheme=scheme, new_secrets=enough))
     assert saved.status_code == 302
     assert WebhookSource.objects.get().slug == "rec"
 
@@ -191,7 +182,7 @@ def test_a_typed_github_secret_is_kept_with_a_warning_and_flagged_by_the_deploy_
     typed = "Summer2024!"
     add = reverse("admin:webhook_receiver_webhooksource_add")
     saved = admin_client.post(
-        add, {**SOURCE_FORM, "scheme": "github", "new_secrets": typed}, follow=True
+        add, form(slug="rec", scheme="github", new_secrets=typed), follow=True
     )
     page = saved.content.decode()
     assert WebhookSource.objects.get().slug == "rec"

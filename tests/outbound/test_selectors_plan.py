@@ -32,6 +32,25 @@ def rows_read(plan: dict) -> int:
     return own + sum(rows_read(child) for child in plan.get("Plans", ()))
 
 
+def messages(merchant, keys: list[tuple[str, str]], *, status: str, at, **more) -> None:
+    """The destination's messages (key, ordering key), all in ``status``, made and due
+    ``at``."""
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(
+            destination=merchant,
+            key=key,
+            event_type="order.paid",
+            payload={},
+            ordering_key=ordering_key,
+            status=status,
+            next_attempt_at=at,
+            created_at=at,
+            **more,
+        )
+        for key, ordering_key in keys
+    )
+
+
 @pytest.mark.parametrize("history", [0, HISTORY], ids=["never analysed", "a delivered history"])
 def test_a_backlog_that_came_after_the_statistics_is_read_a_few_times_not_once_per_message(
     history,
@@ -40,19 +59,12 @@ def test_a_backlog_that_came_after_the_statistics_is_read_a_few_times_not_once_p
     # or over its delivered history (distinct ordering keys)...
     merchant = destination("down")
     earlier = timezone.now()
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(
-            destination=merchant,
-            key=f"delivered-{n}",
-            event_type="order.paid",
-            payload={},
-            ordering_key=f"order-{n}",
-            status="delivered",
-            next_attempt_at=earlier,
-            created_at=earlier,
-            delivered_at=earlier,
-        )
-        for n in range(history)
+    messages(
+        merchant,
+        [(f"delivered-{n}", f"order-{n}") for n in range(history)],
+        status="delivered",
+        at=earlier,
+        delivered_at=earlier,
     )
     with connection.cursor() as cursor:
         if history:
@@ -64,19 +76,8 @@ def test_a_backlog_that_came_after_the_statistics_is_read_a_few_times_not_once_p
             )
     # ...then its backlog: pending and due, keyless and keyed alike
     now = timezone.now()
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(
-            destination=merchant,
-            key=f"m{n}",
-            event_type="order.paid",
-            payload={},
-            ordering_key=f"order-{n % 300}" if n % 2 else "",
-            status="pending",
-            next_attempt_at=now,
-            created_at=now,
-        )
-        for n in range(BACKLOG)
-    )
+    keyed = [(f"m{n}", f"order-{n % 300}" if n % 2 else "") for n in range(BACKLOG)]
+    messages(merchant, keyed, status="pending", at=now)
 
     # when
     query = destinations_with_health(with_stored_secrets(WebhookDestination.objects.all()))

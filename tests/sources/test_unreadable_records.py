@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from tests.settings import DESTINATION_SECRET_KEY, SHOP_SECRET
 from tests.sources.conftest import ACME_NEW_SECRET, ACME_SECRET
+from tests.sources.test_admin_and_command import form
 from tests.support.browser import screenshot
 from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
@@ -92,21 +93,12 @@ def test_the_admin_lists_it_as_unreadable_and_its_page_replaces_its_secrets(
     shown = admin_client.get(page)
     assert shown.status_code == 200 and UNREADABLE in shown.content.decode()
 
-    fields = {
-        "slug": "acme",
-        "scheme": "standard",
-        "enabled": "on",
-        "tolerance_seconds": 300,
-        "max_body_bytes": 1048576,
-        "silence_after_seconds": 1200,
-        "active_time_zone": "UTC",
-    }
     # saved without new secrets: refused, saying why
-    refused = admin_client.post(page, {**fields, "new_secrets": ""})
+    refused = admin_client.post(page, form())
     assert refused.status_code == 200
     assert "Add new secrets (they replace them)" in refused.content.decode()
     # saved with a new secret: it replaces the unreadable ones, and acme receives again
-    saved = admin_client.post(page, {**fields, "new_secrets": ACME_NEW_SECRET})
+    saved = admin_client.post(page, form(new_secrets=ACME_NEW_SECRET))
     assert saved.status_code == 302, saved.content.decode()[:2000]
     assert deliver(client, "acme", ACME_NEW_SECRET, "ord_acme_2") == 200
 

@@ -3,7 +3,9 @@ order, limits and the breaker."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -17,7 +19,11 @@ from tests.support.outbox import OLD_SECRET, SECRET, relay_merchant
 from tests.support.worker import wait_for
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import (
+    YOUNG_COLLECTION_ALLOCATIONS,
+    collector_tuned,
+    destination_relay,
+)
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 from webhook_receiver.outbound.relay.wakeups import due_destinations
 
@@ -438,3 +444,28 @@ def test_the_poll_leaves_a_destination_its_breaker_paused_until_the_pause_ends()
     # once the pause has ended, the next poll wakes the paused one for its probe
     WebhookDestination.objects.filter(pk=paused.pk).update(paused_until=later(-1))
     assert due_destinations() == [paused.pk, open_.pk]
+
+
+@pytest.mark.django_db(False)
+def test_a_relay_process_collects_its_garbage_less_often_and_still_collects_cycles():
+    """relay_serve tunes its process's collector (collector_tuned): start-up's objects
+    frozen, the youngest generation collected every YOUNG_COLLECTION_ALLOCATIONS
+    allocations; a cycle made afterwards still goes."""
+
+    class Node:
+        pass
+
+    before = gc.get_threshold()
+    try:
+        collector_tuned()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_ALLOCATIONS, *before[1:])
+        assert gc.get_freeze_count() > 0
+        node = Node()
+        node.itself = node  # type: ignore[attr-defined]
+        gone = weakref.ref(node)
+        del node
+        gc.collect()
+        assert gone() is None
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -95,6 +95,7 @@ DEFAULT_BLACK_HOLES = 30
 ADMIT_BATCH = 500  # messages admitted per transaction
 IN_FLIGHT = 10  # the throughput destination's max_in_flight, and the floor's concurrency
 WARMUP_MESSAGES = 200
+COMMIT_SAMPLES = 1000  # one-row transactions timed for the single merchant's ceiling
 LATENCY_WARMUP = 5
 LATENCY_SPACING_SECONDS = 0.05
 WAIT_SECONDS = 10.0  # the longest the receiver is asked to wait for one arrival
@@ -462,10 +463,14 @@ def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
             flush=True,
         )
     deliveries = args.messages * args.rounds
+    floor_per_s = statistics.median(r.floor_per_s for r in rounds)
+    commit_ms = one_row_commit_ms()
     return {
+        "ceiling": relay_ceiling(floor_per_s, commit_ms),
+        "commit_ms": commit_ms,
         "rounds": [asdict(r) | {"ratio": r.ratio} for r in rounds],
         "relay_per_s": statistics.median(r.relay_per_s for r in rounds),
-        "floor_per_s": statistics.median(r.floor_per_s for r in rounds),
+        "floor_per_s": floor_per_s,
         "ratio": statistics.median(r.ratio for r in rounds),
         "relay_cpu_ms": statistics.median(r.relay_cpu_ms for r in rounds),
         "floor_cpu_ms": statistics.median(r.floor_cpu_ms for r in rounds),
@@ -477,6 +482,37 @@ def throughput(args: argparse.Namespace, receiver: Receiver) -> dict[str, Any]:
         "statement_kinds": counted.kinds,
         "problems": problems,
     }
+
+
+def one_row_commit_ms() -> float:
+    """The median of COMMIT_SAMPLES transactions of one row's update on this database:
+    the least a relay's record of an answer costs (a table of its own, logged as the
+    outbox is, dropped after)."""
+    from django.db import connection, transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE bench_commit (id int PRIMARY KEY, n int NOT NULL)")
+        cursor.execute("INSERT INTO bench_commit VALUES (1, 0)")
+    samples = []
+    try:
+        for _ in range(COMMIT_SAMPLES):
+            started = time.perf_counter()
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
+            samples.append((time.perf_counter() - started) * 1000)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE bench_commit")
+    return statistics.median(samples)
+
+
+def relay_ceiling(floor_per_s: float, commit_ms: float) -> float:
+    """The single merchant's ceiling, as a ratio to the floor, of any relay that records
+    an answer in the database before its slot's next request (the in-flight limit is the
+    database's, shared by every process) and does nothing else: each of the IN_FLIGHT
+    slots takes the floor's time for a request, then one commit."""
+    request_ms = IN_FLIGHT * 1000 / floor_per_s
+    return request_ms / (request_ms + commit_ms)
 
 
 # --- on a relay process ------------------------------------------------------------------
@@ -875,6 +911,10 @@ def _render(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
         "",
         f"throughput: median of {len(t['rounds'])} rounds; per-round ratios "
         + ", ".join(f"{r['ratio']:.2f}" for r in t["rounds"]),
+        f"  ceiling of any relay that commits an answer before its slot's next request: "
+        f"{t['ceiling']:.2f} of the floor (a slot's request at the floor's pace "
+        f"{IN_FLIGHT * 1000 / t['floor_per_s']:.3f} ms, a one-row transaction "
+        f"{t['commit_ms']:.3f} ms); the relay is at {t['ratio'] / t['ceiling']:.2f} of it",
         f"  CPU per delivery in this process: relay {t['relay_cpu_ms']:.3f} ms, "
         f"floor {t['floor_cpu_ms']:.3f} ms; receiver {t['receiver_cpu_ms']:.3f} ms a request",
         f"  statements: {t['statements']}, {t['statements_per_delivery']:.2f} a delivery; "

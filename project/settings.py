@@ -53,6 +53,10 @@ INSTALLED_APPS = [
     "project.shop",  # the demo commerce domain: the host of the receiver's handlers
 ]
 
+# the event catalog's OpenAPI document is made by drf-spectacular, whose webhooks need its
+# schema class (webhook_receiver.W007)
+REST_FRAMEWORK = {"DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -6,6 +6,8 @@ from webhook_receiver.watch.health import health_view
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/", include("webhook_receiver.urls")),
+    # the events the shop sends: GET /webhooks-catalog/openapi.json (OpenAPI 3.1)
+    path("webhooks-catalog/", include("webhook_receiver.outbound.catalog_urls")),
     path("metrics/", include("webhook_receiver.watch.metrics.urls")),
     path("health/", health_view, name="health"),
 ]

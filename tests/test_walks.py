@@ -38,8 +38,10 @@ RECEIVE_BOUND = (18, 68)
 # before answers waited for their bucket's claim (the check) and the database's trouble
 # was told from reporting.py (a round that works ends a stretch), 88 before lanes waiting
 # for the process's room were let in by what ended (_let_waiting_in), 89 before an IP
-# literal was read in every form a proxy would resolve (egress._literal_host)
-SEND_BOUND = (26, 90)
+# literal was read in every form a proxy would resolve (egress._literal_host), 90 in 26
+# before the event catalog checked each admission (outbound/catalog.py: the check, its
+# setting, the reason, the counter)
+SEND_BOUND = (27, 94)
 
 
 def _app_module(frame: FrameType) -> str | None:

@@ -8,6 +8,9 @@ class WebhookReceiverConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Registers the system checks. The app ships no handlers: event types belong to
-        # the host project, which registers its own (the demo's are in project/shop).
+        # Registers the system checks, and the app's own events in the catalog (the
+        # notices sent to OPS_DESTINATION). The app ships no handlers and no merchant
+        # events: those belong to the host project (the demo's are in project/shop).
         from . import checks  # noqa: F401
+        from .outbound import notices  # noqa: F401
+        from .watch import notifiers  # noqa: F401

@@ -17,6 +17,7 @@ from . import schemes
 from .conf import NEW_KEY_HINT, app_settings
 from .conf.readers import fernet_key_problem
 from .inbound.handlers import registration_conflicts
+from .outbound import catalog as event_catalog
 from .outbound.encryption import SecretsNotDecrypted, is_token, secrets_decrypt
 from .outbound.models import WebhookDestination
 from .outbound.selectors import destinations_unreadable
@@ -153,6 +154,57 @@ def check_webhook_receiver_settings(
             )
         )
     return errors
+
+
+@checks.register()
+def check_event_catalog(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The event catalog (outbound/catalog.py): one declaration per type (E012), examples
+    their serializers accept (E013), and, where the host serves its document, the DRF
+    schema class drf-spectacular needs to make it (W007)."""
+    errors: list[checks.CheckMessage] = []
+    for name, declared in event_catalog.conflicts().items():
+        errors.append(
+            checks.Error(
+                f"Event type {name!r} is declared {len(declared)} times, differently: "
+                f"{', '.join(declared)}.",
+                hint="Keep one @webhook_event per event type.",
+                id="webhook_receiver.E012",
+            )
+        )
+    for entry in event_catalog.catalog():
+        problem = event_catalog.example_problem(entry)
+        if problem is not None:
+            errors.append(
+                checks.Error(
+                    f"The example of event type {entry.name!r} is not data its serializer "
+                    f"accepts: {problem}",
+                    hint="Correct the example=, or the serializer.",
+                    id="webhook_receiver.E013",
+                )
+            )
+    if event_catalog.catalog() and _catalog_mounted():
+        from .outbound.catalog_document import schema_class_problem
+
+        problem = schema_class_problem()
+        if problem is not None:
+            errors.append(
+                checks.Warning(
+                    f"The event catalog's document is served here, and cannot be made: {problem}.",
+                    hint="Set it in REST_FRAMEWORK; the catalog's view answers 503 until then.",
+                    id="webhook_receiver.W007",
+                )
+            )
+    return errors
+
+
+def _catalog_mounted() -> bool:
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("webhook_catalog")
+    except NoReverseMatch:
+        return False
+    return True
 
 
 # the outbox relay claims and records with UPDATE … RETURNING

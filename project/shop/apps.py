@@ -8,5 +8,6 @@ class ShopConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Registers the shop's webhook handlers (@webhook_handler) with the receiver.
-        from . import handlers  # noqa: F401
+        # Registers the shop's webhook handlers (@webhook_handler) with the receiver, and
+        # the events it sends (@webhook_event) with the catalog.
+        from . import events, handlers  # noqa: F401

@@ -49,6 +49,7 @@ PANELS_IN_ORDER = [
     {"webhook_receiver_outbox_delivery_seconds_bucket"},
     {"webhook_receiver_outbox_breaker_open"},
     {"webhook_receiver_outbox_failed", "webhook_receiver_outbox_terminal_total"},
+    {"webhook_receiver_outbox_uncatalogued_total"},
     {"webhook_receiver_repair_items_open"},
 ]
 

@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..core.egress import UrlRefused, check_url
 from ..core.fingerprints import secret_fingerprint
+from ..outbound.catalog import subscription_problem
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.models import WebhookDestination
 from ..outbound.signing_secrets import destination_secret_problem
@@ -198,7 +199,8 @@ class DestinationForm(StoredSecretsForm):
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text=_(
-            "One per line (or comma-separated), e.g. order.paid. None: it is sent nothing."
+            "One per line (or comma-separated): an event type (order.paid), or a group "
+            "(order.*: every declared type of it but the opt-in ones). None: it is sent nothing."
         ),
     )
     keep_help = _("Untick a secret to stop signing with it (the end of a rotation).")
@@ -288,7 +290,11 @@ class DestinationForm(StoredSecretsForm):
 
     def clean_event_types(self) -> list[str]:
         text = self.cleaned_data.get("event_types") or ""
-        return list(dict.fromkeys(t.strip() for t in re.split(r"[\s,]+", text) if t.strip()))
+        found = list(dict.fromkeys(t.strip() for t in re.split(r"[\s,]+", text) if t.strip()))
+        problems = [p for p in map(subscription_problem, found) if p is not None]
+        if problems:
+            raise forms.ValidationError(problems)
+        return found
 
     def clean_new_secrets(self) -> list[str]:
         secrets = (self.cleaned_data.get("new_secrets") or "").split()

@@ -37,6 +37,7 @@ from .readers import (
     more_than_zero,
     name_list,
     network_list,
+    one_of,
     parse_networks,
     plain_dict,
     proxy_url,
@@ -314,6 +315,22 @@ class AppSettings:
         "requests a relay process has in flight at most, over all destinations (each a "
         "socket; each destination also keeps to its own `max_in_flight`): a destination "
         "that wants more waits for one to end, before it claims",
+    )
+    catalog_check: str | None = key(
+        "CATALOG_CHECK",
+        None,
+        one_of("refuse", "record", "off"),
+        "what `enqueue_webhook` does with a message outside the event catalog (its type "
+        'not declared, or its body not the envelope its serializer accepts): `"refuse"` '
+        'raises `EventRefused` before anything is written; `"record"` admits it, counts '
+        'it and logs the first of its type; `"off"` checks nothing. `None`: `"refuse"` '
+        'with `DEBUG`, else `"record"` ([sending.md](sending.md#the-event-catalog))',
+    )
+    catalog_info: Mapping[str, Any] = key(
+        "CATALOG_INFO",
+        {"title": "Webhooks", "version": "1"},
+        plain_dict,
+        "the event catalog's OpenAPI document's `info`: its `title`, `version` and `description`",
     )
     outbox_retention: timedelta = key(
         "OUTBOX_RETENTION_DAYS",

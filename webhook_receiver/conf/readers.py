@@ -98,6 +98,20 @@ def flag(value: Any, where: str) -> bool:
     return bool(value)
 
 
+def one_of(*choices: str) -> Reader:
+    """One of ``choices``, or ``None``."""
+    shown = ", ".join(f'`"{choice}"`' for choice in choices)
+
+    def read(value: Any, where: str) -> str | None:
+        if value is None or value in choices:
+            return value
+        raise ImproperlyConfigured(
+            f"{where} must be one of {', '.join(choices)} or None, not {value!r}."
+        )
+
+    return Reader(f"{shown} or `None`", read)
+
+
 @reader("a dict")
 def plain_dict(value: Any, where: str) -> dict[Any, Any]:
     return dict(value)

@@ -39,6 +39,7 @@ from django.utils import timezone
 from ..conf import app_settings
 from ..core import bounds, outages, sql, storable, tracing
 from . import queries
+from .catalog import admission_checked, subscribed
 from .metrics import dedup_hit_count
 from .models import ADMITTING, MessageStatus, OutboxMessage, WebhookDestination
 
@@ -76,10 +77,11 @@ def message_key(aggregate: str, aggregate_id: str, event: str, version: int) -> 
 
 
 def destinations_for(event_type: str) -> list[WebhookDestination]:
-    """The enabled destinations subscribed to ``event_type`` (one small query; the
-    subscription list is filtered here, the same way on every database)."""
+    """The enabled destinations subscribed to ``event_type``, by its name or a ``group.*``
+    pattern (catalog.subscribed; one small query, the subscriptions read here, the same
+    way on every database)."""
     enabled = WebhookDestination.objects.filter(ADMITTING).only("id", "name", "event_types")
-    return [d for d in enabled if event_type in d.event_types]
+    return [d for d in enabled if subscribed(d.event_types or [], event_type)]
 
 
 def enqueue_webhook(
@@ -100,12 +102,14 @@ def enqueue_webhook(
     ``origin`` is the inbound event (source, event key) whose handler admits it, for the
     trace page. ``metadata`` (a JSON object of at most METADATA_MAX_BYTES; None: ``{}``)
     is kept beside the message, outside its identity: a duplicate leaves the first
-    message's as it is. Invalid metadata raises ValueError before anything is written.
-    Returns whether a message was created.
+    message's as it is. Invalid metadata raises ValueError before anything is written,
+    and so does a message outside the event catalog, as ``CATALOG_CHECK`` says
+    (``EventRefused``: catalog.py). Returns whether a message was created.
     """
     metadata = _checked_metadata(metadata)
     if not isinstance(destination, WebhookDestination):
         destination = WebhookDestination.objects.only("id", "name").get(name=destination)
+    admission_checked(destination.name, event_type, payload)
     window_key = _window_key(destination.pk, key)
     if cache_outage.call(lambda: cache.get(window_key), None):
         dedup_hit_count(destination.name)

@@ -8,7 +8,10 @@ Counted where they happen, with prometheus-client (multiprocess mode when
 - ``webhook_receiver_outbox_delivery_seconds{destination}``: enqueue-to-delivery time;
 - ``webhook_receiver_outbox_attempts_per_delivery{destination}``: attempts a delivered
   message took;
-- ``webhook_receiver_outbox_terminal_total{destination}``: messages that became terminal.
+- ``webhook_receiver_outbox_terminal_total{destination}``: messages that became terminal;
+- ``webhook_receiver_outbox_uncatalogued_total{destination,reason}``: messages admitted
+  outside the event catalog (``CATALOG_CHECK = "record"``): ``undeclared`` type, or
+  ``invalid`` body.
 
 The relay's are counted in the Celery worker that delivered: /metrics/ sees them when
 the worker shares the web server's multiprocess directory (one host); elsewhere the
@@ -48,6 +51,11 @@ TERMINAL = Counter(
     "Messages that became terminal (refused, or attempts exhausted): for an operator.",
     ["destination"],
 )
+UNCATALOGUED = Counter(
+    "webhook_receiver_outbox_uncatalogued",
+    "Messages admitted outside the event catalog: an undeclared type, or an invalid body.",
+    ["destination", "reason"],
+)
 
 
 def dedup_hit_count(destination: str) -> None:
@@ -64,6 +72,10 @@ def delivery_record(
 
 def terminal_count(destination: str) -> None:
     _safely(lambda: TERMINAL.labels(destination).inc())
+
+
+def uncatalogued_count(destination: str, reason: str) -> None:
+    _safely(lambda: UNCATALOGUED.labels(destination, reason).inc())
 
 
 def _safely(record) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from .catalog import subscribed
 from .encryption import EncryptedSecretsField
 
 
@@ -23,7 +24,8 @@ class WebhookDestination(models.Model):
     # header carries one signature per secret).
     # Stored encrypted (encryption.py): the column holds Fernet tokens, never a secret.
     secrets = EncryptedSecretsField(default=list)
-    # the event types it is sent; empty: none
+    # what it is sent: event types by name, and group.* patterns (catalog.subscribed);
+    # empty: nothing
     event_types = models.JSONField(default=list, blank=True)
     # token bucket: rate_count starts per rate_seconds, refilled continuously, holding at
     # most `burst` tokens: in any span of T seconds, at most rate * T + burst starts
@@ -83,7 +85,7 @@ class WebhookDestination(models.Model):
         return not self.enabled and bool(self.disabled_reason)
 
     def subscribes_to(self, event_type: str) -> bool:
-        return self.enabled and event_type in self.event_types
+        return self.enabled and subscribed(self.event_types or [], event_type)
 
 
 # the destinations whose messages the relay claims and admission fans out to: a disabled

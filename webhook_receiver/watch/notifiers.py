@@ -17,12 +17,14 @@ from datetime import datetime, timedelta
 
 from django.core.mail import mail_admins
 from django.dispatch import Signal
+from rest_framework import serializers
 
 from ..conf import app_settings
 from ..core.admin_links import admin_url
 from ..core.display import duration_text, iso, local_time
 from ..core.hooks import hook_class
 from ..inbound.models import RequestAudit, Verification
+from ..outbound.catalog import webhook_event
 from ..outbound.notices import ops_notice_enqueue
 from ..signals import silence_alert_opened, silence_alert_resolved
 from .models import SilenceAlert
@@ -73,6 +75,42 @@ class SignalNotifier(Notifier):
 
     def alert_resolved(self, alert: SilenceAlert) -> None:
         _send_robust(silence_alert_resolved, alert)
+
+
+class SilenceAlertNotice(serializers.Serializer):
+    """Sent to OPS_DESTINATION when a source's silence alert opens or resolves."""
+
+    # a field named as DRF's Field.source: the serializer's metaclass takes it as a field
+    source = serializers.CharField()  # type: ignore[assignment]
+    alert_id = serializers.IntegerField()
+    summary = serializers.CharField()
+    last_accepted_at = serializers.DateTimeField(allow_null=True)
+    rejected = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Refusals by reason."
+    )
+    opened_at = serializers.DateTimeField()
+    resolved_at = serializers.DateTimeField(allow_null=True)
+
+
+_SILENCE_EXAMPLE = {
+    "source": "shop",
+    "alert_id": 12,
+    "summary": "shop: nothing accepted for 15 minutes",
+    "last_accepted_at": "2026-12-07T02:41:09+00:00",
+    "rejected": {"signature": 3},
+    "opened_at": "2026-12-07T02:56:09+00:00",
+    "resolved_at": None,
+}
+webhook_event(
+    "silence.alert_opened", serializer=SilenceAlertNotice, opt_in=True, example=_SILENCE_EXAMPLE
+)
+webhook_event(
+    "silence.alert_resolved",
+    serializer=SilenceAlertNotice,
+    opt_in=True,
+    description="Sent to OPS_DESTINATION when a source's silence alert resolves.",
+    example=_SILENCE_EXAMPLE | {"resolved_at": "2026-12-07T03:02:40+00:00"},
+)
 
 
 class OutboxNotifier(Notifier):

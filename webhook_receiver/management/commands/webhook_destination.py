@@ -31,6 +31,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...core.display import url_masked
 from ...core.egress import UrlRefused, check_url
+from ...outbound.catalog import subscription_problem
 from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.models import WebhookDestination
 from ...outbound.operations import (
@@ -89,7 +90,11 @@ class Command(BaseCommand):
             help="generate an Ed25519 signing key (signature v1a) and print its public key: "
             "on add when the destination has none, on update always (a rotation)",
         )
-        parser.add_argument("--events", help="comma-separated event types it is sent")
+        parser.add_argument(
+            "--events",
+            help="comma-separated event types it is sent, and groups (order.*: each declared "
+            "type of the group but the opt-in ones)",
+        )
         parser.add_argument("--rate", help="requests per interval: 10/s, 600/m, 5/2s")
         parser.add_argument("--burst", type=int, help="starts allowed at once (default: the rate)")
         parser.add_argument("--concurrency", type=int, help="requests in flight at most")
@@ -229,7 +234,11 @@ class Command(BaseCommand):
             fields["secrets"] = list(options["secret"])
             secrets_encrypt(fields["secrets"])  # as saving will: with no key set, say so now
         if options["events"] is not None:
-            fields["event_types"] = [e.strip() for e in options["events"].split(",") if e.strip()]
+            events = [e.strip() for e in options["events"].split(",") if e.strip()]
+            problems = [p for p in map(subscription_problem, events) if p is not None]
+            if problems:
+                raise CommandError(f"--events: {'; '.join(problems)}")
+            fields["event_types"] = events
         if options["rate"]:
             fields["rate_count"], fields["rate_seconds"] = parse_rate(options["rate"])
             fields.setdefault("burst", fields["rate_count"])

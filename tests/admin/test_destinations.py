@@ -447,6 +447,31 @@ def test_the_destination_list_shows_health(admin_browser, live_server, fleet):
     screenshot(admin_browser, "outbox-recover-confirmation")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_group_that_reaches_no_declared_type_is_refused_on_the_page(admin_browser, live_server):
+    from selenium.webdriver.common.by import By
+
+    admin_browser.get(live_server.url + reverse("admin:webhook_receiver_webhookdestination_add"))
+    for name, value in form_data(event_types="order.*\nrefund.*").items():
+        field = admin_browser.find_elements(By.NAME, name)
+        if field and field[0].get_attribute("type") not in ("checkbox", "hidden"):
+            field[0].clear()
+            field[0].send_keys(str(value))
+    click_through(admin_browser, admin_browser.find_element(By.NAME, "_save"))
+
+    errors = admin_browser.find_element(By.CSS_SELECTOR, ".field-event_types .errorlist")
+    assert errors.text == (
+        "refund.* matches no declared event type (an opt-in type is subscribed to by its name)"
+    )
+    help_text = admin_browser.find_element(By.CSS_SELECTOR, ".field-event_types .help").text
+    assert "a group (order.*: every declared type of it but the opt-in ones)" in help_text
+    assert SECRET not in admin_browser.page_source
+    assert not WebhookDestination.objects.filter(name="merchant-9").exists()
+    field = admin_browser.find_element(By.CSS_SELECTOR, ".field-event_types")
+    admin_browser.execute_script("arguments[0].scrollIntoView()", field)
+    screenshot(admin_browser, "outbox-destination-subscriptions")
+
+
 # --- Enable -----------------------------------------------------------------------------
 
 

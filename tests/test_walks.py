@@ -40,8 +40,9 @@ RECEIVE_BOUND = (18, 68)
 # for the process's room were let in by what ended (_let_waiting_in), 89 before an IP
 # literal was read in every form a proxy would resolve (egress._literal_host), 90 in 26
 # before the event catalog checked each admission (outbound/catalog.py: the check, its
-# setting, the reason, the counter)
-SEND_BOUND = (27, 94)
+# setting, the reason, the counter), 94 in 27 before the destination's filter was read
+# there (outbound/filters.py)
+SEND_BOUND = (28, 95)
 
 
 def _app_module(frame: FrameType) -> str | None:

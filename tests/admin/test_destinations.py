@@ -448,11 +448,14 @@ def test_the_destination_list_shows_health(admin_browser, live_server, fleet):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_group_that_reaches_no_declared_type_is_refused_on_the_page(admin_browser, live_server):
+def test_a_group_reaching_no_declared_type_and_a_regex_filter_are_refused_on_the_page(
+    admin_browser, live_server
+):
     from selenium.webdriver.common.by import By
 
     admin_browser.get(live_server.url + reverse("admin:webhook_receiver_webhookdestination_add"))
-    for name, value in form_data(event_types="order.*\nrefund.*").items():
+    fields = form_data(event_types="order.*\nrefund.*", filter='{"data.status": {"$regex": "^p"}}')
+    for name, value in fields.items():
         field = admin_browser.find_elements(By.NAME, name)
         if field and field[0].get_attribute("type") not in ("checkbox", "hidden"):
             field[0].clear()
@@ -465,6 +468,10 @@ def test_a_group_that_reaches_no_declared_type_is_refused_on_the_page(admin_brow
     )
     help_text = admin_browser.find_element(By.CSS_SELECTOR, ".field-event_types .help").text
     assert "a group (order.*: every declared type of it but the opt-in ones)" in help_text
+    errors = admin_browser.find_element(By.CSS_SELECTOR, ".field-filter .errorlist")
+    assert errors.text == (
+        "data.status: '$regex' is not an operator ($eq, $neq, $in, $nin, $startsWith, $exist)"
+    )
     assert SECRET not in admin_browser.page_source
     assert not WebhookDestination.objects.filter(name="merchant-9").exists()
     field = admin_browser.find_element(By.CSS_SELECTOR, ".field-event_types")

@@ -172,7 +172,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         # the health first: what an operator opens this page for
         fieldsets: list[tuple] = [(_("Health"), {"fields": self.health_fields})] if obj else []
         fieldsets += [
-            (_("Destination"), {"fields": ("name", url, "enabled", "event_types")}),
+            (_("Destination"), {"fields": ("name", url, "enabled", "event_types", "filter")}),
             (_("Secrets"), secrets),
             (
                 _("Limits"),

@@ -20,6 +20,7 @@ from ..core.egress import UrlRefused, check_url
 from ..core.fingerprints import secret_fingerprint
 from ..outbound.catalog import subscription_problem
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
+from ..outbound.filters import filter_problem
 from ..outbound.models import WebhookDestination
 from ..outbound.signing_secrets import destination_secret_problem
 from ..schemes.base import SECRET_MIN_BYTES
@@ -203,6 +204,17 @@ class DestinationForm(StoredSecretsForm):
             "(order.*: every declared type of it but the opt-in ones). None: it is sent nothing."
         ),
     )
+    filter = forms.JSONField(
+        label=_("Filter"),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text=_(
+            'Which of those events it is sent, in JSON: {"data.status": "paid"}, '
+            '{"metadata.channel": {"$in": ["web", "app"]}}, {"$or": [...]}. Operators: $eq, '
+            "$neq, $in, $nin, $startsWith, $exist. Empty: every one. An event left out is "
+            "kept as a message discarded by the filter, with the reason."
+        ),
+    )
     keep_help = _("Untick a secret to stop signing with it (the end of a rotation).")
     new_help = format_lazy(
         _(
@@ -230,6 +242,7 @@ class DestinationForm(StoredSecretsForm):
             "url",
             "enabled",
             "event_types",
+            "filter",
             "rate_count",
             "rate_seconds",
             "burst",
@@ -295,6 +308,15 @@ class DestinationForm(StoredSecretsForm):
         if problems:
             raise forms.ValidationError(problems)
         return found
+
+    def clean_filter(self) -> Any:
+        spec = self.cleaned_data.get("filter")
+        if spec in (None, "", {}, []):
+            return None
+        problem = filter_problem(spec)
+        if problem is not None:
+            raise forms.ValidationError(problem)
+        return spec
 
     def clean_new_secrets(self) -> list[str]:
         secrets = (self.cleaned_data.get("new_secrets") or "").split()

@@ -40,6 +40,7 @@ from ..conf import app_settings
 from ..core import bounds, outages, sql, storable, tracing
 from . import queries
 from .catalog import admission_checked, subscribed
+from .filters import filter_verdict
 from .metrics import dedup_hit_count
 from .models import ADMITTING, MessageStatus, OutboxMessage, WebhookDestination
 
@@ -56,6 +57,10 @@ cache_outage = outages.Outage(
 ADMISSION_WINDOW_SECONDS = 5 * 60
 # a message's metadata, as compact UTF-8 JSON, at most: a few labels and numbers
 METADATA_MAX_BYTES = 4096
+# what admission reads of a destination
+ADMISSION_FIELDS = ("id", "name", "filter")
+# who discarded a message the destination's filter left out (its discarded_by)
+FILTER = "filter"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class Admission:
     created: bool
     # answered by the admission window, without a statement
     coalesced: bool = False
+    # left out by the destination's filter: written discarded, never sent
+    filtered: bool = False
 
 
 def message_key(aggregate: str, aggregate_id: str, event: str, version: int) -> str:
@@ -80,7 +87,7 @@ def destinations_for(event_type: str) -> list[WebhookDestination]:
     """The enabled destinations subscribed to ``event_type``, by its name or a ``group.*``
     pattern (catalog.subscribed; one small query, the subscriptions read here, the same
     way on every database)."""
-    enabled = WebhookDestination.objects.filter(ADMITTING).only("id", "name", "event_types")
+    enabled = WebhookDestination.objects.filter(ADMITTING).only(*ADMISSION_FIELDS, "event_types")
     return [d for d in enabled if subscribed(d.event_types or [], event_type)]
 
 
@@ -104,11 +111,13 @@ def enqueue_webhook(
     is kept beside the message, outside its identity: a duplicate leaves the first
     message's as it is. Invalid metadata raises ValueError before anything is written,
     and so does a message outside the event catalog, as ``CATALOG_CHECK`` says
-    (``EventRefused``: catalog.py). Returns whether a message was created.
+    (``EventRefused``: catalog.py). An event the destination's filter leaves out is
+    written as a message discarded by ``filter``, with the reason (filters.py). Returns
+    whether a message was created, and whether the filter discarded it.
     """
     metadata = _checked_metadata(metadata)
     if not isinstance(destination, WebhookDestination):
-        destination = WebhookDestination.objects.only("id", "name").get(name=destination)
+        destination = WebhookDestination.objects.only(*ADMISSION_FIELDS).get(name=destination)
     admission_checked(destination.name, event_type, payload)
     window_key = _window_key(destination.pk, key)
     if cache_outage.call(lambda: cache.get(window_key), None):
@@ -116,6 +125,7 @@ def enqueue_webhook(
         return Admission(destination=destination.name, key=key, created=False, coalesced=True)
 
     now = timezone.now()
+    filtered = filter_verdict(destination.filter, event_type, payload, metadata)
     row = {
         "destination_id": destination.pk,
         "key": key,
@@ -123,7 +133,10 @@ def enqueue_webhook(
         "payload": payload,
         "metadata": metadata,
         "ordering_key": ordering_key or "",
-        "status": MessageStatus.PENDING,
+        "status": MessageStatus.PENDING if filtered is None else MessageStatus.DISCARDED,
+        "discarded_by": "" if filtered is None else FILTER,
+        "discard_reason": "" if filtered is None else storable.text(filtered, 500),
+        "discarded_at": None if filtered is None else now,
         "next_attempt_at": now,
         "origin_source": origin[0] if origin else "",
         "origin_event_key": origin[1] if origin else "",
@@ -148,7 +161,9 @@ def enqueue_webhook(
     transaction.on_commit(lambda: _remember(window_key), robust=True)
     if not created:
         dedup_hit_count(destination.name)
-    return Admission(destination=destination.name, key=key, created=created)
+    return Admission(
+        destination=destination.name, key=key, created=created, filtered=filtered is not None
+    )
 
 
 def _checked_metadata(metadata: Any) -> dict[str, Any]:

@@ -27,6 +27,9 @@ class WebhookDestination(models.Model):
     # what it is sent: event types by name, and group.* patterns (catalog.subscribed);
     # empty: nothing
     event_types = models.JSONField(default=list, blank=True)
+    # which of those events it is sent (filters.py): JSON conditions on the event's type,
+    # data and metadata; null: every one
+    filter = models.JSONField(null=True, blank=True)
     # token bucket: rate_count starts per rate_seconds, refilled continuously, holding at
     # most `burst` tokens: in any span of T seconds, at most rate * T + burst starts
     rate_count = models.PositiveIntegerField(default=10)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from ..conf import app_settings
-from .admission import enqueue_webhook
+from .admission import ADMISSION_FIELDS, enqueue_webhook
 from .catalog import webhook_event
 from .models import ADMITTING, OutboxMessage, WebhookDestination
 
@@ -92,7 +92,9 @@ def ops_notice_enqueue(*, event_type: str, key: str, data: dict[str, Any]) -> bo
         return False
     # what admission needs, not its secrets (a notice is admitted even while no key
     # reads them; it waits with the rest)
-    destination = WebhookDestination.objects.filter(ADMITTING, name=name).only("id", "name").first()
+    destination = (
+        WebhookDestination.objects.filter(ADMITTING, name=name).only(*ADMISSION_FIELDS).first()
+    )
     if destination is None:
         logger.warning("OPS_DESTINATION %r is missing or disabled: notice %s not sent", name, key)
         return False

@@ -28,16 +28,18 @@ FAILED = MessageStatus.FAILED.value
 # PostgreSQL a message created also notifies the relays (relay/wakeups.py), which hear it
 # when, and only if, the transaction commits (PostgreSQL sends one notification per
 # destination and transaction); not while its breaker has paused the destination: the
-# poll after the pause finds it.
+# poll after the pause finds it. A message the destination's filter leaves out is
+# written discarded (by "filter", with the reason) and wakes no relay.
 _INSERT_MESSAGE = """
     INSERT INTO webhook_receiver_outboxmessage
         (destination_id, key, event_type, payload, metadata, ordering_key, status, attempts,
          failures, next_attempt_at, origin_source, origin_event_key, traceparent, created_at,
-         last_error, discarded_by, discard_reason)
+         last_error, discarded_by, discard_reason, discarded_at)
     VALUES
         (%(destination_id)s, %(key)s, %(event_type)s, %(payload)s, %(metadata)s,
          %(ordering_key)s, %(status)s, 0, 0, %(next_attempt_at)s, %(origin_source)s,
-         %(origin_event_key)s, %(traceparent)s, %(created_at)s, '', '', '')
+         %(origin_event_key)s, %(traceparent)s, %(created_at)s, '', %(discarded_by)s,
+         %(discard_reason)s, %(discarded_at)s)
     ON CONFLICT (destination_id, key) DO NOTHING
     RETURNING id{notify}
 """
@@ -46,7 +48,7 @@ INSERT_MESSAGE = {
         notify=""", (
         SELECT pg_notify('webhook_receiver_outbox', d.id::text)
         FROM webhook_receiver_webhookdestination d
-        WHERE d.id = %(destination_id)s
+        WHERE d.id = %(destination_id)s AND %(status)s = 'pending'
           AND (d.paused_until IS NULL OR d.paused_until <= %(created_at)s)
     ) AS notified"""
     ),

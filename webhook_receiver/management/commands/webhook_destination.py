@@ -23,6 +23,7 @@ it); ``update`` always adds a new one beside the current secrets, the start of a
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -33,6 +34,7 @@ from ...core.display import url_masked
 from ...core.egress import UrlRefused, check_url
 from ...outbound.catalog import subscription_problem
 from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
+from ...outbound.filters import filter_problem
 from ...outbound.models import WebhookDestination
 from ...outbound.operations import (
     destination_disable,
@@ -66,6 +68,20 @@ def parse_rate(text: str) -> tuple[int, float]:
     return int(match[1]), seconds
 
 
+def _filter(text: str) -> Any:
+    """--filter's JSON, checked; "" clears it."""
+    if not text.strip():
+        return None
+    try:
+        spec = json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"--filter: not JSON ({exc})") from None
+    problem = filter_problem(spec)
+    if problem is not None:
+        raise CommandError(f"--filter: {problem}")
+    return spec
+
+
 class Command(BaseCommand):
     help = (
         "Add, update or disable a destination of the outbox (idempotent); reencrypt every "
@@ -94,6 +110,11 @@ class Command(BaseCommand):
             "--events",
             help="comma-separated event types it is sent, and groups (order.*: each declared "
             "type of the group but the opt-in ones)",
+        )
+        parser.add_argument(
+            "--filter",
+            help='which of those events it is sent, in JSON: \'{"data.status": "paid"}\'; '
+            '"": every one (docs/sending.md#filters)',
         )
         parser.add_argument("--rate", help="requests per interval: 10/s, 600/m, 5/2s")
         parser.add_argument("--burst", type=int, help="starts allowed at once (default: the rate)")
@@ -239,6 +260,8 @@ class Command(BaseCommand):
             if problems:
                 raise CommandError(f"--events: {'; '.join(problems)}")
             fields["event_types"] = events
+        if options["filter"] is not None:
+            fields["filter"] = _filter(options["filter"])
         if options["rate"]:
             fields["rate_count"], fields["rate_seconds"] = parse_rate(options["rate"])
             fields.setdefault("burst", fields["rate_count"])

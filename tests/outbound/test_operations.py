@@ -19,6 +19,7 @@ from webhook_receiver.outbound.operations import (
     message_discard,
     message_retry_now,
 )
+from webhook_receiver.outbound.tenancy import EVERY_TENANT
 
 pytestmark = pytest.mark.django_db
 
@@ -37,7 +38,9 @@ def test_retry_now_makes_failed_and_pending_messages_due_with_a_fresh_budget():
     now = timezone.now()
 
     # when
-    changed = message_retry_now(message_ids=[r.pk for r in rows.values()], by="alice", now=now)
+    changed = message_retry_now(
+        scope=EVERY_TENANT, message_ids=[r.pk for r in rows.values()], by="alice", now=now
+    )
 
     # then: failed and pending are due now, with no lease and no failures spent
     assert changed == sorted([rows["failed"].pk, rows["pending"].pk])
@@ -68,11 +71,11 @@ def test_an_operators_retry_wakes_the_relays_of_the_destinations_it_touched_once
     with listening() as heard:
         # when: a retry that rolls back, then one that commits
         with pytest.raises(RuntimeError), transaction.atomic():
-            message_retry_now(message_ids=[rows[0].pk], by="alice")
+            message_retry_now(scope=EVERY_TENANT, message_ids=[rows[0].pk], by="alice")
             raise RuntimeError("changed my mind")
         assert heard() == []
         with transaction.atomic():
-            message_retry_now(message_ids=[r.pk for r in rows], by="alice")
+            message_retry_now(scope=EVERY_TENANT, message_ids=[r.pk for r in rows], by="alice")
 
         # then: one notification per destination touched, after the commit
         assert sorted(heard()) == sorted([merchant.pk, warehouse.pk])
@@ -86,7 +89,7 @@ def test_nothing_to_retry_wakes_nothing():
 
     with listening() as heard:
         with transaction.atomic():
-            changed = message_retry_now(message_ids=[row.pk], by="alice")
+            changed = message_retry_now(scope=EVERY_TENANT, message_ids=[row.pk], by="alice")
 
         assert changed == [] and heard() == []
 
@@ -103,12 +106,14 @@ def test_discard_needs_a_reason_and_records_who_why_and_when():
 
     # a blank reason is refused, and changes nothing
     with pytest.raises(ValueError, match="needs a reason"):
-        message_discard(message_ids=ids, by="alice", reason="  \n")
+        message_discard(scope=EVERY_TENANT, message_ids=ids, by="alice", reason="  \n")
     assert OutboxMessage.objects.filter(status=MessageStatus.DISCARDED).count() == 0
 
     # when
     now = timezone.now()
-    changed = message_discard(message_ids=ids, by="alice", reason=" order cancelled ", now=now)
+    changed = message_discard(
+        scope=EVERY_TENANT, message_ids=ids, by="alice", reason=" order cancelled ", now=now
+    )
 
     # then: the failed and the pending one; the delivered one stays delivered
     assert changed == ids[:2]
@@ -148,7 +153,9 @@ def test_recover_since_requeues_only_this_destinations_failures_since_then():
     now = timezone.now()
 
     # when
-    count = destination_recover_since(destination=merchant, since=broke, by="alice", now=now)
+    count = destination_recover_since(
+        scope=EVERY_TENANT, destination=merchant, since=broke, by="alice", now=now
+    )
 
     # then: the two failures since the break are due now with a fresh budget
     assert count == 2

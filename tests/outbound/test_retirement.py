@@ -23,6 +23,7 @@ from webhook_receiver.outbound.relay.process import destination_relay
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 from webhook_receiver.outbound.relay.wakeups import due_destinations
 from webhook_receiver.outbound.retirement import GONE_REASON
+from webhook_receiver.outbound.tenancy import EVERY_TENANT
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -108,7 +109,7 @@ def test_enabling_sends_what_it_held_in_order(receiver, ops):
 
     # when: an operator enables it, and the relay runs
     with TestCase.captureOnCommitCallbacks(execute=False):
-        held = destination_enable(destination=dest, by="ops-person")
+        held = destination_enable(scope=EVERY_TENANT, destination=dest, by="ops-person")
     destination_relay(destination_id=dest.pk)
 
     # then: all delivered, in admission order, the first one again under its key
@@ -118,7 +119,7 @@ def test_enabling_sends_what_it_held_in_order(receiver, ops):
     dest.refresh_from_db()
     assert dest.enabled and not dest.disabled_reason and dest.disabled_at is None
     # enabling it twice changes nothing
-    assert destination_enable(destination=dest, by="ops-person") is None
+    assert destination_enable(scope=EVERY_TENANT, destination=dest, by="ops-person") is None
 
 
 def test_the_ops_destination_answering_410_is_disabled_without_a_notice_to_itself(receiver, ops):
@@ -256,8 +257,8 @@ def test_the_command_names_the_relays_reason(receiver):
     assert "DISABLED by the relay (answered 410 Gone" in run_command("update", "merchant")
     with TestCase.captureOnCommitCallbacks(execute=False):
         assert "1 held message(s)" in run_command("enable", "merchant")
-    assert destination_disable(destination=dest, by="x") is True
-    assert destination_disable(destination=dest, by="x") is False
+    assert destination_disable(scope=EVERY_TENANT, destination=dest, by="x") is True
+    assert destination_disable(scope=EVERY_TENANT, destination=dest, by="x") is False
     dest.refresh_from_db()
     assert not dest.enabled and not dest.disabled_by_relay
     assert statuses(dest)[0][1] == MessageStatus.PENDING

@@ -39,6 +39,7 @@ from ..outbound.operations import (
     destination_recover_since,
 )
 from ..outbound.selectors import destinations_with_health
+from ..outbound.tenancy import EVERY_TENANT
 from ..schemes.standard_keys import public_keys_of
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
@@ -140,6 +141,8 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         "secret_count",
     )
     list_display_links = None
+    # a platform's thousands of tenants: found by name, not listed in a sidebar
+    search_fields = ("name", "tenant")
     actions = ["recover_since_selected", "enable_selected"]
     health_fields = (
         "disabled_state",
@@ -172,7 +175,10 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         # the health first: what an operator opens this page for
         fieldsets: list[tuple] = [(_("Health"), {"fields": self.health_fields})] if obj else []
         fieldsets += [
-            (_("Destination"), {"fields": ("name", url, "enabled", "event_types", "filter")}),
+            (
+                _("Destination"),
+                {"fields": ("name", "tenant", url, "enabled", "event_types", "filter")},
+            ),
             (_("Secrets"), secrets),
             (
                 _("Limits"),
@@ -226,9 +232,9 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         if "enabled" in getattr(form, "changed_data", ()):
             by = request.user.get_username()
             if obj.enabled:
-                destination_enable(destination=obj, by=by)
+                destination_enable(scope=EVERY_TENANT, destination=obj, by=by)
             else:
-                destination_disable(destination=obj, by=by)
+                destination_disable(scope=EVERY_TENANT, destination=obj, by=by)
 
     # --- the list ------------------------------------------------------------------------
 
@@ -374,7 +380,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     ) -> None:
         by = request.user.get_username()
         for dest in selected:
-            held = destination_enable(destination=dest, by=by)
+            held = destination_enable(scope=EVERY_TENANT, destination=dest, by=by)
             if held is None:
                 self.message_user(
                     request,
@@ -408,7 +414,9 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         by = request.user.get_username()
         when = full_time(since)
         for dest in selected:
-            count = destination_recover_since(destination=dest, since=since, by=by)
+            count = destination_recover_since(
+                scope=EVERY_TENANT, destination=dest, since=since, by=by
+            )
             note = ngettext(
                 "Recovered %(count)d failed message since %(when)s.",
                 "Recovered %(count)d failed messages since %(when)s.",

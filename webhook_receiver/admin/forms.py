@@ -239,6 +239,7 @@ class DestinationForm(StoredSecretsForm):
         model = WebhookDestination
         fields = (
             "name",
+            "tenant",
             "url",
             "enabled",
             "event_types",
@@ -257,6 +258,10 @@ class DestinationForm(StoredSecretsForm):
             "replay_horizon_days",
         )
         help_texts = {
+            "tenant": _(
+                "Whose it is: your key for the merchant account (a tenant sees its own "
+                "destinations and nothing else). Empty for a single shop."
+            ),
             "enabled": _(
                 "Untick to pause it: its messages wait, and are sent once it is enabled again."
             ),

@@ -28,6 +28,7 @@ from ..core.admin_links import admin_url
 from ..outbound.breaker import destination_breaker
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import DISCARDABLE, RETRYABLE, message_discard, message_retry_now
+from ..outbound.tenancy import EVERY_TENANT
 from .answers import HIDDEN_TWINS, AnswerFields
 from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, custom_permission
 from .cells import (
@@ -317,7 +318,7 @@ class OutboxMessageAdmin(AnswerFields, ObjectButtons, ReadOnlyAdmin):
 
     def _retry(self, request: HttpRequest, selected: list[OutboxMessage], reason: str) -> None:
         by = request.user.get_username()
-        changed = message_retry_now(message_ids=[m.pk for m in selected], by=by)
+        changed = message_retry_now(scope=EVERY_TENANT, message_ids=[m.pk for m in selected], by=by)
         reason = reason.strip()
         self._log(request, changed, "Retried now" + (f". Reason: {reason}" if reason else ""))
         self._report(
@@ -340,7 +341,10 @@ class OutboxMessageAdmin(AnswerFields, ObjectButtons, ReadOnlyAdmin):
 
     def _discard(self, request: HttpRequest, selected: list[OutboxMessage], reason: str) -> None:
         changed = message_discard(
-            message_ids=[m.pk for m in selected], by=request.user.get_username(), reason=reason
+            scope=EVERY_TENANT,
+            message_ids=[m.pk for m in selected],
+            by=request.user.get_username(),
+            reason=reason,
         )
         self._log(request, changed, f"Discarded: {reason.strip()}")
         self._report(

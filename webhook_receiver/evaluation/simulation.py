@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from contextlib import ExitStack
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 import time_machine
@@ -49,6 +50,7 @@ from ..outbound.operations import destination_enable
 from ..outbound.relay.engine import Relay
 from ..outbound.relay.steps import relay_claim
 from ..outbound.relay.transport import deliver
+from ..outbound.tenancy import EVERY_TENANT
 from ..watch.destinations import destination_statuses
 from ..watch.silence import silence_check
 from . import traffic, world
@@ -265,9 +267,9 @@ class Simulation:
         elif kind == "crash":
             await self._crash(payload)
         elif kind == "enable":
-            dest = self._destinations[payload]
+            enable = partial(destination_enable, destination=self._destinations[payload])
             held = await self._database.call(
-                lambda: destination_enable(destination=dest, by="operator"), "enable"
+                lambda: enable(scope=EVERY_TENANT, by="operator"), "enable"
             )
             self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
             self._wake([payload])

@@ -18,6 +18,9 @@ class WebhookDestination(models.Model):
     Webhooks way, under its own limits and retry policy."""
 
     name = models.SlugField(max_length=100, unique=True)
+    # whose it is: the host's key for a merchant account (tenancy.py); empty for a
+    # single-shop host
+    tenant = models.CharField(max_length=100, blank=True, default="", db_default="", db_index=True)
     url = models.URLField(max_length=2000)
     # Standard Webhooks secrets ("whsec_" + base64, signature v1) and Ed25519 signing keys
     # ("whsk_" + base64, signature v1a); during a rotation every one of them signs (the

@@ -5,9 +5,9 @@ re-encrypt the destinations' secrets after a key rotation (the figures the
 destinations page shows are read by outbound/selectors.py).
 
 Each service is one short transaction that records who acted (on the message, in the
-log), and queues a relay run for each destination it touched once that transaction has
-committed. A lost trigger costs nothing: the beat sweep queues the same run within
-seconds.
+log), and wakes the relays for each destination it touched once that transaction has
+committed. Each takes a ``scope`` (tenancy.py): what it may reach, one tenant's records
+or every tenant's; an id outside it is not found.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from django.db.models import (
 from django.utils import timezone
 
 from .encryption import SecretsNotDecrypted
-from .models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from .models import MessageStatus, WebhookDestination
 from .relay.wakeups import relay_wake_on_commit
+from .tenancy import Scope
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ DISCARDABLE = (MessageStatus.PENDING, MessageStatus.FAILED)
 
 
 def message_retry_now(
-    *, message_ids: Iterable[int], by: str, now: datetime | None = None
+    *, scope: Scope, message_ids: Iterable[int], by: str, now: datetime | None = None
 ) -> list[int]:
     """Make the given failed or pending messages eligible now, and queue their
     destinations' relay runs. Returns the ids of those changed, in order; the others
@@ -60,11 +61,16 @@ def message_retry_now(
         "lease_until": None,
         "failures": 0,
     }
-    return _messages_change(message_ids, RETRYABLE, changes, by=by, done="retried")
+    return _messages_change(scope, message_ids, RETRYABLE, changes, by=by, done="retried")
 
 
 def message_discard(
-    *, message_ids: Iterable[int], by: str, reason: str, now: datetime | None = None
+    *,
+    scope: Scope,
+    message_ids: Iterable[int],
+    by: str,
+    reason: str,
+    now: datetime | None = None,
 ) -> list[int]:
     """Give up on the given pending or failed messages, with a reason on record: they are
     never sent. Returns the ids of those changed, in order; the others (delivered,
@@ -87,10 +93,11 @@ def message_discard(
         "discarded_at": now,
         "discard_reason": reason,
     }
-    return _messages_change(message_ids, DISCARDABLE, changes, by=by, done="discarded")
+    return _messages_change(scope, message_ids, DISCARDABLE, changes, by=by, done="discarded")
 
 
 def _messages_change(
+    scope: Scope,
     message_ids: Iterable[int],
     statuses: tuple[str, ...],
     changes: dict[str, Any],
@@ -104,13 +111,14 @@ def _messages_change(
     with transaction.atomic():
         # locked in id order, so two operators' overlapping selections cannot deadlock
         rows = list(
-            OutboxMessage.objects.select_for_update()
+            scope.messages()
+            .select_for_update(of=("self",))
             .filter(pk__in=list(message_ids), status__in=statuses)
             .order_by("id")
             .values_list("id", "destination_id")
         )
         ids = [i for i, _ in rows]
-        OutboxMessage.objects.filter(pk__in=ids).update(**changes)
+        scope.messages().filter(pk__in=ids).update(**changes)
         relay_wake_on_commit({d for _, d in rows})
     if ids:
         logger.info(
@@ -125,6 +133,7 @@ def _messages_change(
 
 def destination_recover_since(
     *,
+    scope: Scope,
     destination: WebhookDestination | int,
     since: datetime,
     by: str,
@@ -137,29 +146,29 @@ def destination_recover_since(
 
     An open breaker is ended: the destination goes half-open at once, so its next run
     sends one probe, and that probe's answer closes the breaker or opens it again.
-    Returns how many messages were requeued.
+    Returns how many messages were requeued; WebhookDestination.DoesNotExist when the
+    scope holds no such destination.
     """
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
-    attempted_since = DeliveryAttempt.objects.filter(message=OuterRef("pk"), started_at__gte=since)
+    attempted_since = scope.attempts().filter(message=OuterRef("pk"), started_at__gte=since)
     with transaction.atomic():
         # the destination's row first, then its messages: the order the relay locks them in
         # not its secrets: a recovery needs none, even of a destination no key reads
-        dest = (
-            WebhookDestination.objects.select_for_update().defer("secrets").get(pk=destination_id)
-        )
+        dest = scope.destinations().select_for_update().defer("secrets").get(pk=destination_id)
         ids = list(
-            OutboxMessage.objects.select_for_update()
+            scope.messages()
+            .select_for_update(of=("self",))
             .filter(Exists(attempted_since), destination_id=dest.pk, status=MessageStatus.FAILED)
             .order_by("id")
             .values_list("id", flat=True)
         )
-        OutboxMessage.objects.filter(pk__in=ids).update(
+        scope.messages().filter(pk__in=ids).update(
             status=MessageStatus.PENDING, next_attempt_at=now, lease_until=None, failures=0
         )
         breaker_ended = dest.paused_until is not None and dest.paused_until > now
         if breaker_ended:
-            WebhookDestination.objects.filter(pk=dest.pk).update(paused_until=None)
+            scope.destinations().filter(pk=dest.pk).update(paused_until=None)
         relay_wake_on_commit({dest.pk})
     logger.info(
         "outbox: %s recovered %d failed message(s) of %s since %s%s",
@@ -174,21 +183,22 @@ def destination_recover_since(
 
 
 def destination_enable(
-    *, destination: WebhookDestination | int, by: str, now: datetime | None = None
+    *, scope: Scope, destination: WebhookDestination | int, by: str, now: datetime | None = None
 ) -> int | None:
     """Enable a disabled destination (by an operator, or retired by the relay: a 410, a
     failing span): its held messages are sent again, in their order (oldest first, each
     ordering key in turn), as their retry times come; its retirement's reason and
     failing span are forgotten, and an open breaker is ended. Returns how many messages
-    it holds to send (None: it was enabled already)."""
+    it holds to send (None: it was enabled already); WebhookDestination.DoesNotExist
+    when the scope holds no such destination."""
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
     with transaction.atomic():
-        dest = WebhookDestination.objects.select_for_update().get(pk=destination_id)
+        dest = scope.destinations().select_for_update().get(pk=destination_id)
         if dest.enabled:
             return None
         reason = dest.disabled_reason
-        WebhookDestination.objects.filter(pk=dest.pk).update(
+        scope.destinations().filter(pk=dest.pk).update(
             enabled=True,
             disabled_reason="",
             disabled_at=None,
@@ -197,9 +207,13 @@ def destination_enable(
             paused_until=None,
             updated_at=now,
         )
-        held = OutboxMessage.objects.filter(
-            destination_id=dest.pk, status__in=(MessageStatus.PENDING, MessageStatus.SENDING)
-        ).count()
+        held = (
+            scope.messages()
+            .filter(
+                destination_id=dest.pk, status__in=(MessageStatus.PENDING, MessageStatus.SENDING)
+            )
+            .count()
+        )
         relay_wake_on_commit({dest.pk})
     logger.info(
         "outbox: %s enabled %s (%s); %d message(s) to send",
@@ -213,28 +227,32 @@ def destination_enable(
 
 
 def destination_disable(
-    *, destination: WebhookDestination | int, by: str, now: datetime | None = None
+    *, scope: Scope, destination: WebhookDestination | int, by: str, now: datetime | None = None
 ) -> bool:
     """Disable a destination: nothing more is admitted to it, and its messages are held
     pending until it is enabled again (or discarded). Returns False when it was
-    disabled already."""
+    disabled already; WebhookDestination.DoesNotExist when the scope holds no such
+    destination."""
     now = now or timezone.now()
     destination_id = destination if isinstance(destination, int) else destination.pk
     with transaction.atomic():
-        changed = WebhookDestination.objects.filter(pk=destination_id, enabled=True).update(
-            enabled=False, disabled_reason="", disabled_at=now, updated_at=now
+        dest = scope.destinations().select_for_update().only("id", "name").get(pk=destination_id)
+        changed = (
+            scope.destinations()
+            .filter(pk=dest.pk, enabled=True)
+            .update(enabled=False, disabled_reason="", disabled_at=now, updated_at=now)
         )
     if changed:
         logger.info(
             "outbox: %s disabled destination %s",
             by,
-            destination_id if isinstance(destination, int) else destination.name,
+            dest.name,
             extra={"by": by, "destination_id": destination_id},
         )
     return bool(changed)
 
 
-def destinations_reencrypt() -> tuple[int, list[str]]:
+def destinations_reencrypt() -> tuple[int, list[str]]:  # the staff's: every tenant's
     """Encrypt every destination's secrets again, under the first key: after a new key
     was put first, so that the old one can be removed. One short transaction per
     destination, its row locked as the relay's claim locks it; only the secrets column

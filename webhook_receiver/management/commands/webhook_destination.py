@@ -42,6 +42,7 @@ from ...outbound.operations import (
     destinations_reencrypt,
 )
 from ...outbound.signing_secrets import destination_secret_problem
+from ...outbound.tenancy import EVERY_TENANT
 from ...schemes.standard_keys import (
     is_signing_key,
     new_signing_key,
@@ -94,6 +95,9 @@ class Command(BaseCommand):
             "name", nargs="?", help="the destination's name (a slug); reencrypt takes none"
         )
         parser.add_argument("--url")
+        parser.add_argument(
+            "--tenant", help="whose it is: the host's key for the merchant account ('': none)"
+        )
         parser.add_argument(
             "--secret",
             action="append",
@@ -228,12 +232,12 @@ class Command(BaseCommand):
         """Enable or disable it (the operations the admin uses); what it did ("": nothing)."""
         by = "manage.py webhook_destination"
         if action == "enable" or options.get("enable"):
-            held = destination_enable(destination=dest, by=by)
+            held = destination_enable(scope=EVERY_TENANT, destination=dest, by=by)
             if held is None:
                 return ""
             return f"enabled {dest.name} ({held} held message(s) to send, in their order)"
         disabling = action == "disable" or options.get("disable")
-        if disabling and destination_disable(destination=dest, by=by):
+        if disabling and destination_disable(scope=EVERY_TENANT, destination=dest, by=by):
             return f"disabled {dest.name} (its messages are held until it is enabled)"
         return ""
 
@@ -254,6 +258,8 @@ class Command(BaseCommand):
                     raise CommandError(f"--secret #{n} {problem}.")
             fields["secrets"] = list(options["secret"])
             secrets_encrypt(fields["secrets"])  # as saving will: with no key set, say so now
+        if options["tenant"] is not None:
+            fields["tenant"] = options["tenant"].strip()
         if options["events"] is not None:
             events = [e.strip() for e in options["events"].split(",") if e.strip()]
             problems = [p for p in map(subscription_problem, events) if p is not None]

@@ -1,0 +1,133 @@
+"""Tenants (outbound/tenancy.py): every scoped service, given tenant B's scope and tenant
+A's ids, finds nothing (not "forbidden": nothing) and changes nothing; the staff's scope
+reaches both. A new service that takes a scope fails here until it has its case."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from tests.support.outbox import destination, failed, message
+from webhook_receiver.models import OutboxMessage, WebhookDestination
+from webhook_receiver.outbound import operations
+from webhook_receiver.outbound.tenancy import EVERY_TENANT, Scope, tenant_scope
+
+pytestmark = pytest.mark.django_db
+
+ACME, BOLT = tenant_scope("acme"), tenant_scope("bolt")
+
+
+@pytest.fixture
+def acme():
+    """Tenant acme's destinations: one disabled, with a failed and a pending message, and
+    one enabled; tenant bolt's destination beside them."""
+    dest = destination("acme-shop", tenant="acme", enabled=False)
+    live = destination("acme-live", tenant="acme")
+    destination("bolt-shop", tenant="bolt")
+    since = timezone.now() - timedelta(hours=1)
+    return {
+        "destination": dest,
+        "live": live,
+        "since": since,
+        "failed": failed(dest, "k-failed", last_attempt_at=timezone.now()),
+        "pending": message(dest, "k-pending"),
+    }
+
+
+def snapshot() -> list[tuple]:
+    return list(
+        OutboxMessage.objects.order_by("id").values_list(
+            "id", "status", "failures", "next_attempt_at", "discarded_by"
+        )
+    ) + list(WebhookDestination.objects.order_by("id").values_list("id", "enabled", "paused_until"))
+
+
+# each scoped service, called in a scope with A's ids: (name, call)
+CASES = {
+    "message_retry_now": lambda scope, a: operations.message_retry_now(
+        scope=scope, message_ids=[a["failed"].pk, a["pending"].pk], by="b"
+    ),
+    "message_discard": lambda scope, a: operations.message_discard(
+        scope=scope, message_ids=[a["failed"].pk, a["pending"].pk], by="b", reason="x"
+    ),
+    "destination_recover_since": lambda scope, a: operations.destination_recover_since(
+        scope=scope, destination=a["destination"].pk, since=a["since"], by="b"
+    ),
+    "destination_enable": lambda scope, a: operations.destination_enable(
+        scope=scope, destination=a["destination"].pk, by="b"
+    ),
+    "destination_disable": lambda scope, a: operations.destination_disable(
+        scope=scope, destination=a["live"].pk, by="b"
+    ),
+}
+
+
+def test_every_service_that_takes_a_scope_has_its_case_here():
+    scoped = {
+        name
+        for name, fn in inspect.getmembers(operations, inspect.isfunction)
+        if fn.__module__ == operations.__name__
+        and "scope" in inspect.signature(fn).parameters
+        and not name.startswith("_")
+    }
+    assert scoped == set(CASES)
+
+
+@pytest.mark.parametrize("service", sorted(CASES))
+def test_another_tenants_ids_find_nothing_and_change_nothing(acme, service):
+    before = snapshot()
+
+    try:
+        answer = CASES[service](BOLT, acme)
+    except WebhookDestination.DoesNotExist:
+        answer = "not found"
+
+    assert answer in ([], "not found")
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("scope", [ACME, EVERY_TENANT], ids=str)
+@pytest.mark.parametrize("service", sorted(CASES))
+def test_the_tenants_own_scope_and_the_staffs_reach_them(acme, service, scope):
+    before = snapshot()
+
+    answer = CASES[service](scope, acme)
+
+    assert answer not in ([], 0, None, False), answer
+    assert snapshot() != before
+
+
+def test_a_scope_reads_its_tenants_destinations_messages_and_attempts(acme):
+    assert sorted(d.name for d in ACME.destinations()) == ["acme-live", "acme-shop"]
+    assert [d.name for d in BOLT.destinations()] == ["bolt-shop"]
+    assert ACME.messages().count() == 2 and not BOLT.messages().exists()
+    assert ACME.attempts().count() == 1 and not BOLT.attempts().exists()
+    assert EVERY_TENANT.destinations().count() == 3
+    assert str(ACME) == "tenant acme" and str(EVERY_TENANT) == "every tenant"
+
+
+@pytest.mark.parametrize("key", ["", "  ", None])
+def test_a_tenant_has_a_name(key):
+    with pytest.raises(ValueError, match="a tenant is named by a non-empty key"):
+        tenant_scope(key)  # type: ignore[arg-type]
+    assert Scope(None) == EVERY_TENANT
+
+
+def test_the_command_names_the_tenant_of_a_destination():
+    call_command(
+        "webhook_destination",
+        "add",
+        "acme-hooks",
+        "--tenant",
+        "acme",
+        "--url",
+        "https://acme.example/hooks",
+        "--secret",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    )
+    assert WebhookDestination.objects.get(name="acme-hooks").tenant == "acme"
+    assert [d.name for d in ACME.destinations()] == ["acme-hooks"]

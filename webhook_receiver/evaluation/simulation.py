@@ -268,9 +268,7 @@ class Simulation:
             await self._crash(payload)
         elif kind == "enable":
             enable = partial(destination_enable, destination=self._destinations[payload])
-            held = await self._database.call(
-                lambda: enable(scope=EVERY_TENANT, by="operator"), "enable"
-            )
+            held = await self._database.call(lambda: enable(scope=EVERY_TENANT, by="ops"), "enable")
             self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
             self._wake([payload])
 

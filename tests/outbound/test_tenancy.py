@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 from django.core.management import call_command
@@ -118,6 +119,7 @@ def test_a_tenant_has_a_name(key):
 
 
 def test_the_command_names_the_tenant_of_a_destination():
+    out = StringIO()
     call_command(
         "webhook_destination",
         "add",
@@ -128,6 +130,11 @@ def test_the_command_names_the_tenant_of_a_destination():
         "https://acme.example/hooks",
         "--secret",
         "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "--filter",
+        '{"data.status": "paid"}',
+        stdout=out,
     )
+    assert out.getvalue().startswith("added acme-hooks: tenant acme, enabled, ")
+    assert 'filter {"data.status": "paid"}' in out.getvalue()
     assert WebhookDestination.objects.get(name="acme-hooks").tenant == "acme"
     assert [d.name for d in ACME.destinations()] == ["acme-hooks"]

@@ -308,8 +308,10 @@ class Command(BaseCommand):
         else:
             public = "".join(f", public key {key}" for key in public_keys_of(d.secrets))
             secrets = f"{len(d.secrets)} secret(s){public}"
+        owner = f"tenant {d.tenant}, " if d.tenant else ""
+        kept = f", filter {json.dumps(d.filter, ensure_ascii=False)}" if d.filter else ""
         return (
-            f"{state}, {url_masked(d.url)}, {events}, "
+            f"{owner}{state}, {url_masked(d.url)}, {events}{kept}, "
             f"{d.rate_count}/{d.rate_seconds:g}s burst {d.burst}, "
             f"{d.max_in_flight} in flight, {secrets}"
         )

@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 from ..conf import app_settings
 from ..core import display
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
-from ..outbound.models import OutboxMessage
+from ..outbound.models import MessageStatus, OutboxMessage
 from ..reconcile.models import RepairItem
 
 if TYPE_CHECKING:
@@ -219,14 +219,17 @@ def _outbox(source: str, event_key: str) -> tuple[OutboxSection, ...]:
     metadata: dict[str, list[str]] = {}
     for m in rows:
         metadata.setdefault(m.destination.name, []).append(_metadata_text(m.metadata))
+        # a discarded message says by whom (an operator, or the destination's filter) and
+        # why, where an answer would be: it was never sent, or not again
+        discarded = m.status == MessageStatus.DISCARDED and m.discarded_by
         sections.setdefault(m.destination.name, []).append(
             (
                 m.key,
                 m.event_type,
-                m.status,
+                f"discarded by {m.discarded_by}" if discarded else m.status,
                 str(m.attempts),
-                _moment_text(m.delivered_at or m.next_attempt_at),
-                str(m.last_status_code or m.last_error[:80] or "-"),
+                _moment_text(m.delivered_at or (None if discarded else m.next_attempt_at)),
+                str(m.last_status_code or m.last_error[:80] or m.discard_reason[:80] or "-"),
             )
         )
     columns = ("key", "type", "status", "attempts", "delivered / next attempt", "last answer")

@@ -113,8 +113,17 @@ class InvalidPayload(PermanentError):
         ``detail``), flattened to one path per field: the message names every field, on
         one line, so a log line and a list cell show them all."""
         fields = _error_paths(errors)
-        listed = "; ".join(f"{path}: {' '.join(found)}" for path, found in fields.items())
-        return cls(f"{what} is not valid: {listed}", fields=fields)
+        return cls(f"{what} is not valid: {_listed(fields)}", fields=fields)
+
+
+def serializer_errors_text(errors: Any) -> str:
+    """A DRF serializer's errors on one line, one path per field: ``lines[1].quantity: …;
+    sku: …`` (as ``InvalidPayload.from_serializer_errors`` words them)."""
+    return _listed(_error_paths(errors))
+
+
+def _listed(fields: dict[str, list[str]]) -> str:
+    return "; ".join(f"{path}: {' '.join(found)}" for path, found in fields.items())
 
 
 def _error_paths(errors: Any, path: str = "") -> dict[str, list[str]]:

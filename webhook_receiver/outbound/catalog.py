@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
@@ -34,6 +34,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from ..conf import app_settings
+from ..exceptions import serializer_errors_text
 from .metrics import uncatalogued_count
 
 logger = logging.getLogger(__name__)
@@ -291,22 +292,7 @@ def _data_problem(entry: EventType, data: Any) -> str | None:
     checked = entry.serializer(data=data)
     if checked.is_valid():
         return None
-    return f"{entry.name}: data does not match {entry.serializer.__name__}: " + "; ".join(
-        _errors(checked.errors)
+    return (
+        f"{entry.name}: data does not match {entry.serializer.__name__}: "
+        f"{serializer_errors_text(checked.errors)}"
     )
-
-
-def _errors(errors: Any, where: str = "") -> Iterator[str]:
-    """DRF's nested errors as ``field.sub: message`` lines."""
-    if isinstance(errors, Mapping):
-        for key, value in errors.items():
-            name = "" if key == "non_field_errors" else str(key)
-            yield from _errors(value, f"{where}.{name}".strip(".") if name else where)
-    elif isinstance(errors, list):
-        for index, value in enumerate(errors):
-            if isinstance(value, (Mapping, list)):
-                yield from _errors(value, f"{where}[{index}]")
-            else:
-                yield f"{where}: {value}" if where else str(value)
-    else:
-        yield f"{where}: {errors}" if where else str(errors)

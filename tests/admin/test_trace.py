@@ -208,22 +208,8 @@ def test_the_trace_page_in_a_browser(story, admin_browser, live_server):  # noqa
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_message_the_filter_left_out_on_the_trace_page(story, admin_browser, live_server):  # noqa: F811
+def test_a_message_the_filter_left_out_on_the_trace_page(filtered, admin_browser, live_server):
     from selenium.webdriver.common.by import By
-
-    # given: the paid order admitted to a destination that wants the web channel only
-    picky = WebhookDestination.objects.create(
-        name="picky", url="https://picky.example/hooks", filter={"metadata.channel": "web"}
-    )
-    payload = {"type": "order.paid", "data": {"order_id": ORDER, "status": "paid", "version": 2}}
-    enqueue_webhook(
-        picky,
-        "order.paid",
-        f"order:{ORDER}:paid:v2",
-        payload,
-        origin=("shop", PAID),
-        metadata={"channel": "pos"},
-    )
 
     # when
     admin_browser.get(live_server.url + trace_url("shop", PAID))

@@ -19,7 +19,7 @@ from openapi_spec_validator import validate
 from prometheus_client import REGISTRY
 from rest_framework import serializers
 
-from tests.support.outbox import destination
+from tests.support.outbox import destination, destination_added, destination_command
 from webhook_receiver.admin.forms import DestinationForm
 from webhook_receiver.checks import check_event_catalog
 from webhook_receiver.models import OutboxMessage, WebhookDestination
@@ -397,26 +397,13 @@ def test_what_a_destination_may_subscribe_to(settings, subscription, check, prob
 
 @pytest.mark.django_db
 def test_the_command_and_the_admin_form_refuse_a_pattern_that_reaches_nothing():
-    out, err = StringIO(), StringIO()
-    call_command(
-        "webhook_destination",
-        "add",
-        "merchant-9",
-        "--url",
-        "https://merchant-9.example/hooks",
-        "--secret",
-        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        "--events",
-        "order.*,outbox.message_failed",
-        stdout=out,
-        stderr=err,
-    )
+    destination_added("merchant-9", "--events", "order.*,outbox.message_failed")
     assert WebhookDestination.objects.get(name="merchant-9").event_types == [
         "order.*",
         "outbox.message_failed",
     ]
     with pytest.raises(CommandError, match=r"--events: refund\.\* matches no declared event"):
-        call_command("webhook_destination", "update", "merchant-9", "--events", "refund.*")
+        destination_command("update", "merchant-9", "--events", "refund.*")
 
     form = DestinationForm(data={"event_types": "order.*\nrefund.*\nbad*"})
     form.is_valid()

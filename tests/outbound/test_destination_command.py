@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from io import StringIO
-
 import pytest
-from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from tests.support.outbox import SECRET
+from tests.support.outbox import destination_command as run
 from webhook_receiver.models import WebhookDestination
 from webhook_receiver.schemes.standard_keys import is_signing_key, new_signing_key, public_key_of
 
 pytestmark = pytest.mark.django_db
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ADD = [
     "add",
     "merchant-7",
@@ -27,12 +25,6 @@ ADD = [
     "--events",
     "order.paid,order.cancelled",
 ]
-
-
-def run(*args: str) -> str:
-    out = StringIO()
-    call_command("webhook_destination", *args, stdout=out)
-    return out.getvalue()
 
 
 def test_add_twice_is_one_destination_and_says_unchanged():

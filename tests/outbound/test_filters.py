@@ -6,11 +6,11 @@ against any filter answered, never raised."""
 from __future__ import annotations
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.outbox import destination
+from tests.support.outbox import destination, destination_added, destination_command
 from webhook_receiver.admin.forms import DestinationForm
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import destinations_for, enqueue_webhook
@@ -156,27 +156,15 @@ def test_a_filter_that_cannot_be_read_passes_nothing_for_its_destination_alone()
 
 @pytest.mark.django_db
 def test_the_command_and_the_form_keep_a_filter_and_refuse_one_that_is_not():
-    call_command(
-        "webhook_destination",
-        "add",
-        "merchant-9",
-        "--url",
-        "https://merchant-9.example/hooks",
-        "--secret",
-        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        "--filter",
-        '{"data.status": {"$in": ["paid", "fulfilled"]}}',
-    )
+    destination_added("merchant-9", "--filter", '{"data.status": {"$in": ["paid", "fulfilled"]}}')
     assert WebhookDestination.objects.get(name="merchant-9").filter == {
         "data.status": {"$in": ["paid", "fulfilled"]}
     }
     with pytest.raises(CommandError, match=r"--filter: data.x: '\$regex' is not an operator"):
-        call_command(
-            "webhook_destination", "update", "merchant-9", "--filter", '{"data.x": {"$regex": "a"}}'
-        )
+        destination_command("update", "merchant-9", "--filter", '{"data.x": {"$regex": "a"}}')
     with pytest.raises(CommandError, match=r"--filter: not JSON"):
-        call_command("webhook_destination", "update", "merchant-9", "--filter", "{status: paid}")
-    call_command("webhook_destination", "update", "merchant-9", "--filter", "")
+        destination_command("update", "merchant-9", "--filter", "{status: paid}")
+    destination_command("update", "merchant-9", "--filter", "")
     assert WebhookDestination.objects.get(name="merchant-9").filter is None
 
     form = DestinationForm(data={"filter": '{"data.x": {"$in": []}}'})

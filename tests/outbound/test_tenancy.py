@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import inspect
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 from django.utils import timezone
 
-from tests.support.outbox import destination, failed, message
+from tests.support.outbox import destination, destination_added, failed, message
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import operations
 from webhook_receiver.outbound.tenancy import EVERY_TENANT, Scope, tenant_scope
@@ -119,22 +117,8 @@ def test_a_tenant_has_a_name(key):
 
 
 def test_the_command_names_the_tenant_of_a_destination():
-    out = StringIO()
-    call_command(
-        "webhook_destination",
-        "add",
-        "acme-hooks",
-        "--tenant",
-        "acme",
-        "--url",
-        "https://acme.example/hooks",
-        "--secret",
-        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        "--filter",
-        '{"data.status": "paid"}',
-        stdout=out,
-    )
-    assert out.getvalue().startswith("added acme-hooks: tenant acme, enabled, ")
-    assert 'filter {"data.status": "paid"}' in out.getvalue()
+    out = destination_added("acme-hooks", "--tenant", "acme", "--filter", '{"data.status": "paid"}')
+    assert out.startswith("added acme-hooks: tenant acme, enabled, ")
+    assert 'filter {"data.status": "paid"}' in out
     assert WebhookDestination.objects.get(name="acme-hooks").tenant == "acme"
     assert [d.name for d in ACME.destinations()] == ["acme-hooks"]

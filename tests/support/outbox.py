@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from io import StringIO
 
 import psycopg
+from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
@@ -32,6 +34,20 @@ def destination(name: str, url: str = CLOSED_PORT, **fields) -> WebhookDestinati
         event_types=["order.paid", "order.cancelled"],
         **fields,
     )
+
+
+def destination_command(*args: str) -> str:
+    """``manage.py webhook_destination *args``; what it printed."""
+    out = StringIO()
+    call_command("webhook_destination", *args, stdout=out)
+    return out.getvalue()
+
+
+def destination_added(name: str, *args: str) -> str:
+    """``webhook_destination add NAME``, at https://NAME.example/hooks signing with
+    SECRET, and ``args``; what it printed."""
+    url = f"https://{name}.example/hooks"
+    return destination_command("add", name, "--url", url, "--secret", SECRET, *args)
 
 
 def relay_merchant(url: str, **fields) -> WebhookDestination:

@@ -105,3 +105,19 @@ def summarised(story) -> None:
         merchant, "order.summary", summary, payload, origin=origin, metadata=MODEL_METADATA
     )
     enqueue_webhook(merchant, "order.paid", f"order:{ORDER}:paid:v2", payload, origin=origin)
+
+
+@pytest.fixture
+def filtered(story) -> None:
+    """The paid order's handler also admitted it, from the point of sale, to "picky", a
+    destination whose filter wants the web channel only: the filter discarded it."""
+    picky = destination("picky", filter={"metadata.channel": "web"})
+    payload = {"type": "order.paid", "data": {"order_id": ORDER, "status": "paid", "version": 2}}
+    enqueue_webhook(
+        picky,
+        "order.paid",
+        f"order:{ORDER}:paid:v2",
+        payload,
+        origin=("shop", PAID),
+        metadata={"channel": "pos"},
+    )

@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..core.egress import UrlRefused, check_url
 from ..core.fingerprints import secret_fingerprint
-from ..outbound.catalog import subscription_problem
+from ..outbound.catalog import subscription_problems
 from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.filters import filter_problem
 from ..outbound.models import WebhookDestination
@@ -309,7 +309,7 @@ class DestinationForm(StoredSecretsForm):
     def clean_event_types(self) -> list[str]:
         text = self.cleaned_data.get("event_types") or ""
         found = list(dict.fromkeys(t.strip() for t in re.split(r"[\s,]+", text) if t.strip()))
-        problems = [p for p in map(subscription_problem, found) if p is not None]
+        problems = subscription_problems(found)
         if problems:
             raise forms.ValidationError(problems)
         return found

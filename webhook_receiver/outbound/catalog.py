@@ -272,6 +272,12 @@ def subscription_problem(subscription: str) -> str | None:
     return None
 
 
+def subscription_problems(subscriptions: Iterable[str]) -> list[str]:
+    """Why each of ``subscriptions`` cannot be saved (subscription_problem); [] when
+    they all can."""
+    return [p for p in map(subscription_problem, subscriptions) if p is not None]
+
+
 def admission_problem(name: str, payload: Any) -> str | None:
     """Why a message of type ``name`` with body ``payload`` is outside the catalog, or
     None: the type is not declared, the body is not the envelope (``type`` the same

@@ -32,7 +32,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...core.display import url_masked
 from ...core.egress import UrlRefused, check_url
-from ...outbound.catalog import subscription_problem
+from ...outbound.catalog import subscription_problems
 from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.filters import filter_problem
 from ...outbound.models import WebhookDestination
@@ -262,7 +262,7 @@ class Command(BaseCommand):
             fields["tenant"] = options["tenant"].strip()
         if options["events"] is not None:
             events = [e.strip() for e in options["events"].split(",") if e.strip()]
-            problems = [p for p in map(subscription_problem, events) if p is not None]
+            problems = subscription_problems(events)
             if problems:
                 raise CommandError(f"--events: {'; '.join(problems)}")
             fields["event_types"] = events

@@ -33,6 +33,8 @@ EVENTS = "order.paid,order.cancelled,order.fulfilled"
 P_429 = 0.04
 P_500 = 0.04
 P_DROP = 0.03
+# the wait a 429 asks for
+RETRY_AFTER_S = 1
 
 
 class _Server(ThreadingHTTPServer):
@@ -65,6 +67,8 @@ class MerchantBook:
     # when each key's first request arrived (its head read), whatever the answer: the
     # end of its admission-to-arrival latency
     arrivals: dict[str, float] = field(default_factory=dict)
+    # when it answered 429, asking the relay to wait RETRY_AFTER_S
+    deferred_at: list[float] = field(default_factory=list)
     in_flight: int = 0
 
 
@@ -148,7 +152,9 @@ class Merchant:
                 if roll < P_429:
                     with book.lock:
                         book.answers["429"] += 1
-                    return self._answer(429, {"error": "slow down"}, [("Retry-After", "1")])
+                        book.deferred_at.append(time.time())
+                    retry_after = [("Retry-After", str(RETRY_AFTER_S))]
+                    return self._answer(429, {"error": "slow down"}, retry_after)
                 if roll < P_429 + P_500:
                     with book.lock:
                         book.answers["500"] += 1

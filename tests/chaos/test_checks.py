@@ -149,3 +149,17 @@ def test_without_the_neighbours_hold_nothing_is_measured_and_the_check_fails() -
         check = isolation_check(state, book, windows)
         assert not check.ok
         assert check.detail == "no noisy-neighbours window held: nothing measured"
+
+
+def test_a_429_the_merchant_answered_in_the_hold_adds_the_wait_it_asked_for() -> None:
+    # the message behind a deferred one in its order waits the merchant's Retry-After
+    state, book = _latencies([0.04] * 100, [0.04] * 98 + [1.06] * 2)
+    assert not isolation_check(state, book, NEIGHBOURS).ok
+    start, _ = NEIGHBOURS[0].hold
+    book.deferred_at.append(start + 1.0)
+
+    check = isolation_check(state, book, NEIGHBOURS)
+
+    assert check.ok
+    assert check.figures["bound_s"] == 2.04
+    assert "+ 1 s the merchant asked for (429 answered 1 x in the hold) = 2.04 s" in check.detail

@@ -16,7 +16,15 @@ from .inbound.models import (
     Verification,
     WebhookReceipt,
 )
-from .outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage, WebhookDestination
+from .outbound.models import (
+    DeliveryAttempt,
+    MessageStatus,
+    OutboxMessage,
+    RecoveryJob,
+    RecoveryKind,
+    RecoveryState,
+    WebhookDestination,
+)
 from .reconcile.models import ReconciliationRun, RepairItem, RepairKind, RepairStatus, RunOutcome
 from .sources.models import WebhookSource
 from .watch.models import Heartbeat, SilenceAlert, SourceOverview
@@ -31,6 +39,9 @@ __all__ = [
     "MessageStatus",
     "OutboxMessage",
     "ReconciliationRun",
+    "RecoveryJob",
+    "RecoveryKind",
+    "RecoveryState",
     "RejectionTally",
     "RepairItem",
     "RepairKind",

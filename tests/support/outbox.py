@@ -31,7 +31,7 @@ def destination(name: str, url: str = CLOSED_PORT, **fields) -> WebhookDestinati
         name=name,
         url=url,
         secrets=fields.pop("secrets", [SECRET, OLD_SECRET]),
-        event_types=["order.paid", "order.cancelled"],
+        event_types=fields.pop("event_types", ["order.paid", "order.cancelled"]),
         **fields,
     )
 

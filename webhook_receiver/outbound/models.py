@@ -145,6 +145,11 @@ class OutboxMessage(models.Model):
     discarded_by = models.CharField(max_length=150, blank=True)
     discarded_at = models.DateTimeField(null=True, blank=True)
     discard_reason = models.TextField(blank=True)
+    # the recovery job that last sent it again (or wrote it: a missing one), if any
+    recovery = models.ForeignKey(
+        "RecoveryJob", null=True, blank=True, on_delete=models.SET_NULL, db_index=False,
+        related_name="messages",
+    )  # fmt: skip
 
     class Meta:
         verbose_name = _("outbox message")
@@ -227,3 +232,67 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.message_id}: {self.status_code or self.error}"
+
+
+class RecoveryKind(models.TextChoices):
+    RECOVER = "recover", _("Recover failed messages")
+    MISSING = "missing", _("Replay missing messages")
+    REPLAY = "replay", _("Replay delivered messages")
+
+
+class RecoveryState(models.TextChoices):
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+class RecoveryJob(models.Model):
+    """One recovery of a destination's messages (recovery.py): what was asked, by whom,
+    how many its plan counted, and how far its run has gone. Its run releases messages
+    in id order, past ``last_id`` and up to ``max_id`` (the plan's bound), at ``rate``
+    a second at most; the relay sends them."""
+
+    destination = models.ForeignKey(
+        WebhookDestination, on_delete=models.PROTECT, related_name="recovery_jobs"
+    )
+    kind = models.CharField(max_length=16, choices=RecoveryKind.choices)
+    # what was asked: admitted in [since, until); event types and group.* patterns
+    # (empty: every type); answer classes ("2xx" … "5xx", "none"; empty: any); a prefix
+    since = models.DateTimeField()
+    until = models.DateTimeField(null=True, blank=True)
+    event_types = models.JSONField(default=list, blank=True)
+    answer_classes = models.JSONField(default=list, blank=True)
+    ordering_key_prefix = models.CharField(max_length=255, blank=True)
+    # the event types the plan found matching (the subscription's, for a missing one):
+    # the run selects these, so that it sends what the plan counted; null: every type
+    matched_types = models.JSONField(null=True, blank=True)
+    rate = models.FloatField()
+    state = models.CharField(max_length=16, choices=RecoveryState.choices)
+    planned = models.PositiveIntegerField(default=0)
+    released = models.PositiveIntegerField(default=0)
+    max_id = models.BigIntegerField(default=0)
+    last_id = models.BigIntegerField(default=0)
+    # the pace: releases it may make now, and when it last looked
+    credit = models.FloatField(default=0.0)
+    stepped_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        verbose_name = _("recovery job")
+        verbose_name_plural = _("recovery jobs")
+        ordering = ["-id"]
+        constraints = [
+            # one running job a destination: two would send the same messages twice
+            models.UniqueConstraint(
+                fields=["destination"],
+                condition=models.Q(state="running"),
+                name="webhook_recovery_one_running",
+            ),
+        ]
+        permissions = [("cancel_recoveryjob", "Can cancel recovery jobs")]
+
+    def __str__(self) -> str:
+        return f"recovery #{self.pk} of {self.destination_id} ({self.kind}, {self.state})"

@@ -1,5 +1,5 @@
 """Tenants: whose a destination is, and the one layer through which the outbox's
-services read and act on destinations, their messages and their attempts.
+services read and act on destinations, their messages, their attempts and their recovery jobs.
 
 A destination belongs to a tenant (``WebhookDestination.tenant``: the host's key for a
 merchant account; empty for a single-shop host, whose destinations are all its own).
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from django.db.models import QuerySet
 
-from .models import DeliveryAttempt, OutboxMessage, WebhookDestination
+from .models import DeliveryAttempt, OutboxMessage, RecoveryJob, WebhookDestination
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,12 @@ class Scope:
         if self.tenant is None:
             return everything
         return everything.filter(message__destination__tenant=self.tenant)
+
+    def recovery_jobs(self) -> QuerySet[RecoveryJob]:
+        everything = RecoveryJob.objects.all()
+        if self.tenant is None:
+            return everything
+        return everything.filter(destination__tenant=self.tenant)
 
     def __str__(self) -> str:
         return "every tenant" if self.tenant is None else f"tenant {self.tenant}"

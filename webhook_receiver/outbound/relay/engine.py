@@ -35,9 +35,9 @@ the leases run out; an answer recorded after that is fenced off (round.py). A re
 told to stop claims nothing more, waits up to FINISH_SECONDS for its requests in
 flight, records their answers, and ends.
 
-process.py runs a process's relay (``manage.py webhook_relay``), and relays one
-destination on the caller's connection (tests, tools). The evaluation harness runs the
-same ``Relay`` on a loop whose clock is simulated (evaluation/simulation.py).
+process.py runs a process's relay (``manage.py webhook_relay``; it steps recovery jobs
+too), and one destination on the caller's connection (tests, tools). The evaluation
+harness runs the same ``Relay`` on a simulated clock (evaluation/simulation.py).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from django.utils import timezone
 
 from ...core import tracing
 from ..models import WebhookDestination
+from ..recovery import STEP_SECONDS, recovery_steps
 from .database import Database
 from .lanes import Lane, Summary
 from .messages import Claimed, Work
@@ -80,9 +81,9 @@ ANSWERS_WAIT_SECONDS = 1.0
 
 
 class Relay:
-    """The relay of one process (the module's docstring). ``transport`` and ``database``
-    are where a harness puts its simulated network and its connection; ``poll_seconds``
-    None: no poll (a caller that wakes lanes itself)."""
+    """The relay of one process (the module's docstring). ``transport``, ``database``: a
+    harness's network and connection; ``poll_seconds`` None: no poll (a caller that
+    wakes lanes itself); ``recoveries``: it steps recovery jobs (recovery.py)."""
 
     def __init__(
         self,
@@ -94,6 +95,7 @@ class Relay:
         poll_seconds: float | None = None,
         heartbeat: Callable[[], object] | None = None,
         heartbeat_seconds: float = 10.0,
+        recoveries: bool = False,
     ) -> None:
         self._database = database
         self._make_transport = transport
@@ -103,6 +105,7 @@ class Relay:
         self._poll_seconds = poll_seconds
         self._heartbeat = heartbeat
         self._heartbeat_seconds = heartbeat_seconds
+        self._recoveries = recoveries
         self.lanes: dict[int, Lane] = {}
         self._rows = Rows()  # the rows its rounds read, by version (rows.py)
         self._ready: dict[int, None] = {}  # lanes with work for a round, in order
@@ -203,6 +206,8 @@ class Relay:
                 self._spawn(poll)
             if self._heartbeat is not None:
                 self._spawn(self._every(self._heartbeat_seconds, self._heartbeat, "heartbeat"))
+            if self._recoveries:
+                self._spawn(self._every(STEP_SECONDS, recovery_steps, "recovery", self.wake_all))
             self._spawn(self._stopped(stop))
             while not stop.is_set():
                 self._start_rounds()

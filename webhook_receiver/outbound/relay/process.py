@@ -70,6 +70,7 @@ def relay_serve(
         poll_seconds=settings.relay_poll_seconds,
         heartbeat=heartbeat,
         heartbeat_seconds=heartbeat_seconds,
+        recoveries=True,
     )
     logger.info(
         "outbox: relay started: %d database connection(s)%s, a poll every %g s, at most %d "

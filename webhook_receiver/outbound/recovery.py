@@ -1,0 +1,478 @@
+"""Recovery jobs: one model (models.RecoveryJob) and one service for every way a
+destination gets back what it missed.
+
+- **recover** its failed messages (a merchant fixed its endpoint): each is sent again
+  under its own key, with the whole retry policy (its failures back to 0); an open
+  breaker is ended as the job starts;
+- **missing**: the events a newly subscribed or re-enabled destination never had. The
+  outbox keeps messages, not events: an event is found in what its tenant's other
+  destinations were sent (the first of them, by id), and a message is written for this
+  destination under the event's key, as admission would write it now (its filter
+  applies; its subscriptions choose the types). An event that no destination of the
+  tenant was sent was never written, and nothing brings it back;
+- **replay** its delivered messages, under their own keys (the receiving end
+  deduplicates them).
+
+Every kind selects by when the message was admitted, ``since`` (required) to ``until``
+(optional), and by event types (names or ``group.*``), answer classes (the last
+answer: ``2xx`` … ``5xx``, or ``none`` for no answer) and an ordering key prefix.
+Nothing older than the destination's replay horizon (``replay_horizon_days``: how long
+its receiving end remembers a key) is sent again: such a job is refused, and says so.
+
+**Plan, then run.** ``recovery_plan`` counts and samples what a job would send, without
+writing; ``recovery_start`` counts again, and records the count and the highest message
+id there is (``max_id``) with the job. The run selects with the same query, bounded by
+that id, so it releases what the plan counted, no more. It runs in steps (one short
+transaction each: ``recovery_step``, which the relay process calls every second), each
+releasing the next messages in id order (so each ordering key's in order: the relay
+sends a key's messages oldest first) at the job's ``rate``, below the destination's, and
+only while fewer than RELEASED_AHEAD_SECONDS of them wait to be sent, so that live
+traffic keeps its share whatever the merchant's pace. A step moves ``last_id`` in the
+transaction that releases, so a process killed between steps resumes where the last
+commit left it, and releases nothing twice. ``recovery_cancel`` stops a job; what it
+released is sent (discard it to stop that too). One job runs for a destination at a time.
+
+Every service takes a ``scope`` (tenancy.py); every job keeps who started it, what it
+asked, how many it planned and released, and who cancelled it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, Max, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from .catalog import subscribed
+from .filters import filter_verdict
+from .models import (
+    MessageStatus,
+    OutboxMessage,
+    RecoveryJob,
+    RecoveryKind,
+    RecoveryState,
+    WebhookDestination,
+)
+from .relay.wakeups import relay_wake_on_commit
+from .tenancy import EVERY_TENANT, Scope
+
+logger = logging.getLogger(__name__)
+
+# a job releases while fewer than this many seconds of its rate wait to be sent
+RELEASED_AHEAD_SECONDS = 2.0
+# messages one step releases at most (one short transaction)
+STEP_MAX = 500
+# how often the relay process steps the running jobs
+STEP_SECONDS = 1.0
+# the messages a plan shows
+SAMPLE_SIZE = 5
+# a job's rate, when none is asked: this share of the destination's
+DEFAULT_RATE_SHARE = 0.5
+ANSWER_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
+# what each kind selects among the destination's messages (missing: among its siblings')
+SELECTS: dict[str, str] = {
+    RecoveryKind.RECOVER: MessageStatus.FAILED,
+    RecoveryKind.REPLAY: MessageStatus.DELIVERED,
+}
+# who a message written by a missing job's filter was discarded by (as admission's)
+FILTER = "filter"
+
+
+class RecoveryRefused(ValueError):
+    """A recovery that cannot be started, and why, in words an operator can act on."""
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """What a recovery selects."""
+
+    kind: str
+    since: datetime
+    until: datetime | None = None
+    event_types: Sequence[str] = ()
+    answer_classes: Sequence[str] = ()
+    ordering_key_prefix: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a job would send: how many, the first few (key, event type, admitted at),
+    the event types that match, the pace, and what the operator should know."""
+
+    destination: str
+    criteria: Criteria
+    count: int
+    sample: list[tuple[str, str, datetime]]
+    matched_types: list[str] | None
+    rate: float
+    max_id: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """How long its run takes at its rate, at least."""
+        return self.count / self.rate if self.rate > 0 else math.inf
+
+
+def recovery_plan(
+    *,
+    scope: Scope,
+    destination: WebhookDestination | int,
+    criteria: Criteria,
+    rate: float | None = None,
+    now: datetime | None = None,
+) -> Plan:
+    """Count and sample what a job would send, writing nothing. RecoveryRefused when the
+    criteria or the rate cannot be; WebhookDestination.DoesNotExist when the scope holds
+    no such destination."""
+    now = now or timezone.now()
+    dest = _destination(scope, destination)
+    rate = _checked(dest, criteria, rate, now)
+    max_id = scope.messages().aggregate(top=Max("id"))["top"] or 0
+    matched = _matched_types(scope, dest, criteria, max_id)
+    selected = _selection(scope, dest, criteria, matched, max_id)
+    if criteria.kind == RecoveryKind.MISSING:
+        count = selected.values("key").distinct().count()
+    else:
+        count = selected.count()
+    sample = list(
+        selected.order_by("id").values_list("key", "event_type", "created_at")[:SAMPLE_SIZE]
+    )
+    warnings = []
+    if not dest.enabled:
+        warnings.append("the destination is disabled: nothing is sent until it is enabled")
+    if criteria.kind == RecoveryKind.MISSING and dest.filter is not None:
+        warnings.append("its filter applies: what it leaves out is written as discarded")
+    return Plan(dest.name, criteria, count, sample, matched, rate, max_id, warnings)
+
+
+def recovery_start(
+    *,
+    scope: Scope,
+    destination: WebhookDestination | int,
+    criteria: Criteria,
+    by: str,
+    rate: float | None = None,
+    now: datetime | None = None,
+) -> RecoveryJob:
+    """Plan a job and start it: the relay process runs it from its next step. Refused
+    (RecoveryRefused) as ``recovery_plan`` is, and while another job of the
+    destination runs."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        # the destination's row first, as the relay locks it; not its secrets
+        dest = _destination(scope, destination, lock=True)
+        plan = recovery_plan(scope=scope, destination=dest, criteria=criteria, rate=rate, now=now)
+        try:
+            with transaction.atomic():
+                job = RecoveryJob.objects.create(
+                    destination=dest,
+                    kind=criteria.kind,
+                    since=criteria.since,
+                    until=criteria.until,
+                    event_types=list(criteria.event_types),
+                    answer_classes=list(criteria.answer_classes),
+                    ordering_key_prefix=criteria.ordering_key_prefix,
+                    matched_types=plan.matched_types,
+                    rate=plan.rate,
+                    state=RecoveryState.RUNNING,
+                    planned=plan.count,
+                    max_id=plan.max_id,
+                    created_by=by[:150],
+                    created_at=now,
+                    stepped_at=now,
+                )
+        except IntegrityError:
+            running = RecoveryJob.objects.filter(destination=dest, state=RecoveryState.RUNNING)
+            number = running.values_list("pk", flat=True).first()
+            raise RecoveryRefused(
+                f"recovery #{number} of {dest.name} is running: cancel it, or wait for it to end"
+            ) from None
+        breaker_ended = criteria.kind == RecoveryKind.RECOVER and (
+            dest.paused_until is not None and dest.paused_until > now
+        )
+        if breaker_ended:
+            scope.destinations().filter(pk=dest.pk).update(paused_until=None)
+    logger.info(
+        "outbox: %s started recovery #%d of %s: %s, %d message(s) admitted since %s%s, at %g/s%s",
+        by,
+        job.pk,
+        dest.name,
+        RecoveryKind(job.kind).label.lower(),
+        job.planned,
+        criteria.since.isoformat(),
+        f" until {criteria.until.isoformat()}" if criteria.until else "",
+        job.rate,
+        "; its breaker's pause ended" if breaker_ended else "",
+        extra={"by": by, "destination": dest.name, "recovery": job.pk},
+    )
+    return job
+
+
+def recovery_cancel(
+    *, scope: Scope, job: RecoveryJob | int, by: str, now: datetime | None = None
+) -> bool:
+    """Stop a running job: it releases nothing more. What it released is sent (discard
+    those messages to stop them too). False when it was not running;
+    RecoveryJob.DoesNotExist when the scope holds no such job."""
+    now = now or timezone.now()
+    job_id = job if isinstance(job, int) else job.pk
+    with transaction.atomic():
+        found = scope.recovery_jobs().select_for_update().get(pk=job_id)
+        if found.state != RecoveryState.RUNNING:
+            return False
+        found.state, found.cancelled_by, found.finished_at = RecoveryState.CANCELLED, by[:150], now
+        found.save(update_fields=["state", "cancelled_by", "finished_at"])
+    logger.info(
+        "outbox: %s cancelled recovery #%d: %d of %d message(s) released",
+        by,
+        job_id,
+        found.released,
+        found.planned,
+        extra={"by": by, "recovery": job_id},
+    )
+    return True
+
+
+def recovery_steps(now: datetime | None = None) -> list[int]:
+    """One step of every running job (the relay process calls this every STEP_SECONDS);
+    the destinations whose messages were released, to wake. A job another process is
+    stepping is left to it."""
+    ids = RecoveryJob.objects.filter(state=RecoveryState.RUNNING).values_list("pk", flat=True)
+    woken = []
+    for job_id in list(ids):
+        destination_id = recovery_step(job_id, now=now)
+        if destination_id is not None:
+            woken.append(destination_id)
+    return woken
+
+
+def recovery_step(job_id: int, *, now: datetime | None = None) -> int | None:
+    """Release the job's next messages as its pace allows, in one transaction that also
+    moves its place (``last_id``); the job is done once nothing is left to release.
+    Returns its destination's id when it released any."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        job = (
+            RecoveryJob.objects.select_for_update(skip_locked=True)
+            .select_related("destination")
+            .filter(pk=job_id, state=RecoveryState.RUNNING)
+            .defer("destination__secrets")
+            .first()
+        )
+        if job is None:
+            return None
+        ahead = max(1, math.ceil(job.rate * RELEASED_AHEAD_SECONDS))
+        elapsed = max(0.0, (now - (job.stepped_at or now)).total_seconds())
+        credit = min(float(ahead), job.credit + job.rate * elapsed)
+        waiting = OutboxMessage.objects.filter(
+            destination_id=job.destination_id,
+            recovery=job,
+            status__in=(MessageStatus.PENDING, MessageStatus.SENDING),
+        ).count()
+        room = min(int(credit), ahead - waiting, STEP_MAX)
+        released = 0
+        if room > 0:
+            released, last_id = _release(job, room, now)
+            if last_id is None:
+                job.state, job.finished_at = RecoveryState.DONE, now
+            else:
+                job.last_id = last_id
+            job.released += released
+            credit -= released
+        job.credit, job.stepped_at = credit, now
+        job.save(
+            update_fields=["state", "finished_at", "last_id", "released", "credit", "stepped_at"]
+        )
+        if released:
+            relay_wake_on_commit({job.destination_id})
+    if job.state == RecoveryState.DONE:
+        logger.info(
+            "outbox: recovery #%d of %s done: %d message(s) released of %d planned",
+            job.pk,
+            job.destination.name,
+            job.released,
+            job.planned,
+            extra={"recovery": job.pk, "destination": job.destination.name},
+        )
+    return job.destination_id if released else None
+
+
+def _release(job: RecoveryJob, room: int, now: datetime) -> tuple[int, int | None]:
+    """Release up to ``room`` of the job's next messages; (how many, the last id it
+    looked at, or None when nothing is left)."""
+    dest = job.destination
+    # the staff's scope: the job was scoped as it started, and its siblings are its
+    # destination's tenant's (``_selection``)
+    selected = _selection(EVERY_TENANT, dest, _criteria_of(job), job.matched_types, job.max_id)
+    next_rows = selected.filter(id__gt=job.last_id).order_by("id")
+    if job.kind != RecoveryKind.MISSING:
+        ids = list(next_rows.values_list("id", flat=True)[:room])
+        if not ids:
+            return 0, None
+        changed = OutboxMessage.objects.filter(pk__in=ids, status=SELECTS[job.kind]).update(
+            status=MessageStatus.PENDING,
+            next_attempt_at=now,
+            lease_until=None,
+            failures=0,
+            recovery=job,
+        )
+        return changed, ids[-1]
+    # missing: the first sibling message of each event (key), written for this one
+    rows, keys, last_id = [], set(), None
+    for sibling in next_rows.only(*_COPIED, "id")[: room * 4]:
+        last_id = sibling.id
+        if sibling.key in keys:
+            continue
+        keys.add(sibling.key)
+        rows.append(_written_for(dest, sibling, job, now))
+        if len(rows) == room:
+            break
+    if last_id is None:
+        return 0, None
+    OutboxMessage.objects.bulk_create(rows, ignore_conflicts=True)
+    written = OutboxMessage.objects.filter(destination=dest, recovery=job, key__in=keys).count()
+    return written, last_id
+
+
+# what a missing message takes from its sibling
+_COPIED = ("key", "event_type", "payload", "metadata", "ordering_key", "origin_source",
+           "origin_event_key")  # fmt: skip
+
+
+def _written_for(
+    dest: WebhookDestination, sibling: OutboxMessage, job: RecoveryJob, now: datetime
+) -> OutboxMessage:
+    """The message admission would write now for ``dest``, of the sibling's event."""
+    left_out = filter_verdict(dest.filter, sibling.event_type, sibling.payload, sibling.metadata)
+    message = OutboxMessage(
+        destination=dest,
+        status=MessageStatus.PENDING if left_out is None else MessageStatus.DISCARDED,
+        next_attempt_at=now,
+        created_at=now,
+        recovery=job,
+        **{name: getattr(sibling, name) for name in _COPIED},
+    )
+    if left_out is not None:
+        message.discarded_by, message.discarded_at = FILTER, now
+        message.discard_reason = left_out[:500]
+    return message
+
+
+def _criteria_of(job: RecoveryJob) -> Criteria:
+    return Criteria(
+        kind=job.kind,
+        since=job.since,
+        until=job.until,
+        event_types=tuple(job.event_types or ()),
+        answer_classes=tuple(job.answer_classes or ()),
+        ordering_key_prefix=job.ordering_key_prefix,
+    )
+
+
+def _destination(
+    scope: Scope, destination: WebhookDestination | int, *, lock: bool = False
+) -> WebhookDestination:
+    destination_id = destination if isinstance(destination, int) else destination.pk
+    found = scope.destinations().defer("secrets")
+    return (found.select_for_update() if lock else found).get(pk=destination_id)
+
+
+def _checked(
+    dest: WebhookDestination, criteria: Criteria, rate: float | None, now: datetime
+) -> float:
+    """The job's rate; RecoveryRefused for criteria that cannot be."""
+    if criteria.kind not in RecoveryKind.values:
+        raise RecoveryRefused(
+            f"no recovery of kind {criteria.kind!r}: one of {', '.join(RecoveryKind.values)}"
+        )
+    horizon = now - timedelta(days=dest.replay_horizon_days)
+    if criteria.since < horizon:
+        raise RecoveryRefused(
+            f"{criteria.since.isoformat()} is past {dest.name}'s replay horizon of "
+            f"{dest.replay_horizon_days} days (replay_horizon_days): its receiving end may no "
+            f"longer remember those keys, and could apply them twice. Choose a start at or "
+            f"after {horizon.isoformat(timespec='seconds')}."
+        )
+    if criteria.until is not None and criteria.until <= criteria.since:
+        raise RecoveryRefused("the end (until) must come after the start (since)")
+    unknown = sorted(set(criteria.answer_classes) - set(ANSWER_CLASSES))
+    if unknown:
+        raise RecoveryRefused(
+            f"no answer class {', '.join(unknown)}: one of {', '.join(ANSWER_CLASSES)}"
+        )
+    if criteria.answer_classes and criteria.kind == RecoveryKind.MISSING:
+        raise RecoveryRefused("a missing message was never answered: leave out answer classes")
+    ceiling = dest.rate_count / dest.rate_seconds if dest.rate_seconds > 0 else 0.0
+    if rate is None:
+        rate = ceiling * DEFAULT_RATE_SHARE
+    if not (0 < rate < ceiling):
+        raise RecoveryRefused(
+            f"a recovery's rate must be above 0 and below {dest.name}'s own, {ceiling:g}/s, "
+            f"so that live traffic keeps its share (asked: {rate:g}/s)"
+        )
+    return rate
+
+
+def _matched_types(
+    scope: Scope, dest: WebhookDestination, criteria: Criteria, max_id: int
+) -> list[str] | None:
+    """The event types the job selects, among those of the messages it could select:
+    the asked ones (a name, or a prefix with ``group.*``), and for a missing job those
+    the destination subscribes to. None: every type."""
+    if criteria.kind != RecoveryKind.MISSING and not criteria.event_types:
+        return None
+    present = _selection(scope, dest, criteria, None, max_id).values_list("event_type", flat=True)
+    found = sorted(set(present.distinct().order_by()))
+    if criteria.event_types:
+        found = [t for t in found if _asked(criteria.event_types, t)]
+    if criteria.kind == RecoveryKind.MISSING:
+        found = [t for t in found if subscribed(dest.event_types or [], t)]
+    return found
+
+
+def _asked(asked: Iterable[str], name: str) -> bool:
+    return any(name == a or (a.endswith(".*") and name.startswith(a[:-1])) for a in asked)
+
+
+def _selection(
+    scope: Scope,
+    dest: WebhookDestination,
+    criteria: Criteria,
+    matched_types: list[str] | None,
+    max_id: int,
+) -> QuerySet[OutboxMessage]:
+    """The one query of a plan and its run: the messages the job releases (missing:
+    the siblings' messages whose events it writes), admitted in its span, up to
+    ``max_id``."""
+    window = Q(created_at__gte=criteria.since, id__lte=max_id)
+    if criteria.until is not None:
+        window &= Q(created_at__lt=criteria.until)
+    if criteria.ordering_key_prefix:
+        window &= Q(ordering_key__startswith=criteria.ordering_key_prefix)
+    if matched_types is not None:
+        window &= Q(event_type__in=matched_types)
+    if criteria.kind != RecoveryKind.MISSING:
+        answered = Q()
+        for answer in criteria.answer_classes:
+            answered |= _answer_class(answer)
+        return scope.messages().filter(
+            window, answered, destination_id=dest.pk, status=SELECTS[criteria.kind]
+        )
+    own = OutboxMessage.objects.filter(destination_id=dest.pk, key=OuterRef("key"))
+    siblings = (
+        scope.messages().filter(destination__tenant=dest.tenant).exclude(destination_id=dest.pk)
+    )
+    return siblings.filter(window).filter(~Exists(own))
+
+
+def _answer_class(answer: str) -> Q:
+    if answer == "none":
+        return Q(last_status_code__isnull=True)
+    low = int(answer[0]) * 100
+    return Q(last_status_code__gte=low, last_status_code__lt=low + 100)

@@ -22,8 +22,8 @@ from webhook_receiver.outbound.recovery import (
     recovery_cancel,
     recovery_plan,
     recovery_start,
-    recovery_step,
 )
+from webhook_receiver.outbound.recovery_run import recovery_step
 from webhook_receiver.outbound.relay.wakeups import listen_params
 from webhook_receiver.outbound.tenancy import EVERY_TENANT, tenant_scope
 

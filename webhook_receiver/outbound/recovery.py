@@ -23,14 +23,15 @@ its receiving end remembers a key) is sent again: such a job is refused, and say
 writing; ``recovery_start`` counts again, and records the count and the highest message
 id there is (``max_id``) with the job. The run selects with the same query, bounded by
 that id, so it releases what the plan counted, no more. It runs in steps (one short
-transaction each: ``recovery_step``, which the relay process calls every second), each
+transaction each, which the relay process takes every second), each
 releasing the next messages in id order (so each ordering key's in order: the relay
 sends a key's messages oldest first) at the job's ``rate``, below the destination's, and
-only while fewer than RELEASED_AHEAD_SECONDS of them wait to be sent, so that live
+only while fewer than two seconds of them wait to be sent, so that live
 traffic keeps its share whatever the merchant's pace. A step moves ``last_id`` in the
 transaction that releases, so a process killed between steps resumes where the last
-commit left it, and releases nothing twice. ``recovery_cancel`` stops a job; what it
-released is sent (discard it to stop that too). One job runs for a destination at a time.
+commit left it, and releases nothing twice (recovery_run.py). ``recovery_cancel`` stops
+a job; what it released is sent (discard it to stop that too). One job runs for a
+destination at a time.
 
 Every service takes a ``scope`` (tenancy.py); every job keeps who started it, what it
 asked, how many it planned and released, and who cancelled it.
@@ -49,7 +50,6 @@ from django.db.models import Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from .catalog import subscribed
-from .filters import filter_verdict
 from .models import (
     MessageStatus,
     OutboxMessage,
@@ -58,17 +58,10 @@ from .models import (
     RecoveryState,
     WebhookDestination,
 )
-from .relay.wakeups import relay_wake_on_commit
-from .tenancy import EVERY_TENANT, Scope
+from .tenancy import Scope
 
 logger = logging.getLogger(__name__)
 
-# a job releases while fewer than this many seconds of its rate wait to be sent
-RELEASED_AHEAD_SECONDS = 2.0
-# messages one step releases at most (one short transaction)
-STEP_MAX = 500
-# how often the relay process steps the running jobs
-STEP_SECONDS = 1.0
 # the messages a plan shows
 SAMPLE_SIZE = 5
 # a job's rate, when none is asked: this share of the destination's
@@ -79,8 +72,6 @@ SELECTS: dict[str, str] = {
     RecoveryKind.RECOVER: MessageStatus.FAILED,
     RecoveryKind.REPLAY: MessageStatus.DELIVERED,
 }
-# who a message written by a missing job's filter was discarded by (as admission's)
-FILTER = "filter"
 
 
 class RecoveryRefused(ValueError):
@@ -135,7 +126,7 @@ def recovery_plan(
     rate = _checked(dest, criteria, rate, now)
     max_id = scope.messages().aggregate(top=Max("id"))["top"] or 0
     matched = _matched_types(scope, dest, criteria, max_id)
-    selected = _selection(scope, dest, criteria, matched, max_id)
+    selected = selection(scope, dest, criteria, matched, max_id)
     if criteria.kind == RecoveryKind.MISSING:
         count = selected.values("key").distinct().count()
     else:
@@ -239,132 +230,8 @@ def recovery_cancel(
     return True
 
 
-def recovery_steps(now: datetime | None = None) -> list[int]:
-    """One step of every running job (the relay process calls this every STEP_SECONDS);
-    the destinations whose messages were released, to wake. A job another process is
-    stepping is left to it."""
-    ids = RecoveryJob.objects.filter(state=RecoveryState.RUNNING).values_list("pk", flat=True)
-    woken = []
-    for job_id in list(ids):
-        destination_id = recovery_step(job_id, now=now)
-        if destination_id is not None:
-            woken.append(destination_id)
-    return woken
-
-
-def recovery_step(job_id: int, *, now: datetime | None = None) -> int | None:
-    """Release the job's next messages as its pace allows, in one transaction that also
-    moves its place (``last_id``); the job is done once nothing is left to release.
-    Returns its destination's id when it released any."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        job = (
-            RecoveryJob.objects.select_for_update(skip_locked=True)
-            .select_related("destination")
-            .filter(pk=job_id, state=RecoveryState.RUNNING)
-            .defer("destination__secrets")
-            .first()
-        )
-        if job is None:
-            return None
-        ahead = max(1, math.ceil(job.rate * RELEASED_AHEAD_SECONDS))
-        elapsed = max(0.0, (now - (job.stepped_at or now)).total_seconds())
-        credit = min(float(ahead), job.credit + job.rate * elapsed)
-        waiting = OutboxMessage.objects.filter(
-            destination_id=job.destination_id,
-            recovery=job,
-            status__in=(MessageStatus.PENDING, MessageStatus.SENDING),
-        ).count()
-        room = min(int(credit), ahead - waiting, STEP_MAX)
-        released = 0
-        if room > 0:
-            released, last_id = _release(job, room, now)
-            if last_id is None:
-                job.state, job.finished_at = RecoveryState.DONE, now
-            else:
-                job.last_id = last_id
-            job.released += released
-            credit -= released
-        job.credit, job.stepped_at = credit, now
-        job.save(
-            update_fields=["state", "finished_at", "last_id", "released", "credit", "stepped_at"]
-        )
-        if released:
-            relay_wake_on_commit({job.destination_id})
-    if job.state == RecoveryState.DONE:
-        logger.info(
-            "outbox: recovery #%d of %s done: %d message(s) released of %d planned",
-            job.pk,
-            job.destination.name,
-            job.released,
-            job.planned,
-            extra={"recovery": job.pk, "destination": job.destination.name},
-        )
-    return job.destination_id if released else None
-
-
-def _release(job: RecoveryJob, room: int, now: datetime) -> tuple[int, int | None]:
-    """Release up to ``room`` of the job's next messages; (how many, the last id it
-    looked at, or None when nothing is left)."""
-    dest = job.destination
-    # the staff's scope: the job was scoped as it started, and its siblings are its
-    # destination's tenant's (``_selection``)
-    selected = _selection(EVERY_TENANT, dest, _criteria_of(job), job.matched_types, job.max_id)
-    next_rows = selected.filter(id__gt=job.last_id).order_by("id")
-    if job.kind != RecoveryKind.MISSING:
-        ids = list(next_rows.values_list("id", flat=True)[:room])
-        if not ids:
-            return 0, None
-        changed = OutboxMessage.objects.filter(pk__in=ids, status=SELECTS[job.kind]).update(
-            status=MessageStatus.PENDING,
-            next_attempt_at=now,
-            lease_until=None,
-            failures=0,
-            recovery=job,
-        )
-        return changed, ids[-1]
-    # missing: the first sibling message of each event (key), written for this one
-    rows, keys, last_id = [], set(), None
-    for sibling in next_rows.only(*_COPIED, "id")[: room * 4]:
-        last_id = sibling.id
-        if sibling.key in keys:
-            continue
-        keys.add(sibling.key)
-        rows.append(_written_for(dest, sibling, job, now))
-        if len(rows) == room:
-            break
-    if last_id is None:
-        return 0, None
-    OutboxMessage.objects.bulk_create(rows, ignore_conflicts=True)
-    written = OutboxMessage.objects.filter(destination=dest, recovery=job, key__in=keys).count()
-    return written, last_id
-
-
-# what a missing message takes from its sibling
-_COPIED = ("key", "event_type", "payload", "metadata", "ordering_key", "origin_source",
-           "origin_event_key")  # fmt: skip
-
-
-def _written_for(
-    dest: WebhookDestination, sibling: OutboxMessage, job: RecoveryJob, now: datetime
-) -> OutboxMessage:
-    """The message admission would write now for ``dest``, of the sibling's event."""
-    left_out = filter_verdict(dest.filter, sibling.event_type, sibling.payload, sibling.metadata)
-    message = OutboxMessage(
-        destination=dest,
-        status=MessageStatus.PENDING if left_out is None else MessageStatus.DISCARDED,
-        next_attempt_at=now,
-        created_at=now,
-        recovery=job,
-        **{name: getattr(sibling, name) for name in _COPIED},
-    )
-    if left_out is not None:
-        message.discarded_by, message.discarded_at = FILTER, now
-        message.discard_reason = left_out[:500]
-    return message
-
-
-def _criteria_of(job: RecoveryJob) -> Criteria:
+def criteria_of(job: RecoveryJob) -> Criteria:
+    """What ``job`` asked."""
     return Criteria(
         kind=job.kind,
         since=job.since,
@@ -427,7 +294,7 @@ def _matched_types(
     the destination subscribes to. None: every type."""
     if criteria.kind != RecoveryKind.MISSING and not criteria.event_types:
         return None
-    present = _selection(scope, dest, criteria, None, max_id).values_list("event_type", flat=True)
+    present = selection(scope, dest, criteria, None, max_id).values_list("event_type", flat=True)
     found = sorted(set(present.distinct().order_by()))
     if criteria.event_types:
         found = [t for t in found if _asked(criteria.event_types, t)]
@@ -440,7 +307,7 @@ def _asked(asked: Iterable[str], name: str) -> bool:
     return any(name == a or (a.endswith(".*") and name.startswith(a[:-1])) for a in asked)
 
 
-def _selection(
+def selection(
     scope: Scope,
     dest: WebhookDestination,
     criteria: Criteria,

@@ -51,7 +51,7 @@ from django.utils import timezone
 
 from ...core import tracing
 from ..models import WebhookDestination
-from ..recovery import STEP_SECONDS, recovery_steps
+from ..recovery_run import STEP_SECONDS, recovery_steps
 from .database import Database
 from .lanes import Lane, Summary
 from .messages import Claimed, Work

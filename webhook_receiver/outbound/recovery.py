@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, Max, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from .catalog import subscribed
@@ -228,6 +228,27 @@ def recovery_cancel(
         extra={"by": by, "recovery": job_id},
     )
     return True
+
+
+def recovery_jobs_shown(
+    *, scope: Scope, destination_name: str | None = None, limit: int = 20
+) -> list[tuple[RecoveryJob, dict[str, int]]]:
+    """The last jobs (of one destination, by name), newest first, each with its
+    released messages counted by their status now."""
+    jobs = scope.recovery_jobs().select_related("destination").defer("destination__secrets")
+    if destination_name is not None:
+        jobs = jobs.filter(destination__name=destination_name)
+    shown = list(jobs.order_by("-id")[:limit])
+    counts = (
+        OutboxMessage.objects.filter(recovery__in=shown)
+        .values_list("recovery_id", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    sent: dict[int, dict[str, int]] = {job.pk: {} for job in shown}
+    for job_id, status, n in counts:
+        sent[job_id][status] = n
+    return [(job, sent[job.pk]) for job in shown]
 
 
 def criteria_of(job: RecoveryJob) -> Criteria:

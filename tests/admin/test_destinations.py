@@ -1,5 +1,5 @@
 """The outbox destinations' admin: the list with each one's health figures, the form with
-its secrets (never shown, rotated by fingerprint), Recover since… with its permission,
+its secrets (never shown, rotated by fingerprint), Recover… with its permission,
 and the pages as a person sees them in headless Chromium at 1400x1000. The health
 figures are checked against rows written with known values."""
 
@@ -21,7 +21,6 @@ from tests.support.browser import click_through, no_sideways_scroll, screenshot
 from tests.support.outbox import OLD_SECRET, SECRET, destination, failed, message
 from webhook_receiver.admin.forms import secret_label
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.breaker import destination_breaker
 from webhook_receiver.outbound.retirement import GONE_REASON
 from webhook_receiver.schemes.standard_keys import is_signing_key, new_signing_key, public_key_of
 
@@ -30,6 +29,7 @@ pytestmark = pytest.mark.django_db
 NEW_SECRET = "whsec_dGhlIG5ldyBzZWNyZXQgb2YgdGhlIHJvdGF0aW9u"
 MESSAGES = reverse("admin:webhook_receiver_outboxmessage_changelist")
 DESTINATIONS = reverse("admin:webhook_receiver_webhookdestination_changelist")
+PLAN = reverse("admin:webhook_receiver_recoveryjob_add")
 
 
 # --- the destinations' list: health ------------------------------------------------------
@@ -313,96 +313,37 @@ def test_a_destination_cannot_be_deleted_from_the_admin(admin_client, fleet):
     assert WebhookDestination.objects.filter(name="crm").exists()
 
 
-# --- Recover since… ----------------------------------------------------------------------
+# --- Recover… (a recovery job: tests/admin/test_recovery_jobs.py) -------------------------
 
 
-def test_recover_since_is_behind_the_retry_permission(client, staff_user, fleet):
+def test_recover_is_behind_the_recovery_jobs_add_permission(client, staff_user, fleet):
     client.force_login(staff_user("view_webhookdestination", "change_webhookdestination"))
     merchant = fleet["merchant"]
 
-    assert "recover_since_selected" not in action_values(client.get(DESTINATIONS))
+    assert "recover_selected" not in action_values(client.get(DESTINATIONS))
     assert 'id="wr-recover"' not in client.get(change_url(merchant)).content.decode()
-    response = client.post(
-        button_url(merchant, "recover"), {"post": "yes", "since": "2020-01-01T00:00"}
-    )
-    assert response.status_code == 403
-    assert OutboxMessage.objects.filter(status=MessageStatus.FAILED).count() == 3
+    assert client.get(button_url(merchant, "recover")).status_code == 403
 
 
-def test_recover_since_from_the_destination_page(client, staff_user, fleet):
-    # given: a user who may retry messages; merchant-7 has three failures, 0, 1 and 2
-    # minutes ago, and last worked an hour ago
-    user = staff_user("view_webhookdestination", "retry_outboxmessage")
-    client.force_login(user)
+def test_recover_opens_the_plan_page_of_that_destination(client, staff_user, fleet):
+    client.force_login(staff_user("view_webhookdestination", "add_recoveryjob"))
     merchant = fleet["merchant"]
     assert 'id="wr-recover"' in client.get(change_url(merchant)).content.decode()
 
-    # when: the button's page
-    page = client.get(button_url(merchant, "recover"))
+    response = client.get(button_url(merchant, "recover"))
 
-    # then: the time is filled in with the last success, to the minute
-    assert page.status_code == 200
-    shown = f"{timezone.localtime(merchant.last_success_at):%Y-%m-%dT%H:%M}"
-    assert f'type="datetime-local" name="since" value="{shown}"' in page.content.decode()
-
-    # when: confirmed without a time, then with one that takes the last two failures
-    missing = client.post(button_url(merchant, "recover"), {"post": "yes", "since": ""})
-    assert missing.status_code == 200 and missing.context["form"].errors
-    cut = timezone.localtime(timezone.now() - timedelta(seconds=90)).strftime("%Y-%m-%dT%H:%M:%S")
-    response = client.post(button_url(merchant, "recover"), {"post": "yes", "since": cut})
-
-    # then
-    assert response.status_code == 302 and response.url == change_url(merchant)
-    requeued = OutboxMessage.objects.filter(
-        destination=merchant, key__startswith="m-failed-", status=MessageStatus.PENDING
-    )
-    assert {m.key for m in requeued} == {"m-failed-0", "m-failed-1"}
-    assert OutboxMessage.objects.get(key="m-failed-2").status == MessageStatus.FAILED
-    [(level, text)] = flash(response)
-    assert level == messages.SUCCESS
-    assert text.startswith("merchant-7: recovered 2 failed messages since ")
-    log = LogEntry.objects.get(user=user, object_id=str(merchant.pk))
-    assert log.change_message.startswith("Recovered 2 failed messages since ")
-    # the breaker's pause ended: half-open
-    merchant.refresh_from_db()
-    assert destination_breaker(merchant).state == "half-open"
-
-
-def test_recover_since_as_an_action_on_several_destinations(admin_client, fleet):
-    # given: the disabled crm has a failure too, and one from before the time given
-    now = timezone.now()
-    failed(fleet["crm"], "c-failed", last_attempt_at=now - timedelta(minutes=5))
-    old = failed(fleet["crm"], "c-old", last_attempt_at=now - timedelta(days=2))
-    since = timezone.localtime(now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
-    shown = f"{since.replace('T', ' ')}:00+00:00"
-
-    # when: the action, then confirmed
-    page = act(
-        admin_client, DESTINATIONS, "recover_since_selected", fleet["merchant"], fleet["crm"]
-    )
-    assert page.status_code == 200
-    assert "no (it sends nothing until enabled)" in page.content.decode()
-    response = act(
-        admin_client,
-        DESTINATIONS,
-        "recover_since_selected",
-        fleet["merchant"],
-        fleet["crm"],
-        since=since,
-    )
-
-    # then: each destination's failures since then, and a word on the disabled one
     assert response.status_code == 302
-    assert flash(response) == [
-        (
-            messages.WARNING,
-            f"crm: recovered 1 failed message since {shown}. It is disabled: they are sent "
-            "once it is enabled again.",
-        ),
-        (messages.SUCCESS, f"merchant-7: recovered 3 failed messages since {shown}."),
+    assert response.url == f"{PLAN}?destination={merchant.pk}"
+
+
+def test_recover_as_an_action_takes_one_destination(admin_client, fleet):
+    several = act(admin_client, DESTINATIONS, "recover_selected", fleet["merchant"], fleet["crm"])
+    one = act(admin_client, DESTINATIONS, "recover_selected", fleet["crm"])
+
+    assert flash(several) == [
+        (messages.WARNING, "A recovery job is planned for one destination: select one.")
     ]
-    still_failed = OutboxMessage.objects.filter(status=MessageStatus.FAILED)
-    assert [m.pk for m in still_failed] == [old.pk]
+    assert one.status_code == 302 and one.url == f"{PLAN}?destination={fleet['crm'].pk}"
 
 
 # --- in a browser --------------------------------------------------------------------------

@@ -13,9 +13,7 @@ from django.utils import timezone
 
 from tests.support.outbox import destination, failed, listening, message
 from webhook_receiver.models import MessageStatus, OutboxMessage
-from webhook_receiver.outbound.breaker import destination_breaker
 from webhook_receiver.outbound.operations import (
-    destination_recover_since,
     message_discard,
     message_retry_now,
 )
@@ -125,49 +123,3 @@ def test_discard_needs_a_reason_and_records_who_why_and_when():
             now,
         )
     assert OutboxMessage.objects.get(pk=ids[2]).status == MessageStatus.DELIVERED
-
-
-def test_recover_since_requeues_only_this_destinations_failures_since_then():
-    # given: the merchant's endpoint broke at 02:00 and was fixed at 03:00
-    broke = timezone.now() - timedelta(hours=1)
-    merchant = destination(
-        "merchant-7",
-        breaker_threshold=3,
-        consecutive_failures=5,
-        paused_until=timezone.now() + timedelta(minutes=10),
-    )
-    other = destination("warehouse")
-    since_the_break = [
-        failed(merchant, "k-after-1", last_attempt_at=broke + timedelta(minutes=1)),
-        # created before the break, but failed after it
-        failed(
-            merchant,
-            "k-after-2",
-            last_attempt_at=broke + timedelta(minutes=30),
-            created_at=broke - timedelta(hours=3),
-        ),
-    ]
-    before = failed(merchant, "k-before", last_attempt_at=broke - timedelta(minutes=1))
-    pending = message(merchant, "k-pending", attempts=2, failures=2)
-    elsewhere = failed(other, "k-elsewhere", last_attempt_at=broke + timedelta(minutes=1))
-    now = timezone.now()
-
-    # when
-    count = destination_recover_since(
-        scope=EVERY_TENANT, destination=merchant, since=broke, by="alice", now=now
-    )
-
-    # then: the two failures since the break are due now with a fresh budget
-    assert count == 2
-    for row in since_the_break:
-        row.refresh_from_db()
-        assert (row.status, row.next_attempt_at, row.failures) == (MessageStatus.PENDING, now, 0)
-    # the older failure, the other destination's and the pending one are untouched
-    assert OutboxMessage.objects.get(pk=before.pk).status == MessageStatus.FAILED
-    assert OutboxMessage.objects.get(pk=elsewhere.pk).status == MessageStatus.FAILED
-    pending.refresh_from_db()
-    assert (pending.status, pending.failures) == (MessageStatus.PENDING, 2)
-    # the breaker's pause is over: half-open, so the next run sends one probe
-    merchant.refresh_from_db()
-    assert merchant.paused_until is None and merchant.consecutive_failures == 5
-    assert destination_breaker(merchant).state == "half-open"

@@ -79,9 +79,6 @@ CASES = {
     "message_discard": lambda scope, a: operations.message_discard(
         scope=scope, message_ids=[a["failed"].pk, a["pending"].pk], by="b", reason="x"
     ),
-    "destination_recover_since": lambda scope, a: operations.destination_recover_since(
-        scope=scope, destination=a["destination"].pk, since=a["since"], by="b"
-    ),
     "destination_enable": lambda scope, a: operations.destination_enable(
         scope=scope, destination=a["destination"].pk, by="b"
     ),

@@ -20,13 +20,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.admin.test_destinations import form_data
-from tests.support.admin import act, change_url
+from tests.support.admin import change_url
 from tests.support.outbox import SECRET, destination, failed, message
 from tests.support.status import status_command
 from tests.support.worker import relay_running
 from webhook_receiver.checks import check_destination_secrets_readable
-from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
+from webhook_receiver.models import MessageStatus, OutboxMessage, RecoveryJob, WebhookDestination
 from webhook_receiver.outbound.notices import ops_notice_enqueue
+from webhook_receiver.outbound.recovery_run import recovery_step
 from webhook_receiver.watch.trace import event_trace
 
 pytestmark = pytest.mark.django_db
@@ -170,16 +171,22 @@ def test_a_trace_and_an_ops_notice_need_no_secrets(rotated_away, settings):
     assert OutboxMessage.objects.filter(key="ops-1", destination=lost).exists()
 
 
-def test_recover_since_works_on_it(rotated_away, admin_client):
+def test_a_recovery_job_works_on_it(rotated_away, admin_client):
     lost, _ = rotated_away
     now = timezone.now()
     failed(lost, "broke", last_attempt_at=now - timedelta(minutes=5))
     since = timezone.localtime(now - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    asked = {"destination": lost.pk, "kind": "recover", "since": since}
 
-    assert act(admin_client, DESTINATIONS, "recover_since_selected", lost).status_code == 200
-    response = act(admin_client, DESTINATIONS, "recover_since_selected", lost, since=since)
+    plan = admin_client.post(reverse("admin:webhook_receiver_recoveryjob_add"), asked)
+    start = admin_client.post(
+        reverse("admin:webhook_receiver_recoveryjob_add"), {**asked, "_start": "1"}
+    )
 
-    assert response.status_code == 302
+    assert plan.status_code == 200 and plan.context["plan"].count == 1
+    assert start.status_code == 302
+    job = RecoveryJob.objects.get()
+    recovery_step(job.pk, now=job.stepped_at + timedelta(seconds=1))
     assert OutboxMessage.objects.get(key="broke").status == MessageStatus.PENDING
 
 

@@ -6,7 +6,8 @@
 - cells: how values look in lists and pages; forms: every form of the admin's;
   confirm: the one confirm-then-act flow of every operator action
 - receipts, audit, failed_events (replay, discard): the receive side's records
-- outbox_messages (retry now, discard), destinations (health, recover since…)
+- outbox_messages (retry now, discard), destinations (health, enable, recover…),
+  recovery_jobs (plan, start, follow, cancel)
 - sources (the sources kept as records: secrets by fingerprint, rotation)
 - reconciliation_runs, repair_items (four repairs), silence
 - overview (the overview page and its chart, chart.py) and trace (the trace page)
@@ -27,6 +28,7 @@ from . import (
     overview,
     receipts,
     reconciliation_runs,
+    recovery_jobs,
     repair_items,
     silence,
     sources,

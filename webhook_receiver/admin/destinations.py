@@ -1,6 +1,7 @@
 """The outbox's destinations: configuration, added and changed here (or with ``manage.py
 webhook_destination``), never deleted (disable one instead), listed with their health,
-recovered with **Recover since…** once a merchant has fixed its endpoint, and
+recovered with **Recover…** (a recovery job: admin/recovery_jobs.py) once a merchant
+has fixed its endpoint or missed events, and
 enabled again with **Enable** (an action, and a button on a disabled one's page, behind
 the change permission), which sends the messages it held in their order: one the relay
 disabled (a 410 Gone, a long failing span: outbound/retirement.py) shows why. Their
@@ -12,14 +13,13 @@ its Ed25519 signing keys are shown, for the merchant to verify ``v1a`` signature
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -32,19 +32,15 @@ from ..core.admin_links import admin_url
 from ..core.display import duration_text, url_masked
 from ..outbound.breaker import destination_breaker
 from ..outbound.encryption import secrets_unreadable, with_stored_secrets
-from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
-from ..outbound.operations import (
-    destination_disable,
-    destination_enable,
-    destination_recover_since,
-)
+from ..outbound.models import MessageStatus, OutboxMessage, RecoveryJob, WebhookDestination
+from ..outbound.operations import destination_disable, destination_enable
 from ..outbound.selectors import destinations_with_health
 from ..outbound.tenancy import EVERY_TENANT
 from ..schemes.standard_keys import public_keys_of
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell
 from .confirm import confirm_then_act
-from .destination_actions import enable_confirmation, recover_confirmation
+from .destination_actions import enable_confirmation
 from .forms import DestinationForm
 
 if TYPE_CHECKING:
@@ -117,13 +113,11 @@ CONFIGURATION = tuple(
 
 @admin.register(WebhookDestination)
 class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
-    """Destinations with their health; add, change, disable; recover since…"""
+    """Destinations with their health; add, change, disable; recover…"""
 
-    # "Recover since…" on a destination's page: the list action on that one destination
+    # "Recover…" on a destination's page: the list action on that one destination
     object_buttons = {
-        "recover": ObjectButton(
-            "recover_since_selected", None, _("recovered"), _("Recover since…")
-        ),
+        "recover": ObjectButton("recover_selected", None, _("recovered"), _("Recover…")),
         "enable": EnableButton("enable_selected", None, _("enabled"), _("Enable")),
     }
     object_noun = _("destination")
@@ -143,7 +137,7 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     list_display_links = None
     # a platform's thousands of tenants: found by name, not listed in a sidebar
     search_fields = ("name", "tenant")
-    actions = ["recover_since_selected", "enable_selected"]
+    actions = ["recover_selected", "enable_selected"]
     health_fields = (
         "disabled_state",
         "breaker_state",
@@ -218,8 +212,8 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
         return False
 
     def has_recover_permission(self, request: HttpRequest) -> bool:
-        """Recovering sends failed messages again: the messages' retry permission."""
-        return request.user.has_perm(f"{self.opts.app_label}.retry_outboxmessage")
+        """Recovering starts a recovery job: the jobs' add permission."""
+        return request.user.has_perm(f"{self.opts.app_label}.add_recoveryjob")
 
     def save_model(self, request: HttpRequest, obj: Any, form: forms.Form, change: bool) -> None:
         warning = getattr(form, "url_warning", "")
@@ -354,10 +348,10 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
     def last_failure_exactly(self, obj: WebhookDestination) -> str:
         return full_time(obj.last_failure_at) if obj.last_failure_at else gettext("never")
 
-    # --- Recover since… ------------------------------------------------------------------
+    # --- Recover… ------------------------------------------------------------------------
 
     def has_custom_permission(self, request: HttpRequest, action: str) -> bool:
-        """ObjectButtons' check: Recover since… (the retry permission), Enable (change)."""
+        """ObjectButtons' check: Recover… (the jobs' add permission), Enable (change)."""
         if action == "enable":
             return self.has_change_permission(request)
         return action == "recover" and self.has_recover_permission(request)
@@ -396,35 +390,14 @@ class WebhookDestinationAdmin(ObjectButtons, admin.ModelAdmin):
             self.log_change(request, dest, f"{note} {reason}".strip())
             self.message_user(request, f"{dest.name}: {note}", messages.SUCCESS)
 
-    @admin.action(description=_("Recover failed messages since…"), permissions=["recover"])
-    def recover_since_selected(
+    @admin.action(description=_("Recover… (plan a recovery job)"), permissions=["recover"])
+    def recover_selected(
         self, request: HttpRequest, queryset: QuerySet[WebhookDestination]
-    ) -> TemplateResponse | None:
-        selected = list(queryset.order_by("name"))
-        successes = [d.last_success_at for d in selected if d.last_success_at]
-        initial = {"since": min(successes)} if successes else None
-        confirmation = recover_confirmation(len(selected))
-        return confirm_then_act(
-            self, request, selected, confirmation, self._recover, initial=initial
-        )
-
-    def _recover(
-        self, request: HttpRequest, selected: list[WebhookDestination], since: datetime
-    ) -> None:
-        by = request.user.get_username()
-        when = full_time(since)
-        for dest in selected:
-            count = destination_recover_since(
-                scope=EVERY_TENANT, destination=dest, since=since, by=by
-            )
-            note = ngettext(
-                "Recovered %(count)d failed message since %(when)s.",
-                "Recovered %(count)d failed messages since %(when)s.",
-                count,
-            ) % {"count": count, "when": when}
-            self.log_change(request, dest, note)
-            text = f"{dest.name}: {note[0].lower()}{note[1:]}"
-            if count and not dest.enabled:
-                text += " " + gettext("It is disabled: they are sent once it is enabled again.")
-            ok = count and dest.enabled
-            self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)
+    ) -> HttpResponse | None:
+        """The plan page of a recovery job (admin/recovery_jobs.py), for one destination."""
+        selected = list(queryset.values_list("pk", flat=True)[:2])
+        if len(selected) != 1:
+            text = gettext("A recovery job is planned for one destination: select one.")
+            self.message_user(request, text, messages.WARNING)
+            return None
+        return HttpResponseRedirect(admin_url(RecoveryJob, "add", destination=selected[0]) or "")

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 from django.core.validators import URLValidator
-from django.utils import timezone
 from django.utils.text import format_lazy
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
@@ -364,17 +363,3 @@ EnableForm = note_form(
         "destination's history with your name and the time."
     ),
 )
-
-
-class RecoverForm(forms.Form):
-    since = forms.DateTimeField(
-        label=_("Failed since"),
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
-    )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["since"].help_text = gettext(
-            "In %(time_zone)s. Every failed message whose last attempt started at or after "
-            "this time is sent again. Filled in: the last successful delivery."
-        ) % {"time_zone": timezone.get_current_timezone_name()}

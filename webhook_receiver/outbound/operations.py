@@ -1,6 +1,6 @@
 """What an operator does to the outbox, from the admin or a command: retry messages now,
-discard them, recover a destination's failed messages once its endpoint is fixed,
-enable a destination again (one the relay retired: retirement.py) or disable it,
+discard them (a destination's recovery is a recovery job: recovery.py), enable a
+destination again (one the relay retired: retirement.py) or disable it,
 re-encrypt the destinations' secrets after a key rotation (the figures the
 destinations page shows are read by outbound/selectors.py).
 
@@ -18,10 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import (
-    Exists,
-    OuterRef,
-)
 from django.utils import timezone
 
 from .encryption import SecretsNotDecrypted
@@ -51,8 +47,8 @@ def message_retry_now(
     go back to 0: the retry budget (the destination's ``max_attempts``) starts again, so
     a message that had spent it gets the whole policy once more. ``attempts`` keeps
     counting, so the attempt history goes on from where it was. A destination whose
-    breaker is open still waits for its cool-down (``destination_recover_since`` ends
-    it), and a disabled one sends nothing.
+    breaker is open still waits for its cool-down (a recovery job of its failed
+    messages ends it), and a disabled one sends nothing.
     """
     now = now or timezone.now()
     changes = {
@@ -129,57 +125,6 @@ def _messages_change(
             extra={"by": by, "message_ids": ids},
         )
     return ids
-
-
-def destination_recover_since(
-    *,
-    scope: Scope,
-    destination: WebhookDestination | int,
-    since: datetime,
-    by: str,
-    now: datetime | None = None,
-) -> int:
-    """After the destination's endpoint is fixed: requeue its failed messages that failed
-    at or after ``since`` (their last attempt started then or later), as
-    ``message_retry_now`` does: pending now, no lease, ``failures`` back to 0, so each
-    gets the whole retry budget again. Failed messages older than ``since`` stay failed.
-
-    An open breaker is ended: the destination goes half-open at once, so its next run
-    sends one probe, and that probe's answer closes the breaker or opens it again.
-    Returns how many messages were requeued; WebhookDestination.DoesNotExist when the
-    scope holds no such destination.
-    """
-    now = now or timezone.now()
-    destination_id = destination if isinstance(destination, int) else destination.pk
-    attempted_since = scope.attempts().filter(message=OuterRef("pk"), started_at__gte=since)
-    with transaction.atomic():
-        # the destination's row first, then its messages: the order the relay locks them in
-        # not its secrets: a recovery needs none, even of a destination no key reads
-        dest = scope.destinations().select_for_update().defer("secrets").get(pk=destination_id)
-        ids = list(
-            scope.messages()
-            .select_for_update(of=("self",))
-            .filter(Exists(attempted_since), destination_id=dest.pk, status=MessageStatus.FAILED)
-            .order_by("id")
-            .values_list("id", flat=True)
-        )
-        scope.messages().filter(pk__in=ids).update(
-            status=MessageStatus.PENDING, next_attempt_at=now, lease_until=None, failures=0
-        )
-        breaker_ended = dest.paused_until is not None and dest.paused_until > now
-        if breaker_ended:
-            scope.destinations().filter(pk=dest.pk).update(paused_until=None)
-        relay_wake_on_commit({dest.pk})
-    logger.info(
-        "outbox: %s recovered %d failed message(s) of %s since %s%s",
-        by,
-        len(ids),
-        dest.name,
-        since.isoformat(),
-        " and ended its breaker's pause" if breaker_ended else "",
-        extra={"by": by, "destination": dest.name, "message_ids": ids},
-    )
-    return len(ids)
 
 
 def destination_enable(

@@ -232,23 +232,30 @@ def recovery_cancel(
 
 def recovery_jobs_shown(
     *, scope: Scope, destination_name: str | None = None, limit: int = 20
-) -> list[tuple[RecoveryJob, dict[str, int]]]:
+) -> list[RecoveryJob]:
     """The last jobs (of one destination, by name), newest first, each with its
-    released messages counted by their status now."""
+    released messages counted by status (``sent_counts``)."""
     jobs = scope.recovery_jobs().select_related("destination").defer("destination__secrets")
     if destination_name is not None:
         jobs = jobs.filter(destination__name=destination_name)
-    shown = list(jobs.order_by("-id")[:limit])
-    counts = (
-        OutboxMessage.objects.filter(recovery__in=shown)
-        .values_list("recovery_id", "status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    sent: dict[int, dict[str, int]] = {job.pk: {} for job in shown}
-    for job_id, status, n in counts:
-        sent[job_id][status] = n
-    return [(job, sent[job.pk]) for job in shown]
+    return list(with_sent_counts(jobs).order_by("-id")[:limit])
+
+
+def with_sent_counts(jobs: QuerySet[RecoveryJob]) -> QuerySet[RecoveryJob]:
+    """``jobs``, each with its released messages counted by their status now (one
+    grouped query; read with ``sent_counts``)."""
+    counted = {
+        f"sent_{status}": Count("messages", filter=Q(messages__status=status))
+        for status in MessageStatus.values
+    }
+    return jobs.annotate(**counted)
+
+
+def sent_counts(job: RecoveryJob) -> dict[str, int]:
+    """A job of ``with_sent_counts``'s: how many of its messages are in each status (those
+    with any), in the statuses' order."""
+    counts = {status: getattr(job, f"sent_{status}", 0) for status in MessageStatus.values}
+    return {status: n for status, n in counts.items() if n}
 
 
 def criteria_of(job: RecoveryJob) -> Criteria:

@@ -35,6 +35,7 @@ from ...outbound.recovery import (
     recovery_jobs_shown,
     recovery_plan,
     recovery_start,
+    sent_counts,
 )
 from ...outbound.tenancy import EVERY_TENANT
 
@@ -149,8 +150,8 @@ class Command(BaseCommand):
         jobs = recovery_jobs_shown(scope=EVERY_TENANT, destination_name=name)
         if not jobs:
             self.stdout.write("no recovery jobs" + (f" of {name}" if name else ""))
-        for job, sent in jobs:
-            self.stdout.write(job_text(job, sent))
+        for job in jobs:
+            self.stdout.write(job_text(job))
 
     def _cancel(self, job_id: int) -> None:
         try:
@@ -186,10 +187,10 @@ def plan_text(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def job_text(job: RecoveryJob, sent: dict[str, int]) -> str:
+def job_text(job: RecoveryJob) -> str:
     """One job as --list prints it: its number, destination, kind, state, progress and
     who started it."""
-    outcome = ", ".join(f"{count} {status}" for status, count in sorted(sent.items()))
+    outcome = ", ".join(f"{count} {status}" for status, count in sent_counts(job).items())
     line = (
         f"#{job.pk} {job.destination.name} {job.kind} {job.state}: {job.released} of "
         f"{job.planned} released"

@@ -376,7 +376,7 @@ def test_the_destination_list_shows_health(admin_browser, live_server, fleet):
     assert cells("crm")["last_success"] == "never"
     screenshot(admin_browser, "outbox-destinations")
 
-    # the destination's page and its Recover since… page
+    # the destination's page, and the plan page its Recover… opens
     click_through(admin_browser, admin_browser.find_element(By.LINK_TEXT, "merchant-7"))
     assert SECRET not in admin_browser.page_source
     screenshot(admin_browser, "outbox-destination-detail")
@@ -384,8 +384,8 @@ def test_the_destination_list_shows_health(admin_browser, live_server, fleet):
     admin_browser.execute_script("arguments[0].scrollIntoView()", health)
     screenshot(admin_browser, "outbox-destination-health")
     click_through(admin_browser, admin_browser.find_element(By.ID, "wr-recover"))
-    assert admin_browser.find_element(By.TAG_NAME, "h1").text == "Recover failed messages"
-    screenshot(admin_browser, "outbox-recover-confirmation")
+    assert admin_browser.find_element(By.TAG_NAME, "h1").text == "Plan a recovery"
+    screenshot(admin_browser, "outbox-recover-plan")
 
 
 @pytest.mark.django_db(transaction=True)

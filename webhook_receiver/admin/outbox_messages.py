@@ -390,7 +390,7 @@ class OutboxMessageAdmin(AnswerFields, ObjectButtons, ReadOnlyAdmin):
                 held["time"] = full_time(breaker.until)
                 why = _(
                     "%(destination)s's breaker is open until %(time)s: its messages go then "
-                    "(Recover since… on the destination ends the pause)."
+                    "(a recovery job of its failed messages ends the pause)."
                 )
             else:
                 continue

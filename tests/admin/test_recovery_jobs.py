@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import strip_tags
 
 from tests.support.admin import act, action_values, change_url, flash
-from tests.support.browser import no_sideways_scroll, screenshot
+from tests.support.browser import click_through, no_sideways_scroll, screenshot
 from tests.support.outbox import destination, message
 from webhook_receiver.models import MessageStatus, OutboxMessage, RecoveryJob
 from webhook_receiver.outbound.recovery_run import recovery_step
@@ -149,7 +149,7 @@ def test_the_plan_and_the_job_as_an_operator_sees_them(admin_browser, live_serve
 
     admin_browser.get(f"{live_server.url}{PLAN}?destination={merchant.pk}")
     admin_browser.find_element(By.CSS_SELECTOR, 'input[value="5xx"]').click()
-    admin_browser.find_element(By.NAME, "_plan").click()
+    click_through(admin_browser, admin_browser.find_element(By.NAME, "_plan"))
     plan = admin_browser.find_element(By.ID, "wr-plan").text
     assert plan.startswith("THE PLAN: 12 MESSAGES OF MERCHANT-7") or plan.startswith(
         "The plan: 12 messages of merchant-7"
@@ -157,7 +157,7 @@ def test_the_plan_and_the_job_as_an_operator_sees_them(admin_browser, live_serve
     no_sideways_scroll(admin_browser, None)
     screenshot(admin_browser, "recovery-plan")
 
-    admin_browser.find_element(By.NAME, "_start").click()
+    click_through(admin_browser, admin_browser.find_element(By.NAME, "_start"))
     job = RecoveryJob.objects.get()
     recovery_step(job.pk, now=job.stepped_at + timedelta(seconds=1))
     admin_browser.get(live_server.url + JOBS)

@@ -196,6 +196,26 @@ def test_a_job_another_process_is_stepping_is_left_to_it(merchant):
     assert recovery_step(job.pk, now=later) == merchant.pk
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: PostgreSQL")
+def test_a_step_waits_for_no_lock_the_relay_holds(merchant):
+    message(merchant, "k", status=FAILED)
+    job = start(merchant, kind="recover", since=ago(hours=1))
+    with psycopg.connect(**listen_params(), autocommit=False) as relay:
+        # the relay's claim holds its destinations' rows while it records and claims
+        relay.execute(
+            "SELECT 1 FROM webhook_receiver_webhookdestination WHERE id = %s FOR UPDATE",
+            [merchant.pk],
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a wait fails the test, never hangs it
+        try:
+            assert recovery_step(job.pk, now=job.stepped_at + timedelta(seconds=1)) == merchant.pk
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+
+
 # --- refused -------------------------------------------------------------------------
 
 

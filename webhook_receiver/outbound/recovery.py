@@ -155,10 +155,11 @@ def recovery_start(
     (RecoveryRefused) as ``recovery_plan`` is, and while another job of the
     destination runs."""
     now = now or timezone.now()
+    # counted before the job's transaction, holding no lock: the destination's row is the
+    # relay's to lock while it sends
+    dest = _destination(scope, destination)
+    plan = recovery_plan(scope=scope, destination=dest, criteria=criteria, rate=rate, now=now)
     with transaction.atomic():
-        # the destination's row first, as the relay locks it; not its secrets
-        dest = _destination(scope, destination, lock=True)
-        plan = recovery_plan(scope=scope, destination=dest, criteria=criteria, rate=rate, now=now)
         try:
             with transaction.atomic():
                 job = RecoveryJob.objects.create(
@@ -270,12 +271,9 @@ def criteria_of(job: RecoveryJob) -> Criteria:
     )
 
 
-def _destination(
-    scope: Scope, destination: WebhookDestination | int, *, lock: bool = False
-) -> WebhookDestination:
+def _destination(scope: Scope, destination: WebhookDestination | int) -> WebhookDestination:
     destination_id = destination if isinstance(destination, int) else destination.pk
-    found = scope.destinations().defer("secrets")
-    return (found.select_for_update() if lock else found).get(pk=destination_id)
+    return scope.destinations().defer("secrets").get(pk=destination_id)
 
 
 def _checked(

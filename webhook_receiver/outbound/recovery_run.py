@@ -60,7 +60,8 @@ def recovery_step(job_id: int, *, now: datetime | None = None) -> int | None:
     now = now or timezone.now()
     with transaction.atomic():
         job = (
-            RecoveryJob.objects.select_for_update(skip_locked=True)
+            # the job's row alone: its destination's is the relay's to lock
+            RecoveryJob.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("destination")
             .filter(pk=job_id, state=RecoveryState.RUNNING)
             .defer("destination__secrets")

@@ -182,6 +182,30 @@ def test_a_job_releases_at_its_rate_and_waits_while_two_seconds_of_it_wait(merch
     assert OutboxMessage.objects.filter(recovery=job).count() == 40
 
 
+def test_a_job_waits_while_the_live_messages_waiting_grow(merchant):
+    # the merchant takes 4 at once; the job's messages would go before the live ones
+    for n in range(40):
+        message(merchant, f"k{n}", status=FAILED)
+    job = start(merchant, kind="recover", since=ago(hours=1), rate=10)
+    t0 = job.stepped_at
+
+    def step(second: int, live: int) -> int:
+        for n in range(live):
+            message(merchant, f"live-{second}-{n}")
+        OutboxMessage.objects.filter(recovery=job).update(status=DELIVERED)
+        recovery_step(job.pk, now=t0 + timedelta(seconds=second))
+        return OutboxMessage.objects.filter(recovery=job, status=PENDING).count()
+
+    # a few live ones waiting, fewer than it sends at once: the job goes on
+    assert step(1, live=3) == 10
+    # more and more of them waiting: the destination is not keeping up, the job waits
+    assert step(2, live=6) == 0
+    assert step(3, live=6) == 0
+    # as many as before (delivered as fast as admitted, or held back): it goes on, with
+    # what its rate allowed meanwhile, two seconds of it at most
+    assert step(4, live=0) == 20
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: PostgreSQL")
 def test_a_job_another_process_is_stepping_is_left_to_it(merchant):

@@ -272,9 +272,11 @@ class RecoveryJob(models.Model):
     released = models.PositiveIntegerField(default=0)
     max_id = models.BigIntegerField(default=0)
     last_id = models.BigIntegerField(default=0)
-    # the pace: releases it may make now, and when it last looked
+    # the pace: releases it may make now, when it last looked, and how many of the
+    # destination's other messages then waited to be sent
     credit = models.FloatField(default=0.0)
     stepped_at = models.DateTimeField(null=True, blank=True)
+    live_waiting = models.PositiveIntegerField(null=True, blank=True)
     created_by = models.CharField(max_length=150)
     created_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -13,6 +13,7 @@ import math
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from .filters import filter_verdict
@@ -72,12 +73,15 @@ def recovery_step(job_id: int, *, now: datetime | None = None) -> int | None:
         ahead = max(1, math.ceil(job.rate * RELEASED_AHEAD_SECONDS))
         elapsed = max(0.0, (now - (job.stepped_at or now)).total_seconds())
         credit = min(float(ahead), job.credit + job.rate * elapsed)
-        waiting = OutboxMessage.objects.filter(
+        # what waits to be sent: the job's own, and the rest (live traffic, mostly)
+        open_now = OutboxMessage.objects.filter(
             destination_id=job.destination_id,
-            recovery=job,
             status__in=(MessageStatus.PENDING, MessageStatus.SENDING),
-        ).count()
+        ).aggregate(everything=Count("id"), its_own=Count("id", filter=Q(recovery_id=job.pk)))
+        waiting, live = open_now["its_own"], open_now["everything"] - open_now["its_own"]
         room = min(int(credit), ahead - waiting, STEP_MAX)
+        if _falling_behind(job, live):
+            room = 0  # live traffic first: the destination has no room to spare
         released = 0
         if room > 0:
             released, last_id = _release(job, room, now)
@@ -87,10 +91,8 @@ def recovery_step(job_id: int, *, now: datetime | None = None) -> int | None:
                 job.last_id = last_id
             job.released += released
             credit -= released
-        job.credit, job.stepped_at = credit, now
-        job.save(
-            update_fields=["state", "finished_at", "last_id", "released", "credit", "stepped_at"]
-        )
+        job.credit, job.stepped_at, job.live_waiting = credit, now, live
+        job.save(update_fields=[*_STEP_FIELDS])
         if released:
             relay_wake_on_commit({job.destination_id})
     if job.state == RecoveryState.DONE:
@@ -103,6 +105,21 @@ def recovery_step(job_id: int, *, now: datetime | None = None) -> int | None:
             extra={"recovery": job.pk, "destination": job.destination.name},
         )
     return job.destination_id if released else None
+
+
+# what a step writes of its job
+_STEP_FIELDS = ("state", "finished_at", "last_id", "released", "credit", "stepped_at",
+                "live_waiting")  # fmt: skip
+
+
+def _falling_behind(job: RecoveryJob, live: int) -> bool:
+    """Whether the destination's other messages waiting to be sent (``live``) are more
+    than at the last step, and more than it has in flight at once: it is not keeping up
+    with them. The job's messages are older, so the relay would send them first; a job
+    that released more now would take the share live traffic needs. Messages held back
+    behind the job's failed ones do not grow, so they never hold the job up."""
+    before = job.live_waiting
+    return before is not None and live > max(before, job.destination.max_in_flight)
 
 
 def _release(job: RecoveryJob, room: int, now: datetime) -> tuple[int, int | None]:

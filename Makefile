@@ -11,7 +11,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/webhook_receiver
 # The test database pytest creates and drops; give each concurrent run its own name.
 TEST_DATABASE_NAME ?= test_webhook_receiver
 
-.PHONY: install run test test-postgres test-sqlite eval eval-baseline bench bench-reconcile bench-metrics bench-relay bench-retention bench-sources lint docs
+.PHONY: install run test test-postgres test-sqlite eval eval-baseline bench bench-reconcile bench-metrics bench-relay bench-recovery bench-retention bench-sources lint docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,11 @@ bench-retention: install
 # process, and black holes beside 300 (about 5 minutes; docs/benchmarks.md#relay)
 bench-relay: install
 	$(BIN)/python -m tests.bench.relay
+
+# A recovery job of 50,000 failed messages at 200/s beside live traffic at 50/s, its relay
+# SIGKILLed halfway and another started: plan = run, lease-only duplicates (about 5 minutes)
+bench-recovery: install
+	$(BIN)/python -m tests.bench.recovery
 
 # A source kept as a record against one of the settings, requests a second to each
 bench-sources: install

@@ -137,6 +137,7 @@ def test_a_recovered_message_gets_its_whole_retry_budget_and_ends_the_breaker(me
     failed = message(merchant, "k1", status=FAILED, failures=12, attempts=12)
     merchant.paused_until = timezone.now() + timedelta(minutes=1)
     merchant.save()
+    changed = merchant.updated_at
 
     job = start(merchant, kind="recover", since=ago(hours=1))
     run_to_the_end(job, deliver=False)
@@ -146,7 +147,8 @@ def test_a_recovered_message_gets_its_whole_retry_budget_and_ends_the_breaker(me
     assert (failed.status, failed.failures, failed.attempts, failed.recovery_id) == (
         PENDING, 0, 12, job.pk,
     )  # fmt: skip
-    assert merchant.paused_until is None
+    # ended as an enable ends it: the status owes it sends from then
+    assert merchant.paused_until is None and merchant.updated_at > changed
 
 
 def test_messages_admitted_after_the_plan_are_not_in_its_run(merchant):
@@ -363,3 +365,19 @@ def test_a_missing_event_its_filter_leaves_out_is_written_discarded(declared):
     assert statuses == {"e0": "discarded", "e1": "pending", "e2": "discarded"}
     assert job.planned == 3
     assert "filter" in plan(new, kind="missing", since=ago(hours=1)).warnings[0]
+
+
+def test_a_job_is_not_held_up_by_its_messages_held_behind_a_failed_one(declared):
+    # the new destination failed an earlier event of the shelf: what the job writes for
+    # that shelf waits for an operator, and the job goes on with the rest
+    new = destination("acme-new", tenant="acme", rate_count=4, event_types=["refill.*"])
+    old = destination("acme-old", tenant="acme")
+    message(new, "before", event_type="refill.done", ordering_key="shelf:1", status=FAILED)
+    for n in range(10):
+        message(old, f"e{n}", event_type="refill.done", ordering_key="shelf:1")
+
+    job = start(new, kind="missing", since=ago(hours=1), rate=1)
+    run_to_the_end(job, deliver=False)
+
+    job.refresh_from_db()
+    assert (job.state, job.released) == ("done", 10)

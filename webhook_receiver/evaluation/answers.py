@@ -35,32 +35,44 @@ SUCCESSES = frozenset({"applied", "duplicate"})
 def terminal_answer_final(v: RunView) -> tuple[int, str]:
     """A permanent answer (400, 401, 403, 404, 422) ends its message at that
     attempt: no later request of that key reaches the merchant, and the message is
-    terminal with that answer as its reason."""
+    terminal with that answer as its reason. A recovery job that released the message
+    (an operator's decision) starts it afresh: each part, before and after, is held to
+    it, the message's state to the last part's."""
     count = 0
     by_key = {(m["destination"], m["key"]): m for m in v.obs.messages}
     for (name, event), arrivals in sorted(v.arrivals_of.items()):
-        final = next((a for a in arrivals if a.status in PERMANENT_STATUSES), None)
-        if final is None:
-            continue
-        count += 1
-        later = [a for a in arrivals if a.seq > final.seq]
+        parts = [arrivals]
+        if (name, event) in v.released:
+            released = v.released[(name, event)]
+            parts = [
+                [a for a in arrivals if a.at < released],
+                [a for a in arrivals if a.at >= released],
+            ]
         m = by_key.get((name, event))
-        problem = ""
-        if later:
-            problem = (
-                ngettext("%d later request", "%d later requests", len(later)) % len(later)
-                + f", the first at {when(later[0].at)}"
-            )
-        elif m is None or m["status"] != "failed":
-            problem = f"the message is {m['status'] if m else 'missing'}, not terminal"
-        elif m["last_status_code"] != final.status:
-            reason = m["last_status_code"] or m["last_error"] or "none"
-            problem = f"terminal with the reason {reason!r}, not {final.status}"
-        if problem:
-            return (
-                count,
-                f"{event} at {name}: answered {final.status} at {when(final.at)}; {problem}",
-            )
+        for i, part in enumerate(parts):
+            final = next((a for a in part if a.status in PERMANENT_STATUSES), None)
+            if final is None:
+                continue
+            count += 1
+            later = [a for a in part if a.seq > final.seq]
+            problem = ""
+            if later:
+                problem = (
+                    ngettext("%d later request", "%d later requests", len(later)) % len(later)
+                    + f", the first at {when(later[0].at)}"
+                )
+            elif i < len(parts) - 1:
+                continue  # released by a recovery since: the message's state is not this one's
+            elif m is None or m["status"] != "failed":
+                problem = f"the message is {m['status'] if m else 'missing'}, not terminal"
+            elif m["last_status_code"] != final.status:
+                reason = m["last_status_code"] or m["last_error"] or "none"
+                problem = f"terminal with the reason {reason!r}, not {final.status}"
+            if problem:
+                return (
+                    count,
+                    f"{event} at {name}: answered {final.status} at {when(final.at)}; {problem}",
+                )
     return count, ""
 
 
@@ -85,7 +97,8 @@ def breaker_limits_attempts(v: RunView) -> tuple[int, str]:
     been answered, at most one request is started per cool-down (a probe, started no
     sooner than a cool-down after the last failure was answered) until one succeeds.
     Requests started together (one round) are answered together, as the breaker counts
-    them; requests already on their way when it opened are not held to it."""
+    them; requests already on their way when it opened are not held to it. A recovery
+    job ends the pause as it starts (an operator's decision): a probe may start then."""
     count = 0
     specs = {d.name: d for d in v.obs.scenario.destinations}
     for name, arrivals in sorted(v.obs.arrivals.items()):
@@ -104,6 +117,9 @@ def breaker_limits_attempts(v: RunView) -> tuple[int, str]:
             count += len(batch)
             at = batch[0].at
             answered = max(a.answered for a in batch)
+            if opened_at is not None:
+                ended = [t for t in v.recovered_at.get(name, ()) if opened_at <= t <= at]
+                free_at = min([free_at, *ended])
             early = at < free_at - 1e-6
             # a round sent after the breaker opened (at its instant: sent after it)
             held_to_it = opened_at is not None and (
@@ -174,7 +190,8 @@ def retry_after_capped(v: RunView) -> tuple[int, str]:
 def budget_respected(v: RunView) -> tuple[int, str]:
     """No message is tried past its retry budget: at the merchant, at most
     ``max_attempts`` requests of a key got an answer that spends it (anything but a 2xx,
-    a permanent answer, or a Retry-After that paces us)."""
+    a permanent answer, or a Retry-After that paces us); a recovery job that released it
+    gave it a budget afresh, counted from the job's start."""
     count = 0
     specs = {d.name: d for d in v.obs.scenario.destinations}
     for (name, event), arrivals in sorted(v.arrivals_of.items()):
@@ -187,12 +204,14 @@ def budget_respected(v: RunView) -> tuple[int, str]:
             and a.status not in PERMANENT_STATUSES
             and not (a.status in PACING_STATUSES and a.retry_after is not None)
         ]
-        if len(spent) > budget:
-            return (
-                count,
-                f"{event} at {name}: {len(spent)} failed requests against a budget of "
-                f"{budget}, the one past it at {when(spent[budget].at)}",
-            )
+        released = v.released.get((name, event), INF)
+        for part in ([a for a in spent if a.at < released], [a for a in spent if a.at >= released]):
+            if len(part) > budget:
+                return (
+                    count,
+                    f"{event} at {name}: {len(part)} failed requests against a budget of "
+                    f"{budget}, the one past it at {when(part[budget].at)}",
+                )
     return count, ""
 
 

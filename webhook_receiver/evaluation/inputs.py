@@ -53,6 +53,24 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """An operator starts a recovery job of its destination at ``at`` (outbound/recovery.py,
+    scope every tenant, by "ops"): of ``kind`` recover (its failed messages, each sent
+    again under its key with a fresh retry budget), among the messages admitted from
+    ``since`` to ``until`` (offsets from the start; None: no end), of ``events`` (names as
+    in admissions; empty: all) whose last answer is of ``answers`` (``2xx`` … ``5xx``,
+    ``none``; empty: any), at ``rate`` a second (None: half the destination's)."""
+
+    at: float
+    kind: str = "recover"
+    since: float = 0.0
+    until: float | None = None
+    rate: float | None = None
+    events: tuple[str, ...] = ()
+    answers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Destination:
     name: str
     rate_count: int = 10
@@ -71,6 +89,8 @@ class Destination:
     faults: tuple[Fault, ...] = ()
     # when an operator enables it again (after the relay disabled it: a 410 Gone)
     enable_at: float | None = None
+    # when an operator starts a recovery job of it (its failed messages sent again)
+    recovery: Recovery | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .answers import (
+    SUCCESSES,
     breaker_limits_attempts,
     budget_respected,
     gone_holds,
@@ -19,6 +20,7 @@ from .answers import (
     terminal_answer_final,
 )
 from .observed import INF, InvariantResult, Observations, RunView, invariant, when
+from .recoveries import recovery_within_rate
 
 
 @invariant("one-message-per-event", "one durable message per logical event and destination")
@@ -203,6 +205,39 @@ def one_effect_per_key(v: RunView) -> tuple[int, str]:
 
 
 @invariant(
+    "at-least-once-only",
+    "a key is sent again only while none of its 2xx answers has reached the relay",
+)
+def at_least_once_only(v: RunView) -> tuple[int, str]:
+    """At-least-once, and no more, counted at the merchant: once a request of a key was
+    answered 2xx to the relay that sent it, no later request of that key arrives. A key
+    goes again only after answers that failed, paced, or never reached the relay (a
+    timeout, a lost response, a relay that died after sending: a crash's requests); so
+    it is answered 2xx more than once only when the earlier 2xx were never heard. A
+    recovery job sends failed messages again, never one whose 2xx was heard: it is held
+    to the same."""
+    crashed: dict[tuple[str, str], list[float]] = {}
+    for c in v.obs.crashes:
+        for key in c["keys"] if c["after"] == "send" else ():
+            crashed.setdefault((c["destination"], key), []).append(c["at"])
+    count = 0
+    for (name, event), arrivals in sorted(v.arrivals_of.items()):
+        heard = None
+        for a in arrivals:  # in the order they arrived
+            count += 1
+            if heard is not None:
+                return (
+                    count,
+                    f"{event} at {name}: sent again at {when(a.at)} (request {a.seen}), after "
+                    f"its 2xx of {when(heard.answered)} reached the relay (request {heard.seen})",
+                )
+            crash_sent = any(t - 1e-6 <= a.at <= t + 1e-3 for t in crashed.get((name, event), []))
+            if a.outcome in SUCCESSES and not crash_sent:
+                heard = a
+    return count, ""
+
+
+@invariant(
     "ledger-balances",
     "the ledger balances (admitted = delivered + terminal + pending at the cut-off)",
     voids=True,
@@ -305,12 +340,14 @@ CHECKS: list[Callable[[RunView], InvariantResult]] = [
     limiter_within_rate,
     no_early_attempt,
     one_effect_per_key,
+    at_least_once_only,
     silence_alert_once,
     terminal_answer_final,
     breaker_limits_attempts,
     retry_after_capped,
     budget_respected,
     gone_holds,
+    recovery_within_rate,
     never_judged_not_sending,
 ]
 
@@ -324,12 +361,14 @@ NAMES = [
     "limiter-within-rate",
     "no-early-attempt",
     "one-effect-per-key",
+    "at-least-once-only",
     "silence-alert-once",
     "terminal-answer-final",
     "breaker-limits-attempts",
     "retry-after-capped",
     "budget-respected",
     "gone-holds",
+    "recovery-within-rate",
     "never-judged-not-sending",
 ]
 

@@ -48,6 +48,9 @@ class Observations:
     statements: Counter[str] = field(default_factory=Counter)
     # an operator enabling a destination: {at, destination, held}
     enables: list[dict[str, Any]] = field(default_factory=list)
+    # an operator starting a recovery job (recoveries.py): {at, destination, kind, job,
+    # planned, rate, refused}, and at the cut-off {state, released, finished}
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
     wall_seconds: float = 0.0
 
 
@@ -109,6 +112,18 @@ class RunView:
             starts = [a["started"] for a in obs.attempts.get(m["id"], [])]
             starts += crashed.get((m["destination"], m["key"]), [])
             self.first_attempt[m["id"]] = min(starts) if starts else INF
+        # a recovery job's start, per message it released, and per destination (each
+        # start ends an open breaker's pause)
+        jobs = {j["job"]: j["at"] for j in obs.recoveries if j["job"] is not None}
+        self.released: dict[tuple[str, str], float] = {
+            (m["destination"], m["key"]): jobs[m["recovery_id"]]
+            for m in obs.messages
+            if m.get("recovery_id") in jobs
+        }
+        self.recovered_at: dict[str, list[float]] = defaultdict(list)
+        for j in obs.recoveries:
+            if j["job"] is not None:
+                self.recovered_at[j["destination"]].append(j["at"])
         self.arrivals_of: dict[tuple[str, str], list[Any]] = defaultdict(list)
         for name, arrivals in obs.arrivals.items():
             for a in arrivals:

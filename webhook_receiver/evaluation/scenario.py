@@ -23,6 +23,7 @@ from .inputs import (
     Destination,
     Fault,
     Inbound,
+    Recovery,
     Relay,
     Repeat,
     Scenario,
@@ -157,6 +158,7 @@ def _destination(r: Reader, data: Any, at: str) -> Destination:
         "delay",
         "faults",
         "enable_at",
+        "recovery",
     }
     r.known(d, at, fields)
     values: dict[str, Any] = {"name": r.slug(d.get("name"), f"{at}.name")}
@@ -178,11 +180,64 @@ def _destination(r: Reader, data: Any, at: str) -> Destination:
         values["delay_seconds"] = r.duration(d["delay"], f"{at}.delay")
     if "enable_at" in d:
         values["enable_at"] = r.duration(d["enable_at"], f"{at}.enable_at")
+    if "recovery" in d:
+        count = values.get("rate_count", Destination.rate_count)
+        ceiling = count / values.get("rate_seconds", Destination.rate_seconds)
+        values["recovery"] = _recovery(r, d["recovery"], f"{at}.recovery", ceiling)
     values["faults"] = tuple(
         _fault(r, item, f"{at}.faults[{i}]")
         for i, item in enumerate(r.listing(d.get("faults", []), f"{at}.faults"))
     )
     return Destination(**values)
+
+
+def _recovery(r: Reader, data: Any, at: str, ceiling: float) -> Recovery:
+    """A recovery job an operator starts (``ceiling``: the destination's rate a second)."""
+    # imported here: the format's words are the service's own (outbound/recovery.py)
+    from ..outbound.recovery import ANSWER_CLASSES
+
+    j = r.mapping(data, at)
+    r.known(j, at, {"at", "kind", "since", "until", "rate", "events", "answers"})
+    kind = r.text(j.get("kind", "recover"), f"{at}.kind")
+    unsimulated = {
+        "replay": "sends delivered keys again, which the invariants hold to one send",
+        "missing": "writes messages no admission made, which the ledger does not count",
+    }
+    if kind in unsimulated:
+        why = unsimulated[kind]
+        raise r.error(f"{at}.kind", f"a run simulates no {kind} job (it {why}): write `recover`")
+    if kind != "recover":
+        raise r.error(f"{at}.kind", f"{kind!r}: write `recover` (its failed messages)")
+    start = r.duration(j.get("at"), f"{at}.at")
+    since = r.duration(j.get("since", 0), f"{at}.since")
+    if since >= start:
+        raise r.error(f"{at}.since", "must come before `at`: a job selects what was admitted")
+    until = r.duration(j["until"], f"{at}.until") if "until" in j else None
+    if until is not None and until <= since:
+        raise r.error(f"{at}.until", "must come after `since`")
+    rate = None
+    if "rate" in j:
+        count, seconds = r.rate(j["rate"], f"{at}.rate")
+        rate = count / seconds
+        if rate >= ceiling:
+            raise r.error(
+                f"{at}.rate",
+                f"{j['rate']}: write a rate below the destination's own ({ceiling:g}/s), so "
+                "that live traffic keeps its share",
+            )
+    answers = tuple(r.text(a, f"{at}.answers") for a in r.listing(j.get("answers", []), at))
+    for answer in answers:
+        if answer not in ANSWER_CLASSES:
+            raise r.error(f"{at}.answers", f"{answer!r}: one of {', '.join(ANSWER_CLASSES)}")
+    return Recovery(
+        at=start,
+        kind=kind,
+        since=since,
+        until=until,
+        rate=rate,
+        events=tuple(r.slug(e, f"{at}.events") for e in r.listing(j.get("events", []), at)),
+        answers=answers,
+    )
 
 
 FAULT_KINDS = ("status", "lose_response", "timeout", "down", "slow")
@@ -332,3 +387,7 @@ def check_bounds(scenario: Scenario, r: Reader) -> None:
     posts, requests, beat ticks, list lengths) or that a run could not hold, naming the
     place, the count and the bound: counted before anything is built (bounds.py)."""
     check_work(scenario, r)
+    # imported here: the steps' interval is the relay process's (recoveries.py)
+    from .recoveries import check_recoveries
+
+    check_recoveries(scenario, r)

@@ -9,7 +9,8 @@ the same on every machine. The network: the relay's requests go through its tran
 after the simulated time they say. Everything above the socket is the production code:
 ``enqueue_webhook`` in a transaction, the relay's engine (its lanes, rounds, poll and
 timers), its claim, limiter, signing, recording and breaker, ``webhook_receive`` and its
-claim, the failed-event retry sweep and the silence check.
+claim, the failed-event retry sweep and the silence check, and an operator's recovery
+job (``recovery_start``, and the relays' steps of it: recoveries.py).
 
 The relay processes are the scenario's ``relay.processes`` engines, on the run's one
 loop; an admission wakes them once it commits, as PostgreSQL's notification does, and
@@ -53,7 +54,7 @@ from ..outbound.relay.transport import deliver
 from ..outbound.tenancy import EVERY_TENANT
 from ..watch.destinations import destination_statuses
 from ..watch.silence import silence_check
-from . import traffic, world
+from . import recoveries, traffic, world
 from .backlog import Backlog
 from .inputs import Scenario
 from .observed import Observations
@@ -67,6 +68,10 @@ T = TypeVar("T")
 SAMPLES = 240
 # the status's judgements of a backlog recorded at each sample (watch/conditions.py)
 JUDGED = ("relay_not_sending", "behind")
+# the message's columns a run keeps
+COLUMNS = ("id", "destination_id", "key", "event_type", "ordering_key", "status", "attempts",
+           "failures", "created_at", "delivered_at", "last_error", "last_status_code",
+           "metadata", "recovery_id")  # fmt: skip
 
 
 class Simulation:
@@ -189,6 +194,7 @@ class Simulation:
         found += [
             (d.enable_at, "enable", d.name) for d in s.destinations if d.enable_at is not None
         ]
+        found += recoveries.happenings(s)
         return found
 
     def _loop(self) -> None:
@@ -223,6 +229,7 @@ class Simulation:
                     database=self._database,
                     transport=self._transport,
                     poll_seconds=s.relay.poll,
+                    recoveries=recoveries.wanted(s),
                 )
                 for _ in range(s.relay.processes)
             ]
@@ -271,6 +278,10 @@ class Simulation:
             held = await self._database.call(lambda: enable(scope=EVERY_TENANT, by="ops"), "enable")
             self.obs.enables.append({"at": self.now(), "destination": payload, "held": held})
             self._wake([payload])
+        elif kind == "recover":
+            start = partial(recoveries.start, self.obs, self._destinations[payload], self._start)
+            await self._database.call(start, "recovery")
+            self._wake([payload])  # a job ends an open breaker's pause
 
     def _notified(self, names: list[str]) -> list[str]:
         """Of the destinations an admission created a message for, those its insert
@@ -402,22 +413,7 @@ class Simulation:
 
     def _collect(self) -> None:
         obs = self.obs
-        rows = OutboxMessage.objects.order_by("id").values(
-            "id",
-            "destination_id",
-            "key",
-            "event_type",
-            "ordering_key",
-            "status",
-            "attempts",
-            "failures",
-            "created_at",
-            "delivered_at",
-            "last_error",
-            "last_status_code",
-            "metadata",
-        )
-        for values in rows:
+        for values in OutboxMessage.objects.order_by("id").values(*COLUMNS):
             row: dict[str, Any] = dict(values)
             row["destination"] = self._names.get(row["destination_id"], "?")
             row["created"] = _offset(row.pop("created_at"), self._start)
@@ -444,6 +440,7 @@ class Simulation:
             obs.inbound_failed = dict(
                 FailedEvent.objects.filter(source=SENDER).values_list("event_key", "status")
             )
+        recoveries.collect(obs, self._start)
 
 
 def _offset(moment: datetime, start: datetime) -> float:

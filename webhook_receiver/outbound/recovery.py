@@ -23,15 +23,17 @@ its receiving end remembers a key) is sent again: such a job is refused, and say
 writing; ``recovery_start`` counts again, and records the count and the highest message
 id there is (``max_id``) with the job. The run selects with the same query, bounded by
 that id, so it releases what the plan counted, no more. It runs in steps (one short
-transaction each, which the relay process takes every second), each
-releasing the next messages in id order (so each ordering key's in order: the relay
-sends a key's messages oldest first) at the job's ``rate``, below the destination's, and
-only while fewer than two seconds of them wait to be sent, so that live
-traffic keeps its share whatever the merchant's pace. A step moves ``last_id`` in the
-transaction that releases, so a process killed between steps resumes where the last
-commit left it, and releases nothing twice (recovery_run.py). ``recovery_cancel`` stops
-a job; what it released is sent (discard it to stop that too). One job runs for a
-destination at a time.
+transaction each, which the relay process takes every second), each releasing the next
+messages in id order (so each ordering key's in order: the relay sends a key's messages
+oldest first) at the job's ``rate``, below the destination's, while fewer than two
+seconds of them wait to be sent, and not while the destination's other waiting messages
+grow (its messages are older than live traffic's, so the relay would send them first).
+The later messages of a key that a recovered one held back go as it is delivered, older
+than live traffic too: they are the key's, and its order comes first. A step moves
+``last_id`` in the transaction that releases, so a process killed between steps resumes
+where the last commit left it, and releases nothing twice (recovery_run.py).
+``recovery_cancel`` stops a job; what it released is sent (discard it to stop that
+too). One job runs for a destination at a time.
 
 Every service takes a ``scope`` (tenancy.py); every job keeps who started it, what it
 asked, how many it planned and released, and who cancelled it.
@@ -58,6 +60,7 @@ from .models import (
     RecoveryState,
     WebhookDestination,
 )
+from .relay.wakeups import relay_wake_on_commit
 from .tenancy import Scope
 
 logger = logging.getLogger(__name__)
@@ -189,7 +192,9 @@ def recovery_start(
             dest.paused_until is not None and dest.paused_until > now
         )
         if breaker_ended:
-            scope.destinations().filter(pk=dest.pk).update(paused_until=None)
+            # as destination_enable ends it: the status reads a change since updated_at
+            scope.destinations().filter(pk=dest.pk).update(paused_until=None, updated_at=now)
+            relay_wake_on_commit({dest.pk})
     logger.info(
         "outbox: %s started recovery #%d of %s: %s, %d message(s) admitted since %s%s, at %g/s%s",
         by,

@@ -13,7 +13,7 @@ import math
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from .filters import filter_verdict
@@ -73,12 +73,25 @@ def recovery_step(job_id: int, *, now: datetime | None = None) -> int | None:
         ahead = max(1, math.ceil(job.rate * RELEASED_AHEAD_SECONDS))
         elapsed = max(0.0, (now - (job.stepped_at or now)).total_seconds())
         credit = min(float(ahead), job.credit + job.rate * elapsed)
-        # what waits to be sent: the job's own, and the rest (live traffic, mostly)
+        # what waits to be sent: the job's own, of which those that may go (not held
+        # behind a failed message of their key: they wait for an operator, not the
+        # relay), and the rest (live traffic, mostly)
+        failed_before = OutboxMessage.objects.filter(
+            destination_id=OuterRef("destination_id"),
+            ordering_key=OuterRef("ordering_key"),
+            id__lt=OuterRef("id"),
+            status=MessageStatus.FAILED,
+        ).exclude(ordering_key="")
+        mine = Q(recovery_id=job.pk)
         open_now = OutboxMessage.objects.filter(
             destination_id=job.destination_id,
             status__in=(MessageStatus.PENDING, MessageStatus.SENDING),
-        ).aggregate(everything=Count("id"), its_own=Count("id", filter=Q(recovery_id=job.pk)))
-        waiting, live = open_now["its_own"], open_now["everything"] - open_now["its_own"]
+        ).aggregate(
+            everything=Count("id"),
+            its_own=Count("id", filter=mine),
+            sendable=Count("id", filter=mine & ~Q(Exists(failed_before))),
+        )
+        waiting, live = open_now["sendable"], open_now["everything"] - open_now["its_own"]
         room = min(int(credit), ahead - waiting, STEP_MAX)
         if _falling_behind(job, live):
             room = 0  # live traffic first: the destination has no room to spare

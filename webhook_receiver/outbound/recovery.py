@@ -202,8 +202,8 @@ def recovery_start(
         dest.name,
         RecoveryKind(job.kind).label.lower(),
         job.planned,
-        criteria.since.isoformat(),
-        f" until {criteria.until.isoformat()}" if criteria.until else "",
+        criteria.since.isoformat(timespec="seconds"),
+        f" until {criteria.until.isoformat(timespec='seconds')}" if criteria.until else "",
         job.rate,
         "; its breaker's pause ended" if breaker_ended else "",
         extra={"by": by, "destination": dest.name, "recovery": job.pk},
@@ -292,10 +292,10 @@ def _checked(
     horizon = now - timedelta(days=dest.replay_horizon_days)
     if criteria.since < horizon:
         raise RecoveryRefused(
-            f"{criteria.since.isoformat()} is past {dest.name}'s replay horizon of "
-            f"{dest.replay_horizon_days} days (replay_horizon_days): its receiving end may no "
-            f"longer remember those keys, and could apply them twice. Choose a start at or "
-            f"after {horizon.isoformat(timespec='seconds')}."
+            f"{criteria.since.isoformat(timespec='seconds')} is past {dest.name}'s replay "
+            f"horizon of {dest.replay_horizon_days} days (replay_horizon_days): its receiving "
+            "end may no longer remember those keys, and could apply them twice. Choose a start "
+            f"at or after {horizon.isoformat(timespec='seconds')}."
         )
     if criteria.until is not None and criteria.until <= criteria.since:
         raise RecoveryRefused("the end (until) must come after the start (since)")

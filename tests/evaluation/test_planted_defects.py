@@ -17,7 +17,7 @@ from webhook_receiver.evaluation.run import evaluate
 from webhook_receiver.inbound import claim as inbound_claim
 from webhook_receiver.inbound import receive
 from webhook_receiver.models import WebhookReceipt
-from webhook_receiver.outbound import queries
+from webhook_receiver.outbound import queries, recovery, recovery_run
 from webhook_receiver.outbound.relay import engine, limits, policy, transport
 from webhook_receiver.outbound.relay import round as relay_round
 
@@ -160,6 +160,26 @@ GONE = {
     "admissions": [{"orders": 30, "over": "4m", "events": ["paid", "fulfilled"], "ordering": True}],
 }
 
+# a merchant down for three minutes with a budget of two attempts: what was admitted then
+# fails, and an operator's recovery job sends it again at 1/s once it is back
+RECOVERING = {
+    "destinations": [
+        {
+            "name": "shop",
+            "rate": "5/s",
+            "burst": 5,
+            "max_in_flight": 2,
+            "max_attempts": 2,
+            "backoff_base": "1s",
+            "backoff_cap": "5s",
+            "breaker_threshold": 10000,
+            "faults": [{"down": True, "from": "0s", "until": "3m"}],
+            "recovery": {"at": "4m", "kind": "recover", "since": "0s", "rate": "1/s"},
+        }
+    ],
+    "admissions": [{"orders": 40, "over": "6m"}],
+}
+
 # the sender goes quiet at 20 minutes in a run cut off at an hour: a silence to the end
 TRAILING_SILENCE = {
     "duration": "1h",
@@ -181,6 +201,7 @@ TRAILING_SILENCE = {
         SPENDING,
         TRAILING_SILENCE,
         GONE,
+        RECOVERING,
     ],
 )
 def test_each_scenario_passes_without_a_defect(data):
@@ -385,3 +406,22 @@ def test_a_410_that_disables_nothing_breaks_gone_holds(monkeypatch):
 
     assert "gone-holds" in broken(result)
     assert "before it was enabled" in first(result, "gone-holds")
+
+
+def test_a_recovery_releasing_ten_times_its_pace_breaks_its_rate(monkeypatch):
+    release = recovery_run._release
+    monkeypatch.setattr(
+        recovery_run, "_release", lambda job, room, now: release(job, room * 10, now)
+    )
+
+    result = run(RECOVERING)
+
+    assert "recovery-within-rate" in broken(result)
+
+
+def test_a_recovery_that_sends_delivered_messages_again_breaks_at_least_once(monkeypatch):
+    monkeypatch.setitem(recovery.SELECTS, "recover", "delivered")
+
+    result = run(RECOVERING)
+
+    assert "at-least-once-only" in broken(result)

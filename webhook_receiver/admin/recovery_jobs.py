@@ -195,9 +195,7 @@ class RecoveryJobAdmin(ReadOnlyAdmin):
             "form": form,
             "plan": plan,
             "plan_more": plan.count - len(plan.sample) if plan else 0,
-            "plan_duration": duration_text(timedelta(seconds=min(plan.seconds, 1e9)))
-            if plan
-            else "",
+            "plan_duration": duration_text(plan.duration) if plan else "",
             "media": self.media + form.media,
         }
         request.current_app = self.admin_site.name

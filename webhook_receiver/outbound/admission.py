@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.core.cache import cache
@@ -133,10 +134,7 @@ def enqueue_webhook(
         "payload": payload,
         "metadata": metadata,
         "ordering_key": ordering_key or "",
-        "status": MessageStatus.PENDING if filtered is None else MessageStatus.DISCARDED,
-        "discarded_by": "" if filtered is None else FILTER,
-        "discard_reason": "" if filtered is None else storable.text(filtered, 500),
-        "discarded_at": None if filtered is None else now,
+        **as_filtered(filtered, now),
         "next_attempt_at": now,
         "origin_source": origin[0] if origin else "",
         "origin_event_key": origin[1] if origin else "",
@@ -164,6 +162,17 @@ def enqueue_webhook(
     return Admission(
         destination=destination.name, key=key, created=created, filtered=filtered is not None
     )
+
+
+def as_filtered(left_out: str | None, now: datetime) -> dict[str, Any]:
+    """A new message's status and discard fields as the destination's filter decided
+    (``left_out``: filter_verdict's reason, None when it passed): pending, or discarded
+    by ``filter`` with the reason."""
+    if left_out is None:
+        return {"status": MessageStatus.PENDING, "discarded_by": "", "discard_reason": "",
+                "discarded_at": None}  # fmt: skip
+    return {"status": MessageStatus.DISCARDED, "discarded_by": FILTER,
+            "discard_reason": storable.text(left_out, 500), "discarded_at": now}  # fmt: skip
 
 
 def _checked_metadata(metadata: Any) -> dict[str, Any]:

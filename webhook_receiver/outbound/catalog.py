@@ -247,7 +247,12 @@ def subscribed(subscriptions: Iterable[str], name: str) -> bool:
     entry = _catalog.get(name)
     if entry is None or entry.opt_in:
         return False
-    return any(s.endswith(".*") and name.startswith(s[:-1]) for s in subscriptions)
+    return any(in_group(s, name) for s in subscriptions)
+
+
+def in_group(pattern: str, name: str) -> bool:
+    """Whether ``pattern`` is a ``group.*`` pattern that ``name`` falls under."""
+    return pattern.endswith(".*") and name.startswith(pattern[:-1])
 
 
 def subscription_problem(subscription: str) -> str | None:

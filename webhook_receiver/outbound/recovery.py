@@ -42,7 +42,6 @@ asked, how many it planned and released, and who cancelled it.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -51,7 +50,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from .catalog import subscribed
+from .catalog import in_group, subscribed
 from .models import (
     MessageStatus,
     OutboxMessage,
@@ -108,9 +107,9 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def seconds(self) -> float:
+    def duration(self) -> timedelta:
         """How long its run takes at its rate, at least."""
-        return self.count / self.rate if self.rate > 0 else math.inf
+        return timedelta(seconds=self.count / self.rate)
 
 
 def recovery_plan(
@@ -162,39 +161,38 @@ def recovery_start(
     # relay's to lock while it sends
     dest = _destination(scope, destination)
     plan = recovery_plan(scope=scope, destination=dest, criteria=criteria, rate=rate, now=now)
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                job = RecoveryJob.objects.create(
-                    destination=dest,
-                    kind=criteria.kind,
-                    since=criteria.since,
-                    until=criteria.until,
-                    event_types=list(criteria.event_types),
-                    answer_classes=list(criteria.answer_classes),
-                    ordering_key_prefix=criteria.ordering_key_prefix,
-                    matched_types=plan.matched_types,
-                    rate=plan.rate,
-                    state=RecoveryState.RUNNING,
-                    planned=plan.count,
-                    max_id=plan.max_id,
-                    created_by=by[:150],
-                    created_at=now,
-                    stepped_at=now,
-                )
-        except IntegrityError:
-            running = RecoveryJob.objects.filter(destination=dest, state=RecoveryState.RUNNING)
-            number = running.values_list("pk", flat=True).first()
-            raise RecoveryRefused(
-                f"recovery #{number} of {dest.name} is running: cancel it, or wait for it to end"
-            ) from None
-        breaker_ended = criteria.kind == RecoveryKind.RECOVER and (
-            dest.paused_until is not None and dest.paused_until > now
-        )
-        if breaker_ended:
-            # as destination_enable ends it: the status reads a change since updated_at
-            scope.destinations().filter(pk=dest.pk).update(paused_until=None, updated_at=now)
-            relay_wake_on_commit({dest.pk})
+    breaker_ended = criteria.kind == RecoveryKind.RECOVER and (
+        dest.paused_until is not None and dest.paused_until > now
+    )
+    try:
+        with transaction.atomic():
+            job = RecoveryJob.objects.create(
+                destination=dest,
+                kind=criteria.kind,
+                since=criteria.since,
+                until=criteria.until,
+                event_types=list(criteria.event_types),
+                answer_classes=list(criteria.answer_classes),
+                ordering_key_prefix=criteria.ordering_key_prefix,
+                matched_types=plan.matched_types,
+                rate=plan.rate,
+                state=RecoveryState.RUNNING,
+                planned=plan.count,
+                max_id=plan.max_id,
+                created_by=by[:150],
+                created_at=now,
+                stepped_at=now,
+            )
+            if breaker_ended:
+                # as destination_enable ends it: the status reads a change since updated_at
+                scope.destinations().filter(pk=dest.pk).update(paused_until=None, updated_at=now)
+                relay_wake_on_commit({dest.pk})
+    except IntegrityError:  # the one running job a destination (its constraint)
+        running = RecoveryJob.objects.filter(destination=dest, state=RecoveryState.RUNNING)
+        number = running.values_list("pk", flat=True).first()
+        raise RecoveryRefused(
+            f"recovery #{number} of {dest.name} is running: cancel it, or wait for it to end"
+        ) from None
     logger.info(
         "outbox: %s started recovery #%d of %s: %s, %d message(s) admitted since %s%s, at %g/s%s",
         by,
@@ -335,7 +333,7 @@ def _matched_types(
 
 
 def _asked(asked: Iterable[str], name: str) -> bool:
-    return any(name == a or (a.endswith(".*") and name.startswith(a[:-1])) for a in asked)
+    return any(name == a or in_group(a, name) for a in asked)
 
 
 def selection(

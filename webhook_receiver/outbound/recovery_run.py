@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
+from .admission import as_filtered
 from .filters import filter_verdict
 from .models import (
     MessageStatus,
@@ -37,8 +38,6 @@ RELEASED_AHEAD_SECONDS = 2.0
 STEP_MAX = 500
 # how often the relay process steps the running jobs
 STEP_SECONDS = 1.0
-# who a message written by a missing job's filter was discarded by (as admission's)
-FILTER = "filter"
 
 
 def recovery_steps(now: datetime | None = None) -> list[int]:
@@ -140,7 +139,7 @@ def _release(job: RecoveryJob, room: int, now: datetime) -> tuple[int, int | Non
     looked at, or None when nothing is left)."""
     dest = job.destination
     # the staff's scope: the job was scoped as it started, and its siblings are its
-    # destination's tenant's (``_selection``)
+    # destination's tenant's (``selection``)
     selected = selection(EVERY_TENANT, dest, criteria_of(job), job.matched_types, job.max_id)
     next_rows = selected.filter(id__gt=job.last_id).order_by("id")
     if job.kind != RecoveryKind.MISSING:
@@ -182,15 +181,11 @@ def _written_for(
 ) -> OutboxMessage:
     """The message admission would write now for ``dest``, of the sibling's event."""
     left_out = filter_verdict(dest.filter, sibling.event_type, sibling.payload, sibling.metadata)
-    message = OutboxMessage(
+    return OutboxMessage(
         destination=dest,
-        status=MessageStatus.PENDING if left_out is None else MessageStatus.DISCARDED,
         next_attempt_at=now,
         created_at=now,
         recovery=job,
+        **as_filtered(left_out, now),
         **{name: getattr(sibling, name) for name in _COPIED},
     )
-    if left_out is not None:
-        message.discarded_by, message.discarded_at = FILTER, now
-        message.discard_reason = left_out[:500]
-    return message

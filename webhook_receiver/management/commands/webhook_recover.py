@@ -174,7 +174,7 @@ def plan_text(plan: Plan) -> str:
     lines = [
         f"{plan.destination}: {RecoveryKind(criteria.kind).label.lower()} {span}: "
         f"{plan.count} message(s) would be sent, at {plan.rate:g}/s "
-        f"(about {duration_text(timedelta(seconds=min(plan.seconds, 1e9)))}); nothing was sent "
+        f"(about {duration_text(plan.duration)}); nothing was sent "
         "(dry run)"
     ]
     if plan.matched_types is not None:

@@ -19,7 +19,7 @@ from .answers import (
     retry_after_capped,
     terminal_answer_final,
 )
-from .observed import INF, InvariantResult, Observations, RunView, invariant, when
+from .observed import INF, InvariantResult, Observations, RunView, invariant, over_rate, when
 from .recoveries import recovery_within_rate
 
 
@@ -133,20 +133,17 @@ def limiter_within_rate(v: RunView) -> tuple[int, str]:
         rate = spec.rate_count / spec.rate_seconds
         capacity = max(1, spec.burst)
         times = sorted(a.at for a in arrivals)
-        best, best_i = -INF, 0
-        for j, t in enumerate(times):
-            count += 1
-            if rate * t - j > best:
-                best, best_i = rate * t - j, j
-            # (times are to the microsecond: the bound allows for that much)
-            if (j + 1 - rate * t) + best > capacity + 1e-6 + rate * 1e-6:
-                span = t - times[best_i]
-                return (
-                    count,
-                    f"{name}: {j - best_i + 1} requests from {when(times[best_i])} to "
-                    f"{when(t)} ({span:g} s), above {spec.rate_count}/{spec.rate_seconds:g}s "
-                    f"plus a burst of {capacity} ({rate * span + capacity:g})",
-                )
+        looked, breach = over_rate(times, rate, capacity)
+        count += looked
+        if breach is not None:
+            first, last = breach
+            span = times[last] - times[first]
+            return (
+                count,
+                f"{name}: {last - first + 1} requests from {when(times[first])} to "
+                f"{when(times[last])} ({span:g} s), above {spec.rate_count}/"
+                f"{spec.rate_seconds:g}s plus a burst of {capacity} ({rate * span + capacity:g})",
+            )
         peak = v.obs.max_concurrency.get(name, 0)
         if peak > spec.max_in_flight:
             return (

@@ -84,6 +84,21 @@ def invariant(
     return verdict_of
 
 
+def over_rate(
+    times: list[float], rate: float, allowance: float
+) -> tuple[int, tuple[int, int] | None]:
+    """The first span of ``times`` (sorted seconds) holding more than rate × its length
+    + ``allowance`` of them: (how many times were looked at, the span's first and last
+    index, or None). Times are to the microsecond: the bound allows for that much."""
+    best, best_i = -INF, 0
+    for j, t in enumerate(times):
+        if rate * t - j > best:
+            best, best_i = rate * t - j, j
+        if (j + 1 - rate * t) + best > allowance + 1e-6 + rate * 1e-6:
+            return j + 1, (best_i, j)
+    return len(times), None
+
+
 def when(seconds: float | None) -> str:
     """Simulated time since the start, as +HH:MM:SS(.fff)."""
     if seconds is None or seconds == INF:

@@ -21,7 +21,7 @@ from ..outbound.recovery_run import RELEASED_AHEAD_SECONDS, STEP_SECONDS
 from ..outbound.tenancy import EVERY_TENANT
 from .answers import SUCCESSES
 from .bounds import MAX_BEAT_TICKS, MAX_ENTRIES
-from .observed import INF, Observations, RunView, invariant, when
+from .observed import Observations, RunView, invariant, over_rate, when
 from .reading import Reader
 
 if TYPE_CHECKING:
@@ -161,18 +161,16 @@ def recovery_within_rate(v: RunView) -> tuple[int, str]:
         ahead = max(1, math.ceil(rate * RELEASED_AHEAD_SECONDS))
         allowance = 2 * ahead
         times = sorted(firsts)
-        best, best_i = -INF, 0
-        for j, t in enumerate(times):
-            count += 1
-            if rate * t - j > best:
-                best, best_i = rate * t - j, j
-            if (j + 1 - rate * t) + best > allowance + 1e-6 + rate * 1e-6:
-                span = t - times[best_i]
-                return count, (
-                    f"{what}: {j - best_i + 1} of its messages first arrived from "
-                    f"{when(times[best_i])} to {when(t)} ({span:g} s), above {rate:g}/s × "
-                    f"{span:g} s plus 2 × {ahead} ahead ({rate * span + allowance:g})"
-                )
+        looked, breach = over_rate(times, rate, allowance)
+        count += looked
+        if breach is not None:
+            first, last = breach
+            span = times[last] - times[first]
+            return count, (
+                f"{what}: {last - first + 1} of its messages first arrived from "
+                f"{when(times[first])} to {when(times[last])} ({span:g} s), above {rate:g}/s "
+                f"× {span:g} s plus 2 × {ahead} ahead ({rate * span + allowance:g})"
+            )
     return count, ""
 
 

@@ -41,10 +41,10 @@ from typing import Any
 from tests.support.limits import worst_window
 
 from .cli import bench_main
-from .relay import Receiver, destination
+from .relay import Receiver, destination, with_receiver
 from .relay_scale import EVENT_TYPE, RELAY_APPLICATION, RelayProcess, analyze, order_payload
 from .report import percentile
-from .server import RESULTS_DIR, database_recreate, git_commit
+from .server import RESULTS_DIR, git_commit
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/webhook_receiver_bench_recovery"
 # the destination: its limits above the job's and the live traffic's sum
@@ -137,19 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     url = os.environ.get("BENCH_RECOVERY_DATABASE_URL", DEFAULT_URL)
-    print("preparing the bench database ...", flush=True)
-    database_recreate(url)
-    env = dict(os.environ)
-    env.update(DJANGO_SETTINGS_MODULE="tests.bench.settings", BENCH_DATABASE_URL=url)
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    os.environ.update(env)
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    receiver = Receiver()  # forked before Django opens any connection
-    receiver.start()
-    try:
-        return _run(args, env, url, receiver)
-    finally:
-        receiver.stop()
+    return with_receiver(url, lambda env, receiver: _run(args, env, url, receiver))
 
 
 def _run(args: argparse.Namespace, env: dict[str, str], url: str, receiver: Receiver) -> int:

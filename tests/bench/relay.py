@@ -61,7 +61,7 @@ import signal
 import socket
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
@@ -711,6 +711,14 @@ def run(args: argparse.Namespace) -> int:
     if args.scale_only and args.skip_scale:
         raise SystemExit("--scale-only and --skip-scale: nothing to run")
     url = os.environ.get("BENCH_RELAY_DATABASE_URL", DEFAULT_URL)
+    return with_receiver(url, lambda env, receiver: _run(args, env, url, receiver))
+
+
+def with_receiver(url: str, body: Callable[[dict[str, str], Receiver], int]) -> int:
+    """The bench database at ``url`` made afresh, this process's environment set for it
+    (the bench's settings, its counters in-process), and the receiver forked before
+    Django opens any connection: ``body(env, receiver)``'s exit status, the receiver
+    stopped after it."""
     print("preparing the bench database ...", flush=True)
     database_recreate(url)
     env = dict(os.environ)
@@ -718,12 +726,10 @@ def run(args: argparse.Namespace) -> int:
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     os.environ.update(env)
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-
-    # forked before Django opens any connection
     receiver = Receiver()
     receiver.start()
     try:
-        return _run(args, env, url, receiver)
+        return body(env, receiver)
     finally:
         receiver.stop()
 

@@ -10,6 +10,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tests.support.outbox import destination, message
 from webhook_receiver.management.commands.webhook_recover import parse_moment
@@ -95,3 +97,18 @@ def test_a_time_is_iso_8601_or_a_span_before_now():
     assert parse_moment("1d", now) == now - timedelta(days=1)
     assert parse_moment("2026-12-07T08:00Z", now).isoformat() == "2026-12-07T08:00:00+00:00"
     assert timezone.is_aware(parse_moment("2026-12-07T08:00", now))
+
+
+@settings(max_examples=300)
+@given(text=st.text(max_size=40) | st.from_regex(r"\A\s*\d{1,30}(\.\d{1,5})?\s*(m|min|h|d)\s*\Z"))
+@example(text="99999999999d")
+def test_any_time_given_is_a_moment_or_a_clear_error(text):
+    now = timezone.now()
+    try:
+        moment = parse_moment(text, now)
+    except CommandError as exc:
+        assert "is not a time: give an ISO 8601 time" in str(exc) or (
+            "is further back than a date can be" in str(exc)
+        )
+    else:
+        assert timezone.is_aware(moment)

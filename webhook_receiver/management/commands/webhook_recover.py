@@ -48,7 +48,10 @@ def parse_moment(text: str, now: datetime) -> datetime:
     """An ISO 8601 time (naive: in TIME_ZONE) or a span before ``now`` ("2h")."""
     span = SPAN.match(text)
     if span:
-        return now - timedelta(seconds=float(span[1]) * SPAN_SECONDS[span[2]])
+        try:
+            return now - timedelta(seconds=float(span[1]) * SPAN_SECONDS[span[2]])
+        except OverflowError:
+            raise CommandError(f"{text!r} is further back than a date can be") from None
     try:
         moment = parse_datetime(text.strip())
     except ValueError:

@@ -41,8 +41,9 @@ RECEIVE_BOUND = (18, 68)
 # literal was read in every form a proxy would resolve (egress._literal_host), 90 in 26
 # before the event catalog checked each admission (outbound/catalog.py: the check, its
 # setting, the reason, the counter), 94 in 27 before the destination's filter was read
-# there (outbound/filters.py)
-SEND_BOUND = (28, 95)
+# there (outbound/filters.py), 95 before the filtered fields were cut by one function that
+# recovery jobs share (admission.as_filtered)
+SEND_BOUND = (28, 96)
 
 
 def _app_module(frame: FrameType) -> str | None:

@@ -16,8 +16,7 @@ send, and how many, and writes nothing. A started job is run by the relay proces
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -38,20 +37,19 @@ from ...outbound.recovery import (
     sent_counts,
 )
 from ...outbound.tenancy import EVERY_TENANT
+from ..spans import parse_span
 
-SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m|min|h|d)\s*$")
-SPAN_SECONDS = {"m": 60, "min": 60, "h": 3600, "d": 86400}
 BY = "manage.py webhook_recover"
 
 
 def parse_moment(text: str, now: datetime) -> datetime:
     """An ISO 8601 time (naive: in TIME_ZONE) or a span before ``now`` ("2h")."""
-    span = SPAN.match(text)
-    if span:
-        try:
-            return now - timedelta(seconds=float(span[1]) * SPAN_SECONDS[span[2]])
-        except OverflowError:
-            raise CommandError(f"{text!r} is further back than a date can be") from None
+    try:
+        span = parse_span(text)
+        if span is not None:
+            return now - span
+    except OverflowError:
+        raise CommandError(f"{text!r} is further back than a date can be") from None
     try:
         moment = parse_datetime(text.strip())
     except ValueError:

@@ -15,13 +15,13 @@ from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ..schemes import SCHEMES, get_scheme
 from .egress_proxy import EgressProxy
 from .keys import SETTING, key, key_name, read_keys, reader
+from .portal import PortalKeys
 from .readers import (
     NEW_KEY_HINT,
     TrustedProxies,
@@ -45,7 +45,7 @@ from .readers import (
     text_or_none,
     trusted_proxies,
 )
-from .sources import SOURCES_KEY, ReconcileConfig, SourceConfig, source_config
+from .sources import SOURCES_KEY, SourceConfig, receipts_outlast_reconciliation, source_config
 
 # what callers import from here besides the settings: conf/readers.py defines them
 __all__ = [
@@ -73,8 +73,8 @@ def _sources(value: Any, where: str) -> dict[str, SourceConfig]:
 
 
 @dataclass(frozen=True)
-class AppSettings:
-    """``WEBHOOK_RECEIVER``, read: one field per key, declared where it is read."""
+class _Keys:
+    """The keys of every room but the portal's (conf/portal.py)."""
 
     sources: Mapping[str, SourceConfig] = key(
         SOURCES_KEY,
@@ -403,6 +403,11 @@ class AppSettings:
         "([docs/security.md](security.md#requests-to-addresses-someone-typed))",
     )
 
+
+@dataclass(frozen=True)
+class AppSettings(PortalKeys, _Keys):
+    """``WEBHOOK_RECEIVER``, read: one field per key, declared where it is read."""
+
     @functools.cached_property
     def signature_headers(self) -> frozenset[str]:
         """The signature headers of every built-in scheme and every configured source's."""
@@ -415,27 +420,10 @@ def app_settings() -> AppSettings:
     config = AppSettings(
         **read_keys(AppSettings, getattr(settings, SETTING, {}), SETTING, REMOVED_KEYS)
     )
-    _check_receipts_outlast_reconciliation(config)
+    receipts_outlast_reconciliation(
+        config.receipt_retention, key_name(AppSettings, "receipt_retention"), config.sources
+    )
     return config
-
-
-def _check_receipts_outlast_reconciliation(config: AppSettings) -> None:
-    """Reconciliation looks for a receipt of every event its sender lists in its window:
-    a receipt purged inside that window would be reported missing, and repaired (the
-    event applied a second time)."""
-    retention = config.receipt_retention
-    for slug, source in config.sources.items():
-        if source.reconcile is None:
-            continue
-        reach = source.reconcile.lookback + source.reconcile.margin
-        if reach >= retention:
-            window = " + ".join(key_name(ReconcileConfig, a) for a in ("lookback", "margin"))
-            raise ImproperlyConfigured(
-                f"{SETTING}[{key_name(AppSettings, 'receipt_retention')!r}] "
-                f"({retention.days}) must be longer than the reconciliation window of source "
-                f"{slug!r} ({window} = {int(reach.total_seconds())} s): receipts purged "
-                "inside it would be reported missing and applied again."
-            )
 
 
 def get_source(slug: str) -> SourceConfig | None:

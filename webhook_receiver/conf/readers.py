@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
@@ -193,6 +194,24 @@ def trusted_proxies(value: Any, where: str) -> TrustedProxies | None:
 @reader("a list of header names")
 def header_names(value: Any, where: str) -> frozenset[str]:
     return frozenset(h.lower() for h in value)
+
+
+@reader("a list of origins: `https://host` or `https://host:port`")
+def origin_list(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(item, str) for item in value):
+        raise ImproperlyConfigured(f"{where} must be a list of origins, not {value!r}.")
+    for origin in value:
+        parts = urlsplit(origin)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or origin != (f"{parts.scheme}://{parts.netloc}")
+        ):
+            raise ImproperlyConfigured(
+                f"{where}: {origin!r} is not an origin (a scheme and a host, an optional "
+                "port, nothing after it: https://admin.shop.example)."
+            )
+    return tuple(value)
 
 
 @reader("a list of names and dotted paths")

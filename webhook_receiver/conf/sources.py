@@ -277,3 +277,24 @@ def source_config(slug: str, options: Mapping[str, Any]) -> SourceConfig:
     """A source's options (of the settings, or of a record) read and checked."""
     values = read_keys(SourceConfig, options, source_where(slug), REMOVED_SOURCE_KEYS)
     return SourceConfig(slug=slug, **values)
+
+
+def receipts_outlast_reconciliation(
+    retention: timedelta, retention_key: str, sources: Mapping[str, SourceConfig]
+) -> None:
+    """Reconciliation looks for a receipt of every event its sender lists in its window:
+    a receipt purged inside that window would be reported missing, and repaired (the
+    event applied a second time). ImproperlyConfigured when a source's window reaches
+    ``retention`` (the key ``retention_key``)."""
+    for slug, source in sources.items():
+        if source.reconcile is None:
+            continue
+        reach = source.reconcile.lookback + source.reconcile.margin
+        if reach >= retention:
+            window = " + ".join(key_name(ReconcileConfig, a) for a in ("lookback", "margin"))
+            raise ImproperlyConfigured(
+                f"{SETTING}[{retention_key!r}] ({retention.days}) must be longer than the "
+                f"reconciliation window of source {slug!r} ({window} = "
+                f"{int(reach.total_seconds())} s): receipts purged inside it would be "
+                "reported missing and applied again."
+            )

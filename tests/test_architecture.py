@@ -150,6 +150,30 @@ def test_inbound_and_outbound_never_import_each_other_nor_what_reads_them():
     assert wrong == []
 
 
+def test_only_the_host_facing_rooms_import_the_portal():
+    readers = {"portal", "admin", "management", "urls", "models", "tasks"}
+    assert [
+        (m, t) for m, t in graph_edges() if room(t) == "portal" and room(m) not in readers
+    ] == []
+
+
+def test_the_portals_pages_and_api_reach_records_only_through_the_scoped_layer():
+    # a tenant's records are read through actions.py (the session's scope), never a manager
+    shown = [p for name, p in app_modules().items() if name.startswith(f"{NAME}.portal.")]
+    shown = [p for p in shown if "pages" in p.parts or "api" in p.parts or p.stem == "actions"]
+    managers = [
+        f"{path.relative_to(APP)}:{node.lineno}"
+        for path in shown
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("objects", "_default_manager")
+    ]
+    assert shown and managers == []
+
+
+def graph_edges() -> list[tuple[str, str]]:
+    return [(m, t) for m, targets in graph().items() for t in targets]
+
+
 def test_sources_read_only_the_layers_below_and_the_outbox_encryption():
     allowed = {"conf", "core", "schemes", "exceptions", "sources"}
     wrong = [

@@ -42,8 +42,9 @@ RECEIVE_BOUND = (18, 68)
 # before the event catalog checked each admission (outbound/catalog.py: the check, its
 # setting, the reason, the counter), 94 in 27 before the destination's filter was read
 # there (outbound/filters.py), 95 before the filtered fields were cut by one function that
-# recovery jobs share (admission.as_filtered)
-SEND_BOUND = (28, 96)
+# recovery jobs share (admission.as_filtered), 96 in 28 before a rotation's outgoing
+# secrets signed until their overlap ends (WebhookDestination.signing_with, models.py)
+SEND_BOUND = (29, 97)
 
 
 def _app_module(frame: FrameType) -> str | None:

@@ -25,6 +25,7 @@ from .outbound.models import (
     RecoveryState,
     WebhookDestination,
 )
+from .portal.models import Capability, PortalAction, PortalLink, PortalSession
 from .reconcile.models import ReconciliationRun, RepairItem, RepairKind, RepairStatus, RunOutcome
 from .sources.models import WebhookSource
 from .watch.models import Heartbeat, SilenceAlert, SourceOverview
@@ -32,12 +33,16 @@ from .watch.models import Heartbeat, SilenceAlert, SourceOverview
 __all__ = [
     "RECEIPT_RESULTS",
     "RESOLUTIONS",
+    "Capability",
     "DeliveryAttempt",
     "FailedEvent",
     "FailureStatus",
     "Heartbeat",
     "MessageStatus",
     "OutboxMessage",
+    "PortalAction",
+    "PortalLink",
+    "PortalSession",
     "ReconciliationRun",
     "RecoveryJob",
     "RecoveryKind",

@@ -75,10 +75,12 @@ def retry_failed_events() -> int:
 @shared_task(name="webhook_receiver.purge_audit_records", **PURGE)
 @tolerates_database_errors
 def purge_audit_records() -> int:
-    """Delete audit records past ``AUDIT_RETENTION_DAYS``."""
+    """Delete audit records past ``AUDIT_RETENTION_DAYS``: the receive side's, and the
+    merchant portal's (its actions, and its links and sessions that ended)."""
     from .inbound.audit import audit_purge
+    from .portal.access import portal_purge
 
-    return audit_purge()
+    return audit_purge() + portal_purge()
 
 
 @shared_task(name="webhook_receiver.purge_receipts", **PURGE)

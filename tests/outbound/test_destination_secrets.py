@@ -414,3 +414,32 @@ def test_the_migration_stops_when_no_key_is_set(settings):
     finally:
         with_keys(settings, DESTINATION_SECRET_KEY)
         migrate()
+
+
+def test_a_rotations_outgoing_secrets_are_encrypted_reencrypted_and_checked_too(settings):
+    from datetime import timedelta
+
+    from webhook_receiver.outbound.endpoints import secret_rotate
+    from webhook_receiver.outbound.selectors import destinations_unreadable
+    from webhook_receiver.outbound.tenancy import EVERY_TENANT
+
+    dest = WebhookDestination.objects.create(
+        name="merchant", url="https://m.example/", secrets=[SECRET]
+    )
+    secret_rotate(scope=EVERY_TENANT, destination=dest, overlap=timedelta(hours=1), by="ops")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT retiring_secrets FROM webhook_receiver_webhookdestination")
+        (column,) = cursor.fetchone()
+    retiring = json.loads(column) if isinstance(column, str) else column
+    assert SECRET not in str(retiring) and len(retiring) == 1
+
+    # a key rotation: reencrypt writes them under the new key as well
+    with_keys(settings, NEW_KEY, DESTINATION_SECRET_KEY)
+    call_command("webhook_destination", "reencrypt", stdout=StringIO())
+    with_keys(settings, NEW_KEY)
+    dest.refresh_from_db()
+    assert dest.retiring_secrets == [SECRET] and destinations_unreadable() == []
+
+    # a key that reads neither column: the row is named, not raised
+    with_keys(settings, OTHER_KEY)
+    assert [name for _, name, _ in destinations_unreadable()] == ["merchant"]

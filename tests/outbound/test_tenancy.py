@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from tests.support.outbox import destination, destination_added, failed, message
 from webhook_receiver.models import OutboxMessage, RecoveryJob, WebhookDestination
-from webhook_receiver.outbound import operations, recovery
+from webhook_receiver.outbound import endpoints, operations, recovery
+from webhook_receiver.outbound.endpoints import EndpointFields
 from webhook_receiver.outbound.recovery import Criteria
 from webhook_receiver.outbound.tenancy import EVERY_TENANT, Scope, tenant_scope
 
@@ -49,7 +50,7 @@ def snapshot() -> list[tuple]:
         "id", "status", "failures", "next_attempt_at", "discarded_by"
     )
     destinations = WebhookDestination.objects.order_by("id").values_list(
-        "id", "enabled", "paused_until"
+        "id", "enabled", "paused_until", "url", "secrets"
     )
     jobs = RecoveryJob.objects.order_by("id").values_list("id", "state", "released")
     return [*messages, *destinations, *jobs]
@@ -85,7 +86,19 @@ CASES = {
     "destination_disable": lambda scope, a: operations.destination_disable(
         scope=scope, destination=a["live"].pk, by="b"
     ),
+    "endpoint_update": lambda scope, a: endpoints.endpoint_update(
+        scope=scope, destination=a["live"].pk, fields=CHANGED, by="b"
+    ),
+    "secret_rotate": lambda scope, a: endpoints.secret_rotate(
+        scope=scope, destination=a["live"].pk, overlap=timedelta(hours=1), by="b"
+    ),
+    "send_test_event": lambda scope, a: endpoints.send_test_event(
+        scope=scope, destination=a["live"].pk, event_type="order.paid", by="b"
+    ),
 }
+CHANGED = EndpointFields("https://changed.example/in", ["order.paid"])
+# the services that make a record: it is the scope's tenant's (a test of its own below)
+CREATORS = {"endpoint_create"}
 
 
 # the services that only read: in the tenant's own scope they find, and change nothing
@@ -95,13 +108,13 @@ READERS = {"recovery_plan", "recovery_jobs_shown", "selection"}
 def test_every_service_that_takes_a_scope_has_its_case_here():
     scoped = {
         name
-        for module in (operations, recovery)
+        for module in (endpoints, operations, recovery)
         for name, fn in inspect.getmembers(module, inspect.isfunction)
         if fn.__module__ == module.__name__
         and "scope" in inspect.signature(fn).parameters
         and not name.startswith("_")
     }
-    assert scoped == set(CASES)
+    assert scoped == set(CASES) | CREATORS
 
 
 @pytest.mark.parametrize("service", sorted(CASES))
@@ -151,3 +164,9 @@ def test_the_command_names_the_tenant_of_a_destination():
     assert 'filter {"data.status": "paid"}' in out
     assert WebhookDestination.objects.get(name="acme-hooks").tenant == "acme"
     assert [d.name for d in ACME.destinations()] == ["acme-hooks"]
+
+
+def test_an_endpoint_made_in_a_tenants_scope_is_that_tenants():
+    made, _ = endpoints.endpoint_create(scope=BOLT, fields=CHANGED, by="b")
+    assert made.tenant == "bolt" and list(BOLT.destinations()) == [made]
+    assert not ACME.destinations().filter(pk=made.pk).exists()

@@ -9,6 +9,7 @@
 - outbox_messages (retry now, discard), destinations (health, enable, recover…),
   recovery_jobs (plan, start, follow, cancel)
 - sources (the sources kept as records: secrets by fingerprint, rotation)
+- portal: the merchant portal's links, sessions (revoke) and their audit
 - reconciliation_runs, repair_items (four repairs), silence
 - overview (the overview page and its chart, chart.py) and trace (the trace page)
 
@@ -26,6 +27,7 @@ from . import (
     failed_events,
     outbox_messages,
     overview,
+    portal,
     receipts,
     reconciliation_runs,
     recovery_jobs,

@@ -8,6 +8,12 @@ drf-spectacular makes a webhook's operation with the project's DRF schema class,
 document needs ``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] =
 "drf_spectacular.openapi.AutoSchema"`` (check W007 says so when it is not); the catalog's
 checks at admission need nothing.
+
+The same document describes the merchant portal's JSON API (portal/api/) where the host
+mounts the portal: its ``paths``, made by drf-spectacular from the API's URLconf under the
+prefix the host gave it, and its ``bearerAuth`` security scheme (a portal session's key).
+The URLconf is named, not imported: the outbox does not depend on the portal, and a host
+without the portal gets the events alone.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from django.urls import NoReverseMatch, include, path, reverse
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 from rest_framework.settings import api_settings
@@ -23,6 +30,9 @@ from ..conf import app_settings
 from .catalog import EventType, catalog
 
 SCHEMA_CLASS = "drf_spectacular.openapi.AutoSchema"
+# the portal's JSON API: its URLconf, and one of its routes with what follows the prefix
+PORTAL_API_URLCONF = "webhook_receiver.portal.api.urls"
+PORTAL_API_ROUTE = ("webhook_portal:api_catalog", "catalog/")
 
 # drf-spectacular reads its settings from a global; one document is made at a time
 _making = threading.Lock()
@@ -70,18 +80,31 @@ def catalog_document() -> dict[str, Any]:
         "DESCRIPTION": info.get("description", ""),
         "SERVERS": [],
     }
+    prefix = portal_api_prefix()
+    api = [] if prefix is None else [path(prefix.lstrip("/"), include(PORTAL_API_URLCONF))]
     with _making, patched_settings(patches):
-        generator = SchemaGenerator(patterns=[])
+        generator = SchemaGenerator(patterns=api)
         hooks = [OpenApiWebhook(name=e.name, decorator=_operation(e)) for e in catalog()]
         # the webhooks first: their serializers become components the registry then holds
         webhooks = process_webhooks(hooks, generator.registry)
         root = build_root_object(
-            paths={},
+            paths=generator.parse(None, True) if api else {},
             components=generator.registry.build({}),
             webhooks=webhooks,
             version=None,
         )
         return dict(sanitize_result_object(normalize_result_object(root)))
+
+
+def portal_api_prefix() -> str | None:
+    """Where the host mounted the portal's JSON API (``/webhooks-portal/api/``, with the
+    script's prefix), or None when it did not mount the portal."""
+    name, tail = PORTAL_API_ROUTE
+    try:
+        found = reverse(name)
+    except NoReverseMatch:
+        return None
+    return found.removesuffix(tail) if found.endswith(tail) else None
 
 
 def _operation(entry: EventType) -> Any:

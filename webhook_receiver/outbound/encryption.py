@@ -157,19 +157,27 @@ def stored_secrets_problem(
 
 def secrets_unreadable(row: Any) -> SecretsUnreadable | None:
     """Why a row read through ``with_stored_secrets`` (a destination, a source record)
-    cannot have its secrets read, or None."""
-    stored = getattr(row, "stored_secrets", None)
-    return None if stored is None else stored_secrets_problem(stored)
+    cannot have its secrets read (a destination's rotation's outgoing ones too), or None."""
+    for stored in (getattr(row, "stored_secrets", None), getattr(row, "stored_retiring", None)):
+        problem = None if stored is None else stored_secrets_problem(stored)
+        if problem is not None:
+            return problem
+    return None
 
 
 def with_stored_secrets(queryset: QuerySet[Any]) -> QuerySet[Any]:
     """Rows (destinations, source records) whose secrets are not decrypted as they are
     read (a row no key reads would raise, and fail the whole page): ``stored_secrets``
-    holds the column as stored, for ``secrets_unreadable`` and for counting them."""
-    return queryset.defer("secrets").annotate(
-        stored_secrets=models.ExpressionWrapper(
-            models.F("secrets"), output_field=models.JSONField()
-        )
+    holds the column as stored, for ``secrets_unreadable`` and for counting them (and a
+    destination's ``stored_retiring``, its rotation's outgoing ones)."""
+    stored = {"stored_secrets": "secrets"}
+    if any(f.name == "retiring_secrets" for f in queryset.model._meta.fields):
+        stored["stored_retiring"] = "retiring_secrets"  # a destination's rotation's
+    return queryset.defer(*stored.values()).annotate(
+        **{
+            name: models.ExpressionWrapper(models.F(column), output_field=models.JSONField())
+            for name, column in stored.items()
+        }
     )
 
 

@@ -22,11 +22,17 @@ class WebhookDestination(models.Model):
     # single-shop host
     tenant = models.CharField(max_length=100, blank=True, default="", db_default="", db_index=True)
     url = models.URLField(max_length=2000)
+    # its owner's words for it (the portal shows it beside the name)
+    description = models.CharField(max_length=200, blank=True, default="", db_default="")
     # Standard Webhooks secrets ("whsec_" + base64, signature v1) and Ed25519 signing keys
     # ("whsk_" + base64, signature v1a); during a rotation every one of them signs (the
     # header carries one signature per secret).
     # Stored encrypted (encryption.py): the column holds Fernet tokens, never a secret.
     secrets = EncryptedSecretsField(default=list)
+    # a rotation's outgoing secrets (signing_secrets.secret_rotate): they sign beside
+    # `secrets` until `retiring_until`, then no longer (signing_with)
+    retiring_secrets = EncryptedSecretsField(default=list, blank=True)
+    retiring_until = models.DateTimeField(null=True, blank=True)
     # what it is sent: event types by name, and group.* patterns (catalog.subscribed);
     # empty: nothing
     event_types = models.JSONField(default=list, blank=True)
@@ -89,6 +95,14 @@ class WebhookDestination(models.Model):
     def disabled_by_relay(self) -> bool:
         """Disabled by the relay itself (410 Gone, or failing too long), not an operator."""
         return not self.enabled and bool(self.disabled_reason)
+
+    def signing_with(self, timestamp: float) -> list[str]:
+        """The secrets that sign a request made at ``timestamp`` (Unix seconds): its own,
+        and a rotation's outgoing ones until their overlap ends."""
+        retiring = self.retiring_secrets or []
+        if retiring and self.retiring_until and timestamp < self.retiring_until.timestamp():
+            return [*self.secrets, *retiring]
+        return list(self.secrets)
 
     def subscribes_to(self, event_type: str) -> bool:
         return self.enabled and subscribed(self.event_types or [], event_type)

@@ -197,20 +197,27 @@ def destination_disable(
     return bool(changed)
 
 
+# a destination's encrypted columns: its secrets, and a rotation's outgoing ones
+SECRET_COLUMNS = ["secrets", "retiring_secrets"]
+
+
 def destinations_reencrypt() -> tuple[int, list[str]]:  # the staff's: every tenant's
     """Encrypt every destination's secrets again, under the first key: after a new key
     was put first, so that the old one can be removed. One short transaction per
-    destination, its row locked as the relay's claim locks it; only the secrets column
-    is written. Returns how many destinations it rewrote, and the names of those whose
+    destination, its row locked as the relay's claim locks it; only the secrets columns
+    are written. Returns how many destinations it rewrote, and the names of those whose
     secrets no key decrypts (left as they are: new secrets, or their key, fix them)."""
     done, unreadable = 0, []
     for pk, name in WebhookDestination.objects.order_by("pk").values_list("pk", "name"):
         try:
             with transaction.atomic():
                 dest = (
-                    WebhookDestination.objects.select_for_update().only("id", "secrets").get(pk=pk)
+                    WebhookDestination.objects.select_for_update()
+                    .only("id", *SECRET_COLUMNS)
+                    .get(pk=pk)
                 )
-                dest.save(update_fields=["secrets"])  # read by any key, written by the first
+                # read by any key, written by the first
+                dest.save(update_fields=SECRET_COLUMNS)
         except SecretsNotDecrypted:
             unreadable.append(name)
             continue

@@ -239,7 +239,8 @@ def recovery_jobs_shown(
 ) -> list[RecoveryJob]:
     """The last jobs (of one destination, by name), newest first, each with its
     released messages counted by status (``sent_counts``)."""
-    jobs = scope.recovery_jobs().select_related("destination").defer("destination__secrets")
+    jobs = scope.recovery_jobs().select_related("destination")
+    jobs = jobs.defer("destination__secrets", "destination__retiring_secrets")
     if destination_name is not None:
         jobs = jobs.filter(destination__name=destination_name)
     return list(with_sent_counts(jobs).order_by("-id")[:limit])

@@ -161,8 +161,9 @@ def destinations_unreadable(
     raised."""
     rows = with_stored_secrets(WebhookDestination.objects.using(using).order_by("pk"))
     found = []
-    for pk, name, stored in rows.values_list("pk", "name", "stored_secrets"):
-        problem = stored_secrets_problem(stored, keys)
+    for pk, name, *stored in rows.values_list("pk", "name", "stored_secrets", "stored_retiring"):
+        problems = (stored_secrets_problem(column, keys) for column in stored)
+        problem = next((p for p in problems if p is not None), None)
         if problem is not None:
             found.append((pk, name, problem))
     return found

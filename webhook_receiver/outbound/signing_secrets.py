@@ -8,9 +8,12 @@ A public key (``whpk_``) cannot sign.
 
 from __future__ import annotations
 
+import base64
+import secrets
+
 from ..schemes.base import SECRET_MIN_BYTES
 from ..schemes.standard import key_problem, secret_key
-from ..schemes.standard_keys import is_public_key, is_signing_key
+from ..schemes.standard_keys import is_public_key, is_signing_key, new_signing_key
 
 NOT_A_SECRET = (
     "is not a Standard Webhooks secret: whsec_ followed by base64, or a signing key: "
@@ -37,3 +40,11 @@ def destination_secret_problem(value: str) -> str | None:
             f"at least {SECRET_MIN_BYTES} (e.g. whsec_ + the base64 of 32 random bytes)"
         )
     return None
+
+
+def new_destination_secret(like: str = "") -> str:
+    """A fresh secret of the kind ``like`` is (an Ed25519 signing key for ``whsk_``),
+    else a Standard Webhooks secret of 32 random bytes."""
+    if is_signing_key(like):
+        return new_signing_key()
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from ..outbound.breaker import destination_breaker
-from ..outbound.encryption import stored_secrets_problem, with_stored_secrets
+from ..outbound.encryption import secrets_unreadable, with_stored_secrets
 from ..outbound.models import OutboxMessage, WebhookDestination
 from ..outbound.selectors import destinations_with_health, failed_holding_back
 from .conditions import DESTINATION_CONDITIONS, reasons
@@ -68,7 +68,7 @@ def destination_status(
     (read with_stored_secrets) and, for the held_back reason's words, the failed
     messages holding others back (failed_holding_back)."""
     holding_back, first = (holders or {}).get(dest.pk, (0, None))
-    unreadable = stored_secrets_problem(getattr(dest, "stored_secrets", None))
+    unreadable = secrets_unreadable(dest)
     held = dest.leases_until if dest.sending >= dest.max_in_flight else None
     moments = (dest.last_success_at, dest.last_failure_at, dest.paused_until, dest.updated_at)
     owed = [m for m in (*moments, held) if m is not None]

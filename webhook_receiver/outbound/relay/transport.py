@@ -87,7 +87,7 @@ def signed_request(
     scheme = StandardWebhooks()
     signatures = [
         scheme.sign(secret=secret, body=body, message_id=message.key, timestamp=timestamp)
-        for secret in dest.secrets
+        for secret in dest.signing_with(timestamp)
     ]
     headers = {
         "content-type": "application/json",

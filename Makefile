@@ -23,13 +23,14 @@ install: $(VENV)/.installed
 
 # A fresh .env with random secrets (the Django key, the shop's signing secret, the key
 # that encrypts destinations' secrets: a Fernet key is 32 random bytes in url-safe
-# base64); never overwrites an existing one.
+# base64; the demo merchant's signing secret); never overwrites an existing one.
 .env:
 	@$(BIN)/python -c "import base64, secrets, pathlib; \
 	text = pathlib.Path('.env.example').read_text(); \
 	text = text.replace('DJANGO_SECRET_KEY=change-me', 'DJANGO_SECRET_KEY=' + secrets.token_urlsafe(50)); \
 	text = text.replace('whsec_change-me', 'whsec_' + base64.b64encode(secrets.token_bytes(24)).decode()); \
 	text = text.replace('fernet-change-me', base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()); \
+	text = text.replace('demo-merchant-change-me', 'whsec_' + base64.b64encode(secrets.token_bytes(32)).decode()); \
 	pathlib.Path('.env').write_text(text)"
 	@echo "wrote .env with fresh secrets"
 
@@ -37,9 +38,11 @@ run: install .env
 	@mkdir -p var/broker var/broker-control
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
+	$(BIN)/python manage.py demo_setup --host $(HOST) --port $(PORT)
 	@echo
 	@echo "  Endpoint:  POST http://$(HOST):$(PORT)/webhooks/shop/"
 	@echo "  Admin:     http://$(HOST):$(PORT)/admin/"
+	@echo "  Demo merchant: http://$(HOST):$(PORT)/demo-merchant/ receives the shop's webhooks"
 	@echo "  In another terminal, create an admin user:"
 	@echo "      $(BIN)/python manage.py createsuperuser"
 	@echo "  and send a signed test event (it finds this server; --print-curl for a curl command):"

@@ -224,6 +224,13 @@ if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
         socket_connect_timeout=0.5, socket_timeout=0.5
     )
 
+# --- the demo merchant (project/shop/merchant.py) ----------------------------------
+# The secret it verifies the shop's webhooks with (`make .env` writes one; demo_setup
+# gives it to the demo-merchant destination; unset, no demo merchant), and the share of
+# them it answers 500, so that the relay's retries show (0: never).
+DEMO_MERCHANT_SECRET = env("DEMO_MERCHANT_SECRET", default="")
+DEMO_MERCHANT_FAILURE_RATE = env.float("DEMO_MERCHANT_FAILURE_RATE", default=0.2)
+
 # --- Celery ------------------------------------------------------------------------
 # (a host in the URL, or kombu warns of its absence at every connection)
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://localhost//")

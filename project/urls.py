@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from project.shop.merchant import demo_merchant
 from webhook_receiver.watch.health import health_view
 
 urlpatterns = [
@@ -12,4 +13,6 @@ urlpatterns = [
     path("webhooks-portal/", include("webhook_receiver.portal.urls")),
     path("metrics/", include("webhook_receiver.watch.metrics.urls")),
     path("health/", health_view, name="health"),
+    # a demo stand-in for a merchant's server: `make run` sends it the shop's webhooks
+    path("demo-merchant/", demo_merchant, name="demo-merchant"),
 ]

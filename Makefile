@@ -47,6 +47,9 @@ run: install .env
 	@echo "      $(BIN)/python manage.py createsuperuser"
 	@echo "  and send a signed test event (it finds this server; --print-curl for a curl command):"
 	@echo "      $(BIN)/python manage.py send_test_webhook"
+	@echo "  An order event goes on to the demo merchant; its portal opens with a one-use link:"
+	@echo "      $(BIN)/python manage.py send_test_webhook --type order.paid"
+	@echo "      $(BIN)/python manage.py webhook_portal_link demo --capability recover"
 	@echo "  Stop with Ctrl-C. This serves gunicorn directly, for development only."
 	@echo
 	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m project.devserver --host $(HOST) --port $(PORT)

@@ -152,6 +152,15 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
 # --- webhook_receiver ----------------------------------------------------------------
+
+
+def _served_portal() -> str | None:
+    """The portal's address on the server `make run` runs now (project/devserver.py
+    writes where it serves), or None."""
+    written = VAR_DIR / "devserver-address"
+    return f"{written.read_text().strip()}/webhooks-portal/" if written.exists() else None
+
+
 WEBHOOK_RECEIVER = {
     "SOURCES": {
         "shop": {
@@ -198,6 +207,9 @@ WEBHOOK_RECEIVER = {
     # an HTTP proxy every such request goes through as a CONNECT tunnel (smokescreen,
     # a corporate proxy): http://[user:password@]host:port; unset, none
     "EGRESS_PROXY": env("WEBHOOK_EGRESS_PROXY", default=None),
+    # where merchants reach the portal: the start of the links `webhook_portal_link`
+    # prints; unset, where `make run` serves while it runs (var/devserver-address)
+    "PORTAL_URL": env("WEBHOOK_PORTAL_URL", default=None) or _served_portal(),
     # the outbox relay (manage.py webhook_relay): its database connections, its poll for
     # due messages, whether it listens for admissions (false behind PgBouncer in
     # transaction mode, unless the relay's DATABASE_URL goes straight to PostgreSQL), and

@@ -4,6 +4,7 @@ progress, a job's page, and **Cancel**."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,10 @@ NOTES = {
 }
 # how a portal session's actions are named on the records (actions.who)
 PORTAL_BY = "portal session "
+
+
+def ceil_seconds(span: timedelta) -> timedelta:
+    return timedelta(seconds=math.ceil(span.total_seconds()))
 
 
 def _initial(endpoint: Any) -> dict[str, Any]:
@@ -73,7 +78,8 @@ def _plan_page(
         "form": form,
         "plan": plan,
         "plan_more": plan.count - len(plan.sample) if plan else 0,
-        "plan_duration": duration_text(plan.duration) if plan else "",
+        # whole seconds up: a fifth of a second is "about 1 s", not "about 0 s"
+        "plan_duration": duration_text(ceil_seconds(plan.duration)) if plan else "",
     }
     # an endpoint's page (endpoints/<pk>/recover/): its section is the endpoints'
     return page(request, "recovery_plan.html", context, section="endpoints", status=status)

@@ -146,6 +146,9 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
+# the languages a request may ask for (the merchant portal answers in it: French ships
+# with the app); anything else gets LANGUAGE_CODE
+LANGUAGES = [("en", "English"), ("fr", "Français")]
 TIME_ZONE = "UTC"
 USE_TZ = True
 STATIC_URL = "static/"

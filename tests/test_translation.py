@@ -57,7 +57,7 @@ def test_every_registered_action_of_the_app_has_a_marked_description():
     assert described >= 9
 
 
-@pytest.mark.parametrize("language", ["de", "fr"])
+@pytest.mark.parametrize("language", ["de", "it"])  # languages the app has no catalog of
 def test_a_template_renders_in_english_without_a_catalog(language):
     context = {
         "row": {

@@ -257,7 +257,7 @@ def test_past_the_replay_horizon_a_job_is_refused_and_says_until_when(merchant):
     ("asked", "why"),
     [
         ({"rate": 100}, r"below merchant's own, 100/s"),
-        ({"rate": 0}, r"above 0"),
+        ({"rate": 0}, r"at least 0.001/s"),
         ({"answer_classes": ["6xx"]}, r"no answer class 6xx"),
         ({"kind": "again"}, r"no recovery of kind 'again'"),
         ({"until_minutes": 90}, r"the end \(until\) must come after the start"),

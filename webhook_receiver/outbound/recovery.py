@@ -68,6 +68,9 @@ logger = logging.getLogger(__name__)
 SAMPLE_SIZE = 5
 # a job's rate, when none is asked: this share of the destination's
 DEFAULT_RATE_SHARE = 0.5
+# the slowest a job goes (one message in about 17 minutes): slower, its plan's duration
+# is past any date, and it would never end
+MIN_RATE = 0.001
 ANSWER_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
 # what each kind selects among the destination's messages (missing: among its siblings')
 SELECTS: dict[str, str] = {
@@ -308,10 +311,10 @@ def _checked(
     ceiling = dest.rate_count / dest.rate_seconds if dest.rate_seconds > 0 else 0.0
     if rate is None:
         rate = ceiling * DEFAULT_RATE_SHARE
-    if not (0 < rate < ceiling):
+    if not (MIN_RATE <= rate < ceiling):
         raise RecoveryRefused(
-            f"a recovery's rate must be above 0 and below {dest.name}'s own, {ceiling:g}/s, "
-            f"so that live traffic keeps its share (asked: {rate:g}/s)"
+            f"a recovery's rate must be at least {MIN_RATE:g}/s and below {dest.name}'s own, "
+            f"{ceiling:g}/s, so that live traffic keeps its share (asked: {rate:g}/s)"
         )
     return rate
 

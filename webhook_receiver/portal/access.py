@@ -148,7 +148,7 @@ def portal_exchange(token: str) -> tuple[PortalSession, str]:
             .first()
         )
         if link is None:
-            raise PortalRefused("this link has been used or has expired: ask for a new one")
+            raise PortalRefused(_("this link has been used or has expired: ask for a new one"))
         link.used_at = now
         link.save(update_fields=["used_at"])
         session, key = _session_create(link.tenant, link.capabilities, f"link {link.pk}", link)

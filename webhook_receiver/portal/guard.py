@@ -18,9 +18,10 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils.cache import add_never_cache_headers
+from django.utils import translation
+from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy as _lazy
+from django.utils.translation import gettext_lazy
 from rest_framework.authentication import BaseAuthentication, CSRFCheck
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
@@ -31,7 +32,9 @@ from .access import Portal, TooManyActions, capability_missing_text, portal_of
 from .models import Capability
 
 COOKIE = "webhook_portal"
-SESSION_ENDED = _lazy("Your portal session has ended or was never opened. Ask for a new link.")
+SESSION_ENDED = gettext_lazy(
+    "Your portal session has ended or was never opened. Ask for a new link."
+)
 
 
 class PortalRequest(HttpRequest):
@@ -87,14 +90,33 @@ def portal_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
+def in_request_language(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The view's answer in the request's language (its Accept-Language or language
+    cookie among the host's LANGUAGES, as LocaleMiddleware would choose), whether or not
+    the host translates its other pages: the portal needs no middleware, and the host's
+    hot paths none of its own."""
+
+    @functools.wraps(view)
+    def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        language = translation.get_language_from_request(request)
+        with translation.override(language):
+            response = view(request, *args, **kwargs)
+        response.headers.setdefault("Content-Language", language)
+        patch_vary_headers(response, ("Accept-Language", "Cookie"))
+        return response
+
+    return answered
+
+
 def portal_page(
     capability: Capability | None = None,
 ) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    """A portal page: the request's open session as ``request.portal`` (a Portal), 403
-    without one or without ``capability``."""
+    """A portal page, in the request's language: its open session as ``request.portal``
+    (a Portal), 403 without one or without ``capability``."""
 
     def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @functools.wraps(view)
+        @in_request_language
         def page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             key, _cookie = session_key_of(request)
             portal = portal_of(key)

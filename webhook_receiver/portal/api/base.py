@@ -18,6 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from django.utils import translation
+from django.utils.cache import patch_vary_headers
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -94,6 +96,15 @@ class PortalAPIView(APIView):
 
     def get_exception_handler(self) -> Any:
         return portal_exception_handler
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # in the request's language, as the pages are (guard.in_request_language)
+        language = translation.get_language_from_request(request)
+        with translation.override(language):
+            response = super().dispatch(request, *args, **kwargs)
+        response.headers.setdefault("Content-Language", language)
+        patch_vary_headers(response, ("Accept-Language",))
+        return response
 
     def finalize_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any

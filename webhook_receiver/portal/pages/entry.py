@@ -18,6 +18,7 @@ from ..access import PortalRefused, portal_exchange, portal_of, portal_session_o
 from ..guard import (
     COOKIE,
     PortalRequest,
+    in_request_language,
     portal_headers,
     portal_page,
     refusal,
@@ -31,6 +32,7 @@ TOKEN_MAX_CHARS = 100
 
 
 @require_safe
+@in_request_language
 def enter(request: HttpRequest) -> HttpResponse:
     """A link's landing page: its script posts the fragment's token to ``exchange`` and
     clears it from the address bar; a request that has a session goes to its endpoints."""
@@ -41,6 +43,7 @@ def enter(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
+@in_request_language
 def exchange(request: HttpRequest) -> HttpResponse:
     """A link's token for a session (CSRF-checked like any form post): the cookie is set
     and the browser goes to the endpoints; a used, expired or unknown token is 403."""
@@ -94,6 +97,7 @@ def host_portal(
     endpoints."""
 
     @require_safe
+    @in_request_language
     def view(request: HttpRequest) -> HttpResponse:
         grant = grant_of(request)
         if grant is None:

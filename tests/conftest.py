@@ -68,9 +68,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_seam() -> Iterator[None]:
-    """Each test runs with a fresh seam (core/seam.py): no history of duplicates, so a
-    request claims first until the test's own duplicates say otherwise (or the ``storm``
-    fixture); a jitter generator of its own."""
+    """Each test runs with a fresh seam (core/seam.py): a jitter generator of its own."""
     from webhook_receiver.core import seam
 
     with seam.replaced():
@@ -86,16 +84,6 @@ def _fresh_source_records() -> Iterator[None]:
     records.clear()
     yield
     records.clear()
-
-
-@pytest.fixture
-def storm() -> None:
-    """A redelivery storm on the "shop" source: its last 40 requests were duplicates, so
-    its requests read first (on PostgreSQL) until some ten new events have come."""
-    from webhook_receiver.inbound.claim import duplicate_share
-
-    for _ in range(40):
-        duplicate_share().observe("shop", duplicate=True)
 
 
 @pytest.fixture

@@ -318,9 +318,9 @@ def _explain_job(urls: dict[str, str], out: Any) -> None:
 
 
 def _explain_all(url: str, queries: Any) -> dict[str, Any]:
-    """The claim (new keys: random ones, which land anywhere in the key index, and keys
-    like the bench's, which sort together) and the duplicate read first (a key of the
-    fill, anywhere in the index; a key the last round added), 5 of each."""
+    """The claim of new keys (random ones, which land anywhere in the key index, and keys
+    like the bench's, which sort together) and of stored ones, a duplicate's (a key of
+    the fill, anywhere in the index; a key the last round added), 5 of each."""
     from psycopg.types.json import Jsonb
 
     now = datetime.now(UTC)
@@ -346,8 +346,8 @@ def _explain_all(url: str, queries: Any) -> dict[str, Any]:
         cases = {
             "claim, new random key": (queries.CLAIM_AUDITED, random_keys),
             "claim, new key like the bench's": (queries.CLAIM_AUDITED, bench_like),
-            "duplicate read, stored key": (queries.RECORD_DUPLICATE, old),
-            "duplicate read, recent key": (queries.RECORD_DUPLICATE, recent),
+            "claim, stored key (a duplicate)": (queries.CLAIM_AUDITED, old),
+            "claim, recent key (a duplicate)": (queries.CLAIM_AUDITED, recent),
         }
         found = {}
         for name, (statement, keys) in cases.items():

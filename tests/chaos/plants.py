@@ -53,8 +53,6 @@ def _double_effect(patch: Patch) -> None:
         return replace(found, receipt_id=0, stored_outcome=None)
 
     patch(claim, "_claim", claim_as_if_won)
-    # every duplicate goes through the claim: none is answered by a read first
-    patch(claim, "_reads_first", lambda source: False)
 
 
 def _delivered_without_effect(patch: Patch) -> None:

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 
 import pytest
 from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from project.shop.models import InventoryLedgerEntry
 from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
-from webhook_receiver.inbound import claim, queries
+from webhook_receiver.inbound import queries
 from webhook_receiver.inbound.audit import AuditDraft
 from webhook_receiver.inbound.claim import event_claim_and_apply
 
@@ -90,10 +88,7 @@ def test_only_a_requests_duplicate_commits_relaxed(sync_handler, commits, audite
 
 @pytest.mark.postgres_only("synchronous_commit is a PostgreSQL setting")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("storming", [False, True], ids=["claim first", "read first"])
-def test_inside_a_callers_transaction_nothing_is_relaxed(sync_handler, commits, storming, request):
-    if storming:
-        request.getfixturevalue("storm")
+def test_inside_a_callers_transaction_nothing_is_relaxed(sync_handler, commits):
     with transaction.atomic():
         deliver("sync_own", audited=True)
         deliver("sync_own", audited=True)
@@ -103,54 +98,6 @@ def test_inside_a_callers_transaction_nothing_is_relaxed(sync_handler, commits, 
             assert cursor.fetchone()[0] == "on"
     assert commits == ["on"]
     assert sync_handler == ["on", "on"]
-
-
-@pytest.mark.postgres_only("synchronous_commit is a PostgreSQL setting")
-@pytest.mark.django_db(transaction=True)
-def test_during_a_storm_a_new_events_claim_keeps_its_flush(sync_handler, commits, storm):
-    # given: the read goes first; it misses for a new key
-    # when
-    with CaptureQueriesContext(connection) as captured:
-        assert deliver("sync_miss", audited=True) == "applied"
-
-    # then: the read ran first (after its bounds) and found nothing; the claim's
-    # transaction kept synchronous_commit on, in its handler and at its commit
-    bounds, first, *_ = (q["sql"] for q in captured.captured_queries)
-    assert "set_config('lock_timeout'" in bounds
-    assert "ON CONFLICT" not in first and "webhook_receiver_requestaudit" in first
-    assert sync_handler == ["on"]
-    assert commits == ["on"]
-
-
-@pytest.mark.postgres_only("synchronous_commit is a PostgreSQL setting")
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    ("key", "own_transaction", "expected"),
-    [
-        ("sync_stored", True, "off"),  # a duplicate, in a transaction of our own
-        ("sync_new", True, "on"),  # a new key: the read writes nothing
-        ("sync_stored", False, "on"),  # a duplicate in a caller's transaction
-    ],
-)
-def test_the_duplicates_read_relaxes_only_a_duplicate_of_its_own(key, own_transaction, expected):
-    # given: a stored key, and a request's parameters as the delivery makes them
-    deliver("sync_stored", audited=False)
-    event = WebhookEvent(source="shop", event_key=key, event_type=SYNC, payload={})
-    audit = AuditDraft(source="shop", received_at=timezone.now(), event_key=key)
-    with contextlib.ExitStack() as callers:
-        if not own_transaction:
-            callers.enter_context(transaction.atomic())
-        params = claim._params(
-            event, body=b"{}", headers={}, result=HandlerResult(), audit=audit, received_at=None
-        )
-
-    # when: the read runs (here inside a transaction, to look at what it set for it)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(queries.RECORD_DUPLICATE, params)
-        cursor.execute("SELECT current_setting('synchronous_commit')")
-
-        # then
-        assert cursor.fetchone()[0] == expected
 
 
 def test_every_statement_names_only_the_models_tables():

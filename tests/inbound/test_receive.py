@@ -23,8 +23,7 @@ from tests.support.http import post
 from tests.support.paths import REPO
 from tests.support.signing import as_meta, event_body, reserved, standard_headers
 from tests.support.threads import run_together
-from webhook_receiver.handlers import HandlerResult, WebhookEvent, unregister, webhook_handler
-from webhook_receiver.inbound.claim import duplicate_share, event_claim_and_apply
+from webhook_receiver.handlers import HandlerResult, unregister, webhook_handler
 from webhook_receiver.models import FailedEvent, RequestAudit, Result, WebhookReceipt
 
 URL = "/webhooks/shop/"
@@ -372,43 +371,13 @@ def test_concurrent_versions_of_one_order_converge_on_the_highest(threaded_serve
     assert WebhookReceipt.objects.count() == 32
 
 
-# --- a redelivery storm: the read goes first ------------------------------------------
+# --- a redelivery storm: every duplicate is answered by the claim -----------------------
 
 
 @pytest.mark.django_db
-def test_during_a_storm_the_read_answers_a_duplicate_and_a_miss_goes_on_to_the_claim(
-    client, storm, is_postgres
-):
-    # given: most of the source's recent requests were duplicates
-    body = reserved("ord_storm", ("SKU-A", 2))
-    headers = standard_headers(body, msg_id="msg_storm")
-
-    # when: a new event, then its duplicate
-    with CaptureQueriesContext(connection) as captured:
-        first = post(client, "shop", body, headers)
-        second = post(client, "shop", body, headers)
-
-    # then: the same answers and records as claiming first, the effect applied once
-    assert first.json() == {"status": "applied", "event_key": "msg_storm"}
-    assert second.json() == {
-        "status": "duplicate",
-        "event_key": "msg_storm",
-        "original": first.json(),
-    }
-    assert InventoryLedgerEntry.objects.filter(event_key="msg_storm").count() == 1
-    assert list(RequestAudit.objects.order_by("id").values_list("result", "response_status")) == [
-        ("applied", 200),
-        ("duplicate", 200),
-    ]
-    # and on PostgreSQL the duplicate was answered by the read alone, without a claim
-    claims = sum(CLAIM_CLAUSE in query["sql"] for query in captured.captured_queries)
-    assert claims == (1 if is_postgres else 2)
-
-
-@pytest.mark.django_db
-def test_the_read_goes_first_only_while_most_recent_requests_are_duplicates(client):
-    bodies = [reserved(f"ord_ad{i}", ("SKU-A", 1)) for i in range(40)]
-    ids = [f"msg_adaptive_{i}" for i in range(40)]
+def test_a_storm_of_duplicates_is_answered_by_the_claim_one_statement_each(client):
+    bodies = [reserved(f"ord_st{i}", ("SKU-A", 1)) for i in range(40)]
+    ids = [f"msg_storm_{i}" for i in range(40)]
 
     def deliver_all() -> list[str]:
         return [
@@ -416,37 +385,16 @@ def test_the_read_goes_first_only_while_most_recent_requests_are_duplicates(clie
             for body, msg_id in zip(bodies, ids, strict=True)
         ]
 
-    # new events: the claim goes first
     assert deliver_all() == ["applied"] * 40
-    assert not duplicate_share().read_first("shop")
 
-    # a redelivery storm: once duplicates are the majority, the read goes first
-    assert deliver_all() == ["duplicate"] * 40
-    assert duplicate_share().read_first("shop")
-    assert not duplicate_share().read_first("stripe")  # each source keeps its own share
+    # when: a sender replays them all (duplicates are every request, not a share of them)
+    with CaptureQueriesContext(connection) as captured:
+        assert deliver_all() == ["duplicate"] * 40
 
-    # whichever order answered, every request left its record, and nothing applied twice
+    # then: one path, the claim, for each of them; every request left its record, and
+    # nothing applied twice
+    claims = sum(CLAIM_CLAUSE in query["sql"] for query in captured.captured_queries)
+    assert claims == 40
     assert InventoryLedgerEntry.objects.count() == 40
     assert RequestAudit.objects.filter(result="applied").count() == 40
     assert RequestAudit.objects.filter(result="duplicate").count() == 40
-
-    # new events again: back to claiming first
-    bodies = [reserved(f"ord_ad_new{i}", ("SKU-A", 1)) for i in range(40)]
-    ids = [f"msg_adaptive_new_{i}" for i in range(40)]
-    assert deliver_all() == ["applied"] * 40
-    assert not duplicate_share().read_first("shop")
-
-
-@pytest.mark.django_db
-def test_retries_and_replays_do_not_move_the_duplicate_share():
-    event = WebhookEvent(
-        source="shop", event_key="msg_retried", event_type="customer.updated", payload={}
-    )
-
-    # a retry (or a replay) of one key, 40 times: no request among them
-    statuses = [
-        event_claim_and_apply(event=event, body=b"{}", headers={}).status for _ in range(40)
-    ]
-
-    assert statuses == [Result.IGNORED] + [Result.DUPLICATE] * 39
-    assert not duplicate_share().read_first("shop")

@@ -61,8 +61,8 @@ __all__ = [
 # start-up (E001) with that text, rather than have it silently ignored.
 REMOVED_KEYS: dict[str, str] = {
     "DUPLICATE_CHECK": (
-        "nothing: a delivery starts with the claim, which answers a duplicate too, and "
-        "reads first only during a redelivery storm (removed in 0.2; delete the key)"
+        "nothing: a delivery starts with the claim, which answers a duplicate too "
+        "(removed in 0.2; delete the key)"
     ),
 }
 

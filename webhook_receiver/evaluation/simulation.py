@@ -140,7 +140,7 @@ class Simulation:
     def _patched(self) -> ExitStack:
         """Beat's schedule as the scenario's intervals (which the status's pickup reads:
         watch/pickup.py), and through the seam (core/seam.py) the retry jitter drawn
-        from the seed, and the process's state (the storm detector) the run's own."""
+        from the seed."""
         stack = ExitStack()
         beat = self.scenario.beat
         schedule = {

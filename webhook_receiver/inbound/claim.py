@@ -13,19 +13,12 @@ Every wait is bounded (LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS), from the delivery
 statement on: the bounds travel with it in the same round trip (bounds.execute_bounded),
 so a locked receipts table fails the delivery fast, to be captured as deferred.
 
-The claim comes first, and answers duplicates too. On PostgreSQL, for a request, the
-receive path's own SQL is one statement either way: the claim, which writes the audit
-record with the receipt, or, finding the key taken, returns the receipt's stored outcome,
-records the delivery as a duplicate and, in a transaction of our own, lets that commit
-go without waiting for its WAL flush. On SQLite the audit record is a statement of its
-own, and so is a duplicate's read of its outcome.
-
-A duplicate claimed first still pays a transaction (BEGIN, the claim, COMMIT). During a
-redelivery storm, when most of a source's recent requests were duplicates
-(``DuplicateShare``), a request on PostgreSQL reads first instead: one statement, no
-transaction, answers a duplicate and records it; a miss goes on to the claim, which
-alone decides. There is no setting: both orders are correct, and each is the cheaper
-one for the traffic it is used for.
+The claim comes first, always, and answers duplicates too: there is one path. On
+PostgreSQL, for a request, the receive path's own SQL is one statement: the claim,
+which writes the audit record with the receipt, or, finding the key taken, returns the
+receipt's stored outcome, records the delivery as a duplicate and, in a transaction of
+our own, lets that commit go without waiting for its WAL flush. On SQLite the audit
+record is a statement of its own, and so is a duplicate's read of its outcome.
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from ..core import bounds, seam, sql, storable, tracing
+from ..core import bounds, sql, storable, tracing
 from . import queries
 from .audit import AuditDraft
 from .handlers import HandlerResult, WebhookEvent, get_handler
@@ -78,45 +71,34 @@ def event_claim_and_apply(
     params = _params(
         event, body=body, headers=headers, result=expected, audit=audit, received_at=received_at
     )
-    with connection.cursor() as cursor:  # one cursor for the delivery's statements
-        # During a redelivery storm (DuplicateShare), a request reads first: one
-        # statement, no transaction, answers a duplicate and records it. It is not the
-        # guard: a miss goes on to the claim, which alone decides.
-        if audit is not None and _reads_first(event.source):
-            stored = _record_duplicate(cursor, params)
-            if stored is not None:
-                duplicate_share().observe(event.source, duplicate=True)
-                return _duplicate(event, stored)
-
-        with transaction.atomic():
-            claim = _claim(cursor, params, audited=audit is not None)
-            if audit is not None:  # retries and replays say nothing of the traffic
-                duplicate_share().observe(event.source, duplicate=claim.receipt_id is None)
-            if claim.receipt_id is None:
-                # The key was claimed before, or by a concurrent delivery (ON CONFLICT
-                # waited for it to commit): its outcome is readable now.
-                stored = claim.stored_outcome
-                if stored is None:  # SQLite, a retry or replay, or a receipt committed
-                    stored = _read_outcome(cursor, params)  # after the claim's snapshot
-                if audit is not None and claim.audit_id is None:  # SQLite: not written yet
-                    cursor.execute(queries.INSERT_AUDIT, params | _DUPLICATE_AUDIT)
-                return _duplicate(event, stored)
-
-            if handler:
-                with tracing.span("webhook.handler", event_type=event.event_type):
-                    result = handler(event) or expected
-            else:
-                result = expected
-            if result != expected:
-                params |= sql.adapt(_result_values(event, result), WebhookReceipt)
-                params |= {"receipt_id": claim.receipt_id, "audit_id": claim.audit_id}
-                cursor.execute(queries.UPDATE_RECEIPT_RESULT, params)
-                if claim.audit_id is not None:
-                    cursor.execute(queries.UPDATE_AUDIT_RESULT, params)
-            if resolve_failures and claim.has_open_failure:
-                _resolve_open_failure(event, resolution=result.status)
+    # one cursor for the delivery's statements, in the claim's transaction
+    with connection.cursor() as cursor, transaction.atomic():
+        claim = _claim(cursor, params, audited=audit is not None)
+        if claim.receipt_id is None:
+            # The key was claimed before, or by a concurrent delivery (ON CONFLICT
+            # waited for it to commit): its outcome is readable now.
+            stored = claim.stored_outcome
+            if stored is None:  # SQLite, a retry or replay, or a receipt committed
+                stored = _read_outcome(cursor, params)  # after the claim's snapshot
             if audit is not None and claim.audit_id is None:  # SQLite: not written yet
-                cursor.execute(queries.INSERT_AUDIT, params | {"response_status": 200})
+                cursor.execute(queries.INSERT_AUDIT, params | _DUPLICATE_AUDIT)
+            return _duplicate(event, stored)
+
+        if handler:
+            with tracing.span("webhook.handler", event_type=event.event_type):
+                result = handler(event) or expected
+        else:
+            result = expected
+        if result != expected:
+            params |= sql.adapt(_result_values(event, result), WebhookReceipt)
+            params |= {"receipt_id": claim.receipt_id, "audit_id": claim.audit_id}
+            cursor.execute(queries.UPDATE_RECEIPT_RESULT, params)
+            if claim.audit_id is not None:
+                cursor.execute(queries.UPDATE_AUDIT_RESULT, params)
+        if resolve_failures and claim.has_open_failure:
+            _resolve_open_failure(event, resolution=result.status)
+        if audit is not None and claim.audit_id is None:  # SQLite: not written yet
+            cursor.execute(queries.INSERT_AUDIT, params | {"response_status": 200})
     return ReceiveOutcome(
         status=result.status, event_key=event.event_key, outcome=_outcome(event, result)
     )
@@ -190,21 +172,6 @@ def _outcome(event: WebhookEvent, result: HandlerResult) -> dict[str, Any]:
     return outcome
 
 
-def _reads_first(source: str) -> bool:
-    """Whether a request from ``source`` starts with the duplicate's read (PostgreSQL
-    only: the read relaxes its own commit, which SQLite has no setting for)."""
-    return connection.vendor == "postgresql" and duplicate_share().read_first(source)
-
-
-def _record_duplicate(cursor: CursorWrapper, params: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Reading first: the stored outcome of a key that has a receipt, the delivery
-    recorded as a duplicate by the same statement; None for a new key (nothing written).
-    Bounded as a delivery's first statement is."""
-    bounds.execute_bounded(cursor, queries.RECORD_DUPLICATE, params)
-    found = cursor.fetchone()
-    return None if found is None else _stored_outcome(found[0])
-
-
 def _read_outcome(cursor: CursorWrapper, params: Mapping[str, Any]) -> dict[str, Any]:
     """The stored outcome of a key the claim found taken (in the claim's transaction,
     under its bounds)."""
@@ -274,38 +241,3 @@ def failed_events_mark_resolved(ids: list[int], *, resolution: str, at: datetime
         next_attempt_at=None,
         updated_at=timezone.now(),
     )
-
-
-class DuplicateShare:
-    """Per process and source, the share of recent requests that were duplicates,
-    weighted over about the last ``1 / WEIGHT`` of them; while it is at least half, a
-    request reads first (``read_first``).
-
-    Claiming first, a duplicate pays a transaction (BEGIN, the claim, COMMIT); reading
-    first, a new event pays a statement more. Most traffic is new events, so the claim
-    goes first; during a redelivery storm (a sender replaying its backlog after an
-    outage) duplicates are the majority and the read goes first: measured, some 10%
-    fewer instructions and 10% more duplicates a second than claiming first, with new
-    events unchanged. Both orders are correct: the claim is the guard either way.
-    Updated without a lock: a lost update only nudges a heuristic. One per process,
-    held by the seam (``duplicate_share``).
-    """
-
-    WEIGHT = 1 / 16
-
-    def __init__(self) -> None:
-        self._shares: dict[str, float] = {}
-
-    def read_first(self, source: str) -> bool:
-        return self._shares.get(source, 0.0) >= 0.5
-
-    def observe(self, source: str, *, duplicate: bool) -> None:
-        """Record one request's answer."""
-        share = self._shares.get(source, 0.0)
-        self._shares[source] = share + self.WEIGHT * (float(duplicate) - share)
-
-
-def duplicate_share() -> DuplicateShare:
-    """The process's share, kept by the seam (core/seam.py): a harness's run, or a test,
-    that puts a fresh seam in place starts with no history."""
-    return seam.current().state(DuplicateShare)

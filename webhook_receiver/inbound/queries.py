@@ -4,9 +4,8 @@ Parameters are named, and one dict per delivery holds them all (``claim._params`
 receipt's columns, the audit record's (the two share source, event key, message id,
 signature timestamp and receipt time, which are the same values), the ids and results
 that the later statements need, and the bounds. On PostgreSQL a delivery's first
-statement (the claim, or during a redelivery storm the duplicate's read) is sent after
-``bounds.BOUND``, in the same round trip: its lock and statement timeouts bound that
-statement and the claim's transaction.
+statement (the claim) is sent after ``bounds.BOUND``, in the same round trip: its lock
+and statement timeouts bound that statement and the claim's transaction.
 Table names are the models' ``db_table`` (a test checks them). Statements run on
 PostgreSQL and SQLite alike unless their comment says otherwise: only PostgreSQL lets
 one statement insert into two tables.
@@ -62,26 +61,6 @@ _HAS_OPEN_FAILURE = f"""
 READ_OUTCOME = """
     SELECT outcome FROM webhook_receiver_webhookreceipt
     WHERE source = %(source)s AND event_key = %(event_key)s
-"""
-
-# Reading first, for a request (PostgreSQL, during a redelivery storm: claim.DuplicateShare):
-# if the key has a receipt, record this delivery as a duplicate and return the receipt's
-# outcome; for a new key, write nothing and return no row. Run outside the claim's
-# transaction; with %(relax_duplicate)s (no caller's transaction either: autocommit) the
-# duplicate's record commits without waiting for its WAL flush, and the setting ends with
-# this statement's own transaction.
-RECORD_DUPLICATE = f"""
-    {_AUDIT}
-    SELECT
-        source, %(message_id)s, event_key, %(signature_timestamp)s, %(verification)s,
-        %(body_sha256)s, %(body_size)s, %(remote_addr)s, %(received_at)s,
-        %(secret_fingerprint)s, '{DUPLICATE}', 200
-    FROM webhook_receiver_webhookreceipt
-    WHERE source = %(source)s AND event_key = %(event_key)s
-    RETURNING
-        (SELECT outcome FROM webhook_receiver_webhookreceipt
-         WHERE source = %(source)s AND event_key = %(event_key)s),
-        CASE WHEN %(relax_duplicate)s THEN set_config('synchronous_commit', 'off', true) END
 """
 
 # The claim (PostgreSQL), for a request: insert the receipt unless its key is taken, and

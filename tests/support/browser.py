@@ -139,14 +139,18 @@ def distinct_colours(png: bytes) -> int:
 
 def click_through(driver, element) -> None:
     """Click, and wait for the page the click leads to: a click returns before the
-    browser has navigated."""
+    browser has navigated. While it navigates, chromedriver may answer a look at the old
+    page with "unhandled inspector error" (its context is going) rather than "stale":
+    that is asked again, not raised."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(page))
+    wait = WebDriverWait(driver, 15, ignored_exceptions=(WebDriverException,))
+    wait.until(expected_conditions.staleness_of(page))
 
 
 def no_sideways_scroll(driver, box: str | None = "#changelist .results") -> None:

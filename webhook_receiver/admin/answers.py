@@ -4,9 +4,9 @@ change the destination (``change_webhookdestination``), its status and size to o
 A merchant's answer is text someone else wrote: it can echo the request, carry a stack
 trace or a token of its own. Whoever may change where the outbox sends needs to read it;
 whoever may only look at the messages learns that an answer came, its status and its
-size. A message's ``last_error`` is its last answer's excerpt when it has a status code
-(outbound/relay/record.py), so the list's and the page's "last answer" follow the same
-rule as the attempts table.
+size. A message's ``last_error`` is its last answer's excerpt when it has a status code, so
+the list's and the page's "last answer" (core/display.answer_shown, as the portal shows
+it) follow the same rule as the attempts table.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from ..core.display import answer_shown
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from .base import _ModelAdminMixin
-from .cells import full_time, last_answer_text
+from .cells import full_time
 
 # a message's page shows its newest attempts (a destination pacing us with 429s can
 # make many: they do not spend the retry budget)
@@ -51,14 +52,6 @@ def hidden_size(text: str) -> str:
         "%(size)d bytes, hidden: you may not change this destination",
         size,
     ) % {"size": size}
-
-
-def answer_text(status_code: int | None, error: str, *, readable: bool) -> str:
-    """last_answer_text, with the answer's text as its size unless ``readable``. With no
-    status code, ``error`` is the app's own account (ConnectError, EgressRefused)."""
-    if readable or status_code is None or not error:
-        return last_answer_text(status_code, error)
-    return f"HTTP {status_code} ({hidden_size(error)})"
 
 
 def attempts_table(message: OutboxMessage, *, readable: bool) -> str:
@@ -141,7 +134,8 @@ class AnswerFields(_ModelAdminMixin):
 
     @staticmethod
     def _last(obj: OutboxMessage, readable: bool) -> str:
-        return answer_text(obj.last_status_code, obj.last_error, readable=readable)
+        hidden = None if readable else hidden_size
+        return answer_shown(obj.last_status_code, obj.last_error, hidden=hidden)
 
     @admin.display(description=_("last answer"), ordering="last_status_code")
     def last_answer(self, obj: OutboxMessage) -> str:

@@ -72,15 +72,6 @@ def moment_cell(moment: datetime | None, empty: str = "-") -> str:
     return format_html('<span title="{}">{}</span>', full_time(moment), compact_time(moment))
 
 
-def last_answer_text(status_code: int | None, error: str) -> str:
-    """ "HTTP 503: upstream unavailable" or "ConnectError: …": what the destination last
-    answered, or why it could not."""
-    text = " ".join(error.split())
-    if status_code is not None:
-        return f"HTTP {status_code}: {text}" if text else f"HTTP {status_code}"
-    return text
-
-
 def history_html(entries: Any, row: str, keys: Sequence[str], missing: str = "") -> str:
     """A stored JSON list of records (an error history, an action history) as ``row``
     (a format_html string) per record, filled with the values of ``keys``: ``missing``

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -159,6 +159,24 @@ def _masked_pair(pair: str) -> str:
     if equals:
         return f"{name}={MASK}" if value else pair
     return MASK if pair else pair
+
+
+def answer_shown(
+    status_code: int | None, error: str, *, hidden: Callable[[str], str] | None = None
+) -> str:
+    """What a destination last answered, as the admin's and the portal's pages show it:
+    "HTTP 503: upstream unavailable"; with no status code, the app's own account of why
+    there was no answer ("ConnectError: …"), never hidden. With ``hidden`` (for whoever
+    may not read what a merchant's server wrote), "HTTP 503 (412 bytes, hidden)": the
+    words ``hidden(error)`` says in place of its text."""
+    text = " ".join(error.split())
+    if status_code is None:
+        return text
+    if not text:
+        return f"HTTP {status_code}"
+    if hidden is not None:
+        return f"HTTP {status_code} ({hidden(error)})"
+    return f"HTTP {status_code}: {text}"
 
 
 def duration_text(delta: timedelta) -> str:

@@ -20,7 +20,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_POST, require_safe
 
-from ...core.display import json_text
+from ...core.display import answer_shown, json_text
 from ...outbound.admission import FILTER
 from ...outbound.endpoints import offered_catalog
 from ...outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage
@@ -49,20 +49,6 @@ def state_label(status: str) -> str:
 def hidden_size(text: str) -> str:
     size = len(text.encode("utf-8", "surrogatepass"))
     return ngettext("%(size)d byte, hidden", "%(size)d bytes, hidden", size) % {"size": size}
-
-
-def answer_text(status_code: int | None, error: str, *, readable: bool) -> str:
-    """ "HTTP 503: upstream down", or "HTTP 503 (412 bytes, hidden)" for a session that
-    may not read answers; with no status code, the relay's own account (a refused
-    connection, a timeout), which is never the merchant's text."""
-    text = " ".join(error.split())
-    if status_code is None:
-        return text
-    if not text:
-        return f"HTTP {status_code}"
-    if readable:
-        return f"HTTP {status_code}: {text}"
-    return f"HTTP {status_code} ({hidden_size(error)})"
 
 
 def wrapping(text: str) -> SafeString:
@@ -112,10 +98,11 @@ def message_list(request: PortalRequest) -> HttpResponse:
             form.add_error("status", str(refused))
     listed = Paginator(found, PAGE_SIZE).get_page(request.GET.get("page"))
     readable = actions.may_read_answers(portal)
+    hidden = None if readable else hidden_size
     may_retry = portal.may(Capability.RECOVER)
     rows = []
     for m in listed:
-        full = answer_text(m.last_status_code, m.last_error, readable=readable)
+        full = answer_shown(m.last_status_code, m.last_error, hidden=hidden)
         retryable = may_retry and m.status in RETRYABLE
         rows.append(
             Row(m, state_label(m.status), _short(full), full[:ANSWER_TITLE_CHARS], retryable)
@@ -224,7 +211,11 @@ def message_detail(request: PortalRequest, pk: int) -> HttpResponse:
         "message": message,
         "state": state_label(message.status),
         "payload": json_text(message.payload),
-        "answer": answer_text(message.last_status_code, message.last_error, readable=readable),
+        "answer": answer_shown(
+            message.last_status_code,
+            message.last_error,
+            hidden=None if readable else hidden_size,
+        ),
         "attempts": attempts,
         "earlier": message.attempt_count - len(attempts),  # type: ignore[attr-defined]
         "by_filter": message.discarded_by == FILTER,

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import translation
@@ -32,6 +32,8 @@ from .access import Portal, TooManyActions, capability_missing_text, portal_of
 from .models import Capability
 
 COOKIE = "webhook_portal"
+# a page's answer, or the API's (DRF's Response)
+Answer = TypeVar("Answer", bound=HttpResponseBase)
 SESSION_ENDED = gettext_lazy(
     "Your portal session has ended or was never opened. Ask for a new link."
 )
@@ -90,14 +92,14 @@ def portal_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
-def in_request_language(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+def in_request_language(view: Callable[..., Answer]) -> Callable[..., Answer]:
     """The view's answer in the request's language (its Accept-Language or language
     cookie among the host's LANGUAGES, as LocaleMiddleware would choose), whether or not
     the host translates its other pages: the portal needs no middleware, and the host's
     hot paths none of its own."""
 
     @functools.wraps(view)
-    def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> Answer:
         language = translation.get_language_from_request(request)
         with translation.override(language):
             response = view(request, *args, **kwargs)

@@ -18,8 +18,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from django.utils import translation
-from django.utils.cache import patch_vary_headers
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -36,7 +34,12 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from ...outbound.endpoints import EndpointRefused
 from ..access import Portal, TooManyActions
-from ..guard import PortalAuthentication, PortalCapability, portal_headers
+from ..guard import (
+    PortalAuthentication,
+    PortalCapability,
+    in_request_language,
+    portal_headers,
+)
 
 PAGE_SIZE = 50
 SURROGATES = re.compile("[\ud800-\udfff]")
@@ -98,13 +101,8 @@ class PortalAPIView(APIView):
         return portal_exception_handler
 
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        # in the request's language, as the pages are (guard.in_request_language)
-        language = translation.get_language_from_request(request)
-        with translation.override(language):
-            response = super().dispatch(request, *args, **kwargs)
-        response.headers.setdefault("Content-Language", language)
-        patch_vary_headers(response, ("Accept-Language",))
-        return response
+        # in the request's language, as the pages are
+        return in_request_language(super().dispatch)(request, *args, **kwargs)
 
     def finalize_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any

@@ -127,6 +127,30 @@ def is_json_storable(value: str) -> bool:
     return "\x00" not in value and (value.isascii() or not any(map(_json_unstorable, value)))
 
 
+def json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` (JSON as parsed, from someone who must be told: the portal's API)
+    cannot be stored as it is in a text or JSON column, or None: a NUL or a lone
+    surrogate in a string or key, a number JSON has not, nesting past 32 levels. The
+    refusing twin of json_value, which keeps a peer's JSON by escaping instead."""
+    if depth > 32:
+        return "nested too deep"
+    if isinstance(value, str):
+        if is_json_storable(value):
+            return None
+        if "\x00" in value:
+            return "a NUL character cannot be stored"
+        return "a lone surrogate is not text"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a number out of range"
+    if isinstance(value, Mapping):
+        items: list[Any] = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    return next((p for p in (json_problem(v, depth + 1) for v in items) if p), None)
+
+
 def _json_text(value: str) -> str:
     if is_json_storable(value):
         return value

@@ -13,7 +13,6 @@ permission, throttling, parser or renderer never reaches the portal), its header
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +31,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView, set_rollback
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from ...core import storable
 from ...outbound.endpoints import EndpointRefused
 from ..access import Portal, TooManyActions
 from ..guard import (
@@ -165,36 +165,12 @@ def flattened(detail: Any, prefix: str = "") -> dict[str, str]:
 # --- fields that PostgreSQL can store -------------------------------------------------
 
 
-def storable_problem(value: Any, depth: int = 0) -> str | None:
-    """Why ``value`` (JSON as parsed) cannot be stored in a text or JSON column: a NUL
-    character or a lone surrogate in a string, a number out of range; None when it can."""
-    if depth > 32:
-        return "nested too deep"
-    if isinstance(value, str):
-        if "\x00" in value:
-            return "a NUL character cannot be stored"
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "a lone surrogate is not text"
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return "a number out of range"
-    if isinstance(value, Mapping):
-        items: list[Any] = [*value.keys(), *value.values()]
-    elif isinstance(value, list):
-        items = value
-    else:
-        return None
-    return next((p for p in (storable_problem(v, depth + 1) for v in items) if p), None)
-
-
 class Text(serializers.CharField):
     """A CharField whose value PostgreSQL can store (no lone surrogate; DRF refuses NUL)."""
 
     def to_internal_value(self, data: Any) -> str:
         value = super().to_internal_value(data)
-        problem = storable_problem(value)
+        problem = storable.json_problem(value)
         if problem:
             raise ValidationError(problem)
         return value
@@ -205,7 +181,7 @@ class Json(serializers.JSONField):
 
     def to_internal_value(self, data: Any) -> Any:
         value = super().to_internal_value(data)
-        problem = storable_problem(value)
+        problem = storable.json_problem(value)
         if problem:
             raise ValidationError(problem)
         try:

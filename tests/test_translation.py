@@ -14,7 +14,7 @@ from django.template.loader import render_to_string
 from django.utils import translation
 from django.utils.functional import Promise
 
-from webhook_receiver.core.display import duration_text
+from webhook_receiver.presentation.display import duration_text
 from webhook_receiver.watch.conditions import SOURCE_CONDITIONS
 
 APP = apps.get_app_config("webhook_receiver")

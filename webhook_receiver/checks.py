@@ -16,9 +16,9 @@ from django.utils.module_loading import import_string
 from . import schemes
 from .conf import NEW_KEY_HINT, app_settings
 from .conf.readers import fernet_key_problem
+from .core.encryption import SecretsNotDecrypted, is_token, secrets_decrypt
 from .inbound.handlers import registration_conflicts
 from .outbound import catalog as event_catalog
-from .outbound.encryption import SecretsNotDecrypted, is_token, secrets_decrypt
 from .outbound.models import WebhookDestination
 from .outbound.selectors import destinations_unreadable
 from .reconcile.adapters import BUILT_IN

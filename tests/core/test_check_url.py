@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from webhook_receiver.conf import parse_networks
-from webhook_receiver.core.egress import EgressGuard, UrlRefused, check_url
+from webhook_receiver.network.egress import EgressGuard, UrlRefused, check_url
 
 GUARD = EgressGuard()
 LOOPBACK = EgressGuard(allowed=parse_networks("127.0.0.0/8, ::1/128"))

@@ -1,4 +1,4 @@
-"""How a peer's text is shown (``core.display``): bidirectional controls and invisible
+"""How a peer's text is shown (``presentation.display``): bidirectional controls and invisible
 characters as escapes, the rule checked against Python's own Unicode tables and fuzzed;
 stored JSON printed whole however deep it nests. (The pages, commands and hooks that use
 it: tests/admin/test_peer_text_display.py.)"""
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.peer_text import NAMED, OTHER_INVISIBLE, SPOOFED_TYPE, assert_no_invisible, deep
-from webhook_receiver.core import display
+from webhook_receiver.presentation import display
 
 # --- the rule --------------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tests.support.listener import Listener, listening
 from webhook_receiver.conf import parse_networks
-from webhook_receiver.core import peer_http
-from webhook_receiver.core.egress import EgressGuard, EgressRefused
+from webhook_receiver.network import peer_http
+from webhook_receiver.network.egress import EgressGuard, EgressRefused
 
 GUARD = EgressGuard()
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_receiver.core.egress import EgressGuard, EgressRefused, literal_addresses
+from webhook_receiver.network.egress import EgressGuard, EgressRefused, literal_addresses
 from webhook_receiver.reconcile.adapters import SenderUnavailable
 from webhook_receiver.reconcile.adapters.stripe import list_events
 
@@ -97,7 +97,7 @@ def test_blocks_no_public_service_uses_are_refused(address, rule):
 
 def test_a_names_refusal_keeps_its_address_for_the_log(caplog):
     with (
-        caplog.at_level(logging.WARNING, logger="webhook_receiver.core.egress"),
+        caplog.at_level(logging.WARNING, logger="webhook_receiver.network.egress"),
         pytest.raises(EgressRefused) as refused,
     ):
         GUARD.check("db.internal.example", [ipaddress.ip_address("127.0.0.9")])

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from tests.support.connect_proxy import DENY, DROP, HANG, RAW, connect_proxy
 from webhook_receiver.conf.egress_proxy import EgressProxy, parse_egress_proxy
-from webhook_receiver.core import peer_http
-from webhook_receiver.core.egress import EgressGuard, EgressRefused
-from webhook_receiver.core.egress_tunnel import (
+from webhook_receiver.network import peer_http
+from webhook_receiver.network.egress import EgressGuard, EgressRefused
+from webhook_receiver.network.egress_tunnel import (
     MAX_ANSWER_BYTES,
     EgressProxyRefused,
     parse_answer,

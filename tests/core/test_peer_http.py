@@ -1,4 +1,4 @@
-"""Reading a peer's HTTP answers (``core.peer_http``): Retry-After as seconds or an HTTP
+"""Reading a peer's HTTP answers (``network.peer_http``): Retry-After as seconds or an HTTP
 date, capped; anything else is no number at all."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.fuzzing import PURE
-from webhook_receiver.core.peer_http import parse_retry_after
+from webhook_receiver.network.peer_http import parse_retry_after
 
 
 def test_retry_after_reads_seconds_and_http_dates_and_is_capped():

@@ -20,8 +20,8 @@ from project.shop import events
 from tests.support.http import post
 from tests.support.signing import event_body, standard_headers
 from tests.support.worker import relay_in_background, wait_for
-from webhook_receiver.core.egress import UrlRefused, check_url
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
+from webhook_receiver.network.egress import UrlRefused, check_url
 from webhook_receiver.outbound.catalog import catalog
 from webhook_receiver.outbound.relay.messages import Claimed
 from webhook_receiver.outbound.relay.transport import signed_request

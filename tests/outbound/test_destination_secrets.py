@@ -27,9 +27,9 @@ from standardwebhooks import Webhook
 from tests.settings import DESTINATION_SECRET_KEY
 from tests.support import ed25519_rfc8032 as rfc8032
 from webhook_receiver.checks import check_destination_secrets, check_destination_secrets_readable
+from webhook_receiver.core.encryption import SecretsUnreadable
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.encryption import SecretsUnreadable
 from webhook_receiver.outbound.relay.process import destination_relay
 from webhook_receiver.schemes import verify
 from webhook_receiver.schemes.standard_keys import new_signing_key, public_key_of
@@ -279,7 +279,7 @@ def test_a_wrong_key_leaves_the_status_pages_answering(receiver, settings, admin
 
 def test_a_key_that_is_not_a_fernet_key_is_named_by_its_position_never_shown(settings):
     from webhook_receiver.conf import app_settings
-    from webhook_receiver.outbound.encryption import secrets_decrypt, secrets_encrypt
+    from webhook_receiver.core.encryption import secrets_decrypt, secrets_encrypt
 
     tokens = secrets_encrypt(["whsec_" + "a" * 40], keys=[NEW_KEY])
     with_keys(settings, NEW_KEY, "not-a-key-at-all")

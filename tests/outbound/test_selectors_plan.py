@@ -12,8 +12,8 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.support.outbox import destination
+from webhook_receiver.core.encryption import with_stored_secrets
 from webhook_receiver.models import OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.encryption import with_stored_secrets
 from webhook_receiver.outbound.selectors import destinations_with_health
 
 pytestmark = [

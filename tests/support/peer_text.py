@@ -4,7 +4,7 @@ others, JSON nested as deep as one likes; and the check that shown text holds no
 
 from __future__ import annotations
 
-from webhook_receiver.core import display
+from webhook_receiver.presentation import display
 
 # "refund.issinued.ok" to the eye: the override reverses "deunissi" on screen
 SPOOFED_TYPE = "refund.\u202edeunissi\u202c.ok"

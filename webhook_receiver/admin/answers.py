@@ -5,7 +5,7 @@ A merchant's answer is text someone else wrote: it can echo the request, carry a
 trace or a token of its own. Whoever may change where the outbox sends needs to read it;
 whoever may only look at the messages learns that an answer came, its status and its
 size. A message's ``last_error`` is its last answer's excerpt when it has a status code, so
-the list's and the page's "last answer" (core/display.answer_shown, as the portal shows
+the list's and the page's "last answer" (presentation/display.answer_shown, as the portal shows
 it) follow the same rule as the attempts table.
 """
 
@@ -19,8 +19,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core.display import answer_shown
 from ..outbound.models import DeliveryAttempt, OutboxMessage, WebhookDestination
+from ..presentation.display import answer_shown
 from .base import _ModelAdminMixin
 from .cells import full_time
 

@@ -22,8 +22,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core import display, storable
+from ..core import storable
 from ..inbound.models import FailedEvent, WebhookReceipt
+from ..presentation import display
 from .cells import pre
 
 # The mixins below are model admins' (they call its methods and override its views): the

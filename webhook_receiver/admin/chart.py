@@ -1,4 +1,4 @@
-"""The overview's chart of the last 24 hours: inline SVG (core/svg.py draws the app's
+"""The overview's chart of the last 24 hours: inline SVG (presentation/svg.py draws the app's
 charts; this lays out the overview's), accepted requests above the axis and refused
 ones below, each column with a <title> for hover."""
 
@@ -10,8 +10,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ..core.display import duration_text
-from ..core.svg import compact_count, join
+from ..presentation.display import duration_text
+from ..presentation.svg import compact_count, join
 from ..watch.traffic import ActivityBucket
 
 BAR = 3  # px per bucket, the last one a gap

@@ -28,14 +28,14 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core.admin_links import admin_url
-from ..core.display import duration_text, url_masked
+from ..core.encryption import secrets_unreadable, with_stored_secrets
 from ..outbound.breaker import destination_breaker
-from ..outbound.encryption import secrets_unreadable, with_stored_secrets
 from ..outbound.models import MessageStatus, OutboxMessage, RecoveryJob, WebhookDestination
 from ..outbound.operations import destination_disable, destination_enable
 from ..outbound.selectors import destinations_with_health
 from ..outbound.tenancy import EVERY_TENANT
+from ..presentation.admin_links import admin_url
+from ..presentation.display import duration_text, url_masked
 from ..schemes.standard_keys import public_keys_of
 from .base import ObjectButton, ObjectButtons
 from .cells import compact_time, full_time, moment_cell

@@ -15,10 +15,10 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core.egress import UrlRefused, check_url
+from ..core.encryption import SecretsUnreadable, secrets_encrypt
 from ..core.fingerprints import secret_fingerprint
+from ..network.egress import UrlRefused, check_url
 from ..outbound.catalog import subscription_problems
-from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ..outbound.filters import filter_problem
 from ..outbound.models import WebhookDestination
 from ..outbound.signing_secrets import destination_secret_problem
@@ -183,7 +183,7 @@ class DestinationForm(StoredSecretsForm):
     """The destination's configuration. Its secrets are write-only: the form lists each
     current one by its last four characters, to keep or to drop, and takes new ones,
     which sign alongside those kept (a rotation). Its URL is checked by the egress guard
-    (core/egress.check_url); a name that does not resolve yet is saved with a warning,
+    (network/egress.check_url); a name that does not resolve yet is saved with a warning,
     ``url_warning``, which the admin shows."""
 
     url_warning = ""

@@ -23,12 +23,12 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext, ngettext_lazy
 from django.utils.translation import gettext_lazy as _
 
-from ..core import display
-from ..core.admin_links import admin_url
 from ..outbound.breaker import destination_breaker
 from ..outbound.models import MessageStatus, OutboxMessage, WebhookDestination
 from ..outbound.operations import DISCARDABLE, RETRYABLE, message_discard, message_retry_now
 from ..outbound.tenancy import EVERY_TENANT
+from ..presentation import display
+from ..presentation.admin_links import admin_url
 from .answers import HIDDEN_TWINS, AnswerFields
 from .base import ObjectButton, ObjectButtons, ReadOnlyAdmin, custom_permission
 from .cells import (

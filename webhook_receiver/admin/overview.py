@@ -28,11 +28,11 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
-from ..core.admin_links import admin_url
-from ..core.display import duration_text
 from ..core.states import Reason, State
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage, WebhookDestination
+from ..presentation.admin_links import admin_url
+from ..presentation.display import duration_text
 from ..reconcile.models import ReconciliationRun, RepairItem
 from ..watch.models import SilenceAlert, SourceOverview
 from ..watch.readings import Readings

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils.translation import gettext_lazy as _
 
-from ..core import display
 from ..inbound.models import WebhookReceipt
+from ..presentation import display
 from .base import ReadOnlyAdmin, StoredEventDisplay
 from .cells import pre, trace_link
 

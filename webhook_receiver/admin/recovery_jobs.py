@@ -23,8 +23,6 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core.admin_links import admin_url
-from ..core.display import duration_text
 from ..outbound.models import (
     MessageStatus,
     RecoveryJob,
@@ -43,6 +41,8 @@ from ..outbound.recovery import (
     with_sent_counts,
 )
 from ..outbound.tenancy import EVERY_TENANT
+from ..presentation.admin_links import admin_url
+from ..presentation.display import duration_text
 from .base import ReadOnlyAdmin, custom_permission
 from .cells import full_time, moment_cell
 

@@ -20,7 +20,7 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from ..core import display
+from ..presentation import display
 from ..reconcile import repair
 from ..reconcile.models import RepairItem
 from .base import ReadOnlyAdmin, custom_permission

@@ -16,9 +16,9 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core.admin_links import admin_url
-from ..core.display import duration_text
 from ..inbound.models import RequestAudit
+from ..presentation.admin_links import admin_url
+from ..presentation.display import duration_text
 from ..watch.models import SilenceAlert
 from .base import ReadOnlyAdmin
 

@@ -10,9 +10,9 @@ from django.utils import timezone
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core.display import duration_text
+from ..core.encryption import SecretsUnreadable, secrets_encrypt
 from ..core.fingerprints import secret_fingerprint
-from ..outbound.encryption import SecretsUnreadable, secrets_encrypt
+from ..presentation.display import duration_text
 from ..sources.models import WebhookSource
 from ..sources.operations import secrets_problem, slug_problem
 from ..sources.records import record_problem

@@ -20,7 +20,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
-from ..outbound.encryption import secrets_unreadable, with_stored_secrets
+from ..core.encryption import secrets_unreadable, with_stored_secrets
 from ..sources.lookup import records
 from ..sources.models import WebhookSource
 from ..sources.operations import secret_count, secrets_weak

@@ -19,7 +19,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
-from ..core import display
+from ..presentation import display
 from ..watch.trace import EventTrace, ago, event_key_sources, event_trace
 
 TEMPLATE = "admin/webhook_receiver/trace.html"

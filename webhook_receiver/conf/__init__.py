@@ -382,7 +382,7 @@ class _Keys:
         "the cloud metadata address, unspecified, multicast, reserved, 100.64/10, NAT64, and "
         "the IPv6 forms that embed such an IPv4 address. Checked at connect time on the "
         "resolved address; a refused delivery fails for good, with the rule in its error, "
-        "and does not count against the breaker (`webhook_receiver/core/egress.py`). A "
+        "and does not count against the breaker (`webhook_receiver/network/egress.py`). A "
         "destination's URL is checked against the same rules when it is saved "
         "([docs/sending.md](sending.md#the-url-checked-when-it-is-saved-shown-masked))",
     )

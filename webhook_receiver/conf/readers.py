@@ -236,7 +236,7 @@ def failing_span(value: Any, where: str) -> timedelta | None:
 def fernet_keys(value: Any, where: str) -> tuple[str, ...]:
     """The keys as given. A malformed one is not refused here, which would fail every
     read of the settings (every request, every page): only the secrets it should read
-    are unreadable (``outbound.encryption``), and system check E011 names its position."""
+    are unreadable (``core.encryption``), and system check E011 names its position."""
     return tuple(k.strip() for k in comma_separated(value) if isinstance(k, str) and k.strip())
 
 

@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import ngettext
 
-from ..core.svg import join
+from ..presentation.svg import join
 from .report import _age, _num, held_back_words
 from .report_charts import scenario_charts
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from ..core.svg import Chart, Series, colour, draw, join
+from ..presentation.svg import Chart, Series, colour, draw, join
 
 
 def scenario_charts(i: int, s: dict[str, Any]) -> SafeString:

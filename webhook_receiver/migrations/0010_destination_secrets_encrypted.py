@@ -10,8 +10,8 @@ Destinations are few: one short transaction does them all.
 
 from django.db import migrations
 
-import webhook_receiver.outbound.encryption
-from webhook_receiver.outbound.encryption import is_token, secrets_decrypt, secrets_encrypt
+import webhook_receiver.core.encryption
+from webhook_receiver.core.encryption import is_token, secrets_decrypt, secrets_encrypt
 
 
 def encrypt(apps, schema_editor):
@@ -45,6 +45,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="webhookdestination",
             name="secrets",
-            field=webhook_receiver.outbound.encryption.EncryptedSecretsField(default=list),
+            field=webhook_receiver.core.encryption.EncryptedSecretsField(default=list),
         ),
     ]

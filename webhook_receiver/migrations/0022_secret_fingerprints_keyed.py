@@ -18,7 +18,7 @@ from django.db import migrations
 from django.db.models import Case, CharField, Value, When
 
 from webhook_receiver.core.fingerprints import secret_fingerprint
-from webhook_receiver.outbound.encryption import SecretsUnreadable, secrets_decrypt
+from webhook_receiver.core.encryption import SecretsUnreadable, secrets_decrypt
 
 
 def _unkeyed(secret: str) -> str:

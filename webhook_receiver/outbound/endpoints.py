@@ -2,7 +2,7 @@
 secret with an overlap, send it a test event from the catalog's example.
 
 The admin and ``manage.py webhook_destination`` write destinations their own way, with
-the same checks: the egress guard on the URL (core/egress.check_url), the catalog on the
+the same checks: the egress guard on the URL (network/egress.check_url), the catalog on the
 subscriptions, filters.filter_problem on the filter. Each service takes a ``scope``
 (tenancy.py): another tenant's id is not found. A new endpoint's name is made here (the
 tenant and a random suffix): a name a merchant typed could collide with another tenant's
@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from ..core.egress import UrlRefused, check_url
+from ..network.egress import UrlRefused, check_url
 from .admission import Admission, enqueue_webhook
 from .catalog import EventType, catalog, subscription_problems
 from .filters import filter_problem

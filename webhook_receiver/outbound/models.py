@@ -9,8 +9,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from ..core.encryption import EncryptedSecretsField
 from .catalog import subscribed
-from .encryption import EncryptedSecretsField
 
 
 class WebhookDestination(models.Model):

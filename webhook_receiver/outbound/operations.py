@@ -20,7 +20,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .encryption import SecretsNotDecrypted
+from ..core.encryption import SecretsNotDecrypted
 from .models import MessageStatus, WebhookDestination
 from .relay.wakeups import relay_wake_on_commit
 from .tenancy import Scope

@@ -20,7 +20,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from ..conf import app_settings
-from ..core.display import duration_text
+from ..presentation.display import duration_text
 from .notices import ops_notice_enqueue
 
 logger = logging.getLogger(__name__)

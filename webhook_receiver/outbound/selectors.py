@@ -16,7 +16,7 @@ from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Sub
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .encryption import SecretsUnreadable, stored_secrets_problem, with_stored_secrets
+from ..core.encryption import SecretsUnreadable, stored_secrets_problem, with_stored_secrets
 from .models import MessageStatus, OutboxMessage, WebhookDestination
 
 # the backlog: what the relay still has to send

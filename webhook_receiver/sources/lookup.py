@@ -29,8 +29,8 @@ from django.dispatch import receiver
 from ..conf import app_settings
 from ..conf.sources import SourceConfig
 from ..core import logs
+from ..core.encryption import SecretsUnreadable, secrets_decrypt, with_stored_secrets
 from ..exceptions import NotStored
-from ..outbound.encryption import SecretsUnreadable, secrets_decrypt, with_stored_secrets
 from .models import WebhookSource
 from .records import record_config
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from ..outbound.encryption import EncryptedSecretsField
+from ..core.encryption import EncryptedSecretsField
 
 # the built-in schemes by the name a person knows them by; a test holds these to SCHEMES
 SCHEME_CHOICES = [
@@ -37,7 +37,7 @@ class WebhookSource(models.Model):
     # built-in schemes only: a record never names code to import
     scheme = models.CharField(max_length=32, choices=SCHEME_CHOICES, default="standard")
     # every one of them verifies (a rotation keeps the old beside the new). Stored
-    # encrypted (outbound/encryption.py): the column holds Fernet tokens, never a secret.
+    # encrypted (core/encryption.py): the column holds Fernet tokens, never a secret.
     secrets = EncryptedSecretsField(default=list)
     # GitHub signs the body, not its X-GitHub-Delivery id: keyed by that id, a captured
     # body sent again under a new id is a new event; keyed by the body, a duplicate

@@ -14,13 +14,13 @@ from typing import Any
 from django.db import transaction
 
 from ..conf import app_settings
-from ..core.fingerprints import secret_fingerprint
-from ..outbound.encryption import (
+from ..core.encryption import (
     SecretsUnreadable,
     secrets_decrypt,
     secrets_encrypt,
     with_stored_secrets,
 )
+from ..core.fingerprints import secret_fingerprint
 from ..schemes import get_scheme
 from ..schemes.base import weak_secret_problem
 from .lookup import records

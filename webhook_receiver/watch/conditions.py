@@ -15,9 +15,9 @@ from django.utils.translation import ngettext
 
 from ..conf import app_settings
 from ..core import storable
-from ..core.display import duration_text, duration_text_lazy, top_counts
 from ..core.states import Reason, State
 from ..exceptions import NotStored
+from ..presentation.display import duration_text, duration_text_lazy, top_counts
 from ..reconcile.models import RunOutcome
 from .statuses import RECEIPTS, DestinationStatus, SourceStatus
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
+from ..core.encryption import secrets_unreadable, with_stored_secrets
 from ..outbound.breaker import destination_breaker
-from ..outbound.encryption import secrets_unreadable, with_stored_secrets
 from ..outbound.models import OutboxMessage, WebhookDestination
 from ..outbound.selectors import destinations_with_health, failed_holding_back
 from .conditions import DESTINATION_CONDITIONS, reasons

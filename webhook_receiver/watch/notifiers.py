@@ -20,12 +20,12 @@ from django.dispatch import Signal
 from rest_framework import serializers
 
 from ..conf import app_settings
-from ..core.admin_links import admin_url
-from ..core.display import duration_text, iso, local_time
 from ..core.hooks import hook_class
 from ..inbound.models import RequestAudit, Verification
 from ..outbound.catalog import webhook_event
 from ..outbound.notices import ops_notice_enqueue
+from ..presentation.admin_links import admin_url
+from ..presentation.display import duration_text, iso, local_time
 from ..signals import silence_alert_opened, silence_alert_resolved
 from .models import SilenceAlert
 

@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from ..conf import app_settings
 from ..conf.sources import SourceConfig
+from ..core.encryption import SecretsUnreadable
 from ..exceptions import NotStored
 from ..inbound.models import (
     FailedEvent,
@@ -40,7 +41,6 @@ from ..inbound.models import (
     Verification,
     WebhookReceipt,
 )
-from ..outbound.encryption import SecretsUnreadable
 from ..reconcile.models import ReconciliationRun, RepairItem, RepairStatus, RunOutcome
 from ..sources.lookup import sources_all, sources_unreadable
 from ..sources.models import WebhookSource

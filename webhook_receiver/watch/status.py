@@ -19,9 +19,9 @@ from django.utils import timezone
 from health_check.exceptions import ServiceUnavailable
 
 from ..conf import app_settings
-from ..core.display import duration_text, iso, seconds
 from ..core.states import Reason, State
 from ..outbound.models import WebhookDestination
+from ..presentation.display import duration_text, iso, seconds
 from .destinations import destination_statuses
 from .health import Broker
 from .heartbeat import heartbeat_interval, heartbeat_seen_at, heartbeat_stale_after

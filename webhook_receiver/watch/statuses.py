@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..core.display import iso, seconds
 from ..core.states import Reason, State, worst_state
 from ..outbound.breaker import Breaker
+from ..presentation.display import iso, seconds
 from ..reconcile.models import ReconciliationRun
 from .models import SilenceAlert
 
@@ -219,7 +219,7 @@ class DestinationStatus:
     # why and when the relay disabled it (410 Gone, a failing span); "" when it did not
     disabled_reason: str = ""
     disabled_at: datetime | None = None
-    # why no configured key decrypts its secrets (outbound/encryption.py), or ""
+    # why no configured key decrypts its secrets (core/encryption.py), or ""
     secrets_unreadable: str = ""
     reasons: tuple[Reason, ...] = field(default=())
 

@@ -21,9 +21,9 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from ..conf import app_settings
-from ..core import display
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import MessageStatus, OutboxMessage
+from ..presentation import display
 from ..reconcile.models import RepairItem
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from ..core.display import iso, seconds
 from ..inbound.models import FailedEvent, RejectionTally, RequestAudit, Verification, WebhookReceipt
+from ..presentation.display import iso, seconds
 from ..sources.lookup import sources_all
 
 # observed_gaps reads at most this many receipts per source (the newest ones)

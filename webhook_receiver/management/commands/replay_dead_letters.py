@@ -12,9 +12,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from ...core import display
 from ...inbound.failures import failed_event_replay, failed_event_summary
 from ...inbound.models import FailedEvent, FailureStatus, Result
+from ...presentation import display
 
 STATUSES = (FailureStatus.DEAD, FailureStatus.RETRYING, FailureStatus.DISCARDED)
 COLUMNS = ("id", "source", "event_key", "event_type", "result", "detail")

@@ -30,10 +30,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...core.display import url_masked
-from ...core.egress import UrlRefused, check_url
+from ...core.encryption import SecretsUnreadable, secrets_encrypt
+from ...network.egress import UrlRefused, check_url
 from ...outbound.catalog import subscription_problems
-from ...outbound.encryption import SecretsUnreadable, secrets_encrypt
 from ...outbound.filters import filter_problem
 from ...outbound.models import WebhookDestination
 from ...outbound.operations import (
@@ -43,6 +42,7 @@ from ...outbound.operations import (
 )
 from ...outbound.signing_secrets import destination_secret_problem
 from ...outbound.tenancy import EVERY_TENANT
+from ...presentation.display import url_masked
 from ...schemes.standard_keys import (
     is_signing_key,
     new_signing_key,

@@ -23,7 +23,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from ...core.display import duration_text
 from ...outbound.models import RecoveryJob, RecoveryKind, WebhookDestination
 from ...outbound.recovery import (
     ANSWER_CLASSES,
@@ -37,6 +36,7 @@ from ...outbound.recovery import (
     sent_counts,
 )
 from ...outbound.tenancy import EVERY_TENANT
+from ...presentation.display import duration_text
 from ..spans import parse_span
 
 BY = "manage.py webhook_recover"

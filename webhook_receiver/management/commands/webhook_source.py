@@ -24,9 +24,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from ...conf import app_settings
-from ...core.display import duration_text
+from ...core.encryption import secrets_decrypt, secrets_unreadable, with_stored_secrets
 from ...core.fingerprints import secret_fingerprint
-from ...outbound.encryption import secrets_decrypt, secrets_unreadable, with_stored_secrets
+from ...presentation.display import duration_text
 from ...schemes import SCHEMES
 from ...sources.models import WebhookSource
 from ...sources.operations import (

@@ -18,9 +18,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from ...core import display
-from ...core.display import duration_text
 from ...core.states import Reason, State
+from ...presentation import display
+from ...presentation.display import duration_text
 from ...watch.status import Status, status_read
 from ...watch.statuses import AUDIT, FAILED, RECEIPTS, RUNS, DestinationStatus, SourceStatus
 

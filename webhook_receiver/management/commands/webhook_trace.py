@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from ...conf import app_settings
-from ...core import display
+from ...presentation import display
 from ...watch.trace import (
     EffectSection,
     EventTrace,

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ...core.backoff import full_jitter
-from ...core.display import duration_text
-from ...core.peer_http import parse_retry_after
+from ...network.peer_http import parse_retry_after
+from ...presentation.display import duration_text
 from ..models import MessageStatus, WebhookDestination
 from ..retirement import GONE_STATUS
 from .messages import EGRESS_GUARD, Sent

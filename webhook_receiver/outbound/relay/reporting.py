@@ -16,9 +16,9 @@ from datetime import datetime
 from django.db import DatabaseError, OperationalError, transaction
 
 from ...core import bounds, logs, outages, storable
+from ...core.encryption import SecretsUnreadable
 from .. import metrics
 from ..breaker import breaker_opened_log
-from ..encryption import SecretsUnreadable
 from ..models import MessageStatus, WebhookDestination
 from ..notices import terminal_notice
 from ..retirement import Retirement, retirement_noticed

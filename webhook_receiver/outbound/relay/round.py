@@ -35,8 +35,8 @@ from django.db import connection
 from django.utils import timezone
 
 from ...core import bounds
+from ...core.encryption import SecretsUnreadable
 from .. import queries
-from ..encryption import SecretsUnreadable
 from ..models import MessageStatus, WebhookDestination
 from .limits import TOKEN_EPSILON, After, after_answers, allowance, token_wait
 from .messages import Claimed, Work

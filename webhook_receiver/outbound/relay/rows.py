@@ -26,8 +26,8 @@ from typing import Any
 from django.db import connection
 
 from ...conf import app_settings
+from ...core.encryption import SecretsUnreadable, secrets_decrypt
 from .. import queries
-from ..encryption import SecretsUnreadable, secrets_decrypt
 from ..models import WebhookDestination
 
 Row = tuple[WebhookDestination, SecretsUnreadable | None]

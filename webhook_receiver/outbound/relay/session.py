@@ -32,14 +32,14 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from ...conf.egress_proxy import EgressProxy
-from ...core.egress import (
+from ...network.egress import (
     EgressGuard,
     EgressRefused,
     configured_guard,
     configured_proxy,
     literal_addresses,
 )
-from ...core.egress_tunnel import (
+from ...network.egress_tunnel import (
     MAX_ANSWER_BYTES,
     EgressProxyRefused,
     authority,

@@ -26,13 +26,13 @@ from typing import Any, Protocol
 from django.utils import timezone
 
 from ...core import storable, tracing
-from ...core.egress import (
+from ...network.egress import (
     EgressRefused,
 )
-from ...core.egress_tunnel import (
+from ...network.egress_tunnel import (
     EgressProxyRefused,
 )
-from ...core.peer_http import text_of
+from ...network.peer_http import text_of
 from ...schemes.standard import StandardWebhooks
 from ..models import WebhookDestination
 from .messages import EGRESS_GUARD, EGRESS_PROXY, EXCERPT_CHARS, Claimed, Sent

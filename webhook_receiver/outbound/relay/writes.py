@@ -16,8 +16,8 @@ from typing import Any
 from django.db import connection
 
 from ...conf import app_settings
+from ...core.encryption import SecretsUnreadable
 from .. import queries
-from ..encryption import SecretsUnreadable
 from ..models import MessageStatus, WebhookDestination
 from .limits import After, Allowance
 from .messages import Sent, Work

@@ -19,10 +19,10 @@ from django.shortcuts import render
 from django.utils.text import slugify
 from django.views.decorators.http import require_safe
 
-from ...core.display import json_text
 from ...outbound.catalog import EventType, revision
 from ...outbound.catalog_document import CatalogUnavailable, catalog_document
 from ...outbound.endpoints import offered_catalog
+from ...presentation.display import json_text
 from ..guard import PortalRequest, portal_page
 
 # how deep a schema's references are written in place (a serializer that nests itself

@@ -23,10 +23,10 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from ...conf import app_settings
-from ...core.display import duration_text, json_text, local_time, url_masked, visible_html
 from ...outbound.breaker import destination_breaker
 from ...outbound.endpoints import offered_catalog
 from ...outbound.models import WebhookDestination
+from ...presentation.display import duration_text, json_text, local_time, url_masked, visible_html
 from .. import actions
 from ..access import capability_missing_text
 from ..forms import EndpointForm, SecretRotateForm, TestEventForm, group_patterns

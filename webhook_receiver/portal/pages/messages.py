@@ -20,11 +20,11 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_POST, require_safe
 
-from ...core.display import answer_shown, json_text
 from ...outbound.admission import FILTER
 from ...outbound.endpoints import offered_catalog
 from ...outbound.models import DeliveryAttempt, MessageStatus, OutboxMessage
 from ...outbound.operations import RETRYABLE
+from ...presentation.display import answer_shown, json_text
 from .. import actions
 from ..forms import MessageFilterForm
 from ..guard import PortalRequest, portal_page, refusal

@@ -16,9 +16,9 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from ...core.display import duration_text
 from ...outbound.models import MessageStatus, RecoveryJob, RecoveryKind, RecoveryState
 from ...outbound.recovery import Plan, sent_counts
+from ...presentation.display import duration_text
 from .. import actions
 from ..forms import RecoveryForm
 from ..guard import PortalRequest, portal_page

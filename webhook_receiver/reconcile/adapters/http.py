@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 from django.utils import timezone
 
-from ...core import peer_http
-from ...core.egress import EgressRefused, configured_guard, configured_proxy
-from ...core.egress_tunnel import EgressProxyRefused
+from ...network import peer_http
+from ...network.egress import EgressRefused, configured_guard, configured_proxy
+from ...network.egress_tunnel import EgressProxyRefused
 from . import SenderEvent, SenderUnavailable, parse_event
 
 # the start of a refusal's body kept in the run's error

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import stripe
 
-from ...core import peer_http
-from ...core.egress import EgressRefused, configured_guard, configured_proxy
-from ...core.egress_tunnel import EgressProxyRefused
+from ...network import peer_http
+from ...network.egress import EgressRefused, configured_guard, configured_proxy
+from ...network.egress_tunnel import EgressProxyRefused
 from . import SenderEvent, SenderUnavailable
 
 PAGE = 100  # Stripe's largest page

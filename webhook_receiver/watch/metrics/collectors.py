@@ -18,8 +18,8 @@ from django.db.models import Count, QuerySet
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from ...core.encryption import with_stored_secrets
 from ...inbound.models import FailedEvent, FailureStatus
-from ...outbound.encryption import with_stored_secrets
 from ...outbound.models import WebhookDestination
 from ...outbound.selectors import destinations_with_health
 from ...reconcile.models import RepairItem, RepairKind, RepairStatus

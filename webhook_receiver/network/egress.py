@@ -48,7 +48,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..conf import app_settings
 from ..conf.egress_proxy import EgressProxy
-from . import logs
+from ..core import logs
 
 logger = logging.getLogger(__name__)
 

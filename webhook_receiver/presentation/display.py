@@ -30,7 +30,7 @@ from django.utils import timezone
 from django.utils.functional import lazy
 from django.utils.translation import ngettext
 
-from . import storable
+from ..core import storable
 
 # Format characters (Unicode category Cf: the bidirectional controls U+202A-202E,
 # U+2066-2069, U+200E/200F and U+061C among them, the zero-width ones, the tags),

@@ -1,0 +1,2 @@
+"""What people read: values put in words (durations, moments, JSON, answers, URLs with
+their credentials masked), the SVG charts, and links into the admin."""

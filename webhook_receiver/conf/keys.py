@@ -74,6 +74,20 @@ def key_name(cls: type, attribute: str) -> str:
     return declared(cls)[attribute].name
 
 
+def key_default(cls: type, attribute: str) -> Any:
+    """The default of the key read into ``cls``'s ``attribute`` (as a host would write
+    it), for a model whose columns hold the same values."""
+    return declared(cls)[attribute].default
+
+
+def options_of(cls: type, **values: Any) -> dict[str, Any]:
+    """Values given by ``cls``'s attribute names, as the options a host writes (by key
+    name): what holds them elsewhere (a source kept as a record) is read by the same
+    readers, without spelling the keys again. An unknown attribute is a KeyError."""
+    keys = declared(cls)
+    return {keys[attribute].name: value for attribute, value in values.items()}
+
+
 def read_keys(
     cls: type, options: Any, where: str, removed: Mapping[str, str] = NOTHING_REMOVED
 ) -> dict[str, Any]:

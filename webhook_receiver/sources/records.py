@@ -8,7 +8,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf.sources import SourceConfig, source_config
+from ..conf.keys import key_default, options_of
+from ..conf.sources import ActiveHours, SourceConfig, source_config
 from .models import WebhookSource
 
 _MIDNIGHT = time(0, 0)
@@ -16,25 +17,28 @@ _DAY_END = time(23, 59, 59)
 
 
 def record_options(record: WebhookSource) -> dict[str, Any]:
-    """The record as a source's settings (``WEBHOOK_RECEIVER["SOURCES"][slug]``)."""
+    """The record as a source's settings (``WEBHOOK_RECEIVER["SOURCES"][slug]``), each
+    value under the key its column stands for."""
     active_hours = None
     if record.active_days or record.active_start or record.active_end:
-        active_hours = {
-            "DAYS": record.active_days or "mon-sun",
+        active_hours = options_of(
+            ActiveHours,
+            days=record.active_days or key_default(ActiveHours, "days"),
             # no start: from midnight; no end: to the day's end (days alone: whole days)
-            "START": (record.active_start or _MIDNIGHT).strftime("%H:%M:%S"),
-            "END": (record.active_end or _DAY_END).strftime("%H:%M:%S"),
-            "TIME_ZONE": record.active_time_zone or "UTC",
-        }
-    return {
-        "SCHEME": record.scheme,
-        "EVENT_KEY": record_event_key(record),
-        "SECRETS": list(record.secrets or []),
-        "TOLERANCE_SECONDS": record.tolerance_seconds,
-        "MAX_BODY_BYTES": record.max_body_bytes,
-        "SILENCE_AFTER_SECONDS": record.silence_after_seconds or None,
-        "ACTIVE_HOURS": active_hours,
-    }
+            start=(record.active_start or _MIDNIGHT).strftime("%H:%M:%S"),
+            end=(record.active_end or _DAY_END).strftime("%H:%M:%S"),
+            tz=record.active_time_zone or key_default(ActiveHours, "tz"),
+        )
+    return options_of(
+        SourceConfig,
+        scheme=record.scheme,
+        event_key=record_event_key(record),
+        secrets=list(record.secrets or []),
+        tolerance_seconds=record.tolerance_seconds,
+        max_body_bytes=record.max_body_bytes,
+        silence_after=record.silence_after_seconds or None,
+        active_hours=active_hours,
+    )
 
 
 # the key functions a record may name (EVENT_KEY_CHOICES), by their dotted paths

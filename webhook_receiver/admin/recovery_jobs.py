@@ -26,13 +26,10 @@ from django.utils.translation import gettext_lazy as _
 from ..outbound.models import (
     MessageStatus,
     RecoveryJob,
-    RecoveryKind,
     RecoveryState,
     WebhookDestination,
 )
 from ..outbound.recovery import (
-    ANSWER_CLASSES,
-    Criteria,
     RecoveryRefused,
     recovery_cancel,
     recovery_plan,
@@ -40,6 +37,7 @@ from ..outbound.recovery import (
     sent_counts,
     with_sent_counts,
 )
+from ..outbound.recovery_form import RecoveryCriteriaForm
 from ..outbound.tenancy import EVERY_TENANT
 from ..presentation.admin_links import admin_url
 from ..presentation.display import duration_text
@@ -47,57 +45,33 @@ from .base import ReadOnlyAdmin, custom_permission
 from .cells import full_time, moment_cell
 
 PLAN_TEMPLATE = "admin/webhook_receiver/recoveryjob/plan.html"
-MOMENT = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
 
 
-class RecoveryForm(forms.Form):
-    """What a recovery job selects, and its rate."""
+class RecoveryForm(RecoveryCriteriaForm):
+    """The plan page's form: the destination to recover, and its types as text."""
 
     destination = forms.ModelChoiceField(
         queryset=WebhookDestination.objects.defer("secrets").order_by("name"),
         label=_("Destination"),
     )
-    kind = forms.ChoiceField(choices=RecoveryKind.choices, label=_("Kind"))
-    since = forms.DateTimeField(label=_("Admitted since"), widget=MOMENT)
-    until = forms.DateTimeField(label=_("Until"), widget=MOMENT, required=False)
     event_types = forms.CharField(
         label=_("Event types"),
         required=False,
         help_text=_("Names or group.* patterns, comma-separated. Empty: every type."),
     )
-    answer_classes = forms.MultipleChoiceField(
-        label=_("Last answer"),
-        choices=[(c, c) for c in ANSWER_CLASSES],
-        widget=forms.CheckboxSelectMultiple,
-        required=False,
-        help_text=_("Empty: any. “none”: no answer (a timeout, a refused connection)."),
-    )
-    ordering_key_prefix = forms.CharField(
-        label=_("Ordering key prefix"), required=False, help_text=_("e.g. order:ord_1042")
-    )
-    rate = forms.FloatField(
-        label=_("Rate (messages a second)"),
-        required=False,
-        min_value=0.001,
-        help_text=_("Below the destination's own, so live traffic keeps its share. Empty: half."),
-    )
+    field_order = ["destination", "kind", "since", "until", "event_types"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["since"].help_text = gettext(
             "In %(time_zone)s. Nothing older than the destination's replay horizon."
         ) % {"time_zone": timezone.get_current_timezone_name()}
-
-    def criteria(self) -> Criteria:
-        data = self.cleaned_data
-        return Criteria(
-            kind=data["kind"],
-            since=data["since"],
-            until=data["until"],
-            event_types=[t.strip() for t in data["event_types"].split(",") if t.strip()],
-            answer_classes=data["answer_classes"],
-            ordering_key_prefix=data["ordering_key_prefix"],
+        self.fields["rate"].help_text = gettext(
+            "Below the destination's own, so live traffic keeps its share. Empty: half."
         )
+
+    def event_type_names(self) -> list[str]:
+        return [t.strip() for t in self.cleaned_data["event_types"].split(",") if t.strip()]
 
 
 @admin.register(RecoveryJob)

@@ -28,9 +28,8 @@ from ..outbound.endpoints import (
     offered_catalog,
 )
 from ..outbound.models import MessageStatus, RecoveryKind
-from ..outbound.recovery import ANSWER_CLASSES, Criteria
+from ..outbound.recovery_form import MOMENT, RecoveryCriteriaForm
 
-MOMENT = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
 # how long a rotated secret keeps signing beside the new one
 OVERLAPS = (
     (0, _("None: the old secret stops signing now")),
@@ -191,7 +190,7 @@ class SecretRotateForm(PortalForm):
         return timedelta(seconds=self.cleaned_data["overlap"])
 
 
-class RecoveryForm(PortalForm):
+class RecoveryForm(PortalForm, RecoveryCriteriaForm):
     """What a recovery job selects among an endpoint's messages, and its rate."""
 
     kind = forms.ChoiceField(
@@ -200,36 +199,13 @@ class RecoveryForm(PortalForm):
         initial=RecoveryKind.RECOVER,
         widget=forms.RadioSelect,
     )
-    since = forms.DateTimeField(label=_("Admitted since"), widget=MOMENT)
-    until = forms.DateTimeField(label=_("Admitted before"), widget=MOMENT, required=False)
     event_types = forms.MultipleChoiceField(
         label=_("Event types"),
         required=False,
         widget=forms.CheckboxSelectMultiple,
         help_text=_("None ticked: every type."),
     )
-    answer_classes = forms.MultipleChoiceField(
-        label=_("Last answer"),
-        required=False,
-        widget=forms.CheckboxSelectMultiple,
-        choices=[(c, c if c != "none" else _("none (no answer)")) for c in ANSWER_CLASSES],
-        help_text=_(
-            "None ticked: any. “none”: no answer came (a timeout, a refused connection). "
-            "Not for missing messages, which were never answered."
-        ),
-    )
-    ordering_key_prefix = forms.CharField(
-        label=_("Ordering key prefix"),
-        required=False,
-        max_length=255,
-        help_text=_("Optional, e.g. order:ord_1042"),
-    )
-    rate = forms.FloatField(
-        label=_("Rate (messages a second)"),
-        required=False,
-        min_value=0.001,
-        help_text=_("Below the endpoint's own, so that live traffic keeps its share. Empty: half."),
-    )
+    field_order = ["kind", "since", "until", "event_types"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -241,17 +217,12 @@ class RecoveryForm(PortalForm):
             "In %(zone)s. Nothing older than the endpoint's replay horizon."
         ) % {"zone": zone}
         self.fields["until"].help_text = gettext("In %(zone)s. Empty: up to now.") % {"zone": zone}
-
-    def criteria(self) -> Criteria:
-        data = self.cleaned_data
-        return Criteria(
-            kind=data["kind"],
-            since=data["since"],
-            until=data["until"],
-            event_types=list(data["event_types"]),
-            answer_classes=list(data["answer_classes"]),
-            ordering_key_prefix=data["ordering_key_prefix"].strip(),
+        self.fields["rate"].help_text = gettext(
+            "Below the endpoint's own, so that live traffic keeps its share. Empty: half."
         )
+
+    def event_type_names(self) -> list[str]:
+        return list(self.cleaned_data["event_types"])
 
 
 class MessageFilterForm(PortalForm):

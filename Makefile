@@ -16,7 +16,7 @@ TEST_DATABASE_NAME ?= test_webhook_receiver
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[server,test,dev]"
+	$(BIN)/pip install --quiet -e ".[server,test,dev,eval]"
 	touch $@
 
 install: $(VENV)/.installed

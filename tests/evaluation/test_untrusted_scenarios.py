@@ -380,8 +380,8 @@ def test_whatever_bytes_a_file_holds_the_answer_is_a_scenario_or_a_scenario_erro
     [
         ({"workers": 2}, "workers: the relay is a process of its own since 0.2"),
         ({"beat": {"relay_sweep": "5s"}}, "beat.relay_sweep: the relay polls for due messages"),
-        ({"relay": {"processes": 17}}, "relay.processes: at most 16 relay processes"),
-        ({"relay": {"sweep": "1s"}}, "relay"),
+        ({"relay": {"processes": 17}}, "relay.processes: expected at most 16, got 17"),
+        ({"relay": {"sweep": "1s"}}, "relay: unknown key 'sweep' (known: poll, processes)"),
     ],
 )
 def test_the_relay_keys_of_an_older_scenario_say_what_replaced_them(change, message):

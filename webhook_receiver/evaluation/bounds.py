@@ -15,7 +15,7 @@ import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .reading import Reader
+from .reading import refusal
 
 if TYPE_CHECKING:
     from .inputs import Scenario
@@ -45,13 +45,13 @@ EARLIEST_START = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_START = datetime(2100, 1, 1, tzinfo=UTC)
 
 
-def check_work(scenario: Scenario, r: Reader) -> None:
+def check_work(scenario: Scenario) -> None:
     """Refuse a scenario whose run would be too large (admissions, a sender's posts,
     requests, beat ticks, list lengths) or could not be held (a column's integer, a
     date), naming the place, the count it asks for and the bound."""
     s = scenario
     if len(s.destinations) > MAX_DESTINATIONS:
-        raise r.error(
+        raise refusal(
             "destinations",
             f"{len(s.destinations):,} destinations; a run takes at most {MAX_DESTINATIONS} "
             "(each is a merchant, sampled through the run): model merchants by kind",
@@ -69,14 +69,14 @@ def check_work(scenario: Scenario, r: Reader) -> None:
         lists.append(("inbound.silent", s.inbound.silent))
     for at, entries in lists:
         if len(entries) > MAX_ENTRIES:
-            raise r.error(
+            raise refusal(
                 at,
                 f"{len(entries):,} entries; a list takes at most {MAX_ENTRIES:,} (each is "
                 "looked through on every request, admission or post)",
             )
 
     if not EARLIEST_START <= s.start < LATEST_START:
-        raise r.error(
+        raise refusal(
             "start",
             f"{s.start.isoformat()}: write a time from {EARLIEST_START.year} to "
             f"{LATEST_START.year - 1} (the simulated clock counts from 1970)",
@@ -90,18 +90,18 @@ def check_work(scenario: Scenario, r: Reader) -> None:
             ("breaker_threshold", d.breaker_threshold),
         ):
             if value > MAX_COLUMN_INTEGER:
-                raise r.error(
+                raise refusal(
                     f"destinations[{i}].{key}",
                     f"{_figure(value)} is more than a destination's column holds "
                     f"({MAX_COLUMN_INTEGER:,})",
                 )
         if d.timeout_seconds > MAX_TIMEOUT:
-            raise r.error(
+            raise refusal(
                 f"destinations[{i}].timeout",
                 f"at most {MAX_TIMEOUT // 86400} days: a longer deadline never ends in a run",
             )
     for i, a in enumerate(s.admissions):
-        _check_metadata(r, a.metadata, f"admissions[{i}].metadata")
+        _check_metadata(a.metadata, f"admissions[{i}].metadata")
 
     # admissions, per entry and in all, and per destination for the requests below
     per_destination = dict.fromkeys(s.names(), 0)
@@ -113,7 +113,7 @@ def check_work(scenario: Scenario, r: Reader) -> None:
         count = per_target * len(targets)
         if count > MAX_ADMISSIONS:
             repeats = f" × (1 + {_of(len(a.repeats), 'repeat')})" if a.repeats else ""
-            raise r.error(
+            raise refusal(
                 f"admissions[{i}].orders",
                 f"{_of(a.orders, 'order')} × {_of(len(a.events), 'event')} × "
                 f"{_of(len(targets), 'destination')}{repeats} asks for {_figure(count)} "
@@ -124,7 +124,7 @@ def check_work(scenario: Scenario, r: Reader) -> None:
         for name in targets:
             per_destination[name] += per_target
     if total > MAX_ADMISSIONS:
-        raise r.error(
+        raise refusal(
             "admissions",
             f"{_of(len(s.admissions), 'entry', 'entries')} ask for {_figure(total)} "
             f"admissions in all; a run takes at most {MAX_ADMISSIONS:,} (about an hour and a "
@@ -140,7 +140,7 @@ def check_work(scenario: Scenario, r: Reader) -> None:
     if sum(requests) > MAX_REQUESTS:
         i = max(range(len(requests)), key=requests.__getitem__)
         d = s.destinations[i]
-        raise r.error(
+        raise refusal(
             f"destinations[{i}].max_attempts",
             f"{_of(per_destination[d.name], 'admission')} × {d.max_attempts:,} attempts may "
             f"make {_figure(requests[i])} requests if every attempt fails "
@@ -151,10 +151,10 @@ def check_work(scenario: Scenario, r: Reader) -> None:
     if s.inbound is not None:
         first = s.inbound.events
         # a redelivery per event, at most
-        posts = first * (2 if s.inbound.duplicates > 0 else 1)
+        posts = first * (2 if s.inbound.duplicates.share > 0 else 1)
         if posts > MAX_INBOUND_POSTS:
             again = " and as many redeliveries" if posts > first else ""
-            raise r.error(
+            raise refusal(
                 "inbound.events",
                 f"{_of(first, 'event')}{again} ask for {_figure(posts)} posts; a run takes "
                 f"at most {MAX_INBOUND_POSTS:,} (about a quarter of an hour): send fewer",
@@ -174,7 +174,7 @@ def check_work(scenario: Scenario, r: Reader) -> None:
     every = {name: interval for name, interval, _ in tasks}
     if sum(ticks.values()) > MAX_BEAT_TICKS:
         name = max(ticks, key=ticks.__getitem__)
-        raise r.error(
+        raise refusal(
             name,
             f"every {every[name]:g} s for {_span(s.duration)} asks for "
             f"{_figure(ticks[name])} runs ({_figure(sum(ticks.values()))} ticks in all); "
@@ -183,7 +183,7 @@ def check_work(scenario: Scenario, r: Reader) -> None:
         )
 
 
-def _check_metadata(r: Reader, metadata: dict[str, Any], at: str) -> None:
+def _check_metadata(metadata: dict[str, Any], at: str) -> None:
     """Admission's own rule for metadata (a small JSON object), before the run rather
     than at its first admission."""
     # imported here: reading the format needs no app registry, admission its models
@@ -192,7 +192,7 @@ def _check_metadata(r: Reader, metadata: dict[str, Any], at: str) -> None:
     try:
         _checked_metadata(metadata)
     except ValueError as exc:
-        raise r.error(at, str(exc)) from None
+        raise refusal(at, str(exc)) from None
 
 
 def _of(count: int, noun: str, nouns: str = "") -> str:

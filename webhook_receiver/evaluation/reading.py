@@ -1,5 +1,7 @@
-"""A scenario file read safely, and typed reads of its values: every error names the
-file and the place, and says what to write instead.
+"""A scenario file read safely, the values of its format (durations are seconds or text,
+``90s``, ``5m``, ``1h30m``; rates are ``count/duration``, ``5/s``, ``300/1m``), and the
+words its errors are said in: every error names the file and the place, and says what to
+write instead.
 
 A scenario file is untrusted input: it is read whole only up to MAX_FILE_BYTES, YAML
 aliases and anchors are refused (a few lines of them expand to gigabytes), and nesting
@@ -9,22 +11,23 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 import reprlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import AfterValidator, Field, PlainValidator, Strict, StringConstraints
+from pydantic_core import PydanticCustomError
 
 # a scenario file's size at most: the largest built-in one is under 3 KB
 MAX_FILE_BYTES = 1 << 20
 # nesting at most: a scenario needs five levels (destinations[0].faults[0].attempts),
 # metadata a few more; far below where building objects would exhaust the stack
 MAX_DEPTH = 64
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)")
 
 
 class ScenarioError(ValueError):
@@ -150,94 +153,41 @@ def _check_json_depth(text: str) -> None:
             depth -= 1
 
 
-class Reader:
-    """Typed reads of a scenario's values; every error names the file and the place."""
+def refusal(at: str, problem: str) -> PydanticCustomError:
+    """A scenario refused while its models validate it: ``problem``, at ``at`` below the
+    value being validated (``recovery.rate`` of a destination; empty: the value itself).
+    The problem is the error's context, not its template: it may hold braces."""
+    return PydanticCustomError("scenario", "{problem}", {"problem": problem, "at": at})
 
-    def __init__(self, where: str) -> None:
-        self.where = where
 
-    def error(self, at: str, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.where}: {at + ': ' if at else ''}{problem}")
+def described(value: Any) -> str:
+    """A value's kind and the value, as "got …" says it."""
+    return "nothing" if value is None else f"{type(value).__name__} {shown(value)}"[:80]
 
-    def mapping(self, value: Any, at: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.error(at, f"expected a mapping of keys to values, got {_kind(value)}")
-        return value
 
-    def listing(self, value: Any, at: str) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.error(at, f"expected a list, got {_kind(value)}")
-        return value
+# a value as an error shows it: a few levels and items, however large or deep it is
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel = 3
+_SHORT.maxstring = 60
+_SHORT.maxother = 60
 
-    def known(self, value: dict[str, Any], at: str, allowed: set[str]) -> None:
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            raise self.error(
-                at,
-                f"unknown key {unknown[0]!r} (known: {', '.join(sorted(allowed))})",
-            )
 
-    def text(self, value: Any, at: str, *, empty: bool = False) -> str:
-        if not isinstance(value, str) or (not value and not empty):
-            raise self.error(at, f"expected text, got {_kind(value)}")
-        return value
+def shown(value: Any) -> str:
+    try:
+        return _SHORT.repr(value)
+    except ValueError:  # an int of more than 4,300 digits has no decimal text
+        return "a number of more than 4,300 digits"
 
-    def slug(self, value: Any, at: str) -> str:
-        text = self.text(value, at)
-        if not re.fullmatch(r"[A-Za-z0-9_-]{1,60}", text):
-            raise self.error(at, f"{text!r}: letters, digits, '-' and '_' only (at most 60)")
-        return text
 
-    def boolean(self, value: Any, at: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.error(at, f"expected true or false, got {_kind(value)}")
-        return value
+# --- the format's values ------------------------------------------------------------------
 
-    def integer(self, value: Any, at: str, *, minimum: int = 0) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(
-                at, f"expected a whole number of at least {minimum}, got {_shown(value)}"
-            )
-        return value
-
-    def share(self, value: Any, at: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise self.error(at, f"expected a share between 0 and 1, got {_shown(value)}")
-        return float(value)
-
-    def duration(self, value: Any, at: str, *, positive: bool = False) -> float:
-        seconds = _seconds(value)
-        if seconds is None or (positive and seconds <= 0):
-            raise self.error(
-                at,
-                f"{_shown(value)} is not a duration: write seconds (90) or text (90s, 5m, 1h30m)",
-            )
-        return seconds
-
-    def rate(self, value: Any, at: str) -> tuple[int, float]:
-        try:
-            count, _, per = str(value).partition("/")
-            seconds = _seconds(f"1{per}" if per.isalpha() else per) if per else None
-            number = int(count) if count.strip().isdigit() else 0
-        except ValueError:  # a count of more than 4,300 digits
-            number, seconds = 0, None
-        if number < 1 or not seconds or seconds <= 0:
-            raise self.error(
-                at, f"{_shown(value)} is not a rate: write count/duration (5/s, 300/1m)"
-            )
-        return number, seconds
-
-    def moment(self, value: Any, at: str) -> datetime:
-        try:
-            moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
-            moment = None
-        if moment is None or moment.tzinfo is None:
-            raise self.error(at, f"{_shown(value)}: write an ISO 8601 time with its offset (…Z)")
-        return moment.astimezone(UTC)
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)")
+_SLUG = re.compile(r"[A-Za-z0-9_-]{1,60}")
 
 
 def _seconds(value: Any) -> float | None:
+    """Seconds, from a number or a text (90, "90s", "1h30m"); None if it is neither."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -254,19 +204,53 @@ def _seconds(value: Any) -> float | None:
     return seconds if math.isfinite(seconds) else None
 
 
-def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"{type(value).__name__} {_shown(value)}"[:80]
+def _duration(*, positive: bool) -> Callable[[Any], float]:
+    def seconds(value: Any) -> float:
+        found = _seconds(value)
+        if found is None or (positive and found <= 0):
+            raise refusal(
+                "", f"{shown(value)} is not a duration: write seconds (90) or text (90s, 5m, 1h30m)"
+            )
+        return found
+
+    return seconds
 
 
-# a value as an error shows it: a few levels and items, however large or deep it is
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel = 3
-_SHORT.maxstring = 60
-_SHORT.maxother = 60
-
-
-def _shown(value: Any) -> str:
+def _rate(value: Any) -> tuple[int, float]:
     try:
-        return _SHORT.repr(value)
-    except ValueError:  # an int of more than 4,300 digits has no decimal text
-        return "a number of more than 4,300 digits"
+        count, _, per = str(value).partition("/")
+        seconds = _seconds(f"1{per}" if per.isalpha() else per) if per else None
+        number = int(count) if count.strip().isdigit() else 0
+    except ValueError:  # a count of more than 4,300 digits
+        number, seconds = 0, None
+    if number < 1 or not seconds or seconds <= 0:
+        raise refusal("", f"{shown(value)} is not a rate: write count/duration (5/s, 300/1m)")
+    return number, seconds
+
+
+def _moment(value: Any) -> datetime:
+    try:  # YAML reads an unquoted time as a datetime: its text is ISO 8601 too
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise refusal("", f"{shown(value)}: write an ISO 8601 time with its offset (…Z)")
+    return moment.astimezone(UTC)
+
+
+def _slug(text: str) -> str:
+    if not _SLUG.fullmatch(text):
+        raise refusal("", f"{shown(text)}: letters, digits, '-' and '_' only (at most 60)")
+    return text
+
+
+# the format's types of value (inputs.py's fields): each refusal says what to write
+Seconds = Annotated[float, PlainValidator(_duration(positive=False))]
+PositiveSeconds = Annotated[float, PlainValidator(_duration(positive=True))]
+Rate = Annotated[tuple[int, float], PlainValidator(_rate)]
+PerSecond = Annotated[float, PlainValidator(lambda value: operator.truediv(*_rate(value)))]
+Moment = Annotated[datetime, PlainValidator(_moment)]
+Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+Slug = Annotated[Text, AfterValidator(_slug)]
+Count = Annotated[int, Strict(), Field(ge=1)]
+Share = Annotated[float, Strict(), Field(ge=0, le=1)]

@@ -22,7 +22,7 @@ from ..outbound.tenancy import EVERY_TENANT
 from .answers import SUCCESSES
 from .bounds import MAX_BEAT_TICKS, MAX_ENTRIES
 from .observed import Observations, RunView, invariant, over_rate, when
-from .reading import Reader
+from .reading import refusal
 
 if TYPE_CHECKING:
     from .inputs import Scenario
@@ -89,7 +89,7 @@ def collect(obs: Observations, began: datetime) -> None:
         entry.update(state=str(job.state), released=job.released, finished=finished)
 
 
-def check_recoveries(scenario: Scenario, r: Reader) -> None:
+def check_recoveries(scenario: Scenario) -> None:
     """A recovery starts within the run; the steps it makes each relay take count with
     the polls and beat's ticks (bounds.py: MAX_BEAT_TICKS)."""
     s = scenario
@@ -97,12 +97,12 @@ def check_recoveries(scenario: Scenario, r: Reader) -> None:
         if d.recovery is None:
             continue
         if d.recovery.at >= s.duration:
-            raise r.error(
+            raise refusal(
                 f"destinations[{i}].recovery.at",
                 f"{when(d.recovery.at)} is past the run's end ({when(s.duration)})",
             )
         if len(d.recovery.events) > MAX_ENTRIES:
-            raise r.error(
+            raise refusal(
                 f"destinations[{i}].recovery.events",
                 f"{len(d.recovery.events):,} entries; a list takes at most {MAX_ENTRIES:,}",
             )
@@ -114,7 +114,7 @@ def check_recoveries(scenario: Scenario, r: Reader) -> None:
         ticks += s.duration / s.beat.retry_sweep + s.duration / s.beat.silence_check + 2
     if ticks > MAX_BEAT_TICKS:
         i = next(i for i, d in enumerate(s.destinations) if d.recovery is not None)
-        raise r.error(
+        raise refusal(
             f"destinations[{i}].recovery",
             f"each relay process steps the recovery jobs every {STEP_SECONDS:g} s: "
             f"{int(steps):,} steps, {int(ticks):,} ticks in all with the polls and beat's "

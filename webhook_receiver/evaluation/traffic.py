@@ -56,8 +56,8 @@ def inbound(scenario: Scenario, seed: int, receiver: Receiver) -> Iterator[Happe
         key = f"evt_{n:05d}"
         if chance(seed, "fail", key) < spec.fail_after_effect:
             receiver.fail_first.add(key)
-        if chance(seed, "late", key) < spec.late:
-            at += spec.late_by * chance(seed, "late-by", key)
+        if chance(seed, "late", key) < spec.late.share:
+            at += spec.late.by * chance(seed, "late-by", key)
         yield round(at, 6), "inbound", {"key": key, "first": True}
-        if chance(seed, "dup", key) < spec.duplicates:
-            yield round(at + spec.duplicates_after, 6), "inbound", {"key": key}
+        if chance(seed, "dup", key) < spec.duplicates.share:
+            yield round(at + spec.duplicates.after, 6), "inbound", {"key": key}

@@ -185,7 +185,7 @@ class Merchant:
 
     def _fault(self, event: str, event_type: str, seen: int, at: float) -> Fault | None:
         for fault in self.spec.faults:
-            if fault.window is not None and not fault.window.holds(at):
+            if not fault.applies_at(at):
                 continue
             if fault.attempts and seen not in fault.attempts:
                 continue

@@ -7,8 +7,9 @@ their own, and check the invariants after each. See docs/eval.md.
 
 Exit status: 0 when every invariant held (and, with --compare, nothing regressed);
 1 when an invariant broke or a run is void; 2 when --compare found a regression;
-3 when a scenario or a saved run cannot be read (or asks for too much), or the run
-cannot make its database; 130 on Ctrl-C and 143 on SIGTERM, its database dropped.
+3 when a scenario or a saved run cannot be read (or asks for too much), the run
+cannot make its database, or the harness's dependencies are not installed (the eval
+extra); 130 on Ctrl-C and 143 on SIGTERM, its database dropped.
 """
 
 from __future__ import annotations
@@ -19,11 +20,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from ...evaluation import report, scenario
-from ...evaluation.html import html_report
-from ...evaluation.run import RunRefused, evaluate_all, own_database
+# the harness's own dependencies: the eval extra installs them, and a host need not
+HARNESS_NEEDS = {"time_machine", "yaml", "pydantic", "pydantic_core"}
+DISTRIBUTION = "django-webhook-inbox"
+
+try:
+    from ...evaluation import report, scenario
+    from ...evaluation.html import html_report
+    from ...evaluation.run import RunRefused, evaluate_all, own_database
+except ImportError as exc:
+    if exc.name not in HARNESS_NEEDS:
+        raise
+    missing: str | None = exc.name
+else:
+    missing = None
 
 
 class Command(BaseCommand):
@@ -58,6 +70,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if missing is not None:
+            # one line, not a traceback: the app runs without the harness's dependencies
+            raise CommandError(
+                f"webhook_eval needs the evaluation harness's dependencies ({missing} is not "
+                f'installed): pip install "{DISTRIBUTION}[eval]"',
+                returncode=3,
+            )
         if options["list"]:
             for name in scenario.built_in_names():
                 loaded = scenario.load(name)

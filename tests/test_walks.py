@@ -44,8 +44,10 @@ RECEIVE_BOUND = (17, 62)
 # setting, the reason, the counter), 94 in 27 before the destination's filter was read
 # there (outbound/filters.py), 95 before the filtered fields were cut by one function that
 # recovery jobs share (admission.as_filtered), 96 in 28 before a rotation's outgoing
-# secrets signed until their overlap ends (WebhookDestination.signing_with, models.py)
-SEND_BOUND = (29, 97)
+# secrets signed until their overlap ends (WebhookDestination.signing_with, models.py);
+# 97 before the breaker was decided in breaker.py alone (breaker_after, for limits.py's
+# _unchanged) and a round that retires nothing left retirement.py alone
+SEND_BOUND = (29, 96)
 
 
 def _app_module(frame: FrameType) -> str | None:

@@ -1,9 +1,12 @@
-"""The circuit breaker: consecutive failures past a destination's threshold pause it for
-its cool-down, after which one probe at a time decides; a success closes it.
+"""The circuit breaker, decided in one place (``breaker_after``): consecutive failures
+past a destination's threshold pause it for its cool-down (open), after which one probe
+at a time decides (half-open); a success closes it.
 
-Its state lives on the destination's row, written under that row's lock by the relay's
-record (``breaker_count``, applied by the record's statement) and read by the claim, the
-admin, the status and metrics (``destination_breaker``).
+Its state lives on the destination's row (``consecutive_failures``, ``paused_until``).
+A relay round decides it here from the row as it locked it and the round's answers
+(relay/limits.py asks), and its statement writes what was decided; the admin and the
+status read it here too (``destination_breaker``). What counts as a
+success or a failure is what an answer means (relay/policy.py: a 410 Gone is neither).
 """
 
 from __future__ import annotations
@@ -22,60 +25,57 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Breaker:
     state: str  # "closed", "open" or "half-open"
-    # open: when the cool-down ends and one probe is let through
+    # open: when the cool-down ends and one probe is let through (else None)
     until: datetime | None = None
     consecutive_failures: int = 0
+    # the row's pause as written (a pause that has ended is left as it was)
+    paused_until: datetime | None = None
+    # the requests the destination may have in flight at once: none while open, one
+    # while half-open (so a probe goes only when none is in flight), all of its
+    # max_in_flight while closed. The round's statement subtracts the requests it
+    # counts in flight, under the row's lock.
+    in_flight_limit: int = 0
+    # the answers that decided it opened it (or opened it again after a probe)
+    opened: bool = False
+
+
+def breaker_after(
+    dest: WebhookDestination,
+    consecutive_failures: int,
+    paused_until: datetime | None,
+    now: datetime,
+    *,
+    successes: int = 0,
+    failures: int = 0,
+) -> Breaker:
+    """The breaker of ``dest`` (its threshold, cool-down and max_in_flight) whose row
+    holds ``consecutive_failures`` and ``paused_until``, after a round's answers (none:
+    as it stands at ``now``). Any success closes it; otherwise failures add to the
+    consecutive ones, and once those reach the threshold the destination pauses for
+    the cool-down from ``now`` (again, after a failed probe). It is open while paused,
+    half-open once the pause has ended and the count is still at the threshold, and
+    closed below it."""
+    opened = False
+    if successes:
+        consecutive_failures, paused_until = 0, None
+    elif failures:
+        consecutive_failures += failures
+        opened = consecutive_failures >= dest.breaker_threshold
+        paused_until = now + timedelta(seconds=dest.breaker_cooldown_seconds) if opened else None
+    if paused_until is not None and paused_until > now:
+        return Breaker("open", paused_until, consecutive_failures, paused_until, 0, opened)
+    if consecutive_failures >= dest.breaker_threshold:
+        return Breaker("half-open", None, consecutive_failures, paused_until, 1, opened)
+    return Breaker("closed", None, consecutive_failures, paused_until, dest.max_in_flight, opened)
 
 
 def destination_breaker(destination: WebhookDestination, *, now: datetime | None = None) -> Breaker:
-    """The circuit breaker as the relay applies it (relay_claim, relay_record): open while
-    paused after ``breaker_threshold`` consecutive failures; half-open once the cool-down
-    has passed and the count is still at the threshold (one probe at a time decides);
-    closed otherwise."""
-    now = now or timezone.now()
-    failures = destination.consecutive_failures
-    if destination.paused_until is not None and destination.paused_until > now:
-        return Breaker("open", destination.paused_until, failures)
-    if failures >= destination.breaker_threshold:
-        return Breaker("half-open", None, failures)
-    return Breaker("closed", None, failures)
-
-
-@dataclass(frozen=True)
-class BreakerCount:
-    """A round's answers as the breaker counts them, for the record's statement
-    (``queries.BREAKER_COUNT``) to apply on the destination's row, under its lock: any
-    success closes the breaker; otherwise the failures add to the consecutive ones, and
-    once those reach ``threshold`` the destination pauses until ``paused_until``."""
-
-    successes: int
-    failures: int
-    threshold: int
-    paused_until: datetime
-    # answers of 410 Gone: they retire the destination (retirement.py), not count here
-    gone: int = 0
-
-    def opened(self, consecutive_failures: int | None) -> bool:
-        """Whether the count the statement returned pauses the destination."""
-        return (
-            not self.successes
-            and self.failures > 0
-            and consecutive_failures is not None
-            and consecutive_failures >= self.threshold
-        )
-
-
-def breaker_count(
-    dest: WebhookDestination, *, successes: int, failures: int, now: datetime, gone: int = 0
-) -> BreakerCount:
-    """A success closes the breaker; consecutive failures past the threshold open it for
-    the cool-down (after which relay_claim lets one probe through)."""
-    return BreakerCount(
-        successes=successes,
-        failures=failures,
-        threshold=dest.breaker_threshold,
-        paused_until=now + timedelta(seconds=dest.breaker_cooldown_seconds),
-        gone=gone,
+    """The breaker as its row holds it at ``now``, as the relay's next round reads it."""
+    return breaker_after(
+        destination,
+        destination.consecutive_failures,
+        destination.paused_until,
+        now or timezone.now(),
     )
 
 

@@ -6,7 +6,8 @@ destinations in it (the rows locked and read; the answers recorded and the next
 messages claimed), each read here whole, and the ORM cannot say ``INSERT … ON CONFLICT
 DO NOTHING RETURNING`` (how admission learns whether it created the message) nor
 data-modifying CTEs (the round's write). What the limits decide (the breaker, the
-bucket, retirement) is decided in Python (relay/limits.py) and only written here.
+bucket, retirement) is decided in Python (breaker.py, relay/limits.py) and only written
+here; the statements count the requests in flight, under the row's lock.
 Statuses come from ``MessageStatus``; datetimes go through ``connection.ops`` (SQLite
 keeps them as text). RETURNING and ``UPDATE … FROM`` need SQLite 3.35 or newer (system
 check webhook_receiver.E007). Table names are the models' ``db_table``.
@@ -28,7 +29,9 @@ FAILED = MessageStatus.FAILED.value
 # PostgreSQL a message created also notifies the relays (relay/wakeups.py), which hear it
 # when, and only if, the transaction commits (PostgreSQL sends one notification per
 # destination and transaction); not while its breaker has paused the destination: the
-# poll after the pause finds it. A message the destination's filter leaves out is
+# poll after the pause finds it (the pause is read here, in the insert's own statement,
+# rather than a read of the row for every admission; it only wakes a relay, whose round
+# decides the breaker: breaker.py). A message the destination's filter leaves out is
 # written discarded (by "filter", with the reason) and wakes no relay.
 _INSERT_MESSAGE = """
     INSERT INTO webhook_receiver_outboxmessage
@@ -113,15 +116,15 @@ _ANSWER = ", ".join(ANSWER_COLUMNS)
 # What the round decided for each destination (relay/limits.py), one row each: the
 # version of the row it decided from (NULL: read under lock in this transaction), whether
 # its answers counted, how many messages its claim may take before the requests in flight
-# are counted (``allowed``; ``probe``: one, when none is in flight), the lease its claim
-# gives, and the row's state to write back (the bucket before the claim spends from it).
+# are counted (``allowed``), how many may be in flight at once (``in_flight_limit``: the
+# breaker's, breaker.py), the lease its claim gives, and the row's state to write back
+# (the bucket before the claim spends from it).
 STATE_TYPES = {
     "id": "bigint",
     "version": "text",
     "counted": "boolean",
     "allowed": "integer",
-    "probe": "boolean",
-    "max_in_flight": "integer",
+    "in_flight_limit": "integer",
     "max_attempts": "integer",
     "lease_until": "timestamptz",
     "tokens": "float8",
@@ -259,9 +262,11 @@ _IN_FLIGHT = f"""
 # statement's snapshot sees every claim that committed before the row was locked: a
 # claim that committed after the snapshot wrote the row, so its version changed, and the
 # row is left out), less the ones this statement records; each destination's claim, no
-# more than its free slots (``allowance``; one probe when half-open and none is in
-# flight); the leases; each row written once (the decided state, and the bucket less the
-# messages claimed to be sent), and only where its answers counted or it claimed. It
+# more than its free slots (``allowance``: the in-flight limit Python decided, one probe
+# while half-open, less the requests counted here, under the row's lock, where Python
+# cannot see them); the leases; each row written once (the decided state, and the
+# bucket less the messages claimed to be sent), and only where its answers counted or
+# it claimed. It
 # returns the claimed messages as JSON, oldest first, the messages it recorded, each
 # locked destination's version after the statement, its free slots and the bucket it
 # wrote. {eligible}: ELIGIBLE_IDS for ``a.id``, at most ``a.allowed``, with its ROW_LOCK
@@ -283,10 +288,9 @@ ROUND = f"""
     attempt AS ({RECORD_ATTEMPTS}),
     allowance AS MATERIALIZED (
         SELECT s.id, s.max_attempts, s.lease_until, f.slots,
-            GREATEST(0, LEAST(s.allowed, f.slots)) AS allowed
+            LEAST(s.allowed, f.slots) AS allowed
         FROM state s JOIN locked l ON l.id = s.id CROSS JOIN LATERAL (
-            SELECT CASE WHEN s.probe THEN CASE WHEN i.in_flight = 0 THEN 1 ELSE 0 END
-                ELSE s.max_in_flight - i.in_flight END AS slots
+            SELECT GREATEST(0, s.in_flight_limit - i.in_flight) AS slots
             FROM ({
     _IN_FLIGHT.format(destination="s.id", beside="AND m.id NOT IN (SELECT id FROM recorded)")
 }) i

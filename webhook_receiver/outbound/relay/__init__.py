@@ -3,8 +3,9 @@
 - engine.py: a relay process's one event loop; every destination with work a lane on it,
   a fixed number of database connections, one scheduler (what wakes a lane: wakeups.py).
 - round.py: a round, for any number of destinations: their rows locked and read, what
-  their limits allow decided in Python (limits.py, policy.py), the answers recorded and
-  the next messages claimed in one statement; steps.py when the database refuses it.
+  their limits allow decided in Python (limits.py, policy.py; the breaker in
+  ../breaker.py), the answers recorded and the next messages claimed in one statement
+  (writes.py); steps.py when the database refuses it.
 - transport.py: each message signed and sent with no transaction open, over by its
   destination's timeout from connect to the last byte kept, only to addresses the
   egress guard allows.

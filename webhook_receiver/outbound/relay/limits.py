@@ -4,9 +4,8 @@ many messages a claim may take. Pure functions of the row as the round locked it
 round's verdicts and the time: the round (round.py) reads the row, asks here, and writes
 what is decided; no statement decides any of it again.
 
-The breaker: a success closes it; failures add to the consecutive ones, and once those
-reach ``breaker_threshold`` the destination pauses for ``breaker_cooldown_seconds``;
-after the pause one probe at a time decides (half-open). Retirement (retirement.py's
+The breaker is breaker.py's (``breaker_after``), asked here for the row after the
+answers, and again, from that row, for what the claim may take. Retirement (retirement.py's
 notices and lines): a 410 Gone disables the destination at once; failures with no
 success since before ``DISABLE_AFTER_FAILING_DAYS`` disable it too, and past
 ``DISABLE_WARNING_FRACTION`` of that span they are warned of, once. The bucket: at most
@@ -17,9 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from ...conf import app_settings
+from ..breaker import breaker_after
 from ..models import MessageStatus, WebhookDestination
 from ..retirement import GONE_REASON, failing_reason
 from .policy import Decision
@@ -57,14 +57,14 @@ def after_answers(dest: WebhookDestination, verdicts: list[Decision], now: datet
     successes = sum(v.status == MessageStatus.DELIVERED for v in verdicts)
     failures = sum(v.breaker_failure for v in verdicts)
     gone = sum(v.gone for v in verdicts)
-    if not successes + failures + gone:
-        return _unchanged(dest)
-    consecutive = 0 if successes else dest.consecutive_failures + failures
-    opened = not successes and failures > 0 and consecutive >= dest.breaker_threshold
-    if not successes + failures:
-        paused_until = dest.paused_until  # a 410 alone: retirement's, not the breaker's
-    else:
-        paused_until = now + timedelta(seconds=dest.breaker_cooldown_seconds) if opened else None
+    breaker = breaker_after(
+        dest,
+        dest.consecutive_failures,
+        dest.paused_until,
+        now,
+        successes=successes,
+        failures=failures,
+    )
     failing = not successes and failures > 0
     span = app_settings().disable_after_failing
     since = dest.failing_since  # as it was before this round
@@ -87,8 +87,8 @@ def after_answers(dest: WebhookDestination, verdicts: list[Decision], now: datet
         failing_since = (since or now) if failures else since
         failing_warned_at = now if warned else dest.failing_warned_at
     return After(
-        consecutive_failures=consecutive,
-        paused_until=paused_until,
+        consecutive_failures=breaker.consecutive_failures,
+        paused_until=breaker.paused_until,
         last_success_at=now if successes else dest.last_success_at,
         last_failure_at=now if failing else dest.last_failure_at,
         failing_since=failing_since,
@@ -96,24 +96,10 @@ def after_answers(dest: WebhookDestination, verdicts: list[Decision], now: datet
         enabled=dest.enabled and retired is None,
         disabled_reason=retired if retired is not None else dest.disabled_reason,
         disabled_at=now if retired is not None else dest.disabled_at,
-        counted=True,
-        opened=opened,
+        counted=bool(successes + failures + gone),
+        opened=breaker.opened,
         retired=retired,
         warned=warned and retired is None,
-    )
-
-
-def _unchanged(dest: WebhookDestination) -> After:
-    return After(
-        consecutive_failures=dest.consecutive_failures,
-        paused_until=dest.paused_until,
-        last_success_at=dest.last_success_at,
-        last_failure_at=dest.last_failure_at,
-        failing_since=dest.failing_since,
-        failing_warned_at=dest.failing_warned_at,
-        enabled=dest.enabled,
-        disabled_reason=dest.disabled_reason,
-        disabled_at=dest.disabled_at,
     )
 
 
@@ -131,27 +117,29 @@ def refilled(dest: WebhookDestination, now: datetime) -> float:
 class Allowance:
     """What a claim may take now, before the requests in flight are counted (the
     round's statement counts them, under the row's lock): nothing while the destination
-    is disabled or paused; else up to ``allowed`` messages by its bucket and the round's
-    limit, and only one probe, when none is in flight, while it is half-open."""
+    is disabled or its breaker open; else up to ``allowed`` messages by its bucket and
+    the round's limit, while fewer than ``in_flight_limit`` requests are in flight (the
+    breaker's: one probe at a time while half-open)."""
 
     open: bool
-    probe: bool
+    in_flight_limit: int
     tokens: float
     tokens_at: datetime | None
     allowed: int
+    # the end of the breaker's pause, while it is open
+    paused_until: datetime | None = None
 
 
 def allowance(dest: WebhookDestination, after: After, now: datetime, limit: int) -> Allowance:
-    paused = after.paused_until is not None and after.paused_until > now
-    if not after.enabled or paused or limit <= 0:
-        return Allowance(False, False, dest.tokens, dest.tokens_at, 0)
+    breaker = breaker_after(dest, after.consecutive_failures, after.paused_until, now)
+    if not after.enabled or breaker.state == "open" or limit <= 0:
+        return Allowance(False, 0, dest.tokens, dest.tokens_at, 0, breaker.until)
     tokens = refilled(dest, now)
     # whole tokens, forgiving the float's last bits: 1.9999999999999982 is two
     allowed = max(0, min(limit, math.floor(tokens + TOKEN_EPSILON)))
     # the bucket's time never moves back: `now` may predate the last writer's
     tokens_at = max(now, dest.tokens_at) if dest.tokens_at is not None else now
-    probe = after.consecutive_failures >= dest.breaker_threshold
-    return Allowance(True, probe, tokens, tokens_at, allowed)
+    return Allowance(True, breaker.in_flight_limit, tokens, tokens_at, allowed)
 
 
 def token_wait(dest: WebhookDestination, tokens_left: float, limit: int) -> float | None:

@@ -49,7 +49,8 @@ def round_reported(
             notify_terminal(dest, sent.message, answer=answer)
     for message in spent:
         notify_terminal(dest, message, answer="attempt not recorded")
-    retirement_noticed(dest.name, Retirement(after.retired, after.warned), now)
+    if after.retired is not None or after.warned:  # most rounds: neither, nothing to notice
+        retirement_noticed(dest.name, Retirement(after.retired, after.warned), now)
     transaction.on_commit(lambda: _committed(dest, pairs, recorded, list(spent), after, now))
 
 

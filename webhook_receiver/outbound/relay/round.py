@@ -5,8 +5,8 @@ and claim what the limits allow now, in one short transaction.
    SKIP LOCKED`` on PostgreSQL, so that a destination another relay is claiming for is
    left to it this round; SQLite's IMMEDIATE transaction serialises every writer).
 2. Decide in Python, from the rows as locked and the answers: each answer's verdict
-   (policy.py), the breaker, the failing span and retirement after them, the bucket
-   refilled, and how many messages each claim may take (limits.py).
+   (policy.py), the breaker (../breaker.py), the failing span and retirement after
+   them, the bucket refilled, and how many messages each claim may take (limits.py).
 3. Write what was decided and claim, in one statement on PostgreSQL (``queries.ROUND``):
    each answer's verdict on its message (only where this claim still holds it), an
    attempt row each, the requests in flight counted under the lock (the unexpired
@@ -222,7 +222,6 @@ def _outcome(plan: Plan, written: Written, now: datetime) -> Outcome:
     # it took all its limits allowed: more may be eligible once answers free its slots
     more = bool(rows) and len(rows) >= taken and wait is None
     recorded = written.recorded & {sent.message.id for sent in plan.work.answers}
-    paused = plan.after.paused_until
     return Outcome(
         dest.pk,
         destination=dest,
@@ -230,7 +229,7 @@ def _outcome(plan: Plan, written: Written, now: datetime) -> Outcome:
         spent=spent,
         recorded=frozenset(recorded),
         open=allow.open,
-        paused_until=paused if paused is not None and paused > now else None,
+        paused_until=allow.paused_until,
         wait=wait,
         more=more,
         unreadable=plan.unreadable,

@@ -45,7 +45,9 @@ FAILED = MessageStatus.FAILED.value
 # take nothing costs a round each poll: a failed head of an order holds the rest, and a
 # dead relay's leases hold the slots until they run out (a live relay's answers free its
 # slots, and its own rounds claim what replaces them). A few probes of the open-messages
-# index a destination.
+# index a destination. The pause and the slots are said again here because the poll
+# filters every destination at once; it only wakes lanes: what a lane may claim is
+# decided by its round (breaker.py, limits.py), so a filter that is wider costs a round.
 DUE_DESTINATIONS = f"""
     SELECT d.id FROM webhook_receiver_webhookdestination d
     WHERE d.enabled AND (d.paused_until IS NULL OR d.paused_until <= %(now)s)

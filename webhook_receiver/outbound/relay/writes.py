@@ -107,8 +107,7 @@ def _state_row(plan: Plan, now: datetime) -> dict[str, Any]:
         "version": plan.version,
         "counted": after.counted,
         "allowed": allow.allowed,
-        "probe": allow.probe,
-        "max_in_flight": dest.max_in_flight,
+        "in_flight_limit": allow.in_flight_limit,
         "max_attempts": dest.max_attempts,
         "lease_until": adapt(now + timedelta(seconds=dest.timeout_seconds) + lease_margin()),
         "tokens": allow.tokens,
@@ -198,9 +197,7 @@ def _write_sqlite(plans: list[Plan], now: datetime) -> Written:
                     queries.IN_FLIGHT_SQLITE, {"destination_id": dest.pk, "now": adapt(now)}
                 )
                 in_flight = cursor.fetchone()[0]
-                free = (
-                    (1 if in_flight == 0 else 0) if allow.probe else dest.max_in_flight - in_flight
-                )
+                free = allow.in_flight_limit - in_flight
                 slots[dest.pk] = max(0, free)
                 allowed = max(0, min(allow.allowed, free))
                 if allowed:

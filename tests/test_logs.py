@@ -211,11 +211,11 @@ def test_a_deferred_event_is_one_line_with_its_key_its_attempt_and_what_comes_ne
     assert line.webhook["event_key"] == "msg_line"  # the same fields, structured
 
     # and its retry, once the lock is gone, is one line too
-    from webhook_receiver.inbound.failures import failed_events_retry_due
+    from webhook_receiver.inbound.failures import retry_failed_events
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="webhook_receiver"):
-        failed_events_retry_due(now=timezone.now() + timezone.timedelta(days=1))
+        retry_failed_events(now=timezone.now() + timezone.timedelta(days=1))
     (line,) = [r for r in caplog.records if r.name.startswith("webhook_receiver")]
     assert line.levelno == logging.INFO
     assert line.getMessage() == (

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import unicodedata
+from datetime import timedelta
 
 import pytest
 from hypothesis import given
@@ -96,7 +97,8 @@ def test_the_flat_printer_writes_what_json_writes(value):
         ("https://m.example/hook?a=&b=1", "https://m.example/hook?a=&b=…"),
         ("https://m.example/hook#secret", "https://m.example/hook#…"),
         ("https://m.example/h?k=v#f", "https://m.example/h?k=…#…"),
-        ("https://shop:pw@m.example/h", "https://shop:…@m.example/h"),
+        ("https://shop:pw@m.example/h", "https://***@m.example/h"),
+        ("https://tok_live_123@m.example/h", "https://***@m.example/h"),
         ("https://m.example/hook", "https://m.example/hook"),
         ("https://m.example/a@b/c?x=1", "https://m.example/a@b/c?x=…"),
         ("http://[::1]:8000/h?t=1", "http://[::1]:8000/h?t=…"),
@@ -129,3 +131,34 @@ def test_url_masked_shows_no_query_value_and_keeps_the_rest(pairs):
 @given(st.text(max_size=80))
 def test_url_masked_answers_for_any_text(text):
     assert isinstance(display.url_masked(text), str)
+
+
+# --- durations ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "at_a_glance", "measured"),
+    [
+        (0, "0 s", "0 s"),
+        (0.25, "0 s", "0.25 s"),
+        (4.2, "4 s", "4.2 s"),
+        (45, "45 s", "45 s"),
+        (59.96, "59 s", "1 min"),
+        (67, "1 min", "1 min 07 s"),
+        (600, "10 min", "10 min"),
+        (3600, "1 h 00 min", "1 h"),
+        (7500, "2 h 05 min", "2 h 05 min"),
+        (3 * 86400, "3 d 0 h", "3 d"),
+        (3 * 86400 + 4 * 3600, "3 d 4 h", "3 d 4 h"),
+    ],
+)
+def test_a_duration_in_words_at_a_glance_and_measured(seconds, at_a_glance, measured):
+    delta = timedelta(seconds=seconds)
+    assert display.duration_text(delta) == at_a_glance
+    assert display.duration_text(delta, precise=True) == measured
+
+
+def test_how_long_ago_and_how_long_until():
+    assert display.ago_text(timedelta(seconds=42)) == "42 s ago"
+    assert display.ago_text(timedelta(hours=2, minutes=5)) == "2 h 05 min ago"
+    assert display.ago_text(timedelta(minutes=-20)) == "in 20 min"

@@ -77,7 +77,7 @@ def test_app_settings_reads_it(settings):
     from webhook_receiver.conf import app_settings
 
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "EGRESS_PROXY": "http://p:1"}
-    assert app_settings().egress_proxy == EgressProxy("p", 1)
+    assert app_settings().egress_proxy == EgressProxy("p", 1, "http://p:1")
 
 
 # --- real servers --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -102,3 +103,33 @@ def test_a_json_value_nested_past_the_bound_keeps_the_bound_and_says_so():
     assert depth == storable.MAX_JSON_DEPTH
     assert level == f"[nested deeper than {storable.MAX_JSON_DEPTH} levels: not kept]"
     assert json.loads(json.dumps(kept)) == kept
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({"a": [1, 2.5, True, None, "é"]}, None),
+        ({"a": "x\x00"}, "a NUL character cannot be stored"),
+        ({"\ud800": 1}, "a lone surrogate is not text"),
+        ([float("inf")], "a number out of range (NaN or infinity)"),
+        ({"a": {1: "x"}}, "a key must be text, not int (1)"),
+        ({"a": {"b", "c"}}, "not a JSON value: set"),
+        ([[]] * 3, None),
+    ],
+)
+def test_json_problem_names_what_a_json_column_would_not_store(value, problem):
+    assert storable.json_problem(value) == problem
+
+
+def test_json_problem_refuses_past_its_depth_without_recursing():
+    # given: 32 levels are taken, one more is not; 100,000 are walked without recursion
+    def nested(levels: int) -> list:
+        value: list = []
+        for _ in range(levels - 1):
+            value = [value]
+        return value
+
+    assert storable.json_problem(nested(storable.JSON_PROBLEM_DEPTH)) is None
+    too_deep = f"nested deeper than {storable.JSON_PROBLEM_DEPTH} levels"
+    assert storable.json_problem(nested(storable.JSON_PROBLEM_DEPTH + 2)) == too_deep
+    assert storable.json_problem(nested(100_000)) == too_deep

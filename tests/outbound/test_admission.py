@@ -147,16 +147,26 @@ def test_other_metadata_under_the_same_key_is_a_duplicate_that_changes_nothing(m
     assert OutboxMessage.objects.get().metadata == MODEL_METADATA
 
 
+def nested(levels: int) -> list:
+    """A list ``levels`` deep."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 INVALID_METADATA = [
     (["v3", 812], "metadata must be a JSON object (a dict with str keys), not list"),
     ("v3", "metadata must be a JSON object (a dict with str keys), not str"),
-    ({1: "v3"}, "metadata's keys must be str at every depth, not int (1)"),
-    ({"tokens": {2: 812}}, "metadata's keys must be str at every depth, not int (2)"),
-    ({"at": object()}, "metadata must hold JSON values only"),
-    ({"tags": {"a", "b"}}, "Object of type set is not JSON serializable"),
-    ({"score": float("nan")}, "no NaN nor infinity"),
-    ({"prompt": "a\x00b"}, "metadata cannot hold NUL nor a lone surrogate"),
-    ({"prompt": "\ud800"}, "metadata cannot hold NUL nor a lone surrogate"),
+    ({1: "v3"}, "a key must be text, not int (1)"),
+    ({"tokens": {2: 812}}, "a key must be text, not int (2)"),
+    ({"at": object()}, "metadata must be JSON a column stores as it is"),
+    ({"at": object()}, "not a JSON value: object"),
+    ({"tags": {"a", "b"}}, "not a JSON value: set"),
+    ({"score": float("nan")}, "a number out of range (NaN or infinity)"),
+    ({"prompt": "a\x00b"}, "a NUL character cannot be stored"),
+    ({"prompt": "\ud800"}, "a lone surrogate is not text"),
+    ({"deep": nested(40)}, "nested deeper than 32 levels"),
     ({"prompt": "x" * 4096}, "metadata is 4109 bytes as JSON, over the limit of 4096"),
 ]
 

@@ -27,7 +27,8 @@ from tests.support.http import post
 from tests.support.private_servers import PrivateRedis, private_redis  # noqa: F401 (fixture)
 from tests.support.served import Served, gunicorn  # noqa: F401 (fixture)
 from tests.support.signing import event_body, reserved, standard_headers
-from webhook_receiver.inbound.failures import failed_events_retry_due
+from webhook_receiver.core.logs import SaidOnce
+from webhook_receiver.inbound.failures import retry_failed_events
 from webhook_receiver.models import FailedEvent, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import admission, enqueue_webhook
 
@@ -50,7 +51,7 @@ def outages(monkeypatch) -> Iterator[None]:
     """Each test starts with the cache believed up, and retries a failed cache after
     0.2 s instead of 5 (so that a test sees it come back quickly)."""
     outage = admission.cache_outage
-    monkeypatch.setattr(outage, "since", None)
+    monkeypatch.setattr(outage, "said", SaidOnce())
     monkeypatch.setattr(outage, "retry_at", 0.0)
     monkeypatch.setattr(outage, "RETRY_SECONDS", 0.2)
     yield
@@ -239,5 +240,5 @@ def test_a_locked_outbox_defers_order_events_fast_and_inventory_events_keep_flow
     assert InventoryLedgerEntry.objects.count() == 8
 
     # and once the lock is gone, the retries forward each order event once
-    assert failed_events_retry_due(now=timezone.now() + timezone.timedelta(days=1)) == 8
+    assert retry_failed_events(now=timezone.now() + timezone.timedelta(days=1)) == 8
     assert OutboxMessage.objects.count() == 8

@@ -32,7 +32,7 @@ from ..core.states import Reason, State
 from ..inbound.models import FailedEvent, RequestAudit, WebhookReceipt
 from ..outbound.models import OutboxMessage, WebhookDestination
 from ..presentation.admin_links import admin_url
-from ..presentation.display import duration_text
+from ..presentation.display import ago_text, duration_text
 from ..reconcile.models import ReconciliationRun, RepairItem
 from ..watch.models import SilenceAlert, SourceOverview
 from ..watch.readings import Readings
@@ -158,7 +158,7 @@ class DestinationRow(_Stated):
     @property
     def last_success(self) -> str:
         at = self.status.last_success_at
-        return _ago(self.status.now - at) if at is not None else gettext("never")
+        return ago_text(self.status.now - at) if at is not None else gettext("never")
 
 
 def overview_page(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
@@ -269,7 +269,7 @@ class _Links:
             status=s,
             gaps=gaps,
             last_accepted=Link(
-                gettext("never") if age is None else _ago(age),
+                gettext("never") if age is None else ago_text(age),
                 self.url(WebhookReceipt, source=source),
             ),
             accepted=Link(
@@ -366,8 +366,3 @@ class SourceOverviewAdmin(ReadOnlyAdmin):
 
     def trace_view(self, request: HttpRequest) -> HttpResponse:
         return visible_response(trace_page(self, request))
-
-
-def _ago(age: Any) -> str:
-    """ "42 min ago": how long ago, in words."""
-    return gettext("%(age)s ago") % {"age": duration_text(age)}

@@ -20,7 +20,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import app_settings
 from ..presentation import display
-from ..watch.trace import EventTrace, ago, event_key_sources, event_trace
+from ..watch.trace import EventTrace, event_key_sources, event_trace
 
 TEMPLATE = "admin/webhook_receiver/trace.html"
 ANY_SOURCE = ""
@@ -74,14 +74,18 @@ def _page_trace(trace: EventTrace, now: datetime) -> dict[str, Any]:
     """The trace, with what the template cannot compute: ages to the second, and the
     receipt's outcome as indented JSON."""
     receipt, failed = trace.receipt, trace.failed
+
+    def ago(moment: datetime) -> str:
+        return display.ago_text(now - moment)
+
     return {
         "trace": trace,
-        "deliveries": [{"d": d, "age": ago(d.received_at, now)} for d in trace.deliveries],
+        "deliveries": [{"d": d, "age": ago(d.received_at)} for d in trace.deliveries],
         "outcome": display.json_text(receipt.outcome) if receipt else "",
         "ages": {
-            "receipt": ago(receipt.received_at, now) if receipt else "",
-            "first": ago(failed.first_attempt_at, now) if failed else "",
-            "last": ago(failed.last_attempt_at, now) if failed else "",
-            "next": ago(failed.next_attempt_at, now) if failed and failed.next_attempt_at else "",
+            "receipt": ago(receipt.received_at) if receipt else "",
+            "first": ago(failed.first_attempt_at) if failed else "",
+            "last": ago(failed.last_attempt_at) if failed else "",
+            "next": ago(failed.next_attempt_at) if failed and failed.next_attempt_at else "",
         },
     }

@@ -2,7 +2,8 @@
 that every request to an address someone typed goes through, as a CONNECT tunnel.
 
 Parsed once, into a value whose repr, str and every message name the proxy without its
-credentials: a password in the URL is only ever sent, as Proxy-Authorization.
+credentials (masked.url_masked: ``http://***@host:port``): a password in the URL is only
+ever sent, as Proxy-Authorization.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .masked import url_masked
+
 
 @dataclass(frozen=True)
 class EgressProxy:
@@ -21,16 +24,16 @@ class EgressProxy:
 
     host: str
     port: int
+    # the URL as every message shows it: masked.url_masked's, without the credentials
+    shown: str
     # "Basic …", from user:password in the URL; never shown
     authorization: str | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        credentials = "***@" if self.authorization else ""
-        return f"http://{credentials}{host}:{self.port}"
+        return self.shown
 
     def __repr__(self) -> str:
-        return f"EgressProxy({str(self)!r})"
+        return f"EgressProxy({self.shown!r})"
 
 
 def parse_egress_proxy(value: Any, where: str) -> EgressProxy | None:
@@ -59,4 +62,6 @@ def parse_egress_proxy(value: Any, where: str) -> EgressProxy | None:
     if url.username is not None or url.password is not None:
         pair = f"{unquote(url.username or '')}:{unquote(url.password or '')}"
         authorization = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
-    return EgressProxy(host=url.hostname, port=port, authorization=authorization)
+    return EgressProxy(
+        host=url.hostname, port=port, shown=url_masked(value.strip()), authorization=authorization
+    )

@@ -2,6 +2,9 @@
 …``, the values escaped so that a peer cannot forge a line, and a traceback only the
 first time an error class is met in ``TRACEBACK_INTERVAL_SECONDS`` (per process), so that
 an outage cannot flood the logs.
+
+Whatever lasts is said once a stretch, by ``SaidOnce``: when it starts, and (for a
+condition that ends, an outage) when it ends, not every time it is met.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import storable
@@ -18,17 +23,60 @@ if TYPE_CHECKING:
 
 TRACEBACK_INTERVAL_SECONDS = 300.0
 
-
-_traceback_shown_at: dict[str, float] = {}
-
-
 R = TypeVar("R", bound="HttpResponseBase")
+
+
+@dataclass
+class Stretch:
+    """A condition met again and again: since when (time.monotonic), and how many times
+    it was met since without being said."""
+
+    since: float
+    repeats: int = 0
+
+
+class SaidOnce:
+    """What has been said lately, so that a condition that lasts (an outage, a flood of
+    refusals, an error class failing every request) is said once a stretch, not each
+    time it is met. ``met(key)`` answers True when the condition starts a stretch (say
+    it), else counts it in the stretch. A condition that ends (a dependency answers
+    again) pops its stretch from ``stretches`` and says how long it lasted; with
+    ``every`` (seconds), a stretch also ends by itself that long after it began, so that
+    what lasts is said again now and then.
+
+    Keys tell conditions apart (an error class, a source and a reason); ``None`` serves
+    one that is the only one. ``stretches`` is a plain dict so that the usual case, no
+    stretch on, costs a lookup and no call. Per process, without a lock: a race only
+    doubles a line."""
+
+    def __init__(self, every: float = math.inf) -> None:
+        self.every = every
+        self.stretches: dict[Hashable, Stretch] = {}
+
+    def met(self, key: Hashable = None, *, now: float | None = None) -> bool:
+        """The condition ``key`` is met ``now`` (time.monotonic() unless given, in
+        seconds): whether it starts a stretch, to be said."""
+        now = time.monotonic() if now is None else now
+        stretch = self.stretches.get(key)
+        if stretch is None or now - stretch.since >= self.every:
+            self.stretches[key] = Stretch(now)
+            return True
+        stretch.repeats += 1
+        return False
+
+    def clear(self) -> None:
+        """Forget every stretch: the next time each condition is met, it is said."""
+        self.stretches.clear()
+
+
+# error classes whose traceback was logged lately
+_tracebacks_shown = SaidOnce(every=TRACEBACK_INTERVAL_SECONDS)
 
 
 def tracebacks_shown_forget() -> None:
     """Forget which error classes had their traceback logged lately, so that the next
     failure of each logs its traceback again (a test that expects one)."""
-    _traceback_shown_at.clear()
+    _tracebacks_shown.clear()
 
 
 def error_name(exc: BaseException) -> str:
@@ -47,10 +95,7 @@ def log_failure(logger: logging.Logger, what: str, exc: BaseException, **fields:
     that a sender cannot forge lines); with the traceback only the first time this error
     class is met in a while."""
     name = error_name(exc)
-    now = time.monotonic()
-    show = now - _traceback_shown_at.get(name, -math.inf) >= TRACEBACK_INTERVAL_SECONDS
-    if show:
-        _traceback_shown_at[name] = now
+    show = _tracebacks_shown.met(name)
     pairs = " ".join(f"{key}={value_text(value)}" for key, value in fields.items())
     logger.error(
         "%s: %s: %s %s%s",

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connection
 
 from .bounds import sqlstate
-from .logs import error_name, log_failure, value_text
+from .logs import SaidOnce, error_name, log_failure, value_text
 
 # SQLSTATEs after which the session itself is no good: read_only_sql_transaction,
 # admin_shutdown, crash_shutdown, cannot_connect_now; and class 08, connection exceptions
@@ -43,7 +43,7 @@ def connection_discard_if_broken(exc: BaseException) -> bool:
 
 class Outage:
     """A dependency that the app can do without for a while (a cache, a broker): its
-    failures are survived, and logged once an outage, not once a call.
+    failures are survived, and logged once an outage, not once a call (logs.SaidOnce).
 
     ``call(fn, default)`` returns ``fn()``, or ``default`` when it raises. The first
     failure logs one WARNING ("<name> not answering", the error, and what happens
@@ -63,9 +63,10 @@ class Outage:
         self.name = name
         self.meanwhile = meanwhile
         self.state = state
-        self.since: float | None = None
+        # the outage, once it is on: its stretch counts the calls done without the
+        # dependency, the one that failed first excepted
+        self.said = SaidOnce()
         self.retry_at = 0.0
-        self.missed = 0
 
     def call(self, fn: Callable[[], T], default: T) -> T:
         if self.resting():
@@ -81,16 +82,15 @@ class Outage:
     def resting(self) -> bool:
         """Whether the outage is on and the next try not yet due (a call is then done
         without the dependency, and counted)."""
-        if self.since is not None and time.monotonic() < self.retry_at:
-            self.missed += 1
+        if None in self.said.stretches and time.monotonic() < self.retry_at:
+            self.said.met()
             return True
         return False
 
     def failed(self, exc: BaseException) -> None:
         """A call failed with ``exc``: the outage's WARNING line if it starts here."""
         now = time.monotonic()
-        if self.since is None:
-            self.since, self.missed = now, 0
+        if self.said.met(now=now):
             self.logger.warning(
                 "%s %s: %s: %s; %s",
                 self.name,
@@ -99,21 +99,20 @@ class Outage:
                 value_text(str(exc).splitlines()[0] if str(exc) else ""),
                 self.meanwhile,
             )
-        self.missed += 1
         self.retry_at = now + self.RETRY_SECONDS
 
     def answered(self) -> None:
         """A call worked: the outage's INFO line if one was on."""
-        if self.since is not None:
+        outage = self.said.stretches.pop(None, None)
+        if outage is not None:
             self.logger.info(
                 "%s works again after %.1f s (%d calls done without it)"
                 if self.state != "not answering"
                 else "%s answers again after %.1f s (%d calls done without it)",
                 self.name,
-                time.monotonic() - self.since,
-                self.missed,
+                time.monotonic() - outage.since,
+                outage.repeats + 1,
             )
-            self.since = None
 
 
 def tolerates_database_errors(task: Callable[..., Any]) -> Callable[..., Any]:
@@ -123,6 +122,7 @@ def tolerates_database_errors(task: Callable[..., Any]) -> Callable[..., Any]:
     unusable (read-only, shut down) is closed, so that the next run opens a fresh one
     (connection_discard_if_broken)."""
     logger = logging.getLogger(task.__module__)
+    name = task.__name__.removesuffix("_task")  # the name it is registered and scheduled by
 
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -130,7 +130,7 @@ def tolerates_database_errors(task: Callable[..., Any]) -> Callable[..., Any]:
             return task(*args, **kwargs)
         except DatabaseError as exc:
             connection_discard_if_broken(exc)
-            log_failure(logger, f"task {task.__name__} failed; its next run tries again", exc)
+            log_failure(logger, f"task {name} failed; its next run tries again", exc)
             return None
 
     return run

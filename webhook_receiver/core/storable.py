@@ -127,28 +127,42 @@ def is_json_storable(value: str) -> bool:
     return "\x00" not in value and (value.isascii() or not any(map(_json_unstorable, value)))
 
 
-def json_problem(value: Any, depth: int = 0) -> str | None:
-    """Why ``value`` (JSON as parsed, from someone who must be told: the portal's API)
-    cannot be stored as it is in a text or JSON column, or None: a NUL or a lone
-    surrogate in a string or key, a number JSON has not, nesting past 32 levels. The
-    refusing twin of json_value, which keeps a peer's JSON by escaping instead."""
-    if depth > 32:
-        return "nested too deep"
-    if isinstance(value, str):
-        if is_json_storable(value):
-            return None
-        if "\x00" in value:
-            return "a NUL character cannot be stored"
-        return "a lone surrogate is not text"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "a number out of range"
-    if isinstance(value, Mapping):
-        items: list[Any] = [*value.keys(), *value.values()]
-    elif isinstance(value, list):
-        items = value
-    else:
-        return None
-    return next((p for p in (json_problem(v, depth + 1) for v in items) if p), None)
+# how deep JSON that someone must be told about may nest (json_problem): far below
+# MAX_JSON_DEPTH, what a peer's JSON is cut to
+JSON_PROBLEM_DEPTH = 32
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` (JSON as parsed, or a producer's dict: from someone who must be told,
+    the portal's API, admission's metadata) cannot be stored as it is in a JSON column,
+    or None: a NUL or a lone surrogate in a string or key, a number JSON has not
+    (NaN, infinity), a key that is not text, a value that is not JSON (a set, an
+    object), nesting past JSON_PROBLEM_DEPTH levels. The refusing twin of json_value,
+    which keeps a peer's JSON by escaping instead. Walked with a stack, not by recursion,
+    whatever the caller's own depth."""
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > JSON_PROBLEM_DEPTH:
+            return f"nested deeper than {JSON_PROBLEM_DEPTH} levels"
+        if isinstance(node, str):
+            if "\x00" in node:
+                return "a NUL character cannot be stored"
+            if not is_json_storable(node):
+                return "a lone surrogate is not text"
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                return "a number out of range (NaN or infinity)"
+        elif isinstance(node, dict):  # as json.dumps: not any Mapping
+            for name in node:
+                if not isinstance(name, str):
+                    return f"a key must be text, not {type(name).__name__} ({name!r})"
+            pending.extend((item, depth + 1) for item in (*node.keys(), *node.values()))
+        elif isinstance(node, list | tuple):
+            pending.extend((item, depth + 1) for item in node)
+        elif not (node is None or isinstance(node, bool | int)):
+            return f"not a JSON value: {type(node).__name__}"
+    return None
 
 
 def _json_text(value: str) -> str:

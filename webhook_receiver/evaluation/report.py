@@ -8,9 +8,12 @@ comes last, under a heading that says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.utils.translation import ngettext
+
+from ..presentation.display import duration_text
 
 LINE = "-" * 100
 
@@ -26,15 +29,10 @@ def _num(value: Any, unit: str = "") -> str:
 
 
 def _age(seconds: float | None) -> str:
-    """A duration in a column: 4.2 s, 3m05s, 2h07m."""
+    """A measured duration in a column, as the app words one: 4.2 s, 3 min 05 s, 2 h 07 min."""
     if seconds is None:
         return "-"
-    if seconds < 60:
-        return f"{seconds:.1f} s" if seconds % 1 else f"{seconds:g} s"
-    whole = round(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return duration_text(timedelta(seconds=seconds), precise=True)
 
 
 def held_back_words(m: dict[str, Any]) -> str:
@@ -118,7 +116,8 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
         out += ["", "  per destination (latency from the scheduled admission to the 2xx)"]
         head = (
             f"    {'destination':<16}{'limits':>14}{'admitted':>9}{'deliv.':>8}{'term.':>6}"
-            f"{'pend.':>6}{'held':>5}{'p50':>9}{'p95':>9}{'max':>9}{'oldest':>9}{'att/d':>7}"
+            f"{'pend.':>6}{'held':>5}{'p50':>12}{'p95':>12}{'max':>12}{'oldest':>12}"
+            f"{'att/d':>7}"
             f"{'dedup us/them':>15}{'util':>6}"
         )
         out.append(head)
@@ -129,9 +128,10 @@ def _scenario_lines(s: dict[str, Any]) -> list[str]:
                 f"    {d['name']:<16}{limits:>14}{_num(m['admitted']):>9}"
                 f"{_num(m['delivered']):>8}{_num(m['terminal']):>6}"
                 f"{_num(m['pending_at_cut_off']):>6}{_num(m['held_back_at_cut_off']):>5}"
-                f"{_age(m['latency_p50_s']):>9}"
-                f"{_age(m['latency_p95_s']):>9}{_age(m['latency_max_s']):>9}"
-                f"{_age(m['oldest_eligible_max_s']):>9}{_num(m['attempts_per_delivered']):>7}"
+                # a duration is up to 11 characters wide ("59 min 59 s")
+                f"{_age(m['latency_p50_s']):>12}"
+                f"{_age(m['latency_p95_s']):>12}{_age(m['latency_max_s']):>12}"
+                f"{_age(m['oldest_eligible_max_s']):>12}{_num(m['attempts_per_delivered']):>7}"
                 f"{_num(m['dedup_hits_admission']) + '/' + _num(m['dedup_hits_merchant']):>15}"
                 f"{_num(m['limiter_utilisation']):>6}"
             )

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
-from datetime import datetime
 from typing import IO
 
 from django.db import transaction
@@ -189,9 +188,9 @@ def _receive(
         return ReceiveOutcome(status=status, event_key=captured.event_key)
 
 
-# per process: the minute in which each (tallied source, reason) last said that its
-# refusals went past the audit bound (configured sources and a fixed set of reasons)
-_past_bound_said: dict[tuple[str, str], datetime] = {}
+# per process: each (tallied source, reason) says once a minute that its refusals went
+# past the audit bound (configured sources and a fixed set of reasons: a bounded dict)
+_past_bound_said = logs.SaidOnce(every=60)
 
 
 def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> None:
@@ -212,10 +211,10 @@ def _refusal_log(audit: AuditDraft, exc: RejectedRequest, *, written: bool) -> N
         )
         return
     source = audit.source if source_known(audit.source) else ""
+    # the bound counts per minute of the clock: a stretch is one, not any 60 s
     minute = audit.received_at.replace(second=0, microsecond=0)
-    if _past_bound_said.get((source, exc.code)) == minute:
+    if not _past_bound_said.met((source, exc.code), now=minute.timestamp()):
         return
-    _past_bound_said[(source, exc.code)] = minute
     logs.log_line(
         logger,
         logging.WARNING,

@@ -176,50 +176,30 @@ def as_filtered(left_out: str | None, now: datetime) -> dict[str, Any]:
 
 
 def _checked_metadata(metadata: Any) -> dict[str, Any]:
-    """``metadata`` as admission stores it: ``{}`` for None, else a JSON object (str keys
-    at every depth, JSON values only, no NUL nor lone surrogate, which PostgreSQL's jsonb
-    refuses) of at most METADATA_MAX_BYTES as compact UTF-8 JSON; ValueError otherwise."""
+    """``metadata`` as admission stores it: ``{}`` for None, else a JSON object that a
+    JSON column stores as it is (storable.json_problem: str keys, JSON values, no NaN,
+    NUL nor lone surrogate, at most JSON_PROBLEM_DEPTH levels) of at most
+    METADATA_MAX_BYTES as compact UTF-8 JSON; ValueError otherwise."""
     if metadata is None:
         return {}
     if not isinstance(metadata, dict):
         raise ValueError(
             f"metadata must be a JSON object (a dict with str keys), not {type(metadata).__name__}"
         )
-    try:
-        text = json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except RecursionError:
-        raise ValueError("metadata is nested too deep to be JSON") from None
-    except (TypeError, ValueError) as exc:
+    problem = storable.json_problem(metadata)
+    if problem:
         raise ValueError(
-            "metadata must hold JSON values only (str, int, float, bool, None, lists and "
-            f"dicts; no NaN nor infinity): {exc}"
-        ) from None
-    size = len(text.encode("utf-8", "surrogatepass"))
+            "metadata must be JSON a column stores as it is (str keys, JSON values, no NaN "
+            f"nor infinity, no NUL nor lone surrogate, at most {storable.JSON_PROBLEM_DEPTH} "
+            f"levels): {problem}"
+        )
+    text = json.dumps(metadata, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode("utf-8"))
     if size > METADATA_MAX_BYTES:
         raise ValueError(
             f"metadata is {size} bytes as JSON, over the limit of {METADATA_MAX_BYTES} "
             "(METADATA_MAX_BYTES): keep it to a few labels and numbers"
         )
-    # its keys and strings at every depth, walked with a stack (no recursion)
-    todo: list[Any] = [metadata]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, dict):
-            for name in node:
-                if not isinstance(name, str):
-                    raise ValueError(
-                        f"metadata's keys must be str at every depth, not "
-                        f"{type(name).__name__} ({name!r})"
-                    )
-            todo.extend(node)
-            todo.extend(node.values())
-        elif isinstance(node, list | tuple):
-            todo.extend(node)
-        elif isinstance(node, str) and not storable.is_json_storable(node):
-            raise ValueError(
-                f"metadata cannot hold NUL nor a lone surrogate (in {node!r}): "
-                "a JSON column on PostgreSQL refuses them"
-            )
     return metadata
 
 

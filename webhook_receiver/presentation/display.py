@@ -13,9 +13,10 @@ terminal commands apply ``visible`` to each value they print. Stored JSON is pri
 through ``body_text`` and ``json_text``, which answer for any bytes and any depth.
 
 Durations, counts and moments are worded the same on every page, command, notice and
-machine-readable report (``duration_text``, ``top_counts``, ``local_time``; ``iso`` and
-``seconds`` for a machine). A counted noun goes through Django's ``ngettext`` where it is
-written, as the admin's do.
+machine-readable report (``duration_text``, ``ago_text``, ``top_counts``,
+``local_time``; ``iso`` and ``seconds`` for a machine): a chart's axis and the evaluation
+report's measurements too, through ``duration_text(precise=True)``. A counted noun goes
+through Django's ``ngettext`` where it is written, as the admin's do.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from typing import Any
 
 from django.utils import timezone
 from django.utils.functional import lazy
-from django.utils.translation import ngettext
+from django.utils.translation import gettext, ngettext
 
+from ..conf.masked import url_masked as url_masked  # the one rule, re-exported for pages
 from ..core import storable
 
 # Format characters (Unicode category Cf: the bidirectional controls U+202A-202E,
@@ -130,37 +132,6 @@ def _flat_json(value: Any) -> str:
     return "".join(parts)
 
 
-MASK = "…"
-
-
-def url_masked(url: str) -> str:
-    """A URL as lists and pages show it: each query value, the fragment and a password
-    in it as ``…`` (a merchant's token often rides in the query string), the rest as it
-    is. ``https://m.example/hook?token=abc&v=2`` -> ``https://m.example/hook?token=…&v=…``.
-    The change form's input keeps the real value for whoever may change it."""
-    before_fragment, hash_sign, fragment = url.partition("#")
-    base, question_mark, query = before_fragment.partition("?")
-    if question_mark:
-        base += "?" + "&".join(_masked_pair(pair) for pair in query.split("&"))
-    scheme, slashes, rest = base.partition("//")
-    if slashes:
-        authority, slash, path = rest.partition("/")
-        user_info, at, host = authority.rpartition("@")
-        if at:
-            user, colon, _password = user_info.partition(":")
-            authority = f"{user}{colon}{MASK if colon else ''}@{host}"
-        base = f"{scheme}//{authority}{slash}{path}"
-    return base + (f"#{MASK}" if hash_sign and fragment else hash_sign)
-
-
-def _masked_pair(pair: str) -> str:
-    """``name=value`` as ``name=…``; a bare word (``?abc123``, perhaps a token) as ``…``."""
-    name, equals, value = pair.partition("=")
-    if equals:
-        return f"{name}={MASK}" if value else pair
-    return MASK if pair else pair
-
-
 def answer_shown(
     status_code: int | None, error: str, *, hidden: Callable[[str], str] | None = None
 ) -> str:
@@ -179,25 +150,69 @@ def answer_shown(
     return f"HTTP {status_code}: {text}"
 
 
-def duration_text(delta: timedelta) -> str:
+def duration_text(delta: timedelta, *, precise: bool = False) -> str:
     """A duration as a person reads it at a glance: "45 s", "20 min", "2 h 05 min",
-    "3 d 4 h". Each unit goes through ngettext, in the language active when it is called:
-    a text built at import uses duration_text_lazy."""
-    seconds = max(0, int(delta.total_seconds()))
+    "3 d 4 h", each part cut down to its unit. ``precise`` for a measurement (a latency
+    in a report, a chart's axis): three significant digits under a minute ("0.25 s",
+    "4.2 s"), the seconds under an hour ("3 min 05 s"), rounded, and a last part that is
+    zero left out ("2 min", "1 h"). Each unit goes through ngettext, in the language
+    active when it is called: a text built at import uses duration_text_lazy."""
+    total = max(0.0, delta.total_seconds())
+    if precise and float(f"{total:.3g}") < 60:
+        count = f"{round(total, 3):.3g}"  # "0.25", "4.2", "45"; never "1e-05"
+        return ngettext("%(count)s s", "%(count)s s", round(total)) % {"count": count}
+    seconds = round(total) if precise else int(total)
     if seconds < 60:
-        return ngettext("%(count)d s", "%(count)d s", seconds) % {"count": seconds}
-    minutes = seconds // 60
+        return _seconds(seconds)
+    minutes, seconds = divmod(seconds, 60)
+    if precise and minutes < 60:
+        return _then(_minutes(minutes), _seconds_two_digits(seconds) if seconds else "")
     if minutes < 60:
-        return ngettext("%(count)d min", "%(count)d min", minutes) % {"count": minutes}
+        return _minutes(minutes)
     hours, minutes = divmod(minutes, 60)
     if hours < 48:
-        hours_text = ngettext("%(count)d h", "%(count)d h", hours) % {"count": hours}
-        # two digits: "2 h 05 min"
-        minutes_text = ngettext("%(count)02d min", "%(count)02d min", minutes)
-        return f"{hours_text} {minutes_text % {'count': minutes}}"
+        if precise and not minutes:
+            return _hours(hours)
+        return _then(_hours(hours), _minutes_two_digits(minutes))  # "2 h 05 min"
     days, hours = divmod(hours, 24)
-    days_text = ngettext("%(count)d d", "%(count)d d", days) % {"count": days}
-    return f"{days_text} {ngettext('%(count)d h', '%(count)d h', hours) % {'count': hours}}"
+    return _then(_days(days), _hours(hours) if hours or not precise else "")
+
+
+def _then(first: str, second: str) -> str:
+    return f"{first} {second}" if second else first
+
+
+# each unit in words, its literal msgid where makemessages finds it
+def _seconds(count: int) -> str:
+    return ngettext("%(count)d s", "%(count)d s", count) % {"count": count}
+
+
+def _seconds_two_digits(count: int) -> str:
+    return ngettext("%(count)02d s", "%(count)02d s", count) % {"count": count}
+
+
+def _minutes(count: int) -> str:
+    return ngettext("%(count)d min", "%(count)d min", count) % {"count": count}
+
+
+def _minutes_two_digits(count: int) -> str:
+    return ngettext("%(count)02d min", "%(count)02d min", count) % {"count": count}
+
+
+def _hours(count: int) -> str:
+    return ngettext("%(count)d h", "%(count)d h", count) % {"count": count}
+
+
+def _days(count: int) -> str:
+    return ngettext("%(count)d d", "%(count)d d", count) % {"count": count}
+
+
+def ago_text(age: timedelta) -> str:
+    """How long ago, in words: "42 min ago"; a moment still to come (a retry's next
+    attempt), "in 20 min"."""
+    if age < timedelta(0):
+        return gettext("in %(age)s") % {"age": duration_text(-age)}
+    return gettext("%(age)s ago") % {"age": duration_text(age)}
 
 
 # for a text built at import, before a language is active (and before apps are ready)

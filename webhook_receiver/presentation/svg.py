@@ -2,7 +2,7 @@
 its bars) and the evaluation's HTML report (line and histogram charts, below): no script
 library, no network, so that a page or a report file reads anywhere (offline, attached
 to a ticket). Every text drawn comes through ``format_html`` (names come from scenario
-files a team writes); numbers are formatted here.
+files a team writes); numbers are formatted here, durations by display.duration_text.
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import SafeString, mark_safe
+
+from .display import duration_text
 
 # one colour per destination, in order; no red (red means broken in the report)
 PALETTE = ("#2f6db3", "#d98b1b", "#2a9a72", "#8a5fb0", "#5aa9d6", "#6b6b6b", "#a0773c")
@@ -34,19 +37,8 @@ def join(parts: Sequence[Any]) -> SafeString:
 
 
 def duration(seconds: float) -> str:
-    """A short duration for an axis: 0, 750 ms, 45 s, 2 m, 2m30s, 1 h, 1h30m."""
-    if seconds == 0:
-        return "0"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.3g} s"
-    whole = round(seconds)
-    if whole < 3600:
-        m, s = divmod(whole, 60)
-        return f"{m} m" if not s else f"{m}m{s:02d}s"
-    h, m = divmod(whole // 60, 60)
-    return f"{h} h" if not m else f"{h}h{m:02d}m"
+    """A time axis's label: "0.75 s", "45 s", "2 min", "2 min 30 s", "1 h 30 min"."""
+    return duration_text(timedelta(seconds=seconds), precise=True)
 
 
 def number(value: float) -> str:

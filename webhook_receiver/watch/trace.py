@@ -253,18 +253,6 @@ def _moment_text(moment: datetime | None) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S} UTC" if moment else "-"
 
 
-def ago(moment: datetime, now: datetime) -> str:
-    """A moment relative to now, to the second when it is recent: "42 s ago", "3 h ago",
-    "in 20 min" (a retry's next attempt)."""
-    seconds = int((now - moment).total_seconds())
-    amount = abs(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
-        if amount >= size or unit == "s":
-            text = f"{amount // size} {unit}"
-            break
-    return f"{text} ago" if seconds >= 0 else f"in {text}"
-
-
 def event_key_sources(*, event_key: str) -> list[str]:
     """The sources that hold ``event_key`` anywhere (a request, a receipt, a failed event
     or a repair item), sorted: for tracing a key without knowing its source."""

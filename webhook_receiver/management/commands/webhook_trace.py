@@ -19,7 +19,6 @@ from ...watch.trace import (
     EffectSection,
     EventTrace,
     OutboxSection,
-    ago,
     event_key_sources,
     event_trace,
 )
@@ -69,7 +68,7 @@ class Command(BaseCommand):
             [
                 (
                     _when(d.received_at),
-                    ago(d.received_at, now),
+                    _ago(d.received_at, now),
                     d.verification,
                     d.result or "-",
                     str(d.response_status),
@@ -92,7 +91,7 @@ class Command(BaseCommand):
                     ("status", receipt.status),
                     (
                         "received",
-                        f"{_when(receipt.received_at)} UTC ({ago(receipt.received_at, now)})",
+                        f"{_when(receipt.received_at)} UTC ({_ago(receipt.received_at, now)})",
                     ),
                     ("event type", receipt.event_type or "-"),
                     ("subject", receipt.subject or "-"),
@@ -119,16 +118,16 @@ class Command(BaseCommand):
                 ("attempts", str(failed.attempts)),
                 (
                     "first",
-                    f"{_when(failed.first_attempt_at)} UTC ({ago(failed.first_attempt_at, now)})",
+                    f"{_when(failed.first_attempt_at)} UTC ({_ago(failed.first_attempt_at, now)})",
                 ),
                 (
                     "last",
-                    f"{_when(failed.last_attempt_at)} UTC ({ago(failed.last_attempt_at, now)})",
+                    f"{_when(failed.last_attempt_at)} UTC ({_ago(failed.last_attempt_at, now)})",
                 ),
             ]
             if failed.next_attempt_at:
                 moment = failed.next_attempt_at
-                facts.append(("next", f"{_when(moment)} UTC ({ago(moment, now)})"))
+                facts.append(("next", f"{_when(moment)} UTC ({_ago(moment, now)})"))
             if failed.discarded_by:
                 facts.append(("discarded", f"by {failed.discarded_by}: {failed.discard_reason}"))
             self._facts(facts)
@@ -216,6 +215,10 @@ class Command(BaseCommand):
                 note = notes[n - 1]
                 for text in [note] if isinstance(note, str) else note:  # a line each
                     self.stdout.write(f"{indent}  {_cell(text, None)}")
+
+
+def _ago(moment: datetime, now: datetime) -> str:
+    return display.ago_text(now - moment)
 
 
 def _when(moment: datetime) -> str:

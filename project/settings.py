@@ -199,9 +199,13 @@ WEBHOOK_RECEIVER = {
     "METRICS_TOKEN": env("METRICS_TOKEN", default=None),
     # the trace page lists the shop's ledger lines and order state for an event
     "TRACE_EFFECTS": "project.shop.trace.shop_effects",
-    # encrypt outbox destinations' signing secrets at rest (comma-separated Fernet keys:
-    # the first encrypts, every one decrypts); `make run` writes one into .env
-    "DESTINATION_SECRET_KEYS": env.list("WEBHOOK_DESTINATION_SECRET_KEYS", default=[]),
+    # encrypt stored secrets at rest, destinations' and source records' (comma-separated
+    # Fernet keys: the first encrypts, every one decrypts); `make run` writes one into
+    # .env. A .env from before the rename still names WEBHOOK_DESTINATION_SECRET_KEYS
+    "SECRET_ENCRYPTION_KEYS": env.list(
+        "WEBHOOK_SECRET_ENCRYPTION_KEYS",
+        default=env.list("WEBHOOK_DESTINATION_SECRET_KEYS", default=[]),
+    ),
     # behind deploy/nginx.conf: 1 (the client's address is read from X-Forwarded-For)
     "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
     # networks the egress guard lets destinations reach although they are internal
@@ -256,8 +260,8 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # connection keeps Celery's retries.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 1, "interval_start": 0}
     # kombu's Redis transport, with a channel that closes whole when Redis goes away:
-    # without it a Redis restart ends a worker running a task (project/broker.py)
-    CELERY_BROKER_TRANSPORT = "project.broker:Transport"
+    # without it a Redis restart ends a worker running a task (docs/deploying.md)
+    CELERY_BROKER_TRANSPORT = "webhook_receiver.core.broker:Transport"
 elif CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     for _folder in (_broker_dir, VAR_DIR / "broker-control"):

@@ -53,7 +53,7 @@ SHOP_OLD_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 STRIPE_SECRET = "whsec_stripe_test_secret"
 GITHUB_SECRET = "It's a Secret to Everybody"
 # encrypts destinations' secrets at rest (tests/outbound/test_destination_secrets.py rotates it)
-DESTINATION_SECRET_KEY = "mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="
+SECRET_ENCRYPTION_KEY = "mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="
 
 WEBHOOK_RECEIVER = {
     # the relay's, as the demo reads them from the environment (a relay a test starts)
@@ -72,7 +72,7 @@ WEBHOOK_RECEIVER = {
     },
     # for the real Celery worker the failure tests start (it cannot see override_settings)
     "HANDLERS": {"test.hang": "tests.support.handlers.hangs_on_first_attempt"},
-    "DESTINATION_SECRET_KEYS": [DESTINATION_SECRET_KEY],
+    "SECRET_ENCRYPTION_KEYS": [SECRET_ENCRYPTION_KEY],
     # for a served instance behind nginx (tests/support/served.py); unset, no proxy is trusted
     "TRUSTED_PROXIES": env("WEBHOOK_TRUSTED_PROXIES", default=None),
     # the suite's merchants listen on loopback (tests/core/test_egress.py and the relay's

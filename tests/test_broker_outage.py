@@ -6,7 +6,7 @@ started again.
   again (project.logs.BrokerOutageLines), not beat's traceback per scheduled task (10,931
   lines in a 180 s outage before) or the worker's line per reconnection attempt.
 - A worker inside a task when Redis restarts keeps running, and runs a task sent after
-  the restart (project/broker.py: Celery 5.7 ended it with kombu's
+  the restart (webhook_receiver/core/broker.py: Celery 5.7 ended it with kombu's
   ``AttributeError: 'NoneType' object has no attribute 'hostname'``).
 
 Neither process needs the database: the worker consumes a queue of its own (beat's
@@ -76,7 +76,7 @@ def celery(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproce
 def worker_args(app_module: str) -> list[str]:
     # as make chaos starts it: two processes, without mingle and gossip; so a task runs and
     # the consumer's BRPOP for the next is pending when Redis goes, the case that ended
-    # the worker (project/broker.py)
+    # the worker (webhook_receiver/core/broker.py)
     return ["-A", app_module, "worker", "--pool", "prefork", "--concurrency", "2",
             "--loglevel", "INFO", "--queues", QUEUE, "--hostname", "outage@%h",
             "--without-mingle", "--without-gossip"]  # fmt: skip

@@ -32,6 +32,19 @@ def test_the_removed_claim_mode_setting_is_refused_naming_what_replaces_it():
     assert "starts with the claim" in errors[0].msg
 
 
+def test_the_old_name_of_the_encryption_keys_is_refused_naming_the_new_one():
+    from django.core.checks import run_checks
+
+    keys = WEBHOOK_RECEIVER["SECRET_ENCRYPTION_KEYS"]
+    old_name = {**WEBHOOK_RECEIVER, "DESTINATION_SECRET_KEYS": keys}
+    with override_settings(WEBHOOK_RECEIVER=old_name):
+        errors = [e for e in run_checks() if e.id == "webhook_receiver.E001"]
+
+    assert len(errors) == 1
+    assert "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] has been removed" in errors[0].msg
+    assert "renamed SECRET_ENCRYPTION_KEYS" in errors[0].msg
+
+
 def test_an_sqlite_without_returning_is_a_configuration_error(monkeypatch):
     """The relay claims and records with UPDATE … RETURNING (SQLite 3.35)."""
     import sqlite3
@@ -247,5 +260,5 @@ def test_the_settings_objects_never_show_a_secret_in_their_repr(settings):
 
     assert "metrics-token-not-to-be-shown" not in shown
     assert "source_secret_not_to_be_shown" not in shown
-    assert "destination_secret_keys" not in shown
+    assert "secret_encryption_keys" not in shown
     assert "lock_timeout_ms=2000" in shown  # the rest still shows

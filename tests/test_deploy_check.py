@@ -20,7 +20,7 @@ PRODUCTION = {
     "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
     "CACHE_URL": "redis://redis.internal:6379/1",
     "SHOP_WEBHOOK_SECRETS": "whsec_YmVuY2gtb25seS1zZWNyZXQtMjQtYnl0ZXM=",
-    "WEBHOOK_DESTINATION_SECRET_KEYS": "mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs=",
+    "WEBHOOK_SECRET_ENCRYPTION_KEYS": "mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs=",
     "WEBHOOK_TRUSTED_PROXIES": "1",
 }
 

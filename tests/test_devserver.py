@@ -59,7 +59,7 @@ def test_stopping_ends_every_process_quickly_and_quietly(tmp_path, how):
         "CELERY_BROKER_URL": "filesystem://",
         "SHOP_WEBHOOK_SECRETS": SHOP_SECRET,
         # what `make run` writes into .env: the key that encrypts destinations' secrets
-        "WEBHOOK_DESTINATION_SECRET_KEYS": Fernet.generate_key().decode(),
+        "WEBHOOK_SECRET_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
     }
     subprocess.run(  # as `make run` does first
         [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity", "0"],

@@ -45,12 +45,12 @@ def check_webhook_receiver_settings(
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="webhook_receiver.E001")]
     errors: list[checks.CheckMessage] = []
-    for position, fernet_key in enumerate(config.destination_secret_keys, 1):
+    for position, fernet_key in enumerate(config.secret_encryption_keys, 1):
         problem = fernet_key_problem(fernet_key)
         if problem:  # the key is never quoted: its position names it
             errors.append(
                 checks.Error(
-                    f"WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']: key #{position} {problem}: "
+                    f"WEBHOOK_RECEIVER['SECRET_ENCRYPTION_KEYS']: key #{position} {problem}: "
                     "no stored secret (a destination's, a source record's) can be read or "
                     "written until it is fixed.",
                     hint=NEW_KEY_HINT,
@@ -248,7 +248,7 @@ def check_destination_secrets(
     encrypt them with. Whether the keys set decrypt them is E010, a deploy check: rows
     no key reads are shown and reported where they are, and do not stop a migration."""
     try:
-        keys = app_settings().destination_secret_keys
+        keys = app_settings().secret_encryption_keys
     except ImproperlyConfigured:
         return []  # E001 says why
     table = WebhookDestination._meta.db_table
@@ -263,10 +263,10 @@ def check_destination_secrets(
                 problems.append(
                     checks.Error(
                         f"Destination {name!r} has signing secrets, and "
-                        "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] is empty: they are "
+                        "WEBHOOK_RECEIVER['SECRET_ENCRYPTION_KEYS'] is empty: they are "
                         "encrypted at rest with its first key.",
                         hint=f"{NEW_KEY_HINT}, and set it (the demo: "
-                        "WEBHOOK_DESTINATION_SECRET_KEYS in .env).",
+                        "WEBHOOK_SECRET_ENCRYPTION_KEYS in .env).",
                         id="webhook_receiver.E008",
                     )
                 )
@@ -286,10 +286,10 @@ def check_destination_secrets(
 def check_destination_secrets_readable(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """The destinations no key of DESTINATION_SECRET_KEYS decrypts (a key removed before
+    """The destinations no key of SECRET_ENCRYPTION_KEYS decrypts (a key removed before
     ``webhook_destination reencrypt`` ran): ``check --deploy --database default``."""
     try:
-        keys = app_settings().destination_secret_keys
+        keys = app_settings().secret_encryption_keys
     except ImproperlyConfigured:
         return []  # E001 says why
     if not keys:
@@ -306,7 +306,7 @@ def check_destination_secrets_readable(
             problems.append(
                 checks.Error(
                     f"Destination #{pk} {name!r} (database {alias!r}): {problem.state}, "
-                    "of WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']. Nothing is sent to it; "
+                    "of WEBHOOK_RECEIVER['SECRET_ENCRYPTION_KEYS']. Nothing is sent to it; "
                     "its messages wait.",
                     hint="Put back the key they were encrypted with (keep it after a new "
                     "one until manage.py webhook_destination reencrypt has run), or set new "

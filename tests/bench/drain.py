@@ -5,7 +5,7 @@
 A backlog of N due failed events (``inventory.reserved`` bodies as the receive bench
 sends, two ledger lines each, inserted directly as FailedEvent rows "retrying" with
 ``next_attempt_at`` in the past) is drained by W processes at once, each calling
-``failed_events_retry_due()`` with its default limit in a loop, as the Celery task does
+``retry_failed_events()`` with its default limit in a loop, as the Celery task does
 (another call while a batch comes back full). W = 1 and W = 2 by default; with W > 1
 ``SKIP LOCKED`` shares the backlog out. Each round also runs one phase of N new events
 through the full path under gunicorn (2 sync workers), in an order that rotates, so each
@@ -170,7 +170,7 @@ def _drainer(env: dict[str, str], pipe: Connection) -> None:
     from django.db import connection
 
     from webhook_receiver.conf import app_settings
-    from webhook_receiver.inbound.failures import failed_events_retry_due
+    from webhook_receiver.inbound.failures import retry_failed_events
 
     batch = app_settings().sweep_batch_size
     connection.ensure_connection()
@@ -181,7 +181,7 @@ def _drainer(env: dict[str, str], pipe: Connection) -> None:
         started = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
         try:
             while True:  # as retry_failed_events: another run while batches come back full
-                count = failed_events_retry_due()
+                count = retry_failed_events()
                 tried, calls = tried + count, calls + 1
                 if count < batch:
                     break

@@ -7,7 +7,7 @@ holds N receipts (1,000,000) spread over the last 30 days, and as many audit rec
 written with ``INSERT … SELECT generate_series`` as the receive path writes them
 (``msg_`` + 32 hex digits for keys, so they are spread over the key index as random
 message ids are). A tenth more receipts, 36 to 40 days old, go in first; the receipts'
-retention (``receipts_purge``, when it exists) deletes them before measuring, so the table
+retention (``purge_receipts``, when it exists) deletes them before measuring, so the table
 is at retention's steady state: the rows gone, their space left as holes (VACUUM, never
 FULL), the indexes split by a million random inserts. It is built once and reused while
 its schema (no unapplied migration) and its row count hold; ``--rebuild`` builds it
@@ -193,12 +193,12 @@ def _purge_job(env: dict[str, str], out: Any) -> None:
 
     django.setup()
     try:  # written alongside this bench: it may not be there yet
-        from webhook_receiver.inbound.retention import receipts_purge
+        from webhook_receiver.inbound.retention import purge_receipts
     except ImportError as exc:
         out.put({"missing": str(exc)})
         return
     started = time.perf_counter()
-    deleted = receipts_purge()
+    deleted = purge_receipts()
     out.put({"deleted": deleted, "seconds": time.perf_counter() - started})
 
 
@@ -218,7 +218,7 @@ def answer_of(job: Callable[..., None], *args: Any, timeout: float) -> dict[str,
 
 
 def receipts_purge_run(env: dict[str, str]) -> dict[str, Any]:
-    """``receipts_purge()`` once on the large database, in a process of its own."""
+    """``purge_receipts()`` once on the large database, in a process of its own."""
     return answer_of(_purge_job, env, timeout=600)
 
 
@@ -244,10 +244,10 @@ def large_prepare(args: argparse.Namespace, env: dict[str, str]) -> dict[str, An
         info |= {"reused": False, "build_seconds": seconds}
     purge = receipts_purge_run(env)
     if "missing" in purge:
-        print(f"  receipts_purge not found ({purge['missing']}): the prune is skipped")
+        print(f"  purge_receipts not found ({purge['missing']}): the prune is skipped")
     else:
         print(
-            f"  receipts_purge: {purge['deleted']:,} receipts deleted in {purge['seconds']:.1f} s"
+            f"  purge_receipts: {purge['deleted']:,} receipts deleted in {purge['seconds']:.1f} s"
         )
     info["purge"] = purge
     with _connect(url) as conn:

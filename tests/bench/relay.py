@@ -13,7 +13,7 @@ HTTP/1.1 server in a process of its own (asyncio, keep-alive), which answers 200
 and records each arrival's CLOCK_MONOTONIC time and ``webhook-id``. Then:
 
 1. Throughput, in this process: N messages admitted with ``enqueue_webhook`` (500 a
-   transaction), then ``destination_relay`` called until the backlog is empty, for a
+   transaction), then ``relay_destination`` called until the backlog is empty, for a
    destination whose limits do not bind (10 in flight). The floor, in the same rounds
    (which goes first alternates): the same signed requests (the relay's own
    ``signed_request``: same bodies, same headers) posted by a plain aiohttp loop (the
@@ -277,11 +277,11 @@ class Counted:
 
 
 def relay_until_empty(destination_id: int, counted: Counted) -> int:
-    """``destination_relay`` again and again until it sends nothing, counting every
+    """``relay_destination`` again and again until it sends nothing, counting every
     statement and every transaction it runs."""
     from django.db import connection, connections
 
-    from webhook_receiver.outbound.relay.process import destination_relay
+    from webhook_receiver.outbound.relay.process import relay_destination
 
     def count(execute, sql, params, many, context):
         # executemany runs its statement once per parameter set
@@ -304,7 +304,7 @@ def relay_until_empty(destination_id: int, counted: Counted) -> int:
     try:
         with connection.execute_wrapper(count):
             while True:
-                round_sent, _ = destination_relay(destination_id=destination_id)
+                round_sent, _ = relay_destination(destination_id=destination_id)
                 if not round_sent:
                     return sent
                 sent += round_sent

@@ -237,11 +237,11 @@ def run(args: argparse.Namespace) -> int:
     import django
 
     django.setup()
-    from webhook_receiver.inbound.audit import audit_purge
-    from webhook_receiver.inbound.retention import receipts_purge
-    from webhook_receiver.outbound.retention import outbox_purge
+    from webhook_receiver.inbound.audit import purge_audit_records
+    from webhook_receiver.inbound.retention import purge_receipts
+    from webhook_receiver.outbound.retention import purge_outbox
 
-    jobs = {"receipts": receipts_purge, "audit": audit_purge, "outbox": outbox_purge}
+    jobs = {"receipts": purge_receipts, "audit": purge_audit_records, "outbox": purge_outbox}
     results: dict[str, Any] = {}
     for name, job in jobs.items():
         print(f"{name}: baseline ...", flush=True)

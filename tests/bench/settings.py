@@ -28,7 +28,7 @@ WEBHOOK_RECEIVER = {
     # its merchants listen on loopback
     "EGRESS_ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
     # the relay's bench signs with destination secrets, encrypted at rest like anywhere
-    "DESTINATION_SECRET_KEYS": ["mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="],
+    "SECRET_ENCRYPTION_KEYS": ["mZ1g2dDqXmNaeqvnkZ3fh_J4ivXq9RZJPRnNvFyAFqs="],
     "SOURCES": {
         SOURCE: {
             "SCHEME": "standard",

@@ -99,7 +99,7 @@ class Stack:
             CELERY_BROKER_URL=f"{redis}/0",
             CACHE_URL=f"{redis}/1",
             SHOP_WEBHOOK_SECRETS=self.shop_secret,
-            WEBHOOK_DESTINATION_SECRET_KEYS=self.fernet_key,
+            WEBHOOK_SECRET_ENCRYPTION_KEYS=self.fernet_key,
             DJANGO_SECRET_KEY=self.django_key,
             DJANGO_DEBUG="false",
             DEMO_VAR_DIR=str(self.run_dir / "var"),

@@ -171,12 +171,12 @@ def test_demo_setup_replaces_secrets_no_key_decrypts(settings, merchant_settings
     # given: the destination of an earlier .env, whose key is gone with it
     old_key, new_key = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     receiver = settings.WEBHOOK_RECEIVER
-    settings.WEBHOOK_RECEIVER = {**receiver, "DESTINATION_SECRET_KEYS": [old_key]}
+    settings.WEBHOOK_RECEIVER = {**receiver, "SECRET_ENCRYPTION_KEYS": [old_key]}
     setup()
     merchant_settings.DEMO_MERCHANT_SECRET = OTHER_SECRET
 
     # when: a fresh .env, with a new key and a new secret
-    settings.WEBHOOK_RECEIVER = {**receiver, "DESTINATION_SECRET_KEYS": [new_key]}
+    settings.WEBHOOK_RECEIVER = {**receiver, "SECRET_ENCRYPTION_KEYS": [new_key]}
     said = setup()
 
     # then

@@ -369,7 +369,7 @@ def test_a_budget_ignored_breaks_the_budget(monkeypatch):
 
 
 def test_a_silence_check_that_never_runs_misses_a_trailing_silence(monkeypatch):
-    monkeypatch.setattr(simulation_module, "silence_check", lambda: None)
+    monkeypatch.setattr(simulation_module, "check_silence", lambda: None)
 
     assert "to the cut-off" in breaks_alone(TRAILING_SILENCE, "silence-alert-once")
 

@@ -18,10 +18,10 @@ from django.utils import timezone
 
 from tests.settings import WEBHOOK_RECEIVER
 from tests.support.signing import reserved, standard_headers
-from webhook_receiver.inbound.audit import AuditDraft, audit_purge
+from webhook_receiver.inbound.audit import AuditDraft, purge_audit_records
 from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import RequestAudit, WebhookReceipt
-from webhook_receiver.tasks import purge_audit_records
+from webhook_receiver.tasks import purge_audit_records_task
 
 pytestmark = pytest.mark.django_db
 
@@ -60,7 +60,7 @@ def test_records_older_than_the_retention_are_deleted_and_newer_ones_stay():
     ]
 
     # when
-    deleted = audit_purge(now=NOW)
+    deleted = purge_audit_records(now=NOW)
 
     # then
     assert deleted == len(old)
@@ -72,14 +72,14 @@ def test_purge_uses_the_current_time_by_default():
     audit_at(now - timedelta(days=45))
     recent = audit_at(now - timedelta(days=2))
 
-    assert audit_purge() == 1
+    assert purge_audit_records() == 1
     assert remaining() == {recent.id}
 
 
 def test_nothing_to_purge_returns_zero():
     kept = audit_at(NOW - timedelta(days=1))
 
-    assert audit_purge(now=NOW) == 0
+    assert purge_audit_records(now=NOW) == 0
     assert remaining() == {kept.id}
 
 
@@ -90,7 +90,7 @@ def test_retention_days_come_from_settings():
 
     # when
     with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "AUDIT_RETENTION_DAYS": 7}):
-        deleted = audit_purge(now=NOW)
+        deleted = purge_audit_records(now=NOW)
 
     # then
     assert deleted == 1
@@ -109,7 +109,7 @@ def test_purge_deletes_in_batches_of_the_configured_size():
         override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "PURGE_BATCH_SIZE": 2}),
         CaptureQueriesContext(connection) as queries,
     ):
-        deleted = audit_purge(now=NOW)
+        deleted = purge_audit_records(now=NOW)
 
     # then: all 5 deleted, by 3 DELETE statements (2 + 2 + 1)
     assert deleted == 5
@@ -124,14 +124,14 @@ def test_max_batches_bounds_one_run_and_the_next_run_continues():
 
     with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "PURGE_BATCH_SIZE": 2}):
         # when: one batch only
-        first = audit_purge(now=NOW, max_batches=1)
+        first = purge_audit_records(now=NOW, max_batches=1)
         # then: the oldest ids go first, the rest wait
         assert first == 2
         assert remaining() == {a.id for a in expired[2:]} | {kept.id}
 
         # when: the next runs
-        second = audit_purge(now=NOW, max_batches=1)
-        third = audit_purge(now=NOW)
+        second = purge_audit_records(now=NOW, max_batches=1)
+        third = purge_audit_records(now=NOW)
 
     # then
     assert (second, third) == (2, 1)
@@ -151,7 +151,7 @@ def test_purge_leaves_receipts_alone():
     WebhookReceipt.objects.update(received_at=NOW - timedelta(days=90))
 
     # when
-    deleted = audit_purge(now=NOW)
+    deleted = purge_audit_records(now=NOW)
 
     # then: the audit record went; the receipt, which guards idempotency, stays
     assert deleted == 1
@@ -168,7 +168,7 @@ def test_task_called_directly_returns_the_count():
         audit_at(now - timedelta(days=days))
     kept = audit_at(now)
 
-    assert purge_audit_records() == 3
+    assert purge_audit_records_task() == 3
     assert remaining() == {kept.id}
 
 
@@ -178,7 +178,7 @@ def test_task_applied_eagerly_returns_the_count():
     audit_at(now - timedelta(days=61))
 
     with override_settings(WEBHOOK_RECEIVER={**WEBHOOK_RECEIVER, "PURGE_BATCH_SIZE": 1}):
-        result = purge_audit_records.apply()
+        result = purge_audit_records_task.apply()
 
     assert result.successful()
     assert result.get() == 2
@@ -186,7 +186,7 @@ def test_task_applied_eagerly_returns_the_count():
 
 
 def test_task_has_its_stable_name():
-    assert purge_audit_records.name == TASK_NAME
+    assert purge_audit_records_task.name == TASK_NAME
 
 
 def test_beat_schedule_names_the_task():

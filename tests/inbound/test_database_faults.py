@@ -20,7 +20,7 @@ from tests.support.locks import table_locked
 from tests.support.signing import event_body, reserved, standard_headers
 from webhook_receiver.core import logs
 from webhook_receiver.handlers import HandlerResult, WebhookEvent
-from webhook_receiver.inbound.failures import failed_events_retry_due
+from webhook_receiver.inbound.failures import retry_failed_events
 from webhook_receiver.models import FailedEvent, RequestAudit
 
 pytestmark = [
@@ -101,7 +101,7 @@ def test_a_locked_ledger_defers_fast_and_leaves_other_events_alone(
 
     # and once the lock is gone, the retry applies it, once
     other_session.rollback()
-    assert failed_events_retry_due(now=timezone.now() + timezone.timedelta(days=1)) == 1
+    assert retry_failed_events(now=timezone.now() + timezone.timedelta(days=1)) == 1
     assert InventoryLedgerEntry.objects.filter(event_key="msg_lock").count() == 1
     assert OrderState.objects.get(order_id="o_lock").version == 1
 
@@ -123,7 +123,7 @@ def test_a_locked_receipts_table_defers_within_the_bound(client, other_session, 
     assert RequestAudit.objects.get().result == "deferred"
 
     # and once the lock is gone, the retry applies it, once
-    assert failed_events_retry_due(now=timezone.now() + timezone.timedelta(days=1)) == 1
+    assert retry_failed_events(now=timezone.now() + timezone.timedelta(days=1)) == 1
     assert InventoryLedgerEntry.objects.filter(event_key="msg_receipts").count() == 1
 
 
@@ -253,7 +253,7 @@ def test_an_outage_logs_one_line_per_request_and_one_traceback(
 def test_a_worker_whose_session_went_read_only_reconnects_on_its_next_run(
     persistent_connections, caplog
 ):
-    from webhook_receiver.tasks import purge_audit_records
+    from webhook_receiver.tasks import purge_audit_records_task
 
     # given: the worker's session is read-only, and there is something to purge
     RequestAudit.objects.create(
@@ -267,8 +267,8 @@ def test_a_worker_whose_session_went_read_only_reconnects_on_its_next_run(
 
     # when: the task fails on it, and runs again
     with caplog.at_level(logging.ERROR):
-        assert purge_audit_records() is None
-    purged = purge_audit_records()
+        assert purge_audit_records_task() is None
+    purged = purge_audit_records_task()
 
     # then: the failure was one line, naming the error a read-only session raises
     # (PostgreSQL's read_only_sql_transaction, as Django wraps it), with its traceback;

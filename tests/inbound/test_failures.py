@@ -29,10 +29,10 @@ from webhook_receiver.inbound.failures import (
     CapturedEvent,
     failed_event_discard,
     failed_event_replay,
-    failed_events_purge,
-    failed_events_retry_due,
     failure_capture,
+    purge_failed_events,
     retry_delay,
+    retry_failed_events,
 )
 from webhook_receiver.models import FailedEvent, FailureStatus, RequestAudit, WebhookReceipt
 
@@ -86,10 +86,10 @@ def test_a_transient_failure_then_success_applies_once_and_resolves(client):
         assert ledger_rows("msg_transient") == 0
 
         # when: nothing is due yet, the sweeper leaves it alone
-        assert failed_events_retry_due(now=failed.last_attempt_at) == 0
+        assert retry_failed_events(now=failed.last_attempt_at) == 0
 
         # when: the retry comes due
-        assert failed_events_retry_due(now=failed.next_attempt_at) == 1
+        assert retry_failed_events(now=failed.next_attempt_at) == 1
 
     # then: applied once, resolved, and nothing left to retry
     failed.refresh_from_db()
@@ -97,7 +97,7 @@ def test_a_transient_failure_then_success_applies_once_and_resolves(client):
     assert failed.next_attempt_at is None
     assert ledger_rows("msg_transient") == 1
     assert WebhookReceipt.objects.get().event_key == "msg_transient"
-    assert failed_events_retry_due(now=timezone.now() + LATER) == 0
+    assert retry_failed_events(now=timezone.now() + LATER) == 0
 
 
 @pytest.mark.django_db
@@ -120,7 +120,7 @@ def test_a_retry_runs_the_stored_bytes_without_verifying_again(client):
     )
 
     # when
-    tried = failed_events_retry_due(now=timezone.now() + LATER)
+    tried = retry_failed_events(now=timezone.now() + LATER)
 
     # then
     assert tried == 1
@@ -162,7 +162,7 @@ def test_a_permanent_failure_is_dead_at_once_with_everything_kept(client):
     assert "InvalidPayload" in error["traceback"]
     assert failed.first_attempt_at == failed.last_attempt_at
     # and the sweeper never touches it
-    assert failed_events_retry_due(now=timezone.now() + LATER) == 0
+    assert retry_failed_events(now=timezone.now() + LATER) == 0
 
 
 @pytest.mark.django_db
@@ -204,14 +204,14 @@ def test_exhausted_retries_go_dead_then_replay_applies_once_and_again_is_a_dupli
         # given: three attempts, all failing
         assert send_crash(client, "msg_exhaust", "ord_x").json()["status"] == "deferred"
         for day in (1, 2):
-            assert failed_events_retry_due(now=timezone.now() + day * LATER) == 1
+            assert retry_failed_events(now=timezone.now() + day * LATER) == 1
 
         # then: dead, with the whole history
         failed = FailedEvent.objects.get()
         assert (failed.status, failed.attempts) == ("dead", 3)
         assert [e["trigger"] for e in failed.errors] == ["delivery", "retry", "retry"]
         assert all(e["kind"] == "transient" for e in failed.errors)
-        assert failed_events_retry_due(now=timezone.now() + 3 * LATER) == 0
+        assert retry_failed_events(now=timezone.now() + 3 * LATER) == 0
 
         # when: the cause is fixed and an operator replays it
         test_handlers.failures_left["count"] = 0
@@ -311,7 +311,7 @@ def test_one_poison_event_among_100_good_ones_blocks_none_of_them(client, seed):
             for key, body in arrivals
         }
         for day in (1, 2, 3):
-            failed_events_retry_due(now=timezone.now() + day * LATER)
+            retry_failed_events(now=timezone.now() + day * LATER)
 
     # then: every good event applied once, the poisons held as dead letters
     assert all(answers[key].json()["status"] == "applied" for key, _ in good)
@@ -378,7 +378,7 @@ def test_two_sweepers_at_once_never_process_the_same_event_concurrently():
     def sweep() -> None:
         barrier.wait()
         try:
-            tried.append(failed_events_retry_due(now=timezone.now() + LATER, limit=1000))
+            tried.append(retry_failed_events(now=timezone.now() + LATER, limit=1000))
         finally:
             connections.close_all()
 
@@ -404,7 +404,7 @@ def test_a_sweep_retries_a_batch_in_one_transaction_and_one_failure_spoils_none_
 
     # when
     with _recording_transactions():
-        tried = failed_events_retry_due(now=timezone.now() + LATER)
+        tried = retry_failed_events(now=timezone.now() + LATER)
 
     # then: one transaction ran them all; the seven applied once, with their receipts,
     # and the three have their second error on record, no effect and no receipt
@@ -431,7 +431,7 @@ def test_slow_handlers_cut_a_sweeps_transaction_short_so_its_receipts_are_not_he
 
     # when
     with _recording_transactions(delay=0.2):
-        tried = failed_events_retry_due(now=timezone.now() + LATER, limit=8)
+        tried = retry_failed_events(now=timezone.now() + LATER, limit=8)
 
     # then: every event was tried in this one call, no transaction took on more than
     # half a second's worth (three at 0.2 s), and all of them applied
@@ -446,7 +446,7 @@ def test_slow_handlers_cut_a_sweeps_transaction_short_so_its_receipts_are_not_he
 @pytest.mark.postgres_only("a Celery worker must see the test database (SQLite's is in memory)")
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, tmp_path):
-    from webhook_receiver.tasks import retry_failed_events
+    from webhook_receiver.tasks import retry_failed_events_task
 
     # given: a due failed event whose handler hangs inside the claim transaction the
     # first time it runs
@@ -457,7 +457,7 @@ def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, 
     worker = start_worker(log, tmp_path)
     try:
         # when: a real worker picks up the sweep from the real Redis broker ...
-        retry_failed_events.delay()
+        retry_failed_events_task.delay()
         wait_for(marker.exists, 60, f"the worker to reach the handler ({log.read_text()})")
         # ... and is killed with SIGKILL while the claim transaction is open
         os.killpg(worker.pid, signal.SIGKILL)
@@ -485,7 +485,7 @@ def test_a_worker_killed_mid_retry_still_applies_the_event_exactly_once(broker, 
     # when: a new worker comes up and the next sweep runs
     worker = start_worker(log, tmp_path)
     try:
-        retry_failed_events.delay()
+        retry_failed_events_task.delay()
         wait_for(
             lambda: FailedEvent.objects.filter(status=FailureStatus.RESOLVED).exists(),
             60,
@@ -531,7 +531,11 @@ def test_the_default_schedule_spreads_eight_attempts_over_about_an_hour():
 def test_tasks_are_set_for_at_least_once_work():
     from webhook_receiver import tasks
 
-    for task in (tasks.retry_failed_events, tasks.purge_audit_records, tasks.purge_failed_events):
+    for task in (
+        tasks.retry_failed_events_task,
+        tasks.purge_audit_records_task,
+        tasks.purge_failed_events_task,
+    ):
         assert task.acks_late and task.reject_on_worker_lost
         assert task.time_limit and task.soft_time_limit < task.time_limit
     names = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
@@ -549,7 +553,7 @@ def test_retention_deletes_old_resolved_and_discarded_events_but_never_dead_ones
     long_ago = timezone.now() - timedelta(days=400)
     FailedEvent.objects.filter(event_key__startswith="old_").update(updated_at=long_ago)
 
-    deleted = failed_events_purge()
+    deleted = purge_failed_events()
 
     assert deleted == 2
     assert sorted(FailedEvent.objects.values_list("event_key", flat=True)) == [

@@ -34,7 +34,7 @@ from tests.support.signing import reserved, standard_headers
 from webhook_receiver.conf import app_settings
 from webhook_receiver.exceptions import MissingSignatureHeaders
 from webhook_receiver.inbound import receive as inbound
-from webhook_receiver.inbound.audit import AuditDraft, audit_purge
+from webhook_receiver.inbound.audit import AuditDraft, purge_audit_records
 from webhook_receiver.inbound.receive import webhook_receive
 from webhook_receiver.models import RejectionTally, RequestAudit, WebhookReceipt
 from webhook_receiver.watch.silence import rejected_counts
@@ -373,7 +373,7 @@ def test_tallies_are_purged_with_the_audit_records():
             draft(now - timedelta(days=days)).record_refusal(response_status=401)
 
     # when
-    deleted = audit_purge(now=now)
+    deleted = purge_audit_records(now=now)
 
     # then: the old minutes' tallies and records went together
     kept = sorted(RejectionTally.objects.values_list("minute", flat=True))

@@ -21,7 +21,7 @@ from tests.support.signing import reserved, standard_headers
 from webhook_receiver.conf import app_settings
 from webhook_receiver.exceptions import TransientError
 from webhook_receiver.inbound.failures import CapturedEvent, failure_capture
-from webhook_receiver.inbound.retention import receipts_purge
+from webhook_receiver.inbound.retention import purge_receipts
 from webhook_receiver.models import WebhookReceipt
 
 
@@ -57,7 +57,7 @@ def test_old_receipts_go_in_batches_and_a_redelivery_of_a_purged_key_applies_aga
 
     # when: the purge runs, two receipts a statement
     with receiver_settings(RECEIPT_RETENTION_DAYS=35, PURGE_BATCH_SIZE=2):
-        deleted = receipts_purge()
+        deleted = purge_receipts()
 
     # then: the six old receipts without a failed event went; the rest stayed
     assert deleted == 6
@@ -76,7 +76,7 @@ def test_nothing_within_the_retention_period_is_purged(client):
     age(["msg_a"], 34)
 
     with receiver_settings(RECEIPT_RETENTION_DAYS=35):
-        assert receipts_purge() == 0
+        assert purge_receipts() == 0
     assert WebhookReceipt.objects.count() == 2
 
 

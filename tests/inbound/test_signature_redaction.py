@@ -24,7 +24,7 @@ from tests.support import handlers
 from tests.support.failing import CRASH, fail_crash
 from tests.support.http import post
 from tests.support.signing import github_headers, reserved, standard_headers, stripe_headers
-from webhook_receiver.inbound.failures import failed_event_replay, failed_events_retry_due
+from webhook_receiver.inbound.failures import failed_event_replay, retry_failed_events
 from webhook_receiver.models import FailedEvent, FailureStatus, WebhookReceipt
 
 pytestmark = pytest.mark.django_db
@@ -180,7 +180,7 @@ def test_a_redacted_failed_event_is_retried_and_applied(client, settings, crash_
     failed = fail_crash(client, "msg_retry_redacted")
     assert failed.headers["Webhook-Signature"] == REDACTED
 
-    assert failed_events_retry_due(now=timezone.now() + timedelta(days=1)) == 1
+    assert retry_failed_events(now=timezone.now() + timedelta(days=1)) == 1
 
     failed.refresh_from_db()
     assert (failed.status, failed.resolution) == (FailureStatus.RESOLVED, "applied")

@@ -19,7 +19,7 @@ from django.utils import timezone
 from project.shop.models import OrderState
 from tests.support.signing import event_body
 from tests.support.threads import run_together
-from webhook_receiver.inbound.failures import failed_events_retry_due
+from webhook_receiver.inbound.failures import retry_failed_events
 from webhook_receiver.models import FailedEvent, FailureStatus
 
 pytestmark = [
@@ -66,7 +66,7 @@ def test_two_sweeps_over_the_same_orders_in_opposite_orders_do_not_deadlock():
     def sweep() -> None:
         barrier.wait()
         try:
-            tried.append(failed_events_retry_due(now=now))
+            tried.append(retry_failed_events(now=now))
         finally:
             connections.close_all()
 

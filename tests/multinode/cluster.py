@@ -257,7 +257,7 @@ class Cluster:
             "CACHE_URL": f"{redis}/1",
             "SHOP_WEBHOOK_SECRETS": SHOP_SECRET,
             "SHOP_SILENCE_AFTER_SECONDS": "0",
-            "WEBHOOK_DESTINATION_SECRET_KEYS": FERNET_KEY,
+            "WEBHOOK_SECRET_ENCRYPTION_KEYS": FERNET_KEY,
             "DJANGO_SECRET_KEY": "multinode-run-only-secret-key-0123456789-abcdefghij",
             "DEMO_VAR_DIR": str(home),
             "PROMETHEUS_MULTIPROC_DIR": str(metrics),

@@ -45,7 +45,7 @@ from webhook_receiver.models import (
     WebhookReceipt,
 )
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 from webhook_receiver.outbound.relay.steps import relay_claim
 
 RELAYS = "relay processes must see the test database"
@@ -289,7 +289,7 @@ def test_an_answer_that_trickles_is_cut_off_at_the_destination_timeout():
 
         # when
         began = time.monotonic()
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
         took = time.monotonic() - began
 
     # then: the attempt ended within its timeout (one read's worth of slack), so a lease

@@ -24,17 +24,17 @@ from django.test import TestCase
 from django.urls import reverse
 from standardwebhooks import Webhook
 
-from tests.settings import DESTINATION_SECRET_KEY
+from tests.settings import SECRET_ENCRYPTION_KEY
 from tests.support import ed25519_rfc8032 as rfc8032
 from webhook_receiver.checks import check_destination_secrets, check_destination_secrets_readable
 from webhook_receiver.core.encryption import SecretsUnreadable
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 from webhook_receiver.schemes import verify
 from webhook_receiver.schemes.standard_keys import new_signing_key, public_key_of
-from webhook_receiver.watch.heartbeat import heartbeat_record
-from webhook_receiver.watch.relays import relay_heartbeat_record  # noqa: E402
+from webhook_receiver.watch.heartbeat import record_heartbeat
+from webhook_receiver.watch.relays import record_relay_heartbeat  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +46,7 @@ PAYLOAD = {"type": "order.paid", "data": {"order_id": "ord_1"}}
 
 
 def with_keys(settings, *keys: str) -> None:
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DESTINATION_SECRET_KEYS": list(keys)}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SECRET_ENCRYPTION_KEYS": list(keys)}
 
 
 def stored(name: str = "merchant") -> list[str]:
@@ -95,7 +95,7 @@ def test_the_column_holds_tokens_never_a_secret(receiver):
     assert all(token.startswith("gAAAAA") for token in column)
     assert not any(s in json.dumps(column) for s in (SECRET, OLD_SECRET, SECRET[6:]))
     # each token is its secret under the configured key; the model reads the secrets
-    box = Fernet(DESTINATION_SECRET_KEY)
+    box = Fernet(SECRET_ENCRYPTION_KEY)
     assert [box.decrypt(t.encode()).decode() for t in column] == [OLD_SECRET, SECRET]
     assert WebhookDestination.objects.get().secrets == [OLD_SECRET, SECRET]
 
@@ -137,7 +137,7 @@ def test_a_signing_key_is_encrypted_and_signs_v1a_beside_v1(receiver):
 
     # when
     admit(dest, "both")
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
 
     # then: one signature of each version; each verifies on its own
     delivered_and_verified(receiver, "both")  # v1, by the standardwebhooks library
@@ -177,13 +177,13 @@ def test_a_key_rotation_keeps_every_delivery_verifying(receiver, settings):
     # given: secrets encrypted under the old key, and a delivery that verifies
     dest = destination(receiver.url)
     admit(dest, "before")
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
     delivered_and_verified(receiver, "before")
 
     # when: a new key is put first; the old one still decrypts
-    with_keys(settings, NEW_KEY, DESTINATION_SECRET_KEY)
+    with_keys(settings, NEW_KEY, SECRET_ENCRYPTION_KEY)
     admit(dest, "during")
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
     delivered_and_verified(receiver, "during")
     # every secret is encrypted again under the new key
     out = StringIO()
@@ -192,12 +192,12 @@ def test_a_key_rotation_keeps_every_delivery_verifying(receiver, settings):
     for token in stored():
         Fernet(NEW_KEY).decrypt(token.encode())  # the new key alone reads them
         with pytest.raises(InvalidToken):
-            Fernet(DESTINATION_SECRET_KEY).decrypt(token.encode())
+            Fernet(SECRET_ENCRYPTION_KEY).decrypt(token.encode())
 
     # then: the old key is removed, and deliveries verify as before, with both secrets
     with_keys(settings, NEW_KEY)
     admit(dest, "after")
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
     delivered_and_verified(receiver, "after")
     delivered_and_verified(receiver, "after", secret=OLD_SECRET)
 
@@ -205,7 +205,7 @@ def test_a_key_rotation_keeps_every_delivery_verifying(receiver, settings):
 def test_reencrypt_writes_the_secrets_alone(receiver, settings):
     dest = destination(receiver.url)
     WebhookDestination.objects.filter(pk=dest.pk).update(tokens=3.5, consecutive_failures=2)
-    with_keys(settings, NEW_KEY, DESTINATION_SECRET_KEY)
+    with_keys(settings, NEW_KEY, SECRET_ENCRYPTION_KEY)
 
     call_command("webhook_destination", "reencrypt", stdout=StringIO())
 
@@ -227,11 +227,11 @@ def test_without_the_key_the_relay_stops_before_sending_anything(receiver, setti
 
     # when
     with caplog.at_level(logging.ERROR, logger="webhook_receiver"):
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # then: one clear line, naming the setting
     (line,) = [r.getMessage() for r in caplog.records if r.name.startswith("webhook_receiver")]
-    assert "is not relayed (secrets unreadable" in line and "DESTINATION_SECRET_KEYS" in line
+    assert "is not relayed (secrets unreadable" in line and "SECRET_ENCRYPTION_KEYS" in line
 
     # nothing was sent, signed or not, and the message is as it was
     assert receiver.received == []
@@ -241,10 +241,10 @@ def test_without_the_key_the_relay_stops_before_sending_anything(receiver, setti
 
 def test_without_the_key_a_destination_with_secrets_cannot_be_saved(settings):
     with_keys(settings)
-    empty = r"DESTINATION_SECRET_KEYS'\] is empty"
+    empty = r"SECRET_ENCRYPTION_KEYS'\] is empty"
     with pytest.raises(SecretsUnreadable, match=empty), transaction.atomic():
         destination("https://merchant.example/h")
-    with pytest.raises(CommandError, match=r"DESTINATION_SECRET_KEYS"):
+    with pytest.raises(CommandError, match=r"SECRET_ENCRYPTION_KEYS"):
         add_by_command()
     assert not WebhookDestination.objects.exists()
 
@@ -256,7 +256,7 @@ def test_the_admin_form_says_a_key_is_needed(admin_client, settings):
         {"name": "form", "url": "https://form.example/h", "new_secrets": SECRET},
     )
     assert response.status_code == 200
-    assert "DESTINATION_SECRET_KEYS" in response.content.decode()
+    assert "SECRET_ENCRYPTION_KEYS" in response.content.decode()
     assert not WebhookDestination.objects.exists()
 
 
@@ -269,8 +269,8 @@ def test_a_wrong_key_leaves_the_status_pages_answering(receiver, settings, admin
     messages = admin_client.get(reverse("admin:webhook_receiver_outboxmessage_changelist"))
     assert messages.status_code == 200
     out = StringIO()
-    heartbeat_record()  # beat and a relay run: what is judged is the destination
-    relay_heartbeat_record("relay test 1")
+    record_heartbeat()  # beat and a relay run: what is judged is the destination
+    record_relay_heartbeat("relay test 1")
     with pytest.raises(SystemExit) as exit:  # the destination needs attention: exit 1
         call_command("webhook_status", stdout=out)
     assert exit.value.code == 1
@@ -285,7 +285,7 @@ def test_a_key_that_is_not_a_fernet_key_is_named_by_its_position_never_shown(set
     with_keys(settings, NEW_KEY, "not-a-key-at-all")
 
     # the settings still read (every request would fail otherwise)...
-    assert app_settings().destination_secret_keys == (NEW_KEY, "not-a-key-at-all")
+    assert app_settings().secret_encryption_keys == (NEW_KEY, "not-a-key-at-all")
     # ...the system check names the key by its position...
     found = [m for m in checks.run_checks() if m.id == "webhook_receiver.E011"]
     assert [m.msg.split(":")[1].strip() for m in found] == [
@@ -295,7 +295,7 @@ def test_a_key_that_is_not_a_fernet_key_is_named_by_its_position_never_shown(set
     with pytest.raises(SecretsUnreadable) as error:
         secrets_decrypt(tokens)
     assert error.value.state == (
-        "secrets unreadable: key #2 of DESTINATION_SECRET_KEYS is malformed"
+        "secrets unreadable: key #2 of SECRET_ENCRYPTION_KEYS is malformed"
     )
     with pytest.raises(SecretsUnreadable):
         secrets_encrypt(["whsec_" + "b" * 40])
@@ -408,11 +408,11 @@ def test_the_migration_stops_when_no_key_is_set(settings):
     put_plain_row([SECRET])
     with_keys(settings)
     try:
-        with pytest.raises(SecretsUnreadable, match=r"DESTINATION_SECRET_KEYS"):
+        with pytest.raises(SecretsUnreadable, match=r"SECRET_ENCRYPTION_KEYS"):
             migrate("0010_destination_secrets_encrypted")
         assert stored("legacy") == [SECRET]  # nothing half done
     finally:
-        with_keys(settings, DESTINATION_SECRET_KEY)
+        with_keys(settings, SECRET_ENCRYPTION_KEY)
         migrate()
 
 
@@ -434,7 +434,7 @@ def test_a_rotations_outgoing_secrets_are_encrypted_reencrypted_and_checked_too(
     assert SECRET not in str(retiring) and len(retiring) == 1
 
     # a key rotation: reencrypt writes them under the new key as well
-    with_keys(settings, NEW_KEY, DESTINATION_SECRET_KEY)
+    with_keys(settings, NEW_KEY, SECRET_ENCRYPTION_KEY)
     call_command("webhook_destination", "reencrypt", stdout=StringIO())
     with_keys(settings, NEW_KEY)
     dest.refresh_from_db()

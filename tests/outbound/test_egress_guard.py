@@ -10,7 +10,7 @@ from django.test import override_settings
 from tests.outbound.test_relay import admit
 from tests.support.outbox import relay_merchant
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +31,7 @@ def test_a_destination_on_loopback_is_refused_and_fails_for_good(
         admit(dest, "order:ord_1:paid:v1")
 
         with django_capture_on_commit_callbacks(execute=True):
-            sent, _ = destination_relay(destination_id=dest.pk)
+            sent, _ = relay_destination(destination_id=dest.pk)
 
     assert sent == 1
     assert receiver.received == []
@@ -59,7 +59,7 @@ def test_the_allow_list_lets_the_same_destination_through(receiver):
         dest = relay_merchant(receiver.url)
         admit(dest, "order:ord_1:paid:v1")
 
-        sent, _ = destination_relay(destination_id=dest.pk)
+        sent, _ = relay_destination(destination_id=dest.pk)
 
     assert sent == 1
     assert len(receiver.received) == 1

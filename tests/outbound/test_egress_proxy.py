@@ -16,7 +16,7 @@ from tests.outbound.test_relay import admit
 from tests.support.connect_proxy import DENY, DROP, HANG, RAW, connect_proxy
 from tests.support.outbox import relay_merchant
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +42,7 @@ def test_deliveries_go_through_the_proxy_with_its_credentials(receiver, settings
         admit(dest, "order:ord_1:paid:v1")
         admit(dest, "order:ord_2:paid:v1")
 
-        sent, _ = destination_relay(destination_id=dest.pk)
+        sent, _ = relay_destination(destination_id=dest.pk)
 
     assert sent == 2
     assert sorted(receiver.keys()) == ["order:ord_1:paid:v1", "order:ord_2:paid:v1"]
@@ -65,7 +65,7 @@ def test_a_refusal_by_the_proxy_fails_the_message_for_good_with_its_reason(
         admit(dest, "order:ord_1:paid:v1")
 
         with django_capture_on_commit_callbacks(execute=True):
-            sent, _ = destination_relay(destination_id=dest.pk)
+            sent, _ = relay_destination(destination_id=dest.pk)
 
     assert sent == 1 and receiver.received == []
     message = OutboxMessage.objects.get()
@@ -95,7 +95,7 @@ def test_wrong_credentials_fail_for_good_and_the_password_is_nowhere(
         admit(dest, "order:ord_1:paid:v1")
 
         with django_capture_on_commit_callbacks(execute=True):
-            destination_relay(destination_id=dest.pk)
+            relay_destination(destination_id=dest.pk)
 
     message = OutboxMessage.objects.get()
     assert message.status == "failed"
@@ -123,7 +123,7 @@ def test_a_silent_dropping_or_failing_proxy_is_retried_with_backoff_by_the_deadl
         admit(dest, "order:ord_1:paid:v1")
 
         began = time.monotonic()
-        sent, _ = destination_relay(destination_id=dest.pk)
+        sent, _ = relay_destination(destination_id=dest.pk)
         took = time.monotonic() - began
 
     assert sent == 1 and receiver.received == []

@@ -9,7 +9,7 @@ from django.test import TestCase
 
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 
 pytestmark = pytest.mark.django_db
 
@@ -31,10 +31,10 @@ def test_a_terminal_delivery_is_reported_to_ops_but_ops_never_reports_itself(rec
 
     # when: the merchant's message becomes terminal, then the ops notice is relayed
     # and refused as well
-    destination_relay(destination_id=merchant.pk)
+    relay_destination(destination_id=merchant.pk)
     notice = OutboxMessage.objects.get(destination=ops)
     receiver.answer(403, key=notice.key)
-    destination_relay(destination_id=ops.pk)
+    relay_destination(destination_id=ops.pk)
 
     # then: one notice naming the failed message, itself terminal, and nothing more
     assert notice.event_type == "outbox.message_failed"
@@ -50,7 +50,7 @@ def test_without_an_ops_destination_nothing_is_sent(receiver, settings):
         enqueue_webhook(merchant, "order.paid", "k", {})
     receiver.answer(404)
 
-    destination_relay(destination_id=merchant.pk)
+    relay_destination(destination_id=merchant.pk)
 
     assert list(OutboxMessage.objects.values_list("key", "status")) == [("k", "failed")]
 
@@ -68,7 +68,7 @@ def test_a_notice_for_a_message_with_the_longest_key_is_admitted_and_the_round_r
     receiver.answer(404, key=long_key)
 
     # when
-    destination_relay(destination_id=merchant.pk)
+    relay_destination(destination_id=merchant.pk)
 
     # then: both answers recorded, and the notice admitted under a key that fits
     statuses = dict(OutboxMessage.objects.filter(destination=merchant).values_list("key", "status"))

@@ -22,7 +22,7 @@ from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.process import (
     YOUNG_COLLECTION_ALLOCATIONS,
     collector_tuned,
-    destination_relay,
+    relay_destination,
 )
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 from webhook_receiver.outbound.relay.wakeups import due_destinations
@@ -51,7 +51,7 @@ def test_a_delivery_carries_the_key_and_a_signature_the_library_verifies(receive
     admit(dest, "order:ord_1:paid:v1")
 
     # when
-    sent, _ = destination_relay(destination_id=dest.pk)
+    sent, _ = relay_destination(destination_id=dest.pk)
 
     # then: delivered, once, with the stable key in both headers
     assert sent == 1
@@ -103,14 +103,14 @@ def test_a_server_error_backs_off_and_the_retry_keeps_the_key(receiver):
     admit(dest, "order:ord_2:paid:v1")
     receiver.answer(500)
 
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
     message = OutboxMessage.objects.get()
     assert (message.status, message.failures) == ("pending", 1)
     assert message.next_attempt_at <= later(11)
 
     # when: due again
     OutboxMessage.objects.update(next_attempt_at=timezone.now())
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
 
     # then: delivered, and both requests carried the same key
     assert receiver.keys() == ["order:ord_2:paid:v1", "order:ord_2:paid:v1"]
@@ -172,7 +172,7 @@ def test_a_refusal_is_terminal_at_once(receiver, status):
     admit(dest, "k")
     receiver.answer(status)
 
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
 
     message = OutboxMessage.objects.get()
     assert (message.status, message.last_status_code) == ("failed", status)
@@ -185,7 +185,7 @@ def test_attempts_exhausted_is_terminal(receiver):
     for _ in range(2):
         receiver.answer(502)
         OutboxMessage.objects.update(next_attempt_at=timezone.now())
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
     assert OutboxMessage.objects.get().status == "failed"
 
 
@@ -218,8 +218,8 @@ def test_a_failing_destination_does_not_delay_another(receiver):
         admit(down, f"down-{n}")
     admit(up, "up-0")
 
-    destination_relay(destination_id=down.pk)
-    sent, _ = destination_relay(destination_id=up.pk)
+    relay_destination(destination_id=down.pk)
+    sent, _ = relay_destination(destination_id=up.pk)
 
     assert sent == 1 and receiver.keys() == ["up-0"]
     assert set(OutboxMessage.objects.filter(destination=down).values_list("status", flat=True)) == {
@@ -361,7 +361,7 @@ def test_no_transaction_is_open_while_a_request_is_in_flight(receiver):
     receiver.on_request = look
 
     # when
-    sent, _ = destination_relay(destination_id=dest.pk)
+    sent, _ = relay_destination(destination_id=dest.pk)
 
     # then: three requests, none of them with a transaction open across it
     assert sent == 3
@@ -394,7 +394,7 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
     try:
         # when: a trigger's run meets the busy row
         started = time.monotonic()
-        sent, wait = destination_relay(destination_id=dest.pk)
+        sent, wait = relay_destination(destination_id=dest.pk)
         took = time.monotonic() - started
     finally:
         release.set()
@@ -403,7 +403,7 @@ def test_a_run_leaves_a_destination_to_the_worker_already_claiming_for_it(receiv
     # then: it left at once, sending nothing; the holder's run (or the next) sends it
     assert (sent, wait) == (0, None) and took < 1.0
     assert receiver.received == []
-    assert destination_relay(destination_id=dest.pk)[0] == 1
+    assert relay_destination(destination_id=dest.pk)[0] == 1
 
 
 def test_the_poll_finds_each_destination_with_something_due_once():

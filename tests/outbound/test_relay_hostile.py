@@ -20,7 +20,7 @@ from tests.support.peers import answer, hostile_peer, timed, trickled
 from tests.support.worker import relay_running
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_send
 from webhook_receiver.outbound.relay.writes import UNRECORDED
 from webhook_receiver.watch.destinations import destination_statuses
@@ -69,7 +69,7 @@ def test_an_answer_with_a_nul_in_its_body_is_recorded_and_spends_the_budget():
         admit(dest, "order:o1:paid:v1")
 
         # when
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # then: the attempt is recorded, with the NUL escaped; one failure is spent and the
     # message waits for its backoff, sent once
@@ -95,7 +95,7 @@ def test_an_answer_in_a_charset_no_text_codec_reads_is_recorded(charset):
         admit(dest, "order:o2:paid:v1")
 
         # when
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # then: recorded, terminal, with the body read as text somehow
     attempt = only_attempt("order:o2:paid:v1")
@@ -121,7 +121,7 @@ def test_an_answer_that_trickles_its_head_ends_at_the_destination_timeout(what):
         admit(dest, "order:o3:paid:v1")
 
         # when
-        _, took = timed(lambda: destination_relay(destination_id=dest.pk))
+        _, took = timed(lambda: relay_destination(destination_id=dest.pk))
 
     # then: the request ended at its timeout (a read's slack), as no answer, recorded and
     # backing off; its lease (timeout + 24 s) outlived it by far
@@ -177,7 +177,7 @@ def test_a_round_refused_as_a_whole_is_recorded_answer_by_answer():
             admit(dest, key)
 
         # when
-        sent, _ = destination_relay(destination_id=dest.pk)
+        sent, _ = relay_destination(destination_id=dest.pk)
 
     # then: one round of three, each recorded: the refused one without its excerpt, and
     # with why; each spent one failure
@@ -247,7 +247,7 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
 
         # when: the relay runs, and its record waits for the lock
         with caplog.at_level(logging.WARNING, logger="webhook_receiver"):
-            _, took = timed(lambda: destination_relay(destination_id=dest.pk))
+            _, took = timed(lambda: relay_destination(destination_id=dest.pk))
 
         # then: the round ended at the lock timeout with one line, no traceback
         assert took < 5, took
@@ -266,7 +266,7 @@ def test_a_round_the_locked_outbox_cannot_record_is_named_and_spends_the_budget(
 
         # when: the lease runs out (moved to the past here), and the relay runs again
         OutboxMessage.objects.update(lease_until=timezone.now() - timedelta(seconds=1))
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # then: the unrecorded attempt spent the one allowed: failed, never sent twice
     assert len(peer.requests) == 1
@@ -293,7 +293,7 @@ def test_the_relay_under_a_locked_outbox_stops_within_seconds_with_one_line(
             relay_running(2.0, poll_seconds=0.3)
             took = 0.0
         else:
-            (answered, _), took = timed(lambda: destination_relay(destination_id=dest.pk))
+            (answered, _), took = timed(lambda: relay_destination(destination_id=dest.pk))
             assert answered == 0
 
     # then: each stops at the lock timeout, with one WARNING for the stretch and no
@@ -330,7 +330,7 @@ def test_each_answer_that_is_not_a_2xx_is_one_warning_and_deliveries_are_not_log
             caplog.at_level(logging.INFO, logger="webhook_receiver"),
             django_capture_on_commit_callbacks(execute=True),
         ):
-            destination_relay(destination_id=dest.pk)
+            relay_destination(destination_id=dest.pk)
 
     # then: one line per answer that was not a 2xx, naming the destination, the key, the
     # attempt, the answer and what happens next; nothing for the delivery
@@ -366,7 +366,7 @@ def test_a_request_that_got_no_answer_is_one_warning(django_capture_on_commit_ca
             caplog.at_level(logging.WARNING, logger="webhook_receiver"),
             django_capture_on_commit_callbacks(execute=True),
         ):
-            destination_relay(destination_id=dest.pk)
+            relay_destination(destination_id=dest.pk)
 
     # then
     (line,) = [
@@ -421,7 +421,7 @@ def test_any_answer_is_recorded_as_one_attempt(status, charset, retry_after, hea
         admit(dest, key)
 
         # when
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # then: one request, one attempt recorded, the message no longer claimed
     assert len(peer.requests) == 1

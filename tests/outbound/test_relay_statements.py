@@ -24,7 +24,7 @@ from django.utils import timezone
 from webhook_receiver.models import DeliveryAttempt, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.relay.messages import Work
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 from webhook_receiver.outbound.relay.round import relay_round
 from webhook_receiver.outbound.relay.rows import Rows
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
@@ -154,7 +154,7 @@ def test_a_run_of_one_message_is_its_claim_and_its_record(receiver):
     admit(dest, ["k1"], committed=True)
 
     with statements() as sent:
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # the row read under lock once, the claim, and the record (with a claim that finds
     # nothing): no other read of the destination, no savepoint
@@ -170,7 +170,7 @@ def backlog_relayed(receiver, keys: list[str], max_in_flight: int) -> tuple[int,
     admit(dest, keys, committed=True)
 
     with statements() as sent:
-        delivered, _ = destination_relay(destination_id=dest.pk)
+        delivered, _ = relay_destination(destination_id=dest.pk)
     return delivered, sent
 
 
@@ -208,7 +208,7 @@ def test_the_statement_that_delivers_a_message_claims_the_next_of_its_ordering_k
             enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"}, ordering_key="o1")
 
     with statements() as sent:
-        delivered, _ = destination_relay(destination_id=dest.pk)
+        delivered, _ = relay_destination(destination_id=dest.pk)
 
     # the row's read and the first claim, the first's record with the second's claim,
     # the second's record
@@ -225,7 +225,7 @@ def test_the_statement_that_opens_the_breaker_claims_nothing(receiver):
     receiver.answer(500, key="k1")
 
     with statements() as sent:
-        delivered, _ = destination_relay(destination_id=dest.pk)
+        delivered, _ = relay_destination(destination_id=dest.pk)
 
     # the first answer pauses the destination: the statement that records it claims
     # nothing, and k2 is never sent
@@ -297,7 +297,7 @@ def test_a_destination_that_does_not_exist_is_not_found():
     with pytest.raises(WebhookDestination.DoesNotExist):
         relay_claim(destination=987654)
     assert relay_round([Work(987654, (), 1)])[987654].missing
-    assert destination_relay(destination_id=987654) == (0, None)
+    assert relay_destination(destination_id=987654) == (0, None)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.retention import outbox_purge
+from webhook_receiver.outbound.retention import purge_outbox
 
 pytestmark = pytest.mark.django_db
 
@@ -43,7 +43,7 @@ def test_retention_keeps_terminal_messages_and_respects_the_replay_horizon(setti
         )
 
     # when
-    deleted = outbox_purge()
+    deleted = purge_outbox()
 
     # then: 45-day-old delivered and discarded messages go for the 30-day destination
     # only; terminal and recent ones stay everywhere

@@ -19,7 +19,7 @@ from django.utils import timezone
 from webhook_receiver.models import MessageStatus, OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.outbound.operations import destination_disable, destination_enable
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 from webhook_receiver.outbound.relay.steps import relay_claim, relay_record, relay_send
 from webhook_receiver.outbound.relay.wakeups import due_destinations
 from webhook_receiver.outbound.retirement import GONE_REASON
@@ -70,7 +70,7 @@ def test_a_410_disables_the_destination_and_holds_its_messages(receiver, ops, ca
         caplog.at_level(logging.WARNING, logger="webhook_receiver.outbound.retirement"),
         TestCase.captureOnCommitCallbacks(execute=True),
     ):
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # then: disabled with its reason and time; nothing failed, nothing more sent
     dest.refresh_from_db()
@@ -91,7 +91,7 @@ def test_a_410_disables_the_destination_and_holds_its_messages(receiver, ops, ca
     # when: the poll (the notice aside) and another run come
     OutboxMessage.objects.filter(destination=ops).delete()
     assert due_destinations() == []
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
 
     # then: still held
     assert receiver.keys() == ["k1"]
@@ -104,13 +104,13 @@ def test_enabling_sends_what_it_held_in_order(receiver, ops):
     for key, ordering in (("k1", "o"), ("k2", None), ("k3", "o"), ("k4", "o")):
         admit(dest, key, ordering)
     receiver.answer(410, key="k1")
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
     assert not WebhookDestination.objects.get(pk=dest.pk).enabled
 
     # when: an operator enables it, and the relay runs
     with TestCase.captureOnCommitCallbacks(execute=False):
         held = destination_enable(scope=EVERY_TENANT, destination=dest, by="ops-person")
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
 
     # then: all delivered, in admission order, the first one again under its key
     assert held == 4
@@ -130,7 +130,7 @@ def test_the_ops_destination_answering_410_is_disabled_without_a_notice_to_itsel
     admit(ops, "k1")
     receiver.answer(410)
 
-    destination_relay(destination_id=ops.pk)
+    relay_destination(destination_id=ops.pk)
 
     ops.refresh_from_db()
     assert not ops.enabled and ops.disabled_reason == GONE_REASON
@@ -142,7 +142,7 @@ def _relay_at(dest, moment):
         OutboxMessage.objects.filter(destination=dest, status="pending").update(
             next_attempt_at=moment
         )
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
 
 def test_a_long_failing_span_warns_then_disables(receiver, ops, settings):
@@ -236,14 +236,14 @@ def test_the_command_disables_and_enables_and_the_held_messages_go(receiver):
 
     out = run_command("disable", "merchant")
     assert "disabled merchant (its messages are held until it is enabled): DISABLED" in out
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
     assert receiver.keys() == []
     assert "DISABLED" in run_command("update", "merchant")
 
     with TestCase.captureOnCommitCallbacks(execute=False):
         out = run_command("update", "merchant", "--enable")
     assert "enabled merchant (2 held message(s) to send, in their order): enabled" in out
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
     assert receiver.keys() == ["k1", "k2"]
     assert "unchanged merchant: enabled" in run_command("enable", "merchant")
 
@@ -252,7 +252,7 @@ def test_the_command_names_the_relays_reason(receiver):
     dest = merchant(receiver.url)
     admit(dest, "k1")
     receiver.answer(410)
-    destination_relay(destination_id=dest.pk)
+    relay_destination(destination_id=dest.pk)
 
     assert "DISABLED by the relay (answered 410 Gone" in run_command("update", "merchant")
     with TestCase.captureOnCommitCallbacks(execute=False):

@@ -1,5 +1,5 @@
 """A destination whose secrets no configured key decrypts (the key that encrypted them
-removed from DESTINATION_SECRET_KEYS): every page that shows it answers, with the state
+removed from SECRET_ENCRYPTION_KEYS): every page that shows it answers, with the state
 in words; webhook_status names the condition and exits non-zero; the deploy check names
 the row; the relay logs one line and sends nothing; new secrets set on its page make it
 whole again."""
@@ -46,12 +46,12 @@ def rotated_away(settings, receiver):
     new, other = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "DESTINATION_SECRET_KEYS": [new, settings.WEBHOOK_RECEIVER["DESTINATION_SECRET_KEYS"][0]],
+        "SECRET_ENCRYPTION_KEYS": [new, settings.WEBHOOK_RECEIVER["SECRET_ENCRYPTION_KEYS"][0]],
     }
     kept = destination("kept", receiver.url, secrets=[SECRET])
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "DESTINATION_SECRET_KEYS": [new, other],
+        "SECRET_ENCRYPTION_KEYS": [new, other],
     }
     return lost, kept
 

@@ -292,7 +292,7 @@ def test_the_command_says_what_is_wrong(args, why):
 
 
 def test_the_portals_records_go_with_the_other_audit_records():
-    from webhook_receiver.tasks import purge_audit_records
+    from webhook_receiver.tasks import purge_audit_records_task
 
     old, _ = portal_session_open("acme", by="t")
     portal_action(Portal(old), "endpoint.test", "endpoint 1")
@@ -304,7 +304,7 @@ def test_the_portals_records_go_with_the_other_audit_records():
     PortalAction.objects.filter(session=old).update(at=long_ago)
     PortalLink.objects.update(expires_at=long_ago)
 
-    assert purge_audit_records() == 3
+    assert purge_audit_records_task() == 3
 
     assert list(PortalSession.objects.all()) == [kept]
     assert [a.target for a in PortalAction.objects.all()] == ["endpoint 2"]

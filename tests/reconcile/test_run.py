@@ -310,9 +310,9 @@ def test_the_command_prints_the_repair_list_and_exits_with_what_it_found(client,
 
 
 def test_the_beat_task_runs_every_configured_source(client, sender):
-    from webhook_receiver.tasks import reconcile_sources
+    from webhook_receiver.tasks import reconcile_sources_task
 
-    assert reconcile_sources() == {"shop": "ok"}
+    assert reconcile_sources_task() == {"shop": "ok"}
     assert ReconciliationRun.objects.get().outcome == "ok"
 
 

@@ -199,17 +199,17 @@ def test_list_without_records_says_so(db):
 
 def test_a_key_rotation_reencrypts_the_source_records_too(settings, client, acme):
     # given: a new key put first, the old one kept
-    old_keys = settings.WEBHOOK_RECEIVER["DESTINATION_SECRET_KEYS"]
+    old_keys = settings.WEBHOOK_RECEIVER["SECRET_ENCRYPTION_KEYS"]
     new_key = "q1wJZyAeYq3S3b0yb3ZxWkz3lYd1m8r8bQ6oXv3oJ5U="
     settings.WEBHOOK_RECEIVER = {
         **settings.WEBHOOK_RECEIVER,
-        "DESTINATION_SECRET_KEYS": [new_key, *old_keys],
+        "SECRET_ENCRYPTION_KEYS": [new_key, *old_keys],
     }
 
     # when: reencrypt runs, and the old key is removed
     out = StringIO()
     call_command("webhook_destination", "reencrypt", stdout=out)
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DESTINATION_SECRET_KEYS": [new_key]}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SECRET_ENCRYPTION_KEYS": [new_key]}
 
     # then: the record's secret still verifies
     assert "and 1 source record(s)" in out.getvalue()

@@ -1,5 +1,5 @@
 """One source record whose secrets cannot be read (its key removed too early, or a key of
-DESTINATION_SECRET_KEYS malformed) is that record's problem alone: its requests are
+SECRET_ENCRYPTION_KEYS malformed) is that record's problem alone: its requests are
 answered 503 with one log line each, its admin row and webhook_status say so, and every
 other source, record or settings, goes on; an unknown slug is still a 404."""
 
@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
 
-from tests.settings import DESTINATION_SECRET_KEY, SHOP_SECRET
+from tests.settings import SECRET_ENCRYPTION_KEY, SHOP_SECRET
 from tests.sources.conftest import ACME_NEW_SECRET, ACME_SECRET
 from tests.sources.test_admin_and_command import form
 from tests.support.browser import screenshot
@@ -35,7 +35,7 @@ UNREADABLE = "secrets unreadable: none of the 1 key decrypts them"
 
 
 def with_keys(settings, *keys: str) -> None:
-    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "DESTINATION_SECRET_KEYS": list(keys)}
+    settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "SECRET_ENCRYPTION_KEYS": list(keys)}
     records.clear()
 
 
@@ -43,7 +43,7 @@ def with_keys(settings, *keys: str) -> None:
 def acme_unreadable(settings, acme):
     """ "acme" encrypted under the settings' key, "beta" under another; then only the
     other is set: acme's key was removed before its secrets were encrypted again."""
-    with_keys(settings, OTHER_KEY, DESTINATION_SECRET_KEY)
+    with_keys(settings, OTHER_KEY, SECRET_ENCRYPTION_KEY)
     source_add(slug="beta", scheme="standard", secrets=[BETA_SECRET])
     with_keys(settings, OTHER_KEY)
     return acme
@@ -136,7 +136,7 @@ def test_a_malformed_key_leaves_the_settings_sources_and_every_page_working(
 ):
     # given: a key that is no Fernet key at all
     with_keys(settings, "not-a-fernet-key")
-    malformed = "secrets unreadable: key #1 of DESTINATION_SECRET_KEYS is malformed"
+    malformed = "secrets unreadable: key #1 of SECRET_ENCRYPTION_KEYS is malformed"
 
     # then: the record waits, the settings' source is answered, and the pages show it
     assert deliver(client, "acme", ACME_SECRET, "ord_acme") == 503
@@ -157,7 +157,7 @@ def test_the_sources_list_in_a_browser(admin_browser, live_server, settings):
     # given: acme unreadable beside beta, as the fixture makes them (a live server's
     # test runs in no transaction of its own)
     source_add(slug="acme", scheme="standard", secrets=[ACME_SECRET])
-    with_keys(settings, OTHER_KEY, DESTINATION_SECRET_KEY)
+    with_keys(settings, OTHER_KEY, SECRET_ENCRYPTION_KEY)
     source_add(slug="beta", scheme="standard", secrets=[BETA_SECRET])
     with_keys(settings, OTHER_KEY)
 

@@ -12,7 +12,7 @@ from tests.sources.conftest import ACME_SECRET
 from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver.sources.operations import source_add, source_set_enabled
-from webhook_receiver.watch.silence import OPENED, OUTSIDE_HOURS, RECEIVING, silence_check
+from webhook_receiver.watch.silence import OPENED, OUTSIDE_HOURS, RECEIVING, check_silence
 from webhook_receiver.watch.sources import source_statuses
 
 pytestmark = pytest.mark.django_db
@@ -28,8 +28,8 @@ def test_a_record_source_is_watched_for_silence_with_its_own_window(client):
     assert post(client, "acme", body, standard_headers(body, secret=ACME_SECRET)).status_code == 200
     now = timezone.now()
 
-    assert by_source(silence_check(now=now + timedelta(seconds=30)))["acme"] == RECEIVING
-    assert by_source(silence_check(now=now + timedelta(seconds=90)))["acme"] == OPENED
+    assert by_source(check_silence(now=now + timedelta(seconds=30)))["acme"] == RECEIVING
+    assert by_source(check_silence(now=now + timedelta(seconds=90)))["acme"] == OPENED
 
 
 def test_a_record_source_outside_its_active_hours_opens_no_alert(client):
@@ -45,7 +45,7 @@ def test_a_record_source_outside_its_active_hours_opens_no_alert(client):
     body = reserved("ord_1", ("SKU-A", 1))
     post(client, "acme", body, standard_headers(body, secret=ACME_SECRET))
 
-    states = by_source(silence_check(now=timezone.now() + timedelta(seconds=90)))
+    states = by_source(check_silence(now=timezone.now() + timedelta(seconds=90)))
 
     assert states["acme"] == OUTSIDE_HOURS
 

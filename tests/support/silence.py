@@ -14,7 +14,7 @@ from tests.support.http import post
 from tests.support.signing import reserved, standard_headers
 from webhook_receiver.models import SilenceAlert
 from webhook_receiver.signals import silence_alert_opened, silence_alert_resolved
-from webhook_receiver.watch.silence import silence_check
+from webhook_receiver.watch.silence import check_silence
 from webhook_receiver.watch.traffic import last_accepted_at
 
 MINUTE = timedelta(minutes=1)
@@ -85,12 +85,12 @@ def heard():
 
 @pytest.fixture
 def check(django_capture_on_commit_callbacks):
-    """silence_check at a moment, its notices sent as a commit sends them; the results
+    """check_silence at a moment, its notices sent as a commit sends them; the results
     by source."""
 
     def run(at: datetime | None = None):
         with django_capture_on_commit_callbacks(execute=True):
-            results = silence_check(now=at)
+            results = check_silence(now=at)
         return {result.source: result for result in results}
 
     return run

@@ -20,8 +20,8 @@ from webhook_receiver.models import (
     SilenceAlert,
     WebhookReceipt,
 )
-from webhook_receiver.watch.heartbeat import heartbeat_record
-from webhook_receiver.watch.relays import relay_heartbeat_record
+from webhook_receiver.watch.heartbeat import record_heartbeat
+from webhook_receiver.watch.relays import record_relay_heartbeat
 
 
 def receipt(source: str, at: datetime, key: str | None = None) -> WebhookReceipt:
@@ -142,8 +142,8 @@ def status_command(*args: str, beat: bool = True) -> tuple[int, str]:
 
 def processes_seen() -> None:
     """Beat and a relay seen just now, as they are where they run."""
-    heartbeat_record()
-    relay_heartbeat_record("relay test-host 1")
+    record_heartbeat()
+    record_relay_heartbeat("relay test-host 1")
 
 
 @pytest.fixture

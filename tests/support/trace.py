@@ -18,7 +18,7 @@ from tests.support.http import post
 from tests.support.outbox import destination
 from tests.support.reconciling import reconcile_with
 from tests.support.signing import event_body, reserved, standard_headers
-from webhook_receiver.inbound.failures import failed_events_retry_due
+from webhook_receiver.inbound.failures import retry_failed_events
 from webhook_receiver.models import FailedEvent, RepairItem
 from webhook_receiver.outbound import enqueue_webhook
 from webhook_receiver.reconcile.run import reconciliation_run
@@ -65,7 +65,7 @@ def story(client, crash_handler, settings, tmp_path) -> Story:
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "RETRY_MAX_ATTEMPTS": 2}
     fail_crash(client, DEAD, order_id=ORDER)
     handlers.failures_left["count"] = 1
-    assert failed_events_retry_due(now=timezone.now() + timedelta(days=1)) == 1
+    assert retry_failed_events(now=timezone.now() + timedelta(days=1)) == 1
     assert FailedEvent.objects.get(event_key=DEAD).status == "dead"
 
     # the sender lists all four: reconciliation finds the dead one, as a repair item

@@ -27,7 +27,7 @@ from webhook_receiver.models import (
     WebhookDestination,
 )
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 
 DASHBOARD = REPO / "deploy" / "grafana" / "webhook_receiver.json"
 METRIC = re.compile(r"webhook_receiver_[a-z_]+")
@@ -222,7 +222,7 @@ def test_every_metric_the_dashboard_names_is_exported_by_a_real_scrape(
             enqueue_webhook(dest, "order.paid", key, {"type": "order.paid"})
     receiver.answer(404, key="k2")
     with django_capture_on_commit_callbacks(execute=True):
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
 
     # when: /metrics/ is scraped
     response = client.get("/metrics/", **AUTH)

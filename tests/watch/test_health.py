@@ -22,8 +22,8 @@ from tests.bench.server import GunicornServer, free_port
 from tests.support.commands import manage
 from webhook_receiver.models import WebhookDestination
 from webhook_receiver.watch.health import BeatHeartbeat, Broker
-from webhook_receiver.watch.heartbeat import heartbeat_interval, heartbeat_record
-from webhook_receiver.watch.relays import relay_heartbeat_record
+from webhook_receiver.watch.heartbeat import heartbeat_interval, record_heartbeat
+from webhook_receiver.watch.relays import record_relay_heartbeat
 
 DATABASE = "Database(alias='default')"
 BROKER = "Broker(transport='redis')"
@@ -72,7 +72,7 @@ def served_env(**overrides: str) -> dict[str, str]:
 @pytest.mark.django_db
 def test_healthy_with_a_fresh_heartbeat_answers_200_as_json(client):
     # given: beat ran just now; the database and Redis are up
-    heartbeat_record()
+    record_heartbeat()
 
     # when
     status, body = health_json(client)
@@ -85,7 +85,7 @@ def test_healthy_with_a_fresh_heartbeat_answers_200_as_json(client):
 @pytest.mark.django_db
 def test_format_json_and_the_default_html_answer_the_same_status(client):
     # given
-    heartbeat_record()
+    record_heartbeat()
 
     # when
     as_json = client.get("/health/?format=json")
@@ -102,7 +102,7 @@ def test_format_json_and_the_default_html_answer_the_same_status(client):
 
 @pytest.mark.django_db
 def test_only_get_and_head_are_allowed(client):
-    heartbeat_record()
+    record_heartbeat()
 
     assert client.head("/health/").status_code == 200
     # a POST without a CSRF token is refused as a method, not by the CSRF middleware
@@ -126,7 +126,7 @@ def test_beat_never_seen_answers_503(client):
 @pytest.mark.django_db
 def test_no_relay_running_answers_503_while_there_is_a_destination(client):
     # given: beat runs, and nothing is to be sent: no relay is needed
-    heartbeat_record()
+    record_heartbeat()
     assert health_json(client) == (200, ALL_OK)
 
     # when: a destination is added, and no relay has ever run
@@ -139,9 +139,9 @@ def test_no_relay_running_answers_503_while_there_is_a_destination(client):
     assert {name for name, said in body.items() if said != "OK"} == {RELAY}
 
     # a relay seen 20 s ago runs; one last seen 31 s ago does not
-    relay_heartbeat_record("relay host 7", now=timezone.now() - timedelta(seconds=20))
+    record_relay_heartbeat("relay host 7", now=timezone.now() - timedelta(seconds=20))
     assert health_json(client) == (200, ALL_OK)
-    relay_heartbeat_record("relay host 7", now=timezone.now() - timedelta(seconds=31))
+    record_relay_heartbeat("relay host 7", now=timezone.now() - timedelta(seconds=31))
     status, body = health_json(client)
     assert status == 503 and "the last one seen 31 s ago (at most 30 s)" in body[RELAY]
 
@@ -150,7 +150,7 @@ def test_no_relay_running_answers_503_while_there_is_a_destination(client):
 def test_beat_unseen_for_two_of_its_intervals_answers_503(client, settings):
     # given: the demo's schedule sends the heartbeat every 20 s; the last one is 41 s old
     assert heartbeat_interval() == timedelta(seconds=20)
-    heartbeat_record(now=timezone.now() - timedelta(seconds=41))
+    record_heartbeat(now=timezone.now() - timedelta(seconds=41))
 
     # when
     status, body = health_json(client)
@@ -161,7 +161,7 @@ def test_beat_unseen_for_two_of_its_intervals_answers_503(client, settings):
     assert "at most 40 s" in body[BEAT]
 
     # and HEARTBEAT_MAX_AGE_SECONDS caps it: a host may ask for less, never more
-    heartbeat_record(now=timezone.now() - timedelta(seconds=35))
+    record_heartbeat(now=timezone.now() - timedelta(seconds=35))
     assert health_json(client) == (200, ALL_OK)
     settings.WEBHOOK_RECEIVER = {**settings.WEBHOOK_RECEIVER, "HEARTBEAT_MAX_AGE_SECONDS": 30}
     status, body = health_json(client)
@@ -170,7 +170,7 @@ def test_beat_unseen_for_two_of_its_intervals_answers_503(client, settings):
 
 @pytest.mark.django_db
 def test_a_heartbeat_just_inside_two_intervals_is_healthy(client):
-    heartbeat_record(now=timezone.now() - timedelta(seconds=37))
+    record_heartbeat(now=timezone.now() - timedelta(seconds=37))
 
     assert health_json(client) == (200, ALL_OK)
 
@@ -178,7 +178,7 @@ def test_a_heartbeat_just_inside_two_intervals_is_healthy(client):
 @pytest.mark.django_db
 def test_the_beat_check_with_its_own_name_and_max_age():
     # given: a host composing its own checks, for another periodic process
-    heartbeat_record("nightly", now=timezone.now() - timedelta(hours=2))
+    record_heartbeat("nightly", now=timezone.now() - timedelta(hours=2))
 
     # when
     fresh_enough = run_check(BeatHeartbeat("nightly", max_age=timedelta(days=1)))
@@ -284,7 +284,7 @@ def test_an_unreachable_database_answers_503(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_an_unreachable_broker_answers_503(tmp_path):
     # given: a fresh heartbeat, committed; the app served with its broker on a closed port
-    heartbeat_record()
+    record_heartbeat()
     db = connection.settings_dict
     env = served_env(
         DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}",

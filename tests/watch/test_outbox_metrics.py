@@ -18,7 +18,7 @@ from tests.support.metrics import parse, scrape, value
 from tests.support.worker import start_relay, wait_for
 from webhook_receiver.models import OutboxMessage, WebhookDestination
 from webhook_receiver.outbound import enqueue_webhook
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 from webhook_receiver.watch.destinations import destination_statuses
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_on")]
@@ -136,7 +136,7 @@ def test_dedup_hits_deliveries_and_terminal_failures_are_counted(
     receiver.answer(404, key="k2")
     # the test's transaction never commits: the commit is played by hand
     with django_capture_on_commit_callbacks() as on_commit:
-        destination_relay(destination_id=dest.pk)
+        relay_destination(destination_id=dest.pk)
     uncommitted = scrape(client)
     for callback in on_commit:
         callback()

@@ -2,7 +2,7 @@
 traffic resolves it with one recovery notice.
 
 Events go through the real endpoint (signed with the standardwebhooks library, or signed
-wrongly), and checks travel in time through ``silence_check(now=…)``. The notifiers are
+wrongly), and checks travel in time through ``check_silence(now=…)``. The notifiers are
 the real ones: log records (caplog), mail (Django's locmem outbox), signals (a
 connected receiver).
 """
@@ -28,9 +28,9 @@ from tests.support.signing import event_body, standard_headers
 from tests.support.silence import MINUTE, WRONG_SECRET, send_event, send_forged, send_stale
 from webhook_receiver.inbound.failures import failed_event_replay
 from webhook_receiver.models import FailedEvent, RequestAudit, SilenceAlert, WebhookReceipt
-from webhook_receiver.tasks import check_silence
+from webhook_receiver.tasks import check_silence_task
 from webhook_receiver.watch.notifiers import Notifier
-from webhook_receiver.watch.silence import silence_check
+from webhook_receiver.watch.silence import check_silence
 from webhook_receiver.watch.traffic import last_accepted_at
 
 pytestmark = pytest.mark.django_db
@@ -363,7 +363,7 @@ def test_a_notifier_that_is_not_one_is_improperly_configured(client, watch, name
 
     # when / then: refused before anything is written
     with pytest.raises(ImproperlyConfigured, match=r"WEBHOOK_RECEIVER\['NOTIFIERS'\]"):
-        silence_check(now=last + 21 * MINUTE)
+        check_silence(now=last + 21 * MINUTE)
     assert not SilenceAlert.objects.exists()
 
 
@@ -376,7 +376,7 @@ def test_the_check_silence_task_returns_each_sources_state(client, watch, heard)
     WebhookReceipt.objects.update(received_at=timezone.now() - 30 * MINUTE)
 
     # when: the task runs in this process (beat runs it every minute)
-    summary = check_silence()
+    summary = check_silence_task()
 
     # then: every test source with a window is listed (they all have the default 20 min)
     assert summary == {
@@ -402,7 +402,7 @@ def _two_checks_at_once(at: datetime) -> list[str]:
     def checker() -> None:
         barrier.wait()
         try:
-            states.extend(r.state for r in silence_check(now=at) if r.source == "shop")
+            states.extend(r.state for r in check_silence(now=at) if r.source == "shop")
         finally:
             connection.close()
 

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.support.private_servers import PrivateRedis, private_redis  # noqa: F401 (fixture)
-from webhook_receiver.watch.heartbeat import heartbeat_record
+from webhook_receiver.watch.heartbeat import record_heartbeat
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ def broker(private_redis: PrivateRedis, monkeypatch) -> PrivateRedis:  # noqa: F
 
 def test_a_stopped_broker_is_named_in_the_verdict_and_exits_2(broker, admin_client):
     # given: beat seen just now, all well, and then the broker stopped
-    heartbeat_record()
+    record_heartbeat()
     assert status()[0] == 0
     broker.stop()
 
@@ -86,7 +86,7 @@ def test_a_stopped_broker_is_named_in_the_verdict_and_exits_2(broker, admin_clie
 )
 def test_a_heartbeat_older_than_two_intervals_is_an_alert(age, code, verdict):
     # given: beat's last heartbeat, aged (the schedule sends one every 20 s)
-    heartbeat_record(now=timezone.now() - age)
+    record_heartbeat(now=timezone.now() - age)
 
     # when
     got, out = status()
@@ -114,7 +114,7 @@ def test_beat_never_seen_is_an_alert_with_its_reason():
 
 def test_health_after_a_broker_outage_says_it_waits_for_beats_next_heartbeat(broker, client):
     # given: the broker stopped; beat's last heartbeat from before the outage
-    heartbeat_record(now=timezone.now() - timedelta(seconds=183))
+    record_heartbeat(now=timezone.now() - timedelta(seconds=183))
     broker.stop()
     body = client.get("/health/?format=json").json()
     assert body["Broker(transport='redis')"] == (
@@ -137,7 +137,7 @@ def test_health_after_a_broker_outage_says_it_waits_for_beats_next_heartbeat(bro
     )
 
     # when: beat's next heartbeat runs
-    heartbeat_record()
+    record_heartbeat()
 
     # then: healthy at once
     assert client.get("/health/?format=json").status_code == 200

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.db import connection, transaction
 
 from tests.support.status import accepted, failed, refused, silence, status_command
-from webhook_receiver.watch.heartbeat import heartbeat_record
+from webhook_receiver.watch.heartbeat import record_heartbeat
 
 pytestmark = pytest.mark.django_db
 
@@ -158,7 +158,7 @@ def test_command_names_what_it_could_not_read_and_shows_the_rest(time_machine_no
     # given: a real database fault, a table the status reads is gone (rolled back after),
     # and what the other parts show
     failed("shop", "dead", first=time_machine_now - timedelta(hours=2))
-    heartbeat_record()
+    record_heartbeat()
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE webhook_receiver_silencealert")
     out, err = io.StringIO(), io.StringIO()
@@ -183,7 +183,7 @@ def test_command_names_what_it_could_not_read_and_shows_the_rest(time_machine_no
 
 
 def test_the_table_marks_unread_figures_and_the_verdict_is_unknown(time_machine_now):
-    heartbeat_record()
+    record_heartbeat()
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE webhook_receiver_failedevent")
     out = io.StringIO()

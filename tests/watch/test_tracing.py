@@ -27,7 +27,7 @@ from webhook_receiver.models import (
     RequestAudit,
     WebhookDestination,
 )
-from webhook_receiver.outbound.relay.process import destination_relay
+from webhook_receiver.outbound.relay.process import relay_destination
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +75,7 @@ def test_one_forwarded_order_is_one_trace_from_the_sender_to_the_merchant(spans,
     answer = post(Client(), "shop", body, headers)
     assert answer.json()["status"] == "applied", answer.content
     message = OutboxMessage.objects.get()
-    sent, _ = destination_relay(destination_id=message.destination_id)
+    sent, _ = relay_destination(destination_id=message.destination_id)
 
     # then: one trace, the sender's, through every span
     assert sent == 1

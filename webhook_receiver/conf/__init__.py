@@ -64,6 +64,10 @@ REMOVED_KEYS: dict[str, str] = {
         "nothing: a delivery starts with the claim, which answers a duplicate too "
         "(removed in 0.2; delete the key)"
     ),
+    # it encrypts source records' secrets too, not only destinations'
+    "DESTINATION_SECRET_KEYS": (
+        "renamed SECRET_ENCRYPTION_KEYS in 0.2: rename the key; its value is unchanged"
+    ),
 }
 
 
@@ -363,13 +367,14 @@ class _Keys:
         "the share of that span after which an `outbox.destination_failing` notice and a log "
         "line warn of it, once",
     )
-    destination_secret_keys: tuple[str, ...] = key(
-        "DESTINATION_SECRET_KEYS",
+    secret_encryption_keys: tuple[str, ...] = key(
+        "SECRET_ENCRYPTION_KEYS",
         [],
         fernet_keys,
-        "Fernet keys that encrypt outbox destinations' signing secrets at rest: the first "
-        "encrypts, every one decrypts; required once a destination has secrets. Rotate: put "
-        "a new key first, run `manage.py webhook_destination reencrypt`, remove the old one "
+        "Fernet keys that encrypt stored secrets at rest (destinations' signing secrets and "
+        "source records' secrets): the first encrypts, every one decrypts; required once a "
+        "destination or a source record has secrets. Rotate: put a new key first, run "
+        "`manage.py webhook_destination reencrypt` (it rewrites both), remove the old one "
         "([docs/sending.md](sending.md#secrets-at-rest-and-rotating-their-key))",
         secret=True,
     )

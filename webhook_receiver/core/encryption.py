@@ -1,9 +1,9 @@
-"""Destination signing secrets, encrypted at rest (and the secrets of the inbound
-sources kept as records, sources/models.py, under the same keys).
+"""Stored secrets, encrypted at rest: destinations' signing secrets and the secrets of
+the inbound sources kept as records (sources/models.py), under the same keys.
 
 A database dump or a backup must not hand out every merchant's signing secret, so the
 ``secrets`` column holds one Fernet token per secret (AES-128-CBC and HMAC-SHA256, from
-``cryptography``) under the keys of ``WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']``:
+``cryptography``) under the keys of ``WEBHOOK_RECEIVER['SECRET_ENCRYPTION_KEYS']``:
 the first key encrypts, every key decrypts (MultiFernet), so a key is rotated by putting
 a new one first, re-encrypting (``manage.py webhook_destination reencrypt``), then
 removing the old one.
@@ -37,7 +37,7 @@ from django.utils.translation import ngettext
 from ..conf import NEW_KEY_HINT, app_settings
 from ..conf.readers import fernet_key_problem
 
-SETTING = "WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS']"
+SETTING = "WEBHOOK_RECEIVER['SECRET_ENCRYPTION_KEYS']"
 # a Fernet token: version byte 0x80, a timestamp, an IV, at least one AES block, an HMAC
 _TOKEN_MIN_BYTES = 1 + 8 + 16 + 16 + 32
 
@@ -65,14 +65,14 @@ def _box(keys: tuple[str, ...]) -> MultiFernet:
         if problem is not None:
             raise SecretsUnreadable(
                 f"{SETTING}: key #{position} {problem}. {NEW_KEY_HINT}",
-                f"secrets unreadable: key #{position} of DESTINATION_SECRET_KEYS is malformed",
+                f"secrets unreadable: key #{position} of SECRET_ENCRYPTION_KEYS is malformed",
             )
     return MultiFernet([Fernet(key) for key in keys])
 
 
 def _keys(given: Sequence[str] | None) -> tuple[str, ...]:
     """The keys a caller gives (a re-encryption's), else the settings'."""
-    return app_settings().destination_secret_keys if given is None else tuple(given)
+    return app_settings().secret_encryption_keys if given is None else tuple(given)
 
 
 def is_token(value: Any) -> bool:

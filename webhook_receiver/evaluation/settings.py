@@ -46,7 +46,7 @@ def eval_settings(scenario: Scenario, seed: int) -> Iterator[None]:
         },
         "HANDLERS": {EVENT_TYPE: "webhook_receiver.evaluation.world.apply_effect"},
         "NOTIFIERS": ["signal"],
-        "DESTINATION_SECRET_KEYS": [base64.urlsafe_b64encode(_digest("fernet", seed)).decode()],
+        "SECRET_ENCRYPTION_KEYS": [base64.urlsafe_b64encode(_digest("fernet", seed)).decode()],
         "OPS_DESTINATION": None,
         # what the status's pickup reads (watch/pickup.py): the run's relays poll so
         "RELAY_POLL_SECONDS": scenario.relay.poll,

@@ -42,7 +42,7 @@ from django.utils import timezone
 
 from .. import schemes, signals
 from ..core import seam
-from ..inbound.failures import failed_events_retry_due
+from ..inbound.failures import retry_failed_events
 from ..inbound.models import FailedEvent
 from ..inbound.receive import webhook_receive
 from ..outbound.admission import enqueue_webhook
@@ -53,7 +53,7 @@ from ..outbound.relay.steps import relay_claim
 from ..outbound.relay.transport import deliver
 from ..outbound.tenancy import EVERY_TENANT
 from ..watch.destinations import destination_statuses
-from ..watch.silence import silence_check
+from ..watch.silence import check_silence
 from . import recoveries, traffic, world
 from .backlog import Backlog
 from .inputs import Scenario
@@ -237,8 +237,8 @@ class Simulation:
         for at, kind, payload in self._happenings():
             loop.call_at(at, self._spawn, self._happen, kind, payload)
         if s.inbound is not None:
-            self._spawn(self._every, s.beat.retry_sweep, "retry_sweep", failed_events_retry_due)
-            self._spawn(self._every, s.beat.silence_check, "silence", silence_check)
+            self._spawn(self._every, s.beat.retry_sweep, "retry_sweep", retry_failed_events)
+            self._spawn(self._every, s.beat.silence_check, "silence", check_silence)
         self._spawn(self._every, max(1.0, s.duration / self.samples), "sample", self._sample)
         await asyncio.sleep(s.duration)
         # the cut-off: what is on its way stays as it is, as on a machine switched off

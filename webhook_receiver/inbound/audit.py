@@ -213,7 +213,7 @@ def _without_port(entry: str) -> str:
     return entry
 
 
-def audit_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:
+def purge_audit_records(*, now: datetime | None = None, max_batches: int = 1000) -> int:
     """Delete audit records and rejection tallies older than the retention period, in
     bounded batches; return how many rows went."""
     config = app_settings()

@@ -4,7 +4,7 @@ A verified event whose processing failed is never lost: after its claim transact
 rolled back, ``failure_capture`` stores it, in a transaction of its own, with the raw
 bytes, headers and the error. Transient failures are retried with exponential backoff
 and full jitter; the schedule is ``FailedEvent.next_attempt_at``, swept by
-``failed_events_retry_due`` with ``SELECT … FOR UPDATE SKIP LOCKED``. Permanent
+``retry_failed_events`` with ``SELECT … FOR UPDATE SKIP LOCKED``. Permanent
 failures, and transient ones that ran out of attempts, are ``dead`` until an operator
 replays or discards them.
 
@@ -293,7 +293,7 @@ def _bound() -> None:
 SWEEP_TRANSACTION_SECONDS = 0.5
 
 
-def failed_events_retry_due(*, now: datetime | None = None, limit: int | None = None) -> int:
+def retry_failed_events(*, now: datetime | None = None, limit: int | None = None) -> int:
     """Retry the events whose ``next_attempt_at`` has come; return how many were tried.
 
     A batch of due rows (SWEEP_BATCH_SIZE) is locked with ``SKIP LOCKED`` (several
@@ -394,7 +394,7 @@ def failed_event_discard(
     return True
 
 
-def failed_events_purge(*, now: datetime | None = None) -> int:
+def purge_failed_events(*, now: datetime | None = None) -> int:
     """Delete resolved and discarded events past their retention; never dead ones."""
     config = app_settings()
     cutoff = (now or timezone.now()) - config.failed_event_retention

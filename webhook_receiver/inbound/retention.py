@@ -22,7 +22,7 @@ from ..core.retention import delete_in_batches
 from .models import FailedEvent, WebhookReceipt
 
 
-def receipts_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:
+def purge_receipts(*, now: datetime | None = None, max_batches: int = 1000) -> int:
     """Delete receipts received before the retention period, PURGE_BATCH_SIZE at a time
     (each batch a statement of its own, so a claim never waits on more than one short
     batch); return how many went."""

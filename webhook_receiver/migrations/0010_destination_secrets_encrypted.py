@@ -1,7 +1,7 @@
 """Destination signing secrets encrypted at rest (outbox/encryption.py).
 
 Forwards, each destination's secrets are encrypted under the first key of
-WEBHOOK_RECEIVER['DESTINATION_SECRET_KEYS'] (a secret already encrypted is left as it
+WEBHOOK_RECEIVER['SECRET_ENCRYPTION_KEYS'] (a secret already encrypted is left as it
 is), then the field becomes an EncryptedSecretsField: the column stays a JSON list, of
 tokens now, so there is no schema change. Backwards, they are decrypted again. A
 database with secrets and no key set stops here, saying which setting to set.

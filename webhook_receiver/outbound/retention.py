@@ -13,7 +13,7 @@ from ..core.retention import delete_in_batches
 from .models import MessageStatus, OutboxMessage, WebhookDestination
 
 
-def outbox_purge(*, now: datetime | None = None) -> int:
+def purge_outbox(*, now: datetime | None = None) -> int:
     """Delete, per destination, delivered messages delivered before the cut-off and
     discarded ones discarded before it (with their attempts). The cut-off is
     OUTBOX_RETENTION_DAYS ago, or the destination's replay horizon if that is longer:

@@ -265,9 +265,9 @@ def portal_action(
     return record
 
 
-def portal_purge(*, now: datetime | None = None, max_batches: int = 1000) -> int:
+def purge_portal_records(*, now: datetime | None = None, max_batches: int = 1000) -> int:
     """Delete the portal's audit, and links and sessions that ended, older than
-    ``AUDIT_RETENTION_DAYS`` (with the other audit records: tasks.purge_audit_records),
+    ``AUDIT_RETENTION_DAYS`` (with the other audit records: tasks.purge_audit_records_task),
     in bounded batches; return how many rows went."""
     config = app_settings()
     cutoff = (now or timezone.now()) - config.audit_retention

@@ -365,7 +365,7 @@ def sources_to_reconcile() -> list[str]:
     return [slug for slug, source in app_settings().sources.items() if source.reconcile]
 
 
-def reconcile_all() -> dict[str, str]:
+def reconcile_sources() -> dict[str, str]:
     """Reconcile every source that has a RECONCILE block (the beat task's service): each
     source's outcome, or that another worker is running it."""
     outcomes = {}

@@ -7,7 +7,7 @@ source costs at most one query a TTL, and so does a slug that is no source at al
 snapshot knows it is missing), however many different ones a flood makes up. A change in
 the admin is seen by every process within the TTL, without a restart.
 
-A record whose secrets cannot be decrypted (DESTINATION_SECRET_KEYS lost its key, or a
+A record whose secrets cannot be decrypted (SECRET_ENCRYPTION_KEYS lost its key, or a
 key is malformed) is that record's problem alone: its slug is answered 503 (the sender
 retries), never accepted on guesswork, with one log line a request; every other source
 goes on, and an unknown slug is still a 404. The snapshot reads the column as stored and

@@ -76,7 +76,7 @@ def source_add(*, slug: str, scheme: str, secrets: list[str], **options: Any) ->
     """A new enabled record; every value checked as the settings' would be."""
     source = WebhookSource(slug=slug, scheme=scheme, secrets=secrets, **options)
     _check(source)
-    secrets_encrypt(secrets)  # with no DESTINATION_SECRET_KEYS, say so before writing
+    secrets_encrypt(secrets)  # with no SECRET_ENCRYPTION_KEYS, say so before writing
     with transaction.atomic():
         source.save()
     records.clear()
@@ -136,7 +136,7 @@ def source_set_enabled(slug: str, enabled: bool) -> tuple[WebhookSource, bool]:
 
 
 def sources_reencrypt() -> tuple[int, list[str]]:
-    """Encrypt every record's secrets again under the first DESTINATION_SECRET_KEYS key
+    """Encrypt every record's secrets again under the first SECRET_ENCRYPTION_KEYS key
     (the step of a key rotation that ``webhook_destination reencrypt`` runs), one short
     transaction per record. Returns how many it rewrote, and the records no key reads
     (named "source <slug>"), left as they were."""

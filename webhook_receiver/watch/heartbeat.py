@@ -15,7 +15,7 @@ BEAT = "beat"
 HEARTBEAT_TASK = "webhook_receiver.beat_heartbeat"
 
 
-def heartbeat_record(name: str = BEAT, *, now: datetime | None = None) -> None:
+def record_heartbeat(name: str = BEAT, *, now: datetime | None = None) -> None:
     """Record that ``name`` ran now: one small row per name, overwritten each time."""
     Heartbeat.objects.update_or_create(name=name, defaults={"seen_at": now or timezone.now()})
 

@@ -25,7 +25,7 @@ RELAY_STALE_AFTER = timedelta(seconds=3 * RELAY_HEARTBEAT_SECONDS)
 FORGET_AFTER = timedelta(days=1)
 
 
-def relay_heartbeat_record(name: str, *, now: datetime | None = None) -> None:
+def record_relay_heartbeat(name: str, *, now: datetime | None = None) -> None:
     """Record that the relay process ``name`` runs; forget relays gone for a day."""
     now = now or timezone.now()
     Heartbeat.objects.update_or_create(name=name, defaults={"seen_at": now})

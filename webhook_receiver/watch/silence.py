@@ -4,7 +4,7 @@ Silence means no *accepted* event (``status.last_accepted_at``), not no request:
 source whose every request is refused (a rotated secret, a clock off) is silent too,
 and its alert counts the refusals by reason.
 
-``silence_check`` runs every minute on beat, possibly on several workers at once. For
+``check_silence`` runs every minute on beat, possibly on several workers at once. For
 each source with SILENCE_AFTER_SECONDS:
 
 - accepted events newer than the open alert's last one: the alert resolves, one
@@ -63,7 +63,7 @@ class SilenceCheck:
     rejected_total: int = 0
 
 
-def silence_check(*, now: datetime | None = None) -> list[SilenceCheck]:
+def check_silence(*, now: datetime | None = None) -> list[SilenceCheck]:
     """Check every source with SILENCE_AFTER_SECONDS, and every source with an open
     alert (so that an alert still resolves after its source's window was removed).
 

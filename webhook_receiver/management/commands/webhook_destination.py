@@ -11,7 +11,7 @@
 Disabling holds the destination's messages; enabling it again (one the relay disabled
 after a 410 Gone or a long failing span too) sends them, in their order
 (operations.destination_enable). ``reencrypt`` encrypts every destination's secrets
-again under the first key of DESTINATION_SECRET_KEYS, the step of a key rotation
+again under the first key of SECRET_ENCRYPTION_KEYS, the step of a key rotation
 between adding the new key (first) and removing the old one (docs/sending.md).
 
 ``--signing-key`` generates an Ed25519 signing key (``whsk_``, signature ``v1a``) and
@@ -86,7 +86,7 @@ def _filter(text: str) -> Any:
 class Command(BaseCommand):
     help = (
         "Add, update or disable a destination of the outbox (idempotent); reencrypt every "
-        "destination's secrets under the first of DESTINATION_SECRET_KEYS."
+        "destination's secrets under the first of SECRET_ENCRYPTION_KEYS."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -152,7 +152,7 @@ class Command(BaseCommand):
             not_read += sources_not_read
             done = (
                 f"re-encrypted the secrets of {count} destination(s) and {sources} source "
-                "record(s) under the first key of DESTINATION_SECRET_KEYS"
+                "record(s) under the first key of SECRET_ENCRYPTION_KEYS"
             )
             if not_read:
                 raise CommandError(

@@ -18,8 +18,8 @@ from ...outbound.relay.process import process_name, relay_serve
 from ...watch.metrics import relay_metrics_serve
 from ...watch.relays import (
     RELAY_HEARTBEAT_SECONDS,
+    record_relay_heartbeat,
     relay_heartbeat_forget,
-    relay_heartbeat_record,
 )
 
 
@@ -49,7 +49,7 @@ class Command(BaseCommand):
             relay_metrics_serve(options["metrics_port"], addr=options["metrics_addr"])
         name = process_name()
         relay_serve(
-            heartbeat=lambda: relay_heartbeat_record(name),
+            heartbeat=lambda: record_relay_heartbeat(name),
             heartbeat_seconds=RELAY_HEARTBEAT_SECONDS,
             farewell=lambda: relay_heartbeat_forget(name),
         )

@@ -120,7 +120,7 @@ class Relay:
         self.answered = 0
         self.last_wait: float | None = None
         self.trouble = DatabaseTrouble(logger)  # one line per stretch (reporting.py)
-        self.round_failed = False  # a round failed (destination_relay stops there)
+        self.round_failed = False  # a round failed (relay_destination stops there)
 
     # --- waking lanes ----------------------------------------------------------------
 

@@ -50,7 +50,7 @@ class Lane:
 
 @dataclass(frozen=True)
 class Summary:
-    """What a relay did, for its caller (``destination_relay``) and its log line."""
+    """What a relay did, for its caller (``relay_destination``) and its log line."""
 
     answered: int
     wait: float | None

@@ -152,7 +152,7 @@ def _open_files_for(requests: int) -> int:
     return requests
 
 
-def destination_relay(
+def relay_destination(
     *,
     destination_id: int,
     budget_seconds: float = 20.0,

@@ -131,7 +131,7 @@ def _destination_fields(
 
 def _secrets(stored: Any) -> tuple[list[str], SecretsUnreadable | None]:
     text = stored if isinstance(stored, str) else json.dumps(stored)
-    return _secrets_decrypted(text, app_settings().destination_secret_keys)
+    return _secrets_decrypted(text, app_settings().secret_encryption_keys)
 
 
 @functools.lru_cache(maxsize=1024)

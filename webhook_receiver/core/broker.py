@@ -1,5 +1,7 @@
 """Kombu's Redis transport, with a channel that finishes closing when Redis has gone
-away: settings.py names it as Celery's ``broker_transport`` for a ``redis://`` broker.
+away. A host whose Celery broker is Redis names it in its settings:
+``CELERY_BROKER_TRANSPORT = "webhook_receiver.core.broker:Transport"`` (Celery's
+``broker_transport``; the broker URL stays ``redis://…``). It imports kombu alone.
 
 Why: with Celery 5.7 a Redis restart ends a worker that holds an unacknowledged message
 (a task running under ``acks_late``, or one prefetched): ``Unrecoverable error:
@@ -17,7 +19,7 @@ transport: the restore then fails with a connection error, which kombu ignores a
 should (the messages stay in Redis's unacked set, restored after the visibility
 timeout, as any worker's that dies), and the later close finds the channel closed.
 The same two lines belong in kombu's ``Channel.close``; drop this module when a
-release has them (docs/deploying.md).
+release has them: ``tests/core/test_broker.py`` fails then (docs/deploying.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from kombu.transport import redis
 
 
 class Channel(redis.Channel):
+    # set by kombu's __init__ (the transport's), left out of its stubs
+    connection_errors: tuple[type[BaseException], ...]
+
     def close(self) -> None:
         try:
             super().close()

@@ -125,9 +125,9 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The fault run before a deploy (docs/chaos.md): gunicorn, a Celery worker and beat, a
-# PostgreSQL and a Redis of its own, SIGKILLs, a database stop, locks, merchants that never
-# answer beside the run's; every effect checked.
+# The fault run before a deploy (docs/testing.md#the-fault-run-make-chaos): gunicorn, a
+# Celery worker and beat, a PostgreSQL and a Redis of its own, SIGKILLs, a database stop,
+# locks, merchants that never answer beside the run's; every effect checked.
 # The long run (10,000 events, about 9 minutes) writes var/chaos/report.txt and .json.
 # PLANT=double-effect (or delivered-without-effect, out-of-order, lost-message) plants that
 # defect in the served processes, to watch the run fail. TRUTHFUL=1 makes the check of what

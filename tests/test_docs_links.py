@@ -141,3 +141,10 @@ def missing_pages_named() -> list[tuple[str, int, str]]:
 def test_every_docs_page_the_code_names_exists():
     missing = [f"{name}:{number}: {named}" for name, number, named in missing_pages_named()]
     assert missing == []
+
+
+def test_the_docs_stay_at_twelve_pages_or_fewer():
+    # a reader finds a subject by the page's name: a new subject is a section of the page
+    # it belongs to (the portal is sending's, reconciliation watching's, the fault run
+    # testing's), not a page of its own
+    assert len(sorted((ROOT / "docs").glob("*.md"))) <= 12

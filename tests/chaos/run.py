@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="report file (default var/chaos/report.txt)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--plant", choices=sorted(PLANTS), help="plant this defect in the "
-                        "served processes (docs/chaos.md): the run must fail")  # fmt: skip
+                        "served processes (docs/testing.md#the-fault-run-make-chaos): the run "
+                        "must fail")  # fmt: skip
     parser.add_argument("--require-truthful-status", action="store_true", help="fail the "
                         "run when status or health did not tell a fault within 60 s, or "
                         "said OK during one (without it, the check is report-only)")  # fmt: skip

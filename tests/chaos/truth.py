@@ -22,8 +22,8 @@ repeating it), and *says it is over* when it is OK, or names no reason but those
 - ``answers``: the probes asked in the fault, by answer (ok, wrong, none).
 - ``unanswered``: probes asked in B to min(E + 60 s, N) with no answer within bound.
 
-``HELD`` says which probes must notice which fault (``docs/chaos.md`` gives the
-reasons); ``truth_check`` holds them to it: noticed within 60 s of B, OK again within 60
+``HELD`` says which probes must notice which fault (docs/testing.md, "The fault run",
+gives the reasons); ``truth_check`` holds them to it: noticed within 60 s of B, OK again within 60
 s of E, never OK during it, and every probe of every fault answered within its bound.
 """
 

@@ -1,5 +1,5 @@
 """The demo's URLs, and the portal opened from the host's own page behind its login, as
-docs/portal.md shows it: alice is acme's; anyone else has no portal."""
+docs/sending.md#the-merchant-portal shows it: alice is acme's; anyone else has no portal."""
 
 from django.contrib.auth.decorators import login_required
 from django.urls import path

@@ -236,7 +236,7 @@ class _Keys:
         None,
         dotted_path,
         "dotted path of the host's business-state comparison for reconciliation (see "
-        "[Reconciliation](reconciliation.md))",
+        "[Reconciliation](watching.md#reconciliation))",
     )
     reconcile_run_timeout: timedelta = key(
         "RECONCILE_RUN_TIMEOUT_SECONDS",

@@ -1,5 +1,5 @@
-"""The merchant portal's keys (docs/portal.md), a part of ``AppSettings``: declared here,
-read like every other key (``app_settings().portal_url``)."""
+"""The merchant portal's keys (docs/sending.md#the-merchant-portal), a part of
+``AppSettings``: declared here, read like every other key (``app_settings().portal_url``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class PortalKeys:
         "the portal's address as a merchant reaches it (`https://shop.example/webhooks-portal/`"
         ", where the host mounts `webhook_receiver.portal.urls`): the start of the links "
         "`portal_link` and `manage.py webhook_portal_link` make; `None`: the link is the "
-        "path alone ([docs/portal.md](portal.md))",
+        "path alone ([the portal](sending.md#the-merchant-portal))",
     )
     portal_session_minutes: int = key(
         "PORTAL_SESSION_MINUTES",

@@ -109,7 +109,7 @@ class ReconcileConfig:
         Reader("`http`, `stripe`, `file`, or a dotted path", lambda value, where: value),
         "what lists the sender's events: a built-in adapter or the dotted path of your own "
         "(`webhook_receiver.reconcile.adapters`; imported by check `E004`); see "
-        "[Reconciliation](reconciliation.md)",
+        "[Reconciliation](watching.md#reconciliation)",
     )
     options: Mapping[str, Any] = key(
         "OPTIONS", {}, plain_dict, "the adapter's options (its URL, its credentials…)"
@@ -234,7 +234,7 @@ class SourceConfig:
         None,
         _reconcile,
         "reconciliation against the sender's list of events; `None`: off for this source. "
-        "See [Reconciliation](reconciliation.md)",
+        "See [Reconciliation](watching.md#reconciliation)",
     )
     silence_after: timedelta | None = key(
         "SILENCE_AFTER_SECONDS",

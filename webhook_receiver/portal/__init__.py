@@ -1,5 +1,6 @@
 """The merchant portal: each endpoint owner (a tenant) sees and fixes its own webhooks,
-inside the host, through one-use links or the host's own login (docs/portal.md).
+inside the host, through one-use links or the host's own login
+(docs/sending.md#the-merchant-portal).
 
 - access.py: links, sessions, revocation, the audit and its rate limit;
 - guard.py: how a request reaches it (cookie or bearer), capabilities, its headers;

@@ -62,7 +62,7 @@ def set_session_cookie(
 ) -> None:
     """The portal's own cookie: HttpOnly, Secure over HTTPS, SameSite as the host's session
     cookie (``SESSION_COOKIE_SAMESITE``: ``"None"`` to use the portal in another site's
-    iframe, docs/portal.md), for the portal's path only."""
+    iframe, docs/sending.md#the-merchant-portal), for the portal's path only."""
     response.set_cookie(
         COOKIE,
         key,

@@ -1,6 +1,7 @@
 """The merchant portal's URLconf: a host mounts it with
 ``path("webhooks-portal/", include("webhook_receiver.portal.urls"))`` (namespace
-``webhook_portal``). Pages at the root, the JSON API under ``api/`` (docs/portal.md).
+``webhook_portal``). Pages at the root, the JSON API under ``api/``
+(docs/sending.md#the-merchant-portal).
 
 Every URL here that names an object is in tests/portal/test_cross_tenant.py, which
 opens it with another tenant's session and expects 404.

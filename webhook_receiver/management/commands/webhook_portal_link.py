@@ -1,5 +1,5 @@
-"""A link into the merchant portal for a tenant (docs/portal.md), or the end of its
-sessions.
+"""A link into the merchant portal for a tenant (docs/sending.md#the-merchant-portal), or
+the end of its sessions.
 
     manage.py webhook_portal_link acme                          (read-only, for an hour)
     manage.py webhook_portal_link acme --capability recover --capability manage_endpoints

@@ -7,7 +7,8 @@ An adapter is a callable::
 
 yielding pages of the events the sender created in ``[since, until)``, oldest first or
 in any order. It raises ``SenderUnavailable`` when the sender cannot be read (the run
-fails, with that reason). Built in: ``http`` (the contract documented in docs/reconciliation.md),
+fails, with that reason). Built in: ``http`` (the contract documented in
+docs/watching.md#reconciliation),
 ``stripe`` (Stripe's Events list, through the official SDK), ``file`` (a JSON-lines
 export in the http contract's record format); any other adapter is named by the dotted
 path of a callable with this signature.

@@ -27,6 +27,7 @@ from celery import shared_task
 from celery.signals import beat_embedded_init, beat_init
 
 from .conf import app_settings
+from .core.logs import SaidOnce
 from .core.outages import tolerates_database_errors
 
 logger = logging.getLogger(__name__)
@@ -112,12 +113,11 @@ def purge_failed_events_task() -> int:
 # The relay is a process of its own (manage.py webhook_relay) since 0.2. These two names
 # stay registered for one release, so that a beat schedule or a queue that still holds
 # them gets a line saying so instead of Celery's "unregistered task" error each time.
-_relay_task_said: set[str] = set()
+_relay_task_said = SaidOnce()
 
 
 def _relay_task_gone(name: str) -> None:
-    if name not in _relay_task_said:
-        _relay_task_said.add(name)
+    if _relay_task_said.met(name):
         logger.warning(
             "webhook_receiver.%s does nothing since 0.2: the relay runs in its own process "
             "(manage.py webhook_relay), which finds due messages itself; remove the task "

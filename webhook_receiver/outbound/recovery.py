@@ -50,6 +50,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from .breaker import destination_breaker
 from .catalog import in_group, subscribed
 from .models import (
     MessageStatus,
@@ -164,8 +165,8 @@ def recovery_start(
     # relay's to lock while it sends
     dest = _destination(scope, destination)
     plan = recovery_plan(scope=scope, destination=dest, criteria=criteria, rate=rate, now=now)
-    breaker_ended = criteria.kind == RecoveryKind.RECOVER and (
-        dest.paused_until is not None and dest.paused_until > now
+    breaker_ended = (
+        criteria.kind == RecoveryKind.RECOVER and destination_breaker(dest, now=now).state == "open"
     )
     try:
         with transaction.atomic():

@@ -9,7 +9,6 @@ once it commits for the rest. What an answer means is policy.py's.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -135,14 +134,11 @@ class Unreadable:
     new secrets are set or the key is back."""
 
     def __init__(self) -> None:
-        self._said: dict[int, float] = {}
+        self._said = logs.SaidOnce(every=UNREADABLE_REPEAT_SECONDS)
 
     def say(self, dest: WebhookDestination, exc: SecretsUnreadable) -> None:
-        now = time.monotonic()
-        said = self._said.get(dest.pk)
-        if said is not None and now - said < UNREADABLE_REPEAT_SECONDS:
+        if not self._said.met(dest.pk):
             return
-        self._said[dest.pk] = now
         logging.getLogger("webhook_receiver.outbound.relay.engine").error(
             "outbox: destination %s is not relayed (%s); its messages wait: %s",
             dest.name,

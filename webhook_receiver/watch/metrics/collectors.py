@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ...core.encryption import with_stored_secrets
 from ...inbound.models import FailedEvent, FailureStatus
+from ...outbound.breaker import destination_breaker
 from ...outbound.models import WebhookDestination
 from ...outbound.selectors import destinations_with_health
 from ...reconcile.models import RepairItem, RepairKind, RepairStatus
@@ -192,7 +193,7 @@ class OutboxCollector:
         }
         for dest in destinations:
             oldest = dest.oldest_eligible_at
-            paused = dest.paused_until is not None and dest.paused_until > now
+            paused = destination_breaker(dest, now=now).state == "open"
             values = {
                 "backlog": dest.backlog,
                 "oldest": max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,

@@ -323,7 +323,7 @@ LOGGING = {
     "formatters": {"timeline": {"format": logs.LINE}},
     # a broker outage is a line when it starts and one when it ends, per process, not
     # beat's traceback per scheduled task or the worker's line per reconnection attempt
-    "filters": {"broker_outage": {"()": "project.logs.BrokerOutageLines"}},
+    "filters": {"broker_outage": {"()": "webhook_receiver.core.broker.BrokerOutageLines"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "timeline"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {

@@ -3,8 +3,9 @@
 started again.
 
 - Each process writes one line when the outage starts and one when the broker answers
-  again (project.logs.BrokerOutageLines), not beat's traceback per scheduled task (10,931
-  lines in a 180 s outage before) or the worker's line per reconnection attempt.
+  again (webhook_receiver.core.broker.BrokerOutageLines), not beat's traceback per
+  scheduled task (10,931 lines in a 180 s outage before) or the worker's line per
+  reconnection attempt.
 - A worker inside a task when Redis restarts keeps running, and runs a task sent after
   the restart (webhook_receiver/core/broker.py: Celery 5.7 ended it with kombu's
   ``AttributeError: 'NoneType' object has no attribute 'hostname'``).

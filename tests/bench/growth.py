@@ -360,7 +360,7 @@ def _explain_all(url: str, queries: Any) -> dict[str, Any]:
                     "body": b"{}", "headers": Jsonb({}), "received_at": now,
                     "verification": "verified", "body_sha256": "0" * 64, "body_size": 2,
                     "remote_addr": "127.0.0.1", "result": "applied",
-                    "secret_fingerprint": None, "relax_duplicate": True,
+                    "secret_fingerprint": None,
                 }  # fmt: skip
                 with conn.transaction(force_rollback=True):
                     plan = conn.execute(

@@ -328,14 +328,13 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
     Refusals are counted in their minute's tally, records + unrecorded = requests; the
     tally misses only refusals answered while the database was down.
 
-    A duplicate's record and a refusal's are committed without waiting for their WAL
-    flush (docs/receiving.md): a crash (``postgres_stop`` is ``-m immediate``) may lose
-    those answered within the WAL writer's delay before it. ``outages`` start
-    RELAXED_COMMIT_SECONDS before each crash for that reason."""
+    A refusal's record is committed without waiting for its WAL flush
+    (docs/security.md): a crash (``postgres_stop`` is ``-m immediate``) may lose those
+    answered within the WAL writer's delay before it. ``outages`` start
+    RELAXED_COMMIT_SECONDS before each crash for that reason. A verified request's
+    record, a duplicate's included, is committed durably: never lost."""
     answered: dict[str, Counter] = defaultdict(Counter)
     ambiguous: Counter = Counter()
-    # duplicates answered 2xx around a crash: their records may be lost (0 or 1 each)
-    relaxed: Counter = Counter()
     statuses: Counter = Counter()
     refused = no_answer = 0
     refusals: Counter = Counter()  # 401 answers by reason
@@ -345,9 +344,6 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
             statuses[status] += 1
             if kind == "real":
                 answered[msg_id]["2xx" if 200 <= status < 300 else str(status)] += 1
-                in_outage = any(a <= t0 <= b for a, b in outages)
-                if answer == "duplicate" and 200 <= status < 300 and in_outage:
-                    relaxed[msg_id] += 1
             elif status == 401:
                 refusals[answer] += 1
                 if any(a <= t0 <= b for a, b in outages):
@@ -367,7 +363,7 @@ def audit_check(requests: Requests, state: dict, outages: list[tuple[float, floa
     problems = []
     for msg_id in set(answered) | set(audited):
         a, v, amb = answered[msg_id], audited[msg_id], ambiguous[msg_id]
-        if not a["2xx"] - relaxed[msg_id] <= v["2xx"] <= a["2xx"] + amb:
+        if not a["2xx"] <= v["2xx"] <= a["2xx"] + amb:
             problems.append(f"{msg_id}: {a['2xx']} answered 2xx, {v['2xx']} records")
         elif v["503"] > a["503"] + amb or sum(v.values()) > sum(a.values()) + amb:
             problems.append(f"{msg_id}: records {dict(v)} for answers {dict(a)} (+{amb})")

@@ -58,17 +58,18 @@ def test_the_audit_check_excuses_refusals_only_while_the_database_was_down():
     assert not audit_check(requests, _state([record], tallies), []).ok
 
 
-def test_the_audit_check_excuses_a_duplicates_record_lost_to_a_crash_only():
-    """A duplicate's record commits without waiting for its WAL flush: one answered just
-    before a crash may be lost, an applied event's never."""
+def test_the_audit_check_excuses_no_verified_record_lost_to_a_crash():
+    """Every claim commits durably, a duplicate's too: a record missing for a request
+    answered 2xx is a fault, whether or not a crash followed."""
     first = ["m1", "real", 0, 1, 9.9, 9.91, 200, "applied", ""]
     again = ["m1", "real", 1, 1, 9.9, 9.92, 200, "duplicate", ""]
     requests = Requests([first, again], [], 0)
     one_record = [("m1", "verified", 200, "applied", None)]
+    both = one_record + [("m1", "verified", 200, "duplicate", None)]
     crash = [(9.0, 15.0)]  # from RELAXED_COMMIT_SECONDS before the stop
-    assert audit_check(requests, _state(one_record), crash).ok
-    assert not audit_check(requests, _state(one_record), []).ok  # no crash: a lost record
-    assert not audit_check(requests, _state([]), crash).ok  # the applied one's is durable
+    assert audit_check(requests, _state(both), crash).ok
+    assert not audit_check(requests, _state(one_record), crash).ok
+    assert not audit_check(requests, _state(one_record), []).ok
 
 
 def _latencies(calm: list[float], beside: list[float]) -> tuple[dict, MerchantBook]:

@@ -70,7 +70,7 @@ def commits(monkeypatch) -> list[str]:
 @pytest.mark.postgres_only("synchronous_commit is a PostgreSQL setting")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("audited", [True, False], ids=["request", "retry or replay"])
-def test_only_a_requests_duplicate_commits_relaxed(sync_handler, commits, audited):
+def test_every_claim_commits_durably_a_duplicates_too(sync_handler, commits, audited):
     # given: a key applied, then its duplicate answered, in transactions of their own
     assert deliver("sync_1", audited=audited) == "applied"
     assert deliver("sync_1", audited=audited) == "duplicate"
@@ -79,10 +79,8 @@ def test_only_a_requests_duplicate_commits_relaxed(sync_handler, commits, audite
     for n in range(2, 6):
         assert deliver(f"sync_{n}", audited=audited) == "applied"
 
-    # then: a request's duplicate (its audit record, no business state) commits without
-    # waiting for its flush; a retry's writes nothing; no new event's effect ever commits
-    # with synchronous_commit off, not even right after a relaxed duplicate
-    assert commits == ["on", "off" if audited else "on", "on", "on", "on", "on"]
+    # then: every commit waits for its WAL flush, the duplicate's (its audit record) too
+    assert commits == ["on"] * 6
     assert sync_handler == ["on"] * 5
 
 

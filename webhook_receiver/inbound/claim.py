@@ -132,10 +132,6 @@ def _params(
     }
     if audit is not None:
         row |= audit.claim_values()
-        # A duplicate's audit record may commit without waiting for its WAL flush (it
-        # changes no business state), but only in a transaction of our own: a caller's
-        # keeps its durability.
-        row["relax_duplicate"] = not connection.in_atomic_block
     return sql.adapt(row, WebhookReceipt, RequestAudit)
 
 
@@ -198,7 +194,7 @@ class _Claim:
 def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -> _Claim:
     """INSERT the receipt unless (source, event_key) exists; on PostgreSQL, with
     ``audited``, the same statement writes the audit record and reads a duplicate's
-    stored outcome (and relaxes its commit, as ``relax_duplicate`` says)."""
+    stored outcome."""
     if connection.vendor != "postgresql":
         cursor.execute(queries.CLAIM_SQLITE, params)
         receipt_id, has_open_failure = cursor.fetchone() or (None, False)
@@ -210,7 +206,7 @@ def _claim(cursor: CursorWrapper, params: Mapping[str, Any], *, audited: bool) -
         receipt_id, has_open_failure = cursor.fetchone()
         return _Claim(receipt_id, has_open_failure)
     bounds.execute_bounded(cursor, queries.CLAIM_AUDITED, params)
-    receipt_id, has_open_failure, audit_id, stored, _relaxed = cursor.fetchone()
+    receipt_id, has_open_failure, audit_id, stored = cursor.fetchone()
     stored = _stored_outcome(stored) if stored is not None else None
     return _Claim(receipt_id, has_open_failure, audit_id, stored)
 

@@ -68,9 +68,8 @@ READ_OUTCOME = """
 # the receipt's id (NULL: the key was taken), whether the key is held as a failed event,
 # the audit record's id, and a duplicate's stored outcome (NULL when the receipt was
 # committed by a concurrent claim after this statement's snapshot: read it again).
-# With %(relax_duplicate)s (a transaction of our own), a duplicate's transaction then
-# commits without waiting for its WAL flush: it changes no business state. A new event's
-# never does. (The fifth column only evaluates set_config; its value is ignored.)
+# Every claim commits durably, a duplicate's too: its audit record is what an operator
+# reads of the delivery.
 CLAIM_AUDITED = f"""
     WITH claimed AS ({_INSERT_RECEIPT} RETURNING id),
     audited AS (
@@ -86,9 +85,7 @@ CLAIM_AUDITED = f"""
         (SELECT id FROM audited),
         (SELECT outcome FROM webhook_receiver_webhookreceipt
          WHERE NOT EXISTS (SELECT 1 FROM claimed)
-           AND source = %(source)s AND event_key = %(event_key)s),
-        CASE WHEN %(relax_duplicate)s AND NOT EXISTS (SELECT 1 FROM claimed)
-            THEN set_config('synchronous_commit', 'off', true) END
+           AND source = %(source)s AND event_key = %(event_key)s)
 """
 
 # The claim (PostgreSQL) for retries and replays: the receipt alone. Returns the

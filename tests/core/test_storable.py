@@ -133,3 +133,29 @@ def test_json_problem_refuses_past_its_depth_without_recursing():
     too_deep = f"nested deeper than {storable.JSON_PROBLEM_DEPTH} levels"
     assert storable.json_problem(nested(storable.JSON_PROBLEM_DEPTH + 2)) == too_deep
     assert storable.json_problem(nested(100_000)) == too_deep
+
+
+# JSON as a peer or a producer may hand it over: any text (NUL and lone surrogates
+# included), any float (NaN and infinities included), keys that are not text, any nesting
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | texts("any", max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(texts("any", max_size=10) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@PURE
+@given(value=json_like)
+def test_what_json_problem_lets_through_a_json_column_stores_as_it_is(value):
+    """Whatever json_problem passes encodes as strict JSON in UTF-8 with no NUL (what a
+    PostgreSQL jsonb column takes as it is); whatever it refuses, it says why in words."""
+    problem = storable.json_problem(value)
+    if problem is None:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # no lone surrogate
+        assert "\\u0000" not in text and "\x00" not in text
+    else:
+        assert isinstance(problem, str) and problem
